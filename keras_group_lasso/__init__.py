@@ -1,0 +1,25 @@
+"""keras-group-lasso: group sparse regularization for Keras 3.
+
+Penalties that drive whole units of a network to zero (Scardapane et al.,
+"Group Sparse Regularization for Deep Neural Networks", 2017), tools to see
+the sparsity, and surgery that rebuilds a physically smaller model.
+"""
+
+__version__ = "0.1.0"
+
+from keras_group_lasso._validation import InvalidParameterError
+from keras_group_lasso.regularizers import (
+    GroupLasso,
+    HiddenGroupLasso,
+    InputGroupLasso,
+    SparseGroupLasso,
+)
+
+__all__ = [
+    "__version__",
+    "InvalidParameterError",
+    "GroupLasso",
+    "SparseGroupLasso",
+    "InputGroupLasso",
+    "HiddenGroupLasso",
+]

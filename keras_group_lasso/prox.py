@@ -1,0 +1,238 @@
+"""Pure ``keras.ops`` maths of group sparsity: norms, penalties, proximal operators.
+
+A *group* is all outgoing weights of one unit. For a tensor of rank >= 2 the
+groups are the slices along the input axis (axis -2): the rows ``W[i, :]`` of
+a Dense kernel ``(in, out)``, the slices ``W[..., i, :]`` of a Conv kernel
+``(..., in_ch, out_ch)``. For a rank-1 tensor (a bias) every scalar is its own
+group. Nothing here knows about layers or models; every function works on the
+TensorFlow and JAX backends and under ``jit_compile``.
+"""
+
+import math
+
+from keras import ops
+
+__all__ = [
+    "group_axes",
+    "group_size",
+    "group_norms",
+    "safe_abs",
+    "group_sparse_penalty",
+    "soft_threshold",
+    "group_soft_threshold",
+    "sparse_group_soft_threshold",
+]
+
+
+def _check_rank(shape, owner):
+    if len(shape) == 0:
+        raise ValueError(
+            f"{owner}: expected a weight tensor of rank >= 1 (a bias or a kernel); "
+            "received a scalar (rank 0), which has no groups."
+        )
+
+
+def group_axes(shape):
+    """Axes summed over inside one group: every axis but -2 (``()`` for rank 1).
+
+    Example:
+        >>> group_axes((64, 40))
+        (1,)
+        >>> group_axes((3, 3, 16, 32))
+        (0, 1, 3)
+    """
+    rank = len(shape)
+    if rank < 2:
+        return ()
+    return tuple(a for a in range(rank) if a != rank - 2)
+
+
+def group_size(shape):
+    """Number of weights in one group, ``|g| = prod(shape) / shape[-2]`` (1 for rank 1).
+
+    Example:
+        >>> group_size((64, 40))
+        40
+    """
+    if len(shape) < 2:
+        return 1
+    return math.prod(int(d) for d in shape) // int(shape[-2])
+
+
+def _as_tensor(x):
+    x = ops.convert_to_tensor(x)
+    _check_rank(tuple(x.shape), "group sparsity")
+    return x
+
+
+def group_norms(x):
+    """Euclidean norm of every group, ``||g||_2``, one value per unit along axis -2.
+
+    The result has shape ``(shape[-2],)`` for rank >= 2 and ``|x|`` for rank 1.
+    Its gradient is finite everywhere and 0 at an all-zero group (a plain
+    ``sqrt(sum(x**2))`` gives NaN there).
+
+    Example:
+        >>> group_norms(np.array([[3.0, 4.0], [0.0, 0.0]]))   # -> [5., 0.]
+    """
+    x = _as_tensor(x)
+    axes = group_axes(tuple(x.shape))
+    if not axes:
+        return safe_abs(x)
+    sq = ops.sum(ops.square(x), axis=axes)
+    positive = ops.greater(sq, 0)
+    # Double `where`: the untaken branch never sees sqrt(0), so no NaN gradient.
+    safe_sq = ops.where(positive, sq, ops.ones_like(sq))
+    return ops.where(positive, ops.sqrt(safe_sq), ops.zeros_like(sq))
+
+
+def safe_abs(x):
+    """``|x|`` whose gradient is ``sign(x)``, i.e. exactly 0 at ``x = 0`` on every backend.
+
+    (TensorFlow and JAX disagree on the derivative of ``abs`` at 0; the paper
+    and Theano use 0.)
+    """
+    return ops.multiply(x, ops.stop_gradient(ops.sign(x)))
+
+
+def group_sparse_penalty(x, group_factor, l1_factor=0.0):
+    """Sparse group Lasso value ``a * sum_g sqrt(|g|) ||g||_2 + b * sum |x|``.
+
+    With ``a = group_factor`` and ``b = l1_factor``. On a rank-1 tensor every
+    scalar is a group, so the value is ``(a + b) * sum |x|``. The gradient is
+    defined explicitly, identical on TensorFlow and JAX, finite everywhere:
+    ``a * sqrt(|g|) * g / ||g||`` (0 for a zero group) plus ``b * sign(x)``
+    (0 at ``x = 0``, the paper's subgradient choice).
+
+    The sum is taken in float32 at least, so float16 / bfloat16 weights
+    neither overflow nor lose the small terms; the result is float32 (or the
+    input dtype when wider).
+
+    Args:
+        x: weight tensor of rank >= 1.
+        group_factor: ``a >= 0``.
+        l1_factor: ``b >= 0``.
+
+    Returns:
+        A scalar tensor.
+
+    Example:
+        >>> group_sparse_penalty(np.ones((4, 9)), 0.1)   # 0.1 * 4 * 3 * 3 = 3.6
+    """
+    x = _as_tensor(x)
+    shape = tuple(x.shape)
+    dtype = x.dtype if str(x.dtype) == "float64" else "float32"
+    x = ops.cast(x, dtype)
+    axes = group_axes(shape)
+    a = float(group_factor)
+    b = float(l1_factor)
+    if not axes:
+        return _l1_only(x, a + b)
+    scale = a * math.sqrt(group_size(shape))
+    return _sgl(x, scale, b, axes)
+
+
+def _l1_only(x, c):
+    @ops.custom_gradient
+    def penalty(w):
+        sign = ops.sign(w)
+        value = c * ops.sum(ops.multiply(w, sign))
+
+        def grad(*args, upstream=None):
+            if upstream is None:
+                (upstream,) = args
+            return ops.multiply(upstream, c * sign)
+
+        return value, grad
+
+    return penalty(x)
+
+
+def _sgl(x, scale, b, axes):
+    @ops.custom_gradient
+    def penalty(w):
+        sq = ops.sum(ops.square(w), axis=axes, keepdims=True)
+        positive = ops.greater(sq, 0)
+        inv_norm = ops.where(positive, ops.rsqrt(ops.where(positive, sq, ops.ones_like(sq))), 0.0)
+        norms = ops.multiply(sq, inv_norm)  # sqrt(sq), 0 where sq == 0
+        value = scale * ops.sum(norms)
+        sign = None
+        if b:
+            sign = ops.sign(w)
+            value = value + b * ops.sum(ops.multiply(w, sign))
+
+        def grad(*args, upstream=None):
+            if upstream is None:
+                (upstream,) = args
+            g = ops.multiply(w, scale * inv_norm)
+            if b:
+                g = g + b * sign
+            return ops.multiply(upstream, g)
+
+        return value, grad
+
+    return penalty(x)
+
+
+def soft_threshold(x, threshold):
+    """Elementwise soft-thresholding, the proximal operator of ``t * ||x||_1``.
+
+    ``S_t(x) = sign(x) * max(|x| - t, 0)``.
+
+    Args:
+        x: a tensor.
+        threshold: ``t >= 0`` (a Python float or a scalar tensor).
+
+    Example:
+        >>> soft_threshold(np.array([-2.0, 0.5, 3.0]), 1.0)   # -> [-1., 0., 2.]
+    """
+    x = ops.convert_to_tensor(x)
+    t = ops.cast(threshold, x.dtype)
+    return ops.multiply(ops.sign(x), ops.maximum(ops.abs(x) - t, 0))
+
+
+def group_soft_threshold(x, threshold):
+    """Group soft-thresholding, the proximal operator of ``t * sum_g sqrt(|g|) ||g||_2``.
+
+    Each group is shrunk towards 0 as a whole:
+    ``g <- max(0, 1 - t * sqrt(|g|) / ||g||_2) * g`` (an all-zero group stays 0).
+    On a rank-1 tensor every scalar is a group, and this is :func:`soft_threshold`.
+
+    Args:
+        x: weight tensor of rank >= 1, groups along axis -2.
+        threshold: ``t >= 0``.
+
+    Example:
+        >>> group_soft_threshold(np.array([[3.0, 4.0], [0.1, 0.1]]), 1.0 / math.sqrt(2))
+        # row 0 has norm 5 -> scaled by 0.8; row 1 has norm 0.14 < 1 -> zeroed
+    """
+    x = _as_tensor(x)
+    shape = tuple(x.shape)
+    axes = group_axes(shape)
+    if not axes:
+        return soft_threshold(x, threshold)
+    t = ops.cast(threshold, x.dtype) * math.sqrt(group_size(shape))
+    sq = ops.sum(ops.square(x), axis=axes, keepdims=True)
+    positive = ops.greater(sq, 0)
+    inv_norm = ops.where(positive, ops.rsqrt(ops.where(positive, sq, ops.ones_like(sq))), 0.0)
+    shrink = ops.maximum(1.0 - t * inv_norm, 0.0)
+    return ops.multiply(x, ops.cast(shrink, x.dtype))
+
+
+def sparse_group_soft_threshold(x, group_threshold, l1_threshold):
+    """Proximal operator of the sparse group Lasso ``a * sum_g sqrt(|g|)||g|| + b * ||x||_1``.
+
+    The closed form (Friedman, Hastie & Tibshirani 2010; Simon et al. 2013):
+    soft-threshold every weight by ``b``, then group-soft-threshold the result
+    by ``a``: ``prox(x) = G_a(S_b(x))``. On a rank-1 tensor this is
+    ``S_{a+b}(x)``.
+
+    Args:
+        x: weight tensor of rank >= 1.
+        group_threshold: ``a >= 0`` (step size times the group factor).
+        l1_threshold: ``b >= 0`` (step size times the l1 factor).
+
+    Example:
+        >>> sparse_group_soft_threshold(w, lr * factor, lr * l1)
+    """
+    return group_soft_threshold(soft_threshold(x, l1_threshold), group_threshold)

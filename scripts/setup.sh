@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# Creates ./.venv with the package, both Keras backends and the test tools.
+# Safe to run again: it only installs what is missing. Sourced by demo.sh and test.sh.
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+
+PYTHON="${PYTHON:-python3}"
+if [ ! -x .venv/bin/python ]; then
+  echo "[setup] creating .venv with $($PYTHON --version)"
+  "$PYTHON" -m venv .venv
+  .venv/bin/python -m pip install --quiet --upgrade pip
+fi
+
+# A machine with an NVIDIA driver gets the full TensorFlow (GPU); others the smaller CPU build.
+if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi >/dev/null 2>&1; then
+  TF_EXTRA="tensorflow"
+else
+  TF_EXTRA="tensorflow-cpu"
+fi
+stamp=".venv/.keras-group-lasso-installed-$TF_EXTRA-$(cksum pyproject.toml | cut -d' ' -f1)"
+if [ ! -f "$stamp" ]; then
+  echo "[setup] installing keras-group-lasso[$TF_EXTRA,test] (first run takes a few minutes)"
+  .venv/bin/python -m pip install --quiet -e ".[$TF_EXTRA,test]"
+  touch "$stamp"
+fi
+
+# Fashion-MNIST comes from a Debian package (no download at run time); optional.
+if [ ! -d /usr/share/datasets/fashion-mnist ] && command -v apt-get >/dev/null 2>&1; then
+  if [ "$(id -u)" = "0" ]; then SUDO=""; elif command -v sudo >/dev/null 2>&1; then SUDO="sudo -n"; else SUDO="skip"; fi
+  if [ "$SUDO" != "skip" ]; then
+    echo "[setup] installing the Debian package dataset-fashion-mnist"
+    ($SUDO apt-get update -qq && $SUDO apt-get install -y -qq dataset-fashion-mnist >/dev/null) \
+      || echo "[setup] warning: could not install dataset-fashion-mnist; Fashion-MNIST examples will say so"
+  fi
+fi
