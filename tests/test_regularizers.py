@@ -1,0 +1,276 @@
+import json
+import math
+
+import keras
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from hypothesis.extra import numpy as hnp
+
+from keras_group_lasso import (
+    GroupLasso,
+    HiddenGroupLasso,
+    InputGroupLasso,
+    InvalidParameterError,
+    SparseGroupLasso,
+)
+from keras_group_lasso import regularizers as kgl_regularizers
+
+ALL_CLASSES = [GroupLasso, SparseGroupLasso, InputGroupLasso, HiddenGroupLasso]
+
+
+def np_group_lasso(w, factor):
+    w = np.asarray(w, dtype=np.float64)
+    if w.ndim == 1:
+        return factor * np.abs(w).sum()
+    moved = np.moveaxis(w, -2, 0).reshape(w.shape[-2], -1)
+    size = moved.shape[1]
+    return factor * math.sqrt(size) * np.linalg.norm(moved, axis=1).sum()
+
+
+def np_sgl(w, factor, l1):
+    return np_group_lasso(w, factor) + l1 * np.abs(np.asarray(w, np.float64)).sum()
+
+
+def value(reg, w):
+    return float(keras.ops.convert_to_numpy(reg(keras.ops.convert_to_tensor(w))))
+
+
+def gradient(reg, w):
+    """Gradient of the penalty, via the backend's own autodiff."""
+    backend = keras.backend.backend()
+    if backend == "tensorflow":
+        import tensorflow as tf
+
+        x = tf.Variable(w)
+        with tf.GradientTape() as tape:
+            out = reg(x)
+        return tape.gradient(out, x).numpy()
+    if backend == "jax":
+        import jax
+
+        return np.asarray(jax.grad(lambda x: reg(x))(w))
+    pytest.skip(f"no gradient helper for backend {backend}")
+
+
+weights = hnp.arrays(
+    np.float32,
+    st.one_of(
+        hnp.array_shapes(min_dims=1, max_dims=1, min_side=1, max_side=7),
+        hnp.array_shapes(min_dims=2, max_dims=4, min_side=1, max_side=5),
+    ),
+    elements=st.floats(-3, 3, width=32),
+)
+
+
+@settings(max_examples=40, deadline=None)
+@given(w=weights, factor=st.floats(0, 1), l1=st.floats(0, 1))
+def test_values_match_numpy(w, factor, l1):
+    np.testing.assert_allclose(value(GroupLasso(factor), w), np_group_lasso(w, factor), rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(value(SparseGroupLasso(factor, l1), w), np_sgl(w, factor, l1), rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(value(InputGroupLasso(factor), w), np_group_lasso(w, factor), rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(value(HiddenGroupLasso(factor, l1=l1), w), np_sgl(w, factor, l1), rtol=1e-4, atol=1e-5)
+
+
+def test_dense_kernel_rows_are_the_groups():
+    w = np.array([[3.0, 4.0, 0.0], [0.0, 0.0, 0.0], [1.0, 0.0, 0.0]], np.float32)
+    # rows have norms 5, 0, 1 and 3 weights each
+    assert value(GroupLasso(0.5), w) == pytest.approx(0.5 * math.sqrt(3) * 6)
+    assert value(SparseGroupLasso(0.5), w) == pytest.approx(0.5 * math.sqrt(3) * 6 + 0.5 * 8)
+
+
+def test_conv_kernel_groups_are_input_channels():
+    w = np.zeros((3, 3, 4, 2), np.float32)
+    w[..., 1, :] = 1.0  # one live input channel with 18 weights, each 1
+    assert value(GroupLasso(1.0), w) == pytest.approx(math.sqrt(18) * math.sqrt(18))
+
+
+def test_bias_every_scalar_is_a_group():
+    b = np.array([1.0, -2.0, 0.0], np.float32)
+    assert value(GroupLasso(0.1), b) == pytest.approx(0.3)
+    assert value(SparseGroupLasso(0.1), b) == pytest.approx(0.6)
+    assert value(SparseGroupLasso(0.1, l1=0.2), b) == pytest.approx(0.9)
+
+
+def test_sparse_group_lasso_l1_defaults_to_factor():
+    assert SparseGroupLasso(0.3).l1 == 0.3
+    assert SparseGroupLasso(0.3, l1=0.0).l1 == 0.0
+    assert InputGroupLasso(0.3).l1 == 0.0
+    assert HiddenGroupLasso(0.3).l1 == 0.0
+
+
+def test_roles():
+    assert InputGroupLasso().role == "input"
+    assert HiddenGroupLasso().role == "hidden"
+    assert SparseGroupLasso().role == "any"
+    assert GroupLasso().role == "any"
+
+
+@settings(max_examples=30, deadline=None)
+@given(w=weights, factor=st.floats(0.01, 1), l1=st.floats(0, 1))
+def test_gradient_matches_numpy_subgradient(w, factor, l1):
+    w = w.astype(np.float32)
+    got = gradient(SparseGroupLasso(factor, l1), w)
+    if w.ndim == 1:
+        expected = (factor + l1) * np.sign(w)
+    else:
+        moved = np.moveaxis(w, -2, 0)
+        flat = moved.reshape(moved.shape[0], -1)
+        norms = np.linalg.norm(flat.astype(np.float64), axis=1)
+        scale = np.where(norms > 0, factor * math.sqrt(flat.shape[1]) / np.where(norms > 0, norms, 1), 0)
+        g = (flat * scale[:, None]).reshape(moved.shape)
+        expected = np.moveaxis(g, 0, -2) + l1 * np.sign(w)
+    assert np.all(np.isfinite(got))
+    np.testing.assert_allclose(got, expected, rtol=1e-3, atol=1e-4)
+
+
+def test_gradient_at_zero_group_and_zero_weight_is_zero():
+    w = np.zeros((4, 3), np.float32)
+    w[0] = [1.0, 0.0, -2.0]
+    g = gradient(SparseGroupLasso(0.1), w)
+    assert np.all(np.isfinite(g))
+    np.testing.assert_array_equal(g[1:], 0.0)
+    # inside a live group, the L1 part contributes 0 where the weight is 0
+    expected_mid = 0.1 * math.sqrt(3) * 0.0 / math.sqrt(5)
+    assert g[0, 1] == pytest.approx(expected_mid)
+    np.testing.assert_array_equal(gradient(SparseGroupLasso(0.1), np.zeros(5, np.float32)), 0.0)
+
+
+@pytest.mark.parametrize("cls", ALL_CLASSES)
+@pytest.mark.parametrize(
+    "bad, shown",
+    [(-1.0, "-1.0"), (float("nan"), "nan"), (float("inf"), "inf"), ("0.1", "'0.1'"), (True, "True"), (None, "None")],
+)
+def test_bad_factor_is_rejected_at_construction(cls, bad, shown):
+    with pytest.raises(InvalidParameterError) as info:
+        cls(bad)
+    assert str(info.value) == f"{cls.__name__}: argument `factor` must be a finite number >= 0; received {shown}."
+
+
+@pytest.mark.parametrize("cls", [SparseGroupLasso, InputGroupLasso, HiddenGroupLasso])
+def test_bad_l1_is_rejected(cls):
+    with pytest.raises(InvalidParameterError, match=rf"{cls.__name__}: argument `l1` must be a finite number >= 0.*received -0.5\."):
+        cls(0.1, l1=-0.5)
+    with pytest.raises(ValueError):  # InvalidParameterError is also a ValueError and a TypeError
+        cls(0.1, l1=[1])
+
+
+def test_numpy_scalars_are_accepted():
+    assert SparseGroupLasso(np.float32(0.5)).factor == 0.5
+    assert GroupLasso(np.array(2)).factor == 2.0
+
+
+@pytest.mark.parametrize("cls", ALL_CLASSES)
+def test_rank0_tensor_gets_a_clear_error(cls):
+    with pytest.raises(InvalidParameterError, match=r"rank >= 1.*not a scalar"):
+        cls(0.1)(keras.ops.convert_to_tensor(1.0))
+
+
+@pytest.mark.parametrize("cls", ALL_CLASSES)
+def test_config_round_trip(cls):
+    reg = cls(0.25) if cls is GroupLasso else cls(0.25, l1=0.5)
+    config = reg.get_config()
+    json.dumps(config)
+    assert all(type(v) is float for v in config.values())
+    again = cls.from_config(config)
+    assert again == reg
+    assert again.get_config() == config
+
+
+@pytest.mark.parametrize("cls", ALL_CLASSES)
+def test_keras_serialize_deserialize_get(cls):
+    reg = cls(0.25)
+    payload = keras.regularizers.serialize(reg)
+    assert payload["registered_name"] == f"keras_group_lasso>{cls.__name__}"
+    assert keras.regularizers.deserialize(payload) == reg
+    assert keras.regularizers.get(payload) == reg
+
+
+def test_package_get_resolves_aliases_and_keras_names():
+    assert kgl_regularizers.get("sparse_group_lasso") == SparseGroupLasso()
+    assert kgl_regularizers.get("input_group_lasso") == InputGroupLasso()
+    assert isinstance(kgl_regularizers.get("l2"), keras.regularizers.L2)
+    assert kgl_regularizers.get(None) is None
+    with pytest.raises(InvalidParameterError, match=r"get: argument `identifier`.*received 'nope'"):
+        kgl_regularizers.get("nope")
+
+
+def paper_model():
+    return keras.Sequential(
+        [
+            keras.Input((64,)),
+            keras.layers.Dense(
+                40, activation="relu", kernel_regularizer=InputGroupLasso(1e-3), bias_regularizer=SparseGroupLasso(1e-3)
+            ),
+            keras.layers.Dense(
+                20, activation="relu", kernel_regularizer=SparseGroupLasso(1e-3), bias_regularizer=SparseGroupLasso(1e-3)
+            ),
+            keras.layers.Dense(10, activation="softmax", kernel_regularizer=HiddenGroupLasso(1e-3)),
+        ]
+    )
+
+
+def test_model_saves_and_loads_without_custom_objects(tmp_path, rng):
+    model = paper_model()
+    x = rng.random((8, 64)).astype("float32")
+    path = tmp_path / "model.keras"
+    model.save(path)
+    loaded = keras.saving.load_model(path)
+    for original, again in zip(model.layers, loaded.layers):
+        assert type(again.kernel_regularizer) is type(original.kernel_regularizer)
+        assert again.kernel_regularizer == original.kernel_regularizer
+        assert again.bias_regularizer == original.bias_regularizer
+    np.testing.assert_allclose(loaded.predict(x, verbose=0), model.predict(x, verbose=0), atol=1e-6)
+    np.testing.assert_allclose(
+        sum(float(keras.ops.convert_to_numpy(l)) for l in loaded.losses),
+        sum(float(keras.ops.convert_to_numpy(l)) for l in model.losses),
+        rtol=1e-6,
+    )
+
+
+def test_model_losses_include_the_penalties(rng):
+    model = paper_model()
+    expected = 0.0
+    for layer in model.layers:
+        expected += np_group_lasso(layer.kernel.numpy(), 1e-3)
+        if isinstance(layer.kernel_regularizer, SparseGroupLasso):
+            expected += 1e-3 * np.abs(layer.kernel.numpy()).sum()
+        if layer.bias_regularizer is not None:
+            expected += 2e-3 * np.abs(layer.bias.numpy()).sum()
+    got = sum(float(keras.ops.convert_to_numpy(l)) for l in model.losses)
+    assert got == pytest.approx(expected, rel=1e-5)
+
+
+@pytest.mark.parametrize("jit_compile", [False, True])
+def test_trains_with_jit_compile_and_stays_finite(jit_compile, rng):
+    model = paper_model()
+    # start from an exactly zero group, the NaN trap of a plain sqrt(sum(w**2))
+    kernel = model.layers[0].kernel.numpy()
+    kernel[:5] = 0.0
+    model.layers[0].kernel.assign(kernel)
+    model.compile(optimizer=keras.optimizers.Adam(1e-3), loss="sparse_categorical_crossentropy", jit_compile=jit_compile)
+    x = rng.random((64, 64)).astype("float32")
+    y = rng.integers(0, 10, 64)
+    history = model.fit(x, y, epochs=2, batch_size=32, verbose=0)
+    assert all(np.isfinite(history.history["loss"]))
+    for w in model.get_weights():
+        assert np.all(np.isfinite(w))
+
+
+@pytest.mark.parametrize("policy", ["float16", "bfloat16", "mixed_float16", "mixed_bfloat16"])
+def test_mixed_precision(policy, rng):
+    previous = keras.config.dtype_policy()
+    keras.config.set_dtype_policy(policy)
+    try:
+        model = paper_model()
+        model.compile(optimizer="sgd", loss="sparse_categorical_crossentropy")
+        x = rng.random((32, 64)).astype("float32")
+        y = rng.integers(0, 10, 32)
+        history = model.fit(x, y, epochs=1, batch_size=16, verbose=0)
+        assert np.isfinite(history.history["loss"][0])
+        kernel = keras.ops.convert_to_numpy(keras.ops.cast(model.layers[1].kernel, "float32"))
+        reg_value = value(SparseGroupLasso(1e-3), model.layers[1].kernel.value)
+        assert reg_value == pytest.approx(np_sgl(kernel, 1e-3, 1e-3), rel=1e-2)
+    finally:
+        keras.config.set_dtype_policy(previous)
