@@ -1,0 +1,225 @@
+"""The per-epoch sparsity callback: watch the network shrink while it trains.
+
+:class:`SparsityMonitor` reads the model's Dense weights at the end of an
+epoch, describes them with :func:`keras_group_lasso.analysis.sparsity_report`
+(the same definitions as the report and the surgery) and
+
+* adds ``sparsity``, ``selected_features`` and ``live_neurons`` to the epoch's
+  ``logs`` (the progress bar, ``History``, ``CSVLogger`` and a
+  ``keras.callbacks.TensorBoard`` placed after it see them);
+* with ``log_dir``, writes TensorBoard summaries: per-layer sparsity and live
+  units, a histogram of each layer's group norms and, for image inputs, an
+  image of each input feature's strength (the paper's Fig. 5 and 6).
+
+TensorFlow is imported only when a summary is actually written, so the
+callback runs on the JAX backend without TensorFlow as long as ``log_dir`` is
+``None``.
+"""
+
+import importlib.util
+import math
+import os
+import sys
+
+import keras
+import numpy as np
+
+from keras_group_lasso import analysis
+from keras_group_lasso._validation import check_non_negative, check_positive_int, fail
+
+__all__ = ["SparsityMonitor"]
+
+_OWNER = "SparsityMonitor"
+
+
+def _tensorflow_installed():
+    # A ``None`` entry in sys.modules means "imports of this name fail".
+    if "tensorflow" in sys.modules:
+        return sys.modules["tensorflow"] is not None
+    return importlib.util.find_spec("tensorflow") is not None
+
+
+def _missing_tensorflow_error(log_dir):
+    return ImportError(
+        f"{_OWNER}: writing TensorBoard summaries (log_dir={log_dir!r}) needs TensorFlow "
+        "installed (e.g. `pip install tensorflow-cpu`), also on the JAX backend. "
+        "Pass log_dir=None to only add the values to the epoch's logs."
+    )
+
+
+def _tf_summary(log_dir):
+    try:
+        import tensorflow as tf
+    except ImportError as error:
+        raise _missing_tensorflow_error(log_dir) from error
+    return tf.summary
+
+
+def _has_dense_layer(layer):
+    if isinstance(layer, keras.layers.Dense):
+        return True
+    return any(_has_dense_layer(sub) for sub in getattr(layer, "layers", ()))
+
+
+def _input_image_shape(model, n_features):
+    """``(H, W)`` or ``(H, W, C)`` when the model's input can be shown as an image, else None.
+
+    A known rank-2 or rank-3 input shape with ``n_features`` elements is used as
+    is; otherwise a flat input of square length ``n = s * s`` (``s >= 2``) is
+    shown as an ``s x s`` image.
+    """
+    shape = None
+    try:
+        inputs = model.inputs
+        if inputs is not None and len(inputs) == 1:
+            shape = tuple(inputs[0].shape[1:])
+    except (AttributeError, ValueError):
+        shape = None
+    if (
+        shape is not None
+        and len(shape) in (2, 3)
+        and all(isinstance(d, int) for d in shape)
+        and math.prod(shape) == n_features
+    ):
+        return shape
+    side = math.isqrt(n_features)
+    if side >= 2 and side * side == n_features:
+        return (side, side)
+    return None
+
+
+def feature_strength_image(strength, selected_features, shape):
+    """Input feature strengths as a ``[1, H, W, 1]`` image with values in ``[0, 1]``.
+
+    ``pixel = s_i / max_j s_j`` where ``s_i`` is feature ``i``'s outgoing-weight
+    norm, and 0 for features that are not selected (so ignored borders are
+    blank). Channels of an ``(H, W, C)`` input are merged by their L2 norm.
+
+    Args:
+        strength: per-feature strengths, shape ``(n_features,)``.
+        selected_features: indices of the selected features.
+        shape: ``(H, W)`` or ``(H, W, C)`` with ``H * W * C == n_features``.
+
+    Returns:
+        A float32 numpy array of shape ``(1, H, W, 1)``.
+    """
+    strength = np.asarray(strength, dtype=np.float64).reshape(-1)
+    mask = np.zeros(strength.shape, dtype=bool)
+    mask[list(selected_features)] = True
+    image = np.where(mask, strength, 0.0).reshape(shape)
+    if image.ndim == 3:
+        image = np.sqrt(np.sum(image**2, axis=-1))
+    peak = image.max()
+    if peak > 0:
+        image = image / peak
+    return image.astype(np.float32)[np.newaxis, :, :, np.newaxis]
+
+
+class SparsityMonitor(keras.callbacks.Callback):
+    """Report the network's group sparsity at the end of every ``every``-th epoch.
+
+    With ``report = sparsity_report(model, threshold)`` it sets
+
+    * ``logs["sparsity"] = report.sparsity`` (fraction of Dense weights with
+      ``|w| <= threshold``),
+    * ``logs["selected_features"] = len(report.selected_features)``,
+    * ``logs["live_neurons"] = report.live_neurons`` (hidden units alive),
+
+    and, with ``log_dir``, writes these TensorBoard summaries at step ``epoch``:
+    scalars ``sparsity/total``, ``selected_features``, ``live_neurons``,
+    ``sparsity/<layer>`` and ``live_units/<layer>``; histograms
+    ``group_norms/<layer>`` (the L2 norm of each unit's outgoing weights); and,
+    when the input is an image, the image ``input_feature_strength`` (see
+    :func:`feature_strength_image`).
+
+    On epochs that are not logged the keys are absent from ``logs``; a
+    ``CSVLogger`` fixes its columns at the first epoch, so use ``every=1`` with it.
+
+    Args:
+        threshold: weights with ``|w| <= threshold`` count as zero (the paper
+            uses 1e-3).
+        log_dir: directory for TensorBoard event files, or None for logs only.
+            Writing needs TensorFlow installed (on any backend).
+        every: report at the end of epochs ``every, 2 * every, ...``.
+
+    Attributes:
+        last_report: the latest :class:`~keras_group_lasso.analysis.SparsityReport`
+            (None before the first reported epoch).
+
+    Raises:
+        InvalidParameterError: for a negative threshold, ``every`` that is not
+            an integer >= 1, a ``log_dir`` that is not a path, or (when training
+            starts) a model without a Dense layer.
+        ImportError: at construction if ``log_dir`` is set and TensorFlow is
+            not installed.
+
+    Example:
+        >>> monitor = SparsityMonitor(threshold=1e-3, log_dir="logs/run1")
+        >>> model.fit(x, y, epochs=50, callbacks=[monitor])  # doctest: +SKIP
+        >>> monitor.last_report.layer_sizes  # doctest: +SKIP
+        (582, 45, 41, 61)
+    """
+
+    def __init__(self, threshold=1e-3, log_dir=None, every=1):
+        super().__init__()
+        self.threshold = check_non_negative(_OWNER, "threshold", threshold)
+        self.every = check_positive_int(_OWNER, "every", every)
+        if log_dir is not None:
+            if not isinstance(log_dir, (str, os.PathLike)) or not os.fspath(log_dir):
+                fail(_OWNER, "log_dir", "a non-empty path (str or os.PathLike) or None", log_dir)
+            log_dir = os.fspath(log_dir)
+            if not _tensorflow_installed():
+                raise _missing_tensorflow_error(log_dir)
+        self.log_dir = log_dir
+        self.last_report = None
+        self._writer = None
+
+    def on_train_begin(self, logs=None):
+        if not _has_dense_layer(self.model):
+            fail(
+                _OWNER,
+                "model",
+                "a model with at least one Dense layer (the layers whose sparsity it reports)",
+                self.model,
+            )
+
+    def on_epoch_end(self, epoch, logs=None):
+        if (epoch + 1) % self.every != 0:
+            return
+        report = analysis.sparsity_report(self.model, threshold=self.threshold)
+        self.last_report = report
+        if logs is not None:
+            logs["sparsity"] = float(report.sparsity)
+            logs["selected_features"] = len(report.selected_features)
+            logs["live_neurons"] = int(report.live_neurons)
+        if self.log_dir is not None:
+            self._write_summaries(report, epoch)
+
+    def on_train_end(self, logs=None):
+        if self._writer is not None:
+            self._writer.close()
+            self._writer = None
+
+    def _write_summaries(self, report, step):
+        summary = _tf_summary(self.log_dir)
+        if self._writer is None:
+            self._writer = summary.create_file_writer(self.log_dir)
+        norms = analysis.layer_group_norms(self.model)
+        image_shape = _input_image_shape(self.model, report.n_features)
+        with self._writer.as_default(step=step):
+            summary.scalar("sparsity/total", report.sparsity)
+            summary.scalar("selected_features", len(report.selected_features))
+            summary.scalar("live_neurons", report.live_neurons)
+            for layer in report.layers:
+                summary.scalar(f"sparsity/{layer.name}", layer.sparsity)
+                summary.scalar(f"live_units/{layer.name}", layer.units_alive)
+            for name, values in norms.items():
+                summary.histogram(f"group_norms/{name}", np.asarray(values, dtype=np.float32))
+            if image_shape is not None:
+                image = feature_strength_image(
+                    analysis.input_feature_strength(self.model),
+                    report.selected_features,
+                    image_shape,
+                )
+                summary.image("input_feature_strength", image)
+        self._writer.flush()

@@ -1,0 +1,283 @@
+"""Export a pruned model: SavedModel, ``.keras``, TFLite and a kept-feature manifest.
+
+:func:`export_pruned` runs :func:`keras_group_lasso.surgery.prune_model` and
+writes into one directory::
+
+    <directory>/
+      saved_model/    TensorFlow SavedModel, signature ``serving_default``
+      model.keras     the pruned Keras model
+      model.tflite    TFLite flatbuffer (only with ``"tflite"`` in ``formats``)
+      manifest.json   kept features, layer sizes and parameter counts before/after
+
+Everything is built in a hidden temporary directory next to the target and
+renamed into place at the end, so a failure leaves nothing partial behind.
+TensorFlow is imported only for the SavedModel and TFLite formats.
+"""
+
+import dataclasses
+import json
+import os
+import shutil
+import tempfile
+
+import keras
+
+from keras_group_lasso import surgery
+from keras_group_lasso._validation import check_choice, check_non_negative, fail
+
+__all__ = ["export_pruned", "ExportResult", "FORMATS"]
+
+_OWNER = "export_pruned"
+FORMATS = ("saved_model", "keras", "tflite")
+_FILENAMES = {
+    "saved_model": "saved_model",
+    "keras": "model.keras",
+    "tflite": "model.tflite",
+    "manifest": "manifest.json",
+}
+SIGNATURE = "serving_default"
+INPUT_NAME = "features"
+MANIFEST_VERSION = 1
+
+
+@dataclasses.dataclass(frozen=True)
+class ExportResult:
+    """What :func:`export_pruned` wrote.
+
+    Attributes:
+        directory: absolute path of the export directory.
+        paths: absolute path of each written artifact, keyed by format
+            (``"saved_model"``, ``"keras"``, ``"tflite"``) and ``"manifest"``.
+        manifest: the content of ``manifest.json``.
+        report: the :class:`~keras_group_lasso.analysis.SparsityReport` the
+            pruning was based on (``str(report)`` is the before/after table).
+    """
+
+    directory: str
+    paths: dict
+    manifest: dict
+    report: object
+
+
+def _check_formats(formats):
+    if isinstance(formats, str):
+        formats = (formats,)
+    constraint = "a non-empty sequence of distinct names from " + ", ".join(
+        repr(f) for f in FORMATS
+    )
+    try:
+        items = tuple(formats)
+    except TypeError:
+        fail(_OWNER, "formats", constraint, formats)
+    if (
+        not items
+        or any(not isinstance(f, str) or f not in FORMATS for f in items)
+        or len(set(items)) != len(items)
+    ):
+        fail(_OWNER, "formats", constraint, formats)
+    return items
+
+
+def _check_directory(directory, overwrite):
+    if not isinstance(directory, (str, os.PathLike)) or not os.fspath(directory):
+        fail(_OWNER, "directory", "a non-empty path (str or os.PathLike)", directory)
+    target = os.path.abspath(os.fspath(directory))
+    if os.path.lexists(target):
+        if not os.path.isdir(target) or os.path.islink(target):
+            fail(_OWNER, "directory", "a directory path, not an existing file or link", directory)
+        if os.listdir(target) and not overwrite:
+            fail(
+                _OWNER,
+                "directory",
+                "a new or empty directory (pass overwrite=True to replace it)",
+                directory,
+            )
+    return target
+
+
+def _import_tensorflow(formats):
+    try:
+        import tensorflow as tf
+    except ImportError as error:
+        needs = " and ".join(repr(f) for f in formats if f != "keras")
+        raise ImportError(
+            f"{_OWNER}: the {needs} format needs TensorFlow installed "
+            "(e.g. `pip install tensorflow-cpu`); formats=('keras',) works without it."
+        ) from error
+    return tf
+
+
+def _input_spec(tf, model):
+    shape = list(model.inputs[0].shape)
+    shape[0] = None
+    return tf.TensorSpec(shape, tf.float32, name=INPUT_NAME)
+
+
+def _write_saved_model(tf, model, path):
+    model.export(
+        path,
+        format="tf_saved_model",
+        verbose=False,
+        input_signature=[_input_spec(tf, model)],
+    )
+
+
+def _write_tflite(tf, saved_model_path, path):
+    converter = tf.lite.TFLiteConverter.from_saved_model(saved_model_path, [SIGNATURE])
+    flatbuffer = converter.convert()
+    with open(path, "wb") as f:
+        f.write(flatbuffer)
+
+
+def _output_units(report):
+    outputs = [layer.units for layer in report.layers if layer.is_output]
+    return outputs[0] if len(outputs) == 1 else None
+
+
+def _manifest(report, small, threshold, inputs, formats):
+    from keras_group_lasso import __version__
+
+    out = _output_units(report)
+    tail = [] if out is None else [int(out)]
+    kept = [int(i) for i in small.kept_features]
+    manifest = {
+        "manifest_version": MANIFEST_VERSION,
+        "package": "keras-group-lasso",
+        "package_version": __version__,
+        "keras_version": keras.__version__,
+        "backend": keras.backend.backend(),
+        "threshold": float(threshold),
+        "inputs": inputs,
+        "n_features": int(report.n_features),
+        "kept_features": kept,
+        "n_kept_features": len(kept),
+        "layer_sizes_before": [int(s) for s in report.original_layer_sizes] + tail,
+        "layer_sizes_after": [int(s) for s in report.layer_sizes] + tail,
+        "params_before": int(report.params_before),
+        "params_after": int(report.params_after),
+        "formats": {f: _FILENAMES[f] for f in formats},
+    }
+    if "saved_model" in formats or "tflite" in formats:
+        shape = list(small.inputs[0].shape)
+        shape[0] = None
+        manifest["serving"] = {
+            "signature": SIGNATURE,
+            "input": INPUT_NAME,
+            "input_shape": shape,
+            "dtype": "float32",
+            "output": "output_0",
+        }
+    return manifest
+
+
+def _move_into_place(staging, target, parent):
+    if not os.path.lexists(target):
+        os.rename(staging, target)
+        return
+    # Move the old directory aside first, so the target is never half-replaced.
+    old = tempfile.mkdtemp(prefix=f".{os.path.basename(target)}.old-", dir=parent)
+    os.rmdir(old)
+    os.rename(target, old)
+    try:
+        os.rename(staging, target)
+    except BaseException:
+        os.rename(old, target)
+        raise
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def export_pruned(
+    model,
+    directory,
+    threshold=1e-3,
+    formats=("saved_model", "keras"),
+    inputs="original",
+    overwrite=False,
+):
+    """Prune ``model`` and write the smaller model plus a manifest to ``directory``.
+
+    The pruned model is ``prune_model(model, threshold, inputs)``: on any
+    input ``x`` it gives the outputs of ``model`` with every ``|w| <= threshold``
+    set to 0, with dead input features, dead hidden units and constant units
+    removed. ``model`` itself is never changed.
+
+    Formats:
+
+    * ``"saved_model"``: ``<directory>/saved_model``, signature
+      ``serving_default`` taking ``features``: float32 ``[None, d]`` (the original
+      feature vector with ``inputs="original"``, the kept features with
+      ``inputs="selected"``) and returning ``output_0``.
+    * ``"keras"``: ``<directory>/model.keras`` (loads with
+      ``keras.saving.load_model`` once ``keras_group_lasso`` is imported).
+    * ``"tflite"``: ``<directory>/model.tflite``, converted from the SavedModel.
+
+    ``manifest.json`` holds the kept feature indices, layer sizes and parameter
+    counts before/after, the threshold, the formats and the package version.
+
+    Args:
+        model: a trained Sequential or Functional Keras model (see
+            :func:`~keras_group_lasso.surgery.prune_model` for what is supported).
+        directory: where to write; created if missing. It must not exist or
+            be empty unless ``overwrite=True``.
+        threshold: weights with ``|w| <= threshold`` count as zero.
+        formats: names from ``("saved_model", "keras", "tflite")``.
+        inputs: ``"original"`` (the exported model takes the full feature
+            vector) or ``"selected"`` (it takes only the kept features, in the
+            order of ``manifest["kept_features"]``).
+        overwrite: replace an existing non-empty ``directory``.
+
+    Returns:
+        :class:`ExportResult` with the absolute paths, the manifest and the report.
+
+    Raises:
+        InvalidParameterError: for bad arguments or a non-empty ``directory``
+            without ``overwrite=True``.
+        keras_group_lasso.surgery.UnsupportedModelError: if the model cannot be
+            pruned (nothing is written).
+        ImportError: if a format needs TensorFlow and it is not installed.
+
+    Example:
+        >>> result = export_pruned(model, "export/digits", threshold=1e-3)  # doctest: +SKIP
+        >>> result.manifest["layer_sizes_after"]  # doctest: +SKIP
+        [40, 24, 19, 10]
+    """
+    if not isinstance(model, keras.Model):
+        fail(_OWNER, "model", "a keras.Model", model)
+    threshold = check_non_negative(_OWNER, "threshold", threshold)
+    formats = _check_formats(formats)
+    inputs = check_choice(_OWNER, "inputs", inputs, ("original", "selected"))
+    if not isinstance(overwrite, bool):
+        fail(_OWNER, "overwrite", "a bool", overwrite)
+    target = _check_directory(directory, overwrite)
+    tf = _import_tensorflow(formats) if set(formats) - {"keras"} else None
+
+    small = surgery.prune_model(model, threshold=threshold, inputs=inputs)
+    report = small.pruning_report
+
+    parent = os.path.dirname(target)
+    os.makedirs(parent, exist_ok=True)
+    staging = tempfile.mkdtemp(prefix=f".{os.path.basename(target)}.partial-", dir=parent)
+    try:
+        if "keras" in formats:
+            small.save(os.path.join(staging, _FILENAMES["keras"]))
+        if "saved_model" in formats or "tflite" in formats:
+            saved_model = os.path.join(
+                staging, _FILENAMES["saved_model"] if "saved_model" in formats else ".saved_model"
+            )
+            _write_saved_model(tf, small, saved_model)
+            if "tflite" in formats:
+                _write_tflite(tf, saved_model, os.path.join(staging, _FILENAMES["tflite"]))
+            if "saved_model" not in formats:
+                shutil.rmtree(saved_model)
+        manifest = _manifest(report, small, threshold, inputs, formats)
+        with open(os.path.join(staging, _FILENAMES["manifest"]), "w", encoding="utf-8") as f:
+            json.dump(manifest, f, indent=2)
+            f.write("\n")
+        _move_into_place(staging, target, parent)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+
+    paths = {f: os.path.join(target, _FILENAMES[f]) for f in formats}
+    paths["manifest"] = os.path.join(target, _FILENAMES["manifest"])
+    return ExportResult(directory=target, paths=paths, manifest=manifest, report=report)
