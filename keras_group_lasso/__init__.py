@@ -8,6 +8,7 @@ the sparsity, and surgery that rebuilds a physically smaller model.
 __version__ = "0.1.0"
 
 from keras_group_lasso._validation import InvalidParameterError
+from keras_group_lasso.models import add_group_sparsity
 from keras_group_lasso.regularizers import (
     GroupLasso,
     HiddenGroupLasso,
@@ -22,4 +23,5 @@ __all__ = [
     "SparseGroupLasso",
     "InputGroupLasso",
     "HiddenGroupLasso",
+    "add_group_sparsity",
 ]

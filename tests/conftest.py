@@ -6,12 +6,15 @@ import keras
 import numpy as np
 import pytest
 
-BACKEND = keras.backend.backend()
-
 
 @pytest.fixture(autouse=True)
 def _seed_everything():
     keras.utils.set_random_seed(0)
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _fresh_session_per_module():
+    # clear_session is slow on JAX (~0.3 s): once per module, not per test.
     yield
     keras.backend.clear_session()
 
@@ -19,8 +22,3 @@ def _seed_everything():
 @pytest.fixture
 def rng():
     return np.random.default_rng(0)
-
-
-requires_tensorflow_backend = pytest.mark.skipif(
-    BACKEND != "tensorflow", reason="needs the TensorFlow backend"
-)
