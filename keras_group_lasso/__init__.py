@@ -8,6 +8,7 @@ the sparsity, and surgery that rebuilds a physically smaller model.
 __version__ = "0.1.0"
 
 from keras_group_lasso._validation import InvalidParameterError
+from keras_group_lasso.analysis import SparsityReport, apply_threshold, sparsity_report
 from keras_group_lasso.models import add_group_sparsity
 from keras_group_lasso.regularizers import (
     GroupLasso,
@@ -24,4 +25,7 @@ __all__ = [
     "InputGroupLasso",
     "HiddenGroupLasso",
     "add_group_sparsity",
+    "sparsity_report",
+    "SparsityReport",
+    "apply_threshold",
 ]
