@@ -9,6 +9,7 @@ __version__ = "0.1.0"
 
 from keras_group_lasso._validation import InvalidParameterError
 from keras_group_lasso.analysis import SparsityReport, apply_threshold, sparsity_report
+from keras_group_lasso.callbacks import SparsityMonitor
 from keras_group_lasso.models import add_group_sparsity
 from keras_group_lasso.regularizers import (
     GroupLasso,
@@ -28,4 +29,5 @@ __all__ = [
     "sparsity_report",
     "SparsityReport",
     "apply_threshold",
+    "SparsityMonitor",
 ]

@@ -25,7 +25,12 @@ import keras
 import numpy as np
 
 from keras_group_lasso import analysis
-from keras_group_lasso._validation import check_non_negative, check_positive_int, fail
+from keras_group_lasso._validation import (
+    InvalidParameterError,
+    check_non_negative,
+    check_positive_int,
+    fail,
+)
 
 __all__ = ["SparsityMonitor"]
 
@@ -53,39 +58,6 @@ def _tf_summary(log_dir):
     except ImportError as error:
         raise _missing_tensorflow_error(log_dir) from error
     return tf.summary
-
-
-def _has_dense_layer(layer):
-    if isinstance(layer, keras.layers.Dense):
-        return True
-    return any(_has_dense_layer(sub) for sub in getattr(layer, "layers", ()))
-
-
-def _input_image_shape(model, n_features):
-    """``(H, W)`` or ``(H, W, C)`` when the model's input can be shown as an image, else None.
-
-    A known rank-2 or rank-3 input shape with ``n_features`` elements is used as
-    is; otherwise a flat input of square length ``n = s * s`` (``s >= 2``) is
-    shown as an ``s x s`` image.
-    """
-    shape = None
-    try:
-        inputs = model.inputs
-        if inputs is not None and len(inputs) == 1:
-            shape = tuple(inputs[0].shape[1:])
-    except (AttributeError, ValueError):
-        shape = None
-    if (
-        shape is not None
-        and len(shape) in (2, 3)
-        and all(isinstance(d, int) for d in shape)
-        and math.prod(shape) == n_features
-    ):
-        return shape
-    side = math.isqrt(n_features)
-    if side >= 2 and side * side == n_features:
-        return (side, side)
-    return None
 
 
 def feature_strength_image(strength, selected_features, shape):
@@ -173,17 +145,30 @@ class SparsityMonitor(keras.callbacks.Callback):
         self.log_dir = log_dir
         self.last_report = None
         self._writer = None
+        self._model_checked = False
 
-    def on_train_begin(self, logs=None):
-        if not _has_dense_layer(self.model):
+    def _check_model(self):
+        try:
+            analysis.dense_layers(self.model)
+        except InvalidParameterError:
             fail(
                 _OWNER,
                 "model",
-                "a model with at least one Dense layer (the layers whose sparsity it reports)",
+                "a keras.Model with at least one Dense layer (the layers whose sparsity it reports)",
                 self.model,
             )
+        self._model_checked = True
+
+    def on_train_begin(self, logs=None):
+        self._model_checked = False
+        # A Sequential without an Input is built by its first step (TensorFlow
+        # backend): then the check waits for the end of the first epoch.
+        if self.model.built:
+            self._check_model()
 
     def on_epoch_end(self, epoch, logs=None):
+        if not self._model_checked:
+            self._check_model()
         if (epoch + 1) % self.every != 0:
             return
         report = analysis.sparsity_report(self.model, threshold=self.threshold)
@@ -205,7 +190,9 @@ class SparsityMonitor(keras.callbacks.Callback):
         if self._writer is None:
             self._writer = summary.create_file_writer(self.log_dir)
         norms = analysis.layer_group_norms(self.model)
-        image_shape = _input_image_shape(self.model, report.n_features)
+        image_shape = analysis.image_shape(self.model)
+        if image_shape is not None and math.prod(image_shape) != report.n_features:
+            image_shape = None  # e.g. a Dense applied to the last axis of an unflattened input
         with self._writer.as_default(step=step):
             summary.scalar("sparsity/total", report.sparsity)
             summary.scalar("selected_features", len(report.selected_features))
