@@ -11,12 +11,14 @@ from keras_group_lasso._validation import InvalidParameterError
 from keras_group_lasso.analysis import SparsityReport, apply_threshold, sparsity_report
 from keras_group_lasso.callbacks import SparsityMonitor
 from keras_group_lasso.models import add_group_sparsity
+from keras_group_lasso.optimizers import Proximal
 from keras_group_lasso.regularizers import (
     GroupLasso,
     HiddenGroupLasso,
     InputGroupLasso,
     SparseGroupLasso,
 )
+from keras_group_lasso.surgery import UnsupportedModelError, plan_pruning, prune_model
 
 __all__ = [
     "__version__",
@@ -29,5 +31,9 @@ __all__ = [
     "sparsity_report",
     "SparsityReport",
     "apply_threshold",
+    "prune_model",
+    "plan_pruning",
+    "UnsupportedModelError",
     "SparsityMonitor",
+    "Proximal",
 ]

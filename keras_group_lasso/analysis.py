@@ -807,9 +807,21 @@ def sparsity_report(model, threshold=1e-3):
         ((582, 45, 41, 61), '95.1%')
     """
     structure, threshold = _check_model("sparsity_report", model, threshold)
+    _, kernels, biases = _read_weights(model, structure)
+    masks, nonzero = _masks_from(structure, kernels, biases, threshold)
+    return _report_from(structure, biases, masks, nonzero, threshold)
+
+
+def _analyze(owner, model, threshold):
+    """Everything at once, reading each weight once: ``(structure, layers, kernels, biases, masks, report)``."""
+    structure, threshold = _check_model(owner, model, threshold)
     layers, kernels, biases = _read_weights(model, structure)
     masks, nonzero = _masks_from(structure, kernels, biases, threshold)
+    report = _report_from(structure, biases, masks, nonzero, threshold)
+    return structure, layers, kernels, biases, masks, report
 
+
+def _report_from(structure, biases, masks, nonzero, threshold):
     per_layer = []
     total = zero = params_before = params_after = live = 0
     for name in structure.dense:
