@@ -189,19 +189,31 @@ class SparsityMonitor(keras.callbacks.Callback):
         summary = _tf_summary(self.log_dir)
         if self._writer is None:
             self._writer = summary.create_file_writer(self.log_dir)
+        scalars = [
+            ("sparsity/total", report.sparsity),
+            ("selected_features", len(report.selected_features)),
+            ("live_neurons", report.live_neurons),
+        ]
+        for layer in report.layers:
+            scalars.append((f"sparsity/{layer.name}", layer.sparsity))
+            scalars.append((f"live_units/{layer.name}", layer.units_alive))
         norms = analysis.layer_group_norms(self.model)
         image_shape = analysis.image_shape(self.model)
         if image_shape is not None and math.prod(image_shape) != report.n_features:
             image_shape = None  # e.g. a Dense applied to the last axis of an unflattened input
+        # Scalars and histograms go out as one protobuf built with numpy: the same
+        # records as tf.summary.scalar / histogram, at a fraction of the cost
+        # of running their eager TensorFlow ops one by one.
+        from tensorboard.plugins.histogram.summary_v2 import histogram_pb
+        from tensorboard.plugins.scalar.summary_v2 import scalar_pb
+
+        proto = scalar_pb(*scalars[0])
+        for tag, value in scalars[1:]:
+            proto.MergeFrom(scalar_pb(tag, np.float32(value)))
+        for name, values in norms.items():
+            proto.MergeFrom(histogram_pb(f"group_norms/{name}", np.asarray(values, np.float64)))
         with self._writer.as_default(step=step):
-            summary.scalar("sparsity/total", report.sparsity)
-            summary.scalar("selected_features", len(report.selected_features))
-            summary.scalar("live_neurons", report.live_neurons)
-            for layer in report.layers:
-                summary.scalar(f"sparsity/{layer.name}", layer.sparsity)
-                summary.scalar(f"live_units/{layer.name}", layer.units_alive)
-            for name, values in norms.items():
-                summary.histogram(f"group_norms/{name}", np.asarray(values, dtype=np.float32))
+            summary.experimental.write_raw_pb(proto.SerializeToString(), step=step)
             if image_shape is not None:
                 image = feature_strength_image(
                     analysis.input_feature_strength(self.model),

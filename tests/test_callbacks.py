@@ -196,11 +196,14 @@ def test_threshold_changes_what_is_counted():
 
 
 def _read_events(log_dir):
-    """{tag: [(step, ndarray or bytes list)]} from every event file under log_dir."""
+    """{tag: [(step, ndarray)]} from every event file under log_dir; "<plugins>": {tag: {plugin}}.
+
+    Plugin names are recorded only in a tag's first event, so later ones read "".
+    """
     from tensorboard.backend.event_processing import event_file_loader
     from tensorboard.util import tensor_util
 
-    found = {}
+    found, plugins = {}, {}
     files = sorted(glob.glob(f"{log_dir}/**/events.out.tfevents.*", recursive=True))
     for path in files:
         for event in event_file_loader.EventFileLoader(path).Load():
@@ -208,6 +211,8 @@ def _read_events(log_dir):
                 found.setdefault(value.tag, []).append(
                     (event.step, tensor_util.make_ndarray(value.tensor))
                 )
+                plugins.setdefault(value.tag, set()).add(value.metadata.plugin_data.plugin_name)
+    found["<plugins>"] = plugins
     return found
 
 
@@ -242,6 +247,11 @@ def test_tensorboard_scalars_histograms_and_image(tmp_path):
         assert scalar(f"live_units/{layer.name}")[-1] == (1, float(layer.units_alive))
     assert scalar("live_units/hidden_1")[-1][1] == 4.0
     assert scalar("live_units/hidden_2")[-1][1] == 2.0
+
+    plugins = events["<plugins>"]
+    assert plugins["sparsity/total"] - {""} == {"scalars"}
+    assert plugins["group_norms/hidden_1"] - {""} == {"histograms"}
+    assert plugins["input_feature_strength"] - {""} == {"images"}
 
     # Histograms: buckets [left, right, count] covering every group norm exactly once.
     for name, norms in layer_group_norms(model).items():
