@@ -10,6 +10,7 @@ __version__ = "0.1.0"
 from keras_group_lasso._validation import InvalidParameterError
 from keras_group_lasso.analysis import SparsityReport, apply_threshold, sparsity_report
 from keras_group_lasso.callbacks import SparsityMonitor
+from keras_group_lasso.export import export_pruned
 from keras_group_lasso.models import add_group_sparsity
 from keras_group_lasso.optimizers import Proximal
 from keras_group_lasso.regularizers import (
@@ -35,5 +36,6 @@ __all__ = [
     "plan_pruning",
     "UnsupportedModelError",
     "SparsityMonitor",
+    "export_pruned",
     "Proximal",
 ]

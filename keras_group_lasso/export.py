@@ -16,6 +16,7 @@ TensorFlow is imported only for the SavedModel and TFLite formats.
 
 import dataclasses
 import json
+import math
 import os
 import shutil
 import tempfile
@@ -122,6 +123,43 @@ def _write_saved_model(tf, model, path):
     )
 
 
+def _write_saved_model_with_tf_gather(tf, small, selected, path, scratch):
+    """SavedModel of ``small`` whose feature gather is a TensorFlow op (JAX backend).
+
+    jax2tf lowers the gather of the kept features with a dynamic batch size to
+    a StableHLO ``dynamic_gather`` that the TFLite converter rejects. So the
+    ``inputs="selected"`` model (no gather) is exported with jax2tf, and a
+    TensorFlow function around it flattens the original input and gathers the
+    kept features with ``tf.gather``: the same outputs, convertible to TFLite.
+    """
+    _write_saved_model(tf, selected, scratch)
+    inner = tf.saved_model.load(scratch)
+    spec = _input_spec(tf, small)
+    n_features = math.prod(spec.shape[1:])
+    kept = tf.constant(list(small.kept_features), dtype=tf.int32)
+
+    @tf.function(input_signature=[spec])
+    def serve(features):
+        flat = tf.reshape(features, [-1, n_features])
+        return inner.serve(tf.gather(flat, kept, axis=1))
+
+    module = tf.Module()
+    module.inner = inner
+    module.serve = serve
+    # The jax2tf functions carry custom gradients that cannot be saved again;
+    # the export is for inference only.
+    options = tf.saved_model.SaveOptions(experimental_custom_gradients=False)
+    tf.saved_model.save(module, path, signatures={SIGNATURE: serve}, options=options)
+
+
+def _gathers_in_jax(small, inputs, report):
+    return (
+        keras.backend.backend() == "jax"
+        and inputs == "original"
+        and len(small.kept_features) < report.n_features
+    )
+
+
 def _write_tflite(tf, saved_model_path, path):
     converter = tf.lite.TFLiteConverter.from_saved_model(saved_model_path, [SIGNATURE])
     flatbuffer = converter.convert()
@@ -168,6 +206,12 @@ def _manifest(report, small, threshold, inputs, formats):
             "output": "output_0",
         }
     return manifest
+
+
+def _write_manifest_file(path, manifest):
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump(manifest, f, indent=2)
+        f.write("\n")
 
 
 def _move_into_place(staging, target, parent):
@@ -264,15 +308,19 @@ def export_pruned(
             saved_model = os.path.join(
                 staging, _FILENAMES["saved_model"] if "saved_model" in formats else ".saved_model"
             )
-            _write_saved_model(tf, small, saved_model)
+            if _gathers_in_jax(small, inputs, report):
+                selected = surgery.prune_model(model, threshold=threshold, inputs="selected")
+                scratch = os.path.join(staging, ".jax_saved_model")
+                _write_saved_model_with_tf_gather(tf, small, selected, saved_model, scratch)
+                shutil.rmtree(scratch)
+            else:
+                _write_saved_model(tf, small, saved_model)
             if "tflite" in formats:
                 _write_tflite(tf, saved_model, os.path.join(staging, _FILENAMES["tflite"]))
             if "saved_model" not in formats:
                 shutil.rmtree(saved_model)
         manifest = _manifest(report, small, threshold, inputs, formats)
-        with open(os.path.join(staging, _FILENAMES["manifest"]), "w", encoding="utf-8") as f:
-            json.dump(manifest, f, indent=2)
-            f.write("\n")
+        _write_manifest_file(os.path.join(staging, _FILENAMES["manifest"]), manifest)
         _move_into_place(staging, target, parent)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)

@@ -1,0 +1,314 @@
+"""export_pruned: every format reloads and matches the thresholded original; atomic writes; errors."""
+
+import json
+import os
+import sys
+
+import keras
+import numpy as np
+import pytest
+
+import keras_group_lasso
+from keras_group_lasso import InvalidParameterError, export_pruned
+from keras_group_lasso import export as export_module
+from keras_group_lasso.surgery import UnsupportedModelError
+
+THRESHOLD = 1e-3
+N_FEATURES = 10
+DEAD_FEATURES = (0, 3, 7)
+
+
+def _sparse_model(seed=0):
+    """10 -> 6 -> 4 -> 3 with dead features 0, 3, 7, dead hidden units and sub-threshold noise."""
+    rng = np.random.default_rng(seed)
+    model = keras.Sequential(
+        [
+            keras.Input((N_FEATURES,)),
+            keras.layers.Dense(6, activation="relu", name="hidden_1"),
+            keras.layers.Dense(4, activation="tanh", name="hidden_2"),
+            keras.layers.Dense(3, name="output"),
+        ]
+    )
+    w1 = rng.normal(size=(N_FEATURES, 6)).astype("float32")
+    w2 = rng.normal(size=(6, 4)).astype("float32")
+    w3 = rng.normal(size=(4, 3)).astype("float32")
+    w1[list(DEAD_FEATURES)] = rng.uniform(-THRESHOLD, THRESHOLD, (len(DEAD_FEATURES), 6))
+    w2[[1, 4]] = 0.0  # hidden_1 units 1 and 4 have no outgoing weight
+    w3[2] = 5e-4  # hidden_2 unit 2 only below the threshold
+    model.get_layer("hidden_1").set_weights([w1, rng.normal(size=6).astype("float32")])
+    model.get_layer("hidden_2").set_weights([w2, rng.normal(size=4).astype("float32")])
+    model.get_layer("output").set_weights([w3, rng.normal(size=3).astype("float32")])
+    return model
+
+
+def _thresholded(model, threshold=THRESHOLD):
+    clone = keras.models.clone_model(model)
+    clone.set_weights(
+        [np.where(np.abs(w) <= threshold, 0.0, w).astype(w.dtype) for w in model.get_weights()]
+    )
+    return clone
+
+
+def _x(n=17, seed=1):
+    return np.random.default_rng(seed).normal(size=(n, N_FEATURES)).astype("float32")
+
+
+def _tflite_outputs(path, x):
+    tf = pytest.importorskip("tensorflow")
+    interpreter = tf.lite.Interpreter(model_path=path)
+    inp = interpreter.get_input_details()[0]
+    interpreter.resize_tensor_input(inp["index"], list(x.shape))
+    interpreter.allocate_tensors()
+    interpreter.set_tensor(inp["index"], x)
+    interpreter.invoke()
+    return interpreter.get_tensor(interpreter.get_output_details()[0]["index"])
+
+
+@pytest.fixture(scope="module")
+def full_export(tmp_path_factory):
+    pytest.importorskip("tensorflow", reason="SavedModel and TFLite need TensorFlow")
+    model = _sparse_model()
+    weights_before = [w.copy() for w in model.get_weights()]
+    directory = tmp_path_factory.mktemp("export") / "digits"
+    result = export_pruned(
+        model, directory, threshold=THRESHOLD, formats=("saved_model", "keras", "tflite")
+    )
+    return model, weights_before, directory, result
+
+
+def test_every_format_reloads_with_the_thresholded_outputs(full_export):
+    import tensorflow as tf
+
+    model, _, directory, result = full_export
+    x = _x()
+    expected = keras.ops.convert_to_numpy(_thresholded(model)(x))
+
+    served = tf.saved_model.load(result.paths["saved_model"]).signatures["serving_default"]
+    _, inputs = served.structured_input_signature
+    assert list(inputs) == ["features"]
+    assert inputs["features"].shape.as_list() == [None, N_FEATURES]
+    assert inputs["features"].dtype == tf.float32
+    np.testing.assert_allclose(served(features=tf.constant(x))["output_0"].numpy(), expected, atol=1e-5)
+
+    reloaded = keras.saving.load_model(result.paths["keras"], safe_mode=True)
+    np.testing.assert_allclose(keras.ops.convert_to_numpy(reloaded(x)), expected, atol=1e-5)
+
+    np.testing.assert_allclose(_tflite_outputs(result.paths["tflite"], x), expected, atol=1e-5)
+
+    assert sorted(os.listdir(directory)) == ["manifest.json", "model.keras", "model.tflite", "saved_model"]
+    assert not [n for n in os.listdir(directory.parent) if n.startswith(".")]  # no leftovers
+
+
+def test_manifest(full_export):
+    _, _, directory, result = full_export
+    with open(directory / "manifest.json") as f:
+        manifest = json.load(f)
+    assert manifest == result.manifest
+    report = result.report
+    assert manifest["package_version"] == keras_group_lasso.__version__
+    assert manifest["threshold"] == THRESHOLD
+    assert manifest["inputs"] == "original"
+    assert manifest["n_features"] == N_FEATURES
+    assert manifest["kept_features"] == [i for i in range(N_FEATURES) if i not in DEAD_FEATURES]
+    assert manifest["kept_features"] == list(report.selected_features)
+    assert manifest["layer_sizes_before"] == [10, 6, 4, 3]
+    assert manifest["layer_sizes_after"] == [7, 4, 3, 3]
+    assert manifest["params_before"] == report.params_before
+    assert manifest["params_after"] == report.params_after
+    assert manifest["params_after"] < manifest["params_before"]
+    assert manifest["formats"] == {
+        "saved_model": "saved_model",
+        "keras": "model.keras",
+        "tflite": "model.tflite",
+    }
+    assert manifest["serving"]["input_shape"] == [None, N_FEATURES]
+    assert result.directory == str(directory)
+
+
+def test_users_model_is_not_changed(full_export):
+    model, weights_before, _, _ = full_export
+    for before, after in zip(weights_before, model.get_weights()):
+        np.testing.assert_array_equal(before, after)
+
+
+def test_selected_inputs_take_only_the_kept_features(tmp_path):
+    tf = pytest.importorskip("tensorflow", reason="SavedModel needs TensorFlow")
+    model = _sparse_model()
+    result = export_pruned(model, tmp_path / "out", inputs="selected")
+    kept = result.manifest["kept_features"]
+    assert result.manifest["inputs"] == "selected"
+    assert result.manifest["serving"]["input_shape"] == [None, len(kept)]
+    x = _x()
+    expected = keras.ops.convert_to_numpy(_thresholded(model)(x))
+    served = tf.saved_model.load(result.paths["saved_model"]).signatures["serving_default"]
+    got = served(features=tf.constant(x[:, kept]))["output_0"].numpy()
+    np.testing.assert_allclose(got, expected, atol=1e-5)
+    reloaded = keras.saving.load_model(result.paths["keras"])
+    np.testing.assert_allclose(keras.ops.convert_to_numpy(reloaded(x[:, kept])), expected, atol=1e-5)
+
+
+def test_image_input_keeps_its_shape(tmp_path):
+    tf = pytest.importorskip("tensorflow", reason="SavedModel and TFLite need TensorFlow")
+    rng = np.random.default_rng(3)
+    model = keras.Sequential(
+        [keras.Input((3, 4)), keras.layers.Flatten(), keras.layers.Dense(5, activation="relu"), keras.layers.Dense(2)]
+    )
+    kernel, bias = model.layers[1].get_weights()
+    kernel[[0, 3, 4, 11]] = 0.0  # a blank border
+    model.layers[1].set_weights([kernel, bias])
+    result = export_pruned(model, tmp_path / "out", formats=("saved_model", "tflite"))
+    assert result.manifest["kept_features"] == [1, 2, 5, 6, 7, 8, 9, 10]
+    assert result.manifest["serving"]["input_shape"] == [None, 3, 4]
+    x = rng.normal(size=(6, 3, 4)).astype("float32")
+    expected = keras.ops.convert_to_numpy(model(x))
+    served = tf.saved_model.load(result.paths["saved_model"]).signatures["serving_default"]
+    np.testing.assert_allclose(served(features=tf.constant(x))["output_0"].numpy(), expected, atol=1e-5)
+    np.testing.assert_allclose(_tflite_outputs(result.paths["tflite"], x), expected, atol=1e-5)
+
+
+def test_missing_tensorflow_is_a_clear_error(tmp_path, monkeypatch):
+    model = _sparse_model()
+    with monkeypatch.context() as patch:
+        # A None entry in sys.modules makes `import tensorflow` fail, as on a JAX-only install.
+        patch.setitem(sys.modules, "tensorflow", None)
+        with pytest.raises(ImportError, match=r"the 'saved_model' format needs TensorFlow installed"):
+            export_pruned(model, tmp_path / "sm", formats=("saved_model", "keras"))
+    assert not (tmp_path / "sm").exists()
+
+
+@pytest.mark.skipif(
+    keras.backend.backend() == "tensorflow", reason="the TensorFlow backend needs TensorFlow itself"
+)
+def test_keras_format_needs_no_tensorflow(tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "tensorflow", None)
+    result = export_pruned(_sparse_model(), tmp_path / "k", formats="keras")
+    assert sorted(os.listdir(tmp_path / "k")) == ["manifest.json", "model.keras"]
+    assert "serving" not in result.manifest
+
+
+def test_keras_format_alone(tmp_path):
+    model = _sparse_model()
+    result = export_pruned(model, tmp_path / "k", formats="keras")
+    assert sorted(os.listdir(tmp_path / "k")) == ["manifest.json", "model.keras"]
+    assert set(result.paths) == {"keras", "manifest"}
+    assert "serving" not in result.manifest
+    expected = keras.ops.convert_to_numpy(_thresholded(model)(_x()))
+    reloaded = keras.saving.load_model(result.paths["keras"], safe_mode=True)
+    np.testing.assert_allclose(keras.ops.convert_to_numpy(reloaded(_x())), expected, atol=1e-5)
+
+
+# ----------------------------------------------------------------------------- directories
+
+
+def test_refuses_a_non_empty_directory_unless_overwrite(tmp_path):
+    model = _sparse_model()
+    target = tmp_path / "out"
+    target.mkdir()
+    (target / "keep.txt").write_text("user data")
+    with pytest.raises(InvalidParameterError) as info:
+        export_pruned(model, target, formats=("keras",))
+    assert str(info.value) == (
+        "export_pruned: argument `directory` must be a new or empty directory "
+        f"(pass overwrite=True to replace it); received {target!r}."
+    )
+    assert os.listdir(target) == ["keep.txt"]
+    export_pruned(model, target, formats=("keras",), overwrite=True)
+    assert sorted(os.listdir(target)) == ["manifest.json", "model.keras"]
+    assert sorted(os.listdir(tmp_path)) == ["out"]
+
+
+def test_an_existing_empty_directory_is_used(tmp_path):
+    (tmp_path / "out").mkdir()
+    export_pruned(_sparse_model(), tmp_path / "out", formats=("keras",))
+    assert sorted(os.listdir(tmp_path / "out")) == ["manifest.json", "model.keras"]
+
+
+def test_a_failure_while_writing_leaves_nothing(tmp_path, monkeypatch):
+    def broken(*args, **kwargs):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(export_module, "_write_manifest_file", broken)
+    with pytest.raises(OSError, match="disk full"):
+        export_pruned(_sparse_model(), tmp_path / "out", formats=("keras",))
+    assert os.listdir(tmp_path) == []
+
+
+def test_a_failure_while_overwriting_keeps_the_old_export(tmp_path, monkeypatch):
+    target = tmp_path / "out"
+    target.mkdir()
+    (target / "old.txt").write_text("previous export")
+
+    def broken(*args, **kwargs):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(export_module, "_write_manifest_file", broken)
+    with pytest.raises(OSError):
+        export_pruned(_sparse_model(), target, formats=("keras",), overwrite=True)
+    assert os.listdir(tmp_path) == ["out"]
+    assert os.listdir(target) == ["old.txt"]
+
+
+def test_unsupported_model_writes_nothing(tmp_path):
+    inputs = keras.Input((4,))
+    hidden = keras.layers.Dense(4, name="d1")(inputs)
+    outputs = keras.layers.Dense(2, name="d2")(keras.layers.Add(name="residual")([inputs, hidden]))
+    model = keras.Model(inputs, outputs)
+    with pytest.raises(UnsupportedModelError):
+        export_pruned(model, tmp_path / "out", formats=("keras",))
+    assert os.listdir(tmp_path) == []
+
+
+# ----------------------------------------------------------------------------- arguments
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        (
+            {"threshold": -1.0},
+            "export_pruned: argument `threshold` must be a finite number >= 0; received -1.0.",
+        ),
+        (
+            {"formats": ("onnx",)},
+            "export_pruned: argument `formats` must be a non-empty sequence of distinct names from "
+            "'saved_model', 'keras', 'tflite'; received ('onnx',).",
+        ),
+        (
+            {"formats": ()},
+            "export_pruned: argument `formats` must be a non-empty sequence of distinct names from "
+            "'saved_model', 'keras', 'tflite'; received ().",
+        ),
+        (
+            {"formats": ("keras", "keras")},
+            "export_pruned: argument `formats` must be a non-empty sequence of distinct names from "
+            "'saved_model', 'keras', 'tflite'; received ('keras', 'keras').",
+        ),
+        (
+            {"inputs": "all"},
+            "export_pruned: argument `inputs` must be one of 'original', 'selected'; received 'all'.",
+        ),
+        (
+            {"overwrite": "yes"},
+            "export_pruned: argument `overwrite` must be a bool; received 'yes'.",
+        ),
+    ],
+)
+def test_bad_arguments(tmp_path, kwargs, message):
+    with pytest.raises(InvalidParameterError) as info:
+        export_pruned(_sparse_model(), tmp_path / "out", **kwargs)
+    assert str(info.value) == message
+    assert os.listdir(tmp_path) == []
+
+
+def test_bad_model_and_directory(tmp_path):
+    with pytest.raises(InvalidParameterError) as info:
+        export_pruned("model.keras", tmp_path / "out")
+    assert str(info.value) == "export_pruned: argument `model` must be a keras.Model; received 'model.keras'."
+    with pytest.raises(InvalidParameterError) as info:
+        export_pruned(_sparse_model(), 3)
+    assert str(info.value) == (
+        "export_pruned: argument `directory` must be a non-empty path (str or os.PathLike); received 3."
+    )
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(InvalidParameterError, match="must be a directory path, not an existing file"):
+        export_pruned(_sparse_model(), tmp_path / "file")
