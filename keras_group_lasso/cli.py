@@ -2,6 +2,7 @@
 
 Subcommands:
     demo   train a group-sparse MLP on the bundled DIGITS data and report it
+    prune  cut a trained .keras model down to its live units and export it
 """
 
 import argparse
@@ -29,6 +30,85 @@ def _run_demo(args):
     return demo.run(epochs=args.epochs, factor=args.factor, threshold=args.threshold, seed=args.seed)
 
 
+def _add_prune(subparsers):
+    p = subparsers.add_parser(
+        "prune",
+        help="remove dead features and units from a .keras model and export the smaller model",
+        description="Load MODEL (a .keras file, Keras safe mode), remove every input feature and "
+        "hidden unit whose outgoing weights are all <= threshold, and write the smaller model "
+        "to OUT_DIR (SavedModel, .keras, optionally TFLite, plus manifest.json). "
+        "Nothing is written into OUT_DIR when anything fails.",
+    )
+    p.add_argument("model", metavar="MODEL", help="trained model saved as .keras")
+    p.add_argument("out_dir", metavar="OUT_DIR", help="export directory (new or empty)")
+    p.add_argument("--threshold", type=float, default=1e-3, help="weights with |w| <= threshold count as zero (default 1e-3)")
+    p.add_argument(
+        "--inputs",
+        choices=("original", "selected"),
+        default="original",
+        help="'original': the exported model takes the full feature vector (default); "
+        "'selected': only the kept features (see manifest.json)",
+    )
+    p.add_argument(
+        "--formats",
+        nargs="+",
+        choices=("saved_model", "keras", "tflite"),
+        default=["saved_model", "keras"],
+        help="what to write (default: saved_model keras)",
+    )
+    p.add_argument("--overwrite", action="store_true", help="replace a non-empty OUT_DIR")
+    p.set_defaults(func=_run_prune)
+
+
+def _run_prune(args):
+    import os
+
+    import keras
+
+    import keras_group_lasso  # registers the package's serializable objects
+
+    def error(message):
+        print(f"keras-group-lasso prune: error: {message}", file=sys.stderr)
+        return 1
+
+    if not os.path.isfile(args.model):
+        return error(f"no such model file: {args.model!r}")
+    try:
+        model = keras.saving.load_model(args.model, compile=False, safe_mode=True)
+    except Exception as e:  # a corrupt or foreign file: any loader error means "cannot load"
+        return error(f"cannot load {args.model!r} as a Keras model: {type(e).__name__}: {e}")
+    try:
+        result = keras_group_lasso.export_pruned(
+            model,
+            args.out_dir,
+            threshold=args.threshold,
+            formats=tuple(dict.fromkeys(args.formats)),
+            inputs=args.inputs,
+            overwrite=args.overwrite,
+        )
+    except (ValueError, TypeError, ImportError, OSError) as e:
+        return error(str(e))
+    m = result.manifest
+    before, after = m["params_before"], m["params_after"]
+    print(result.report)
+    print()
+    print(f"kept    {m['n_kept_features']} of {m['n_features']} input features")
+    print(
+        "layers  "
+        + "-".join(map(str, m["layer_sizes_before"]))
+        + " -> "
+        + "-".join(map(str, m["layer_sizes_after"]))
+    )
+    ratio = f" ({before / after:.1f}x fewer)" if after else ""
+    print(f"params  {before} -> {after}{ratio}")
+    for i, path in enumerate(result.paths.values()):
+        print(("wrote   " if i == 0 else "        ") + path)
+    return 0
+
+
+BENCHMARKS = {"digits": "digits_sweep.py", "fashion-mnist": "fashion_table.py", "peers": "peers_digits.py", "all": "run_all.py"}
+
+
 def build_parser():
     parser = argparse.ArgumentParser(
         prog="keras-group-lasso",
@@ -36,6 +116,7 @@ def build_parser():
     )
     subparsers = parser.add_subparsers(dest="command", required=True)
     _add_demo(subparsers)
+    _add_prune(subparsers)
     return parser
 
 

@@ -1,0 +1,124 @@
+"""The command line, through keras_group_lasso.cli.main."""
+
+import json
+import os
+
+import keras
+import numpy as np
+import pytest
+
+from keras_group_lasso.cli import main
+
+# ----------------------------------------------------------------------------- prune
+
+
+def _save_sparse_model(path):
+    """10 -> 6 -> 3 with input features 0, 3 and 7 and hidden unit 2 dead."""
+    rng = np.random.default_rng(0)
+    model = keras.Sequential(
+        [
+            keras.Input((10,)),
+            keras.layers.Dense(6, activation="relu", name="hidden"),
+            keras.layers.Dense(3, name="output"),
+        ]
+    )
+    w1 = rng.normal(size=(10, 6)).astype("float32")
+    w2 = rng.normal(size=(6, 3)).astype("float32")
+    w1[[0, 3, 7]] = 0.0
+    w2[2] = 1e-4
+    model.get_layer("hidden").set_weights([w1, np.ones(6, "float32")])
+    model.get_layer("output").set_weights([w2, np.zeros(3, "float32")])
+    model.save(path)
+    return model
+
+
+def test_prune_writes_the_export_and_prints_the_table(tmp_path, capsys):
+    _save_sparse_model(tmp_path / "m.keras")
+    out = tmp_path / "out"
+    code = main(["prune", str(tmp_path / "m.keras"), str(out), "--formats", "keras", "--threshold", "1e-3"])
+    captured = capsys.readouterr()
+    assert code == 0, captured.err
+    assert "SparsityReport" in captured.out
+    assert "kept    7 of 10 input features" in captured.out
+    assert "layers  10-6-3 -> 7-5-3" in captured.out
+    assert str(out / "model.keras") in captured.out
+    assert sorted(os.listdir(out)) == ["manifest.json", "model.keras"]
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["kept_features"] == [1, 2, 4, 5, 6, 8, 9]
+    assert manifest["inputs"] == "original"
+    assert manifest["params_after"] < manifest["params_before"]
+
+
+def test_prune_selected_inputs(tmp_path, capsys):
+    _save_sparse_model(tmp_path / "m.keras")
+    code = main(
+        ["prune", str(tmp_path / "m.keras"), str(tmp_path / "out"), "--inputs", "selected", "--formats", "keras"]
+    )
+    assert code == 0, capsys.readouterr().err
+    small = keras.saving.load_model(tmp_path / "out" / "model.keras")
+    assert tuple(small.inputs[0].shape) == (None, 7)
+
+
+def _assert_failed(code, capsys, *fragments):
+    captured = capsys.readouterr()
+    assert code != 0
+    assert captured.err.startswith("keras-group-lasso prune: error: ")
+    for fragment in fragments:
+        assert fragment in captured.err
+    return captured
+
+
+def test_prune_missing_file(tmp_path, capsys):
+    out = tmp_path / "out"
+    code = main(["prune", str(tmp_path / "nope.keras"), str(out)])
+    _assert_failed(code, capsys, "no such model file", "nope.keras")
+    assert not out.exists()
+
+
+def test_prune_corrupt_file(tmp_path, capsys):
+    bad = tmp_path / "bad.keras"
+    bad.write_bytes(b"this is not a zip archive")
+    out = tmp_path / "out"
+    code = main(["prune", str(bad), str(out)])
+    _assert_failed(code, capsys, "cannot load", "bad.keras")
+    assert not out.exists()
+    assert sorted(os.listdir(tmp_path)) == ["bad.keras"]
+
+
+def test_prune_unsupported_model(tmp_path, capsys):
+    inputs = keras.Input((4,))
+    hidden = keras.layers.Dense(4, name="d1")(inputs)
+    outputs = keras.layers.Dense(2, name="d2")(keras.layers.Add(name="residual")([inputs, hidden]))
+    keras.Model(inputs, outputs).save(tmp_path / "res.keras")
+    out = tmp_path / "out"
+    code = main(["prune", str(tmp_path / "res.keras"), str(out), "--formats", "keras"])
+    _assert_failed(code, capsys, "residual")
+    assert not out.exists()
+    assert sorted(os.listdir(tmp_path)) == ["res.keras"]
+
+
+def test_prune_refuses_a_non_empty_out_dir(tmp_path, capsys):
+    _save_sparse_model(tmp_path / "m.keras")
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "notes.txt").write_text("mine")
+    code = main(["prune", str(tmp_path / "m.keras"), str(out), "--formats", "keras"])
+    _assert_failed(code, capsys, "new or empty directory", "overwrite")
+    assert os.listdir(out) == ["notes.txt"]
+    code = main(["prune", str(tmp_path / "m.keras"), str(out), "--formats", "keras", "--overwrite"])
+    assert code == 0
+    assert sorted(os.listdir(out)) == ["manifest.json", "model.keras"]
+
+
+def test_prune_bad_threshold(tmp_path, capsys):
+    _save_sparse_model(tmp_path / "m.keras")
+    code = main(["prune", str(tmp_path / "m.keras"), str(tmp_path / "out"), "--threshold", "-1"])
+    _assert_failed(code, capsys, "argument `threshold` must be a finite number >= 0; received -1.0.")
+    assert not (tmp_path / "out").exists()
+
+
+def test_prune_bad_choice_is_a_usage_error(tmp_path, capsys):
+    with pytest.raises(SystemExit) as info:
+        main(["prune", "m.keras", str(tmp_path / "out"), "--inputs", "all"])
+    assert info.value.code == 2
+    assert "invalid choice: 'all'" in capsys.readouterr().err
