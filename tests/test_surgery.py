@@ -89,9 +89,12 @@ def test_known_mlp_sizes_weights_and_attributes():
     assert small.name == "mlp"
     assert small.kept_features == (0, 2, 4)
     assert small.pruning_report == sparsity_report(model, T)
-    assert [layer.name for layer in small.layers] == ["select_features", "d0", "d1", "d2"]
+    # 3 of 5 features kept: the first Dense keeps zero rows for the other 2 (no gather).
+    assert [layer.name for layer in small.layers] == ["d0", "d1", "d2"]
     assert [small.get_layer(f"d{i}").units for i in range(3)] == [3, 2, 2]
-    np.testing.assert_array_equal(small.get_layer("d0").get_weights()[0], w0[[0, 2, 4]][:, [0, 1, 3]].astype("float32"))
+    expected_kernel = w0[:, [0, 1, 3]].astype("float32")
+    expected_kernel[[1, 3]] = 0.0
+    np.testing.assert_array_equal(small.get_layer("d0").get_weights()[0], expected_kernel)
     np.testing.assert_array_equal(small.get_layer("d1").get_weights()[1], np.full(2, 0.2, "float32"))
     assert small.get_layer("d0").activation is model.get_layer("d0").activation
     _assert_same_outputs(model, small, rng.normal(size=(9, 5)).astype("float32"))
@@ -101,6 +104,7 @@ def test_known_mlp_sizes_weights_and_attributes():
     selected = prune_model(model, threshold=T, inputs="selected")
     assert selected.inputs[0].shape == (None, 3)
     assert [layer.name for layer in selected.layers] == ["d0", "d1", "d2"]
+    np.testing.assert_array_equal(selected.get_layer("d0").get_weights()[0], w0[[0, 2, 4]][:, [0, 1, 3]].astype("float32"))
     _assert_same_outputs(model, selected, rng.normal(size=(9, 5)).astype("float32"), "selected")
 
 
@@ -152,7 +156,7 @@ def test_batchnorm_before_the_first_dense_is_sliced_by_feature():
     model.get_layer("d0").set_weights([w, rng.normal(size=2)])
     for inputs in ("original", "selected"):
         small = prune_model(model, threshold=T, inputs=inputs)
-        assert small.get_layer("bn_in").get_weights()[0].shape == (3,)
+        assert small.get_layer("bn_in").get_weights()[0].shape == ((3,) if inputs == "selected" else (4,))
         _assert_same_outputs(model, small, rng.normal(size=(5, 4)).astype("float32"), inputs)
 
 
@@ -174,11 +178,41 @@ def test_image_input_through_flatten():
     x = rng.normal(size=(6, 3, 4)).astype("float32")
     small = prune_model(model, threshold=T)
     assert small.inputs[0].shape == (None, 3, 4)
-    assert [layer.name for layer in small.layers] == ["pre", "flat", "select_features", "d0", "d1"]
+    assert [layer.name for layer in small.layers] == ["pre", "flat", "d0", "d1"]
     _assert_same_outputs(model, small, x)
     selected = prune_model(model, threshold=T, inputs="selected")
     assert selected.inputs[0].shape == (None, 9)
     _assert_same_outputs(model, selected, x, "selected")
+
+
+def _few_features_model(image=False):
+    """24 features of which 2 survive: inputs="original" gathers them (SelectFeatures)."""
+    rng = np.random.default_rng(7)
+    w0 = np.zeros((24, 3))
+    w0[[5, 17]] = rng.normal(size=(2, 3))
+    layers = [keras.layers.Flatten(name="flat")] if image else []
+    layers += [
+        keras.layers.Dense(3, activation="relu", name="d0", **_ZEROS),
+        keras.layers.BatchNormalization(name="bn"),
+        keras.layers.Dense(2, name="d1", **_ZEROS),
+    ]
+    model = keras.Sequential([keras.Input((4, 6) if image else (24,))] + layers)
+    model.get_layer("d0").set_weights([w0, rng.normal(size=3)])
+    model.get_layer("bn").set_weights([rng.uniform(0.5, 2, 3), rng.normal(size=3), rng.normal(size=3), rng.uniform(0.5, 2, 3)])
+    model.get_layer("d1").set_weights([rng.normal(size=(3, 2)), rng.normal(size=2)])
+    return model
+
+
+@pytest.mark.parametrize("image", [False, True])
+def test_few_surviving_features_are_gathered(image):
+    model = _few_features_model(image)
+    small = prune_model(model, threshold=T)
+    names = [layer.name for layer in small.layers]
+    assert names == (["flat"] if image else []) + ["select_features", "d0", "bn", "d1"]
+    assert small.get_layer("select_features").indices == (5, 17)
+    assert small.get_layer("d0").get_weights()[0].shape == (2, 3)
+    x = np.random.default_rng(0).normal(size=(5, 4, 6) if image else (5, 24)).astype("float32")
+    _assert_same_outputs(model, small, x)
 
 
 def test_keeps_dtype_policy_use_bias_regularizers_and_names():
@@ -227,7 +261,7 @@ def test_plan_matches_report_and_is_json():
     assert plan.dense[1].kept_inputs == (0, 1, 2)
     d = plan.to_dict()
     assert json.loads(json.dumps(d)) == d
-    small = prune_model(model, T)
+    small = prune_model(model, T, inputs="selected")
     assert small.get_layer("d0").count_params() + small.get_layer("d1").count_params() == plan.params_after
 
 
@@ -244,9 +278,12 @@ def _sparse_mlp():
     return _mlp([w0, w1, rng.normal(size=(3, 2))], [rng.normal(size=5), rng.normal(size=3), rng.normal(size=2)])
 
 
-@pytest.mark.parametrize("inputs", ["original", "selected"])
+@pytest.mark.parametrize("inputs", ["original", "selected", "gather"])
 def test_keras_file_round_trip_without_custom_objects(tmp_path, inputs):
-    small = prune_model(_sparse_mlp(), T, inputs=inputs)
+    if inputs == "gather":
+        small = prune_model(_few_features_model(), T)
+    else:
+        small = prune_model(_sparse_mlp(), T, inputs=inputs)
     path = str(tmp_path / "small.keras")
     small.save(path)
     loaded = keras.saving.load_model(path)
@@ -256,12 +293,13 @@ def test_keras_file_round_trip_without_custom_objects(tmp_path, inputs):
 
 
 @requires_tensorflow_backend
-def test_saved_model_export(tmp_path):
+@pytest.mark.parametrize("make", [_sparse_mlp, _few_features_model])
+def test_saved_model_export(tmp_path, make):
     tf = pytest.importorskip("tensorflow")
-    small = prune_model(_sparse_mlp(), T)
+    small = prune_model(make(), T)
     small.export(str(tmp_path / "sm"), format="tf_saved_model", verbose=False)
     served = tf.saved_model.load(str(tmp_path / "sm"))
-    x = np.random.default_rng(0).normal(size=(4, 6)).astype("float32")
+    x = np.random.default_rng(0).normal(size=(4, small.inputs[0].shape[1])).astype("float32")
     np.testing.assert_allclose(served.serve(x).numpy(), _numpy(small(x)), atol=1e-6)
 
 
@@ -337,8 +375,8 @@ def _seq(*middle):
 @pytest.mark.parametrize(
     "make, name, cls",
     [
-        (_residual, "input_layer", "InputLayer"),  # the input feeds two layers
-        (_concat, "input_layer", "InputLayer"),
+        (_residual, "residual", "Add"),
+        (_concat, "cat", "Concatenate"),
         (_shared, "twice", "Dense"),
         (_two_outputs, "trunk", "Dense"),
         (lambda: _seq(keras.layers.LayerNormalization(name="ln")), "ln", "LayerNormalization"),
@@ -359,7 +397,6 @@ def _seq(*middle):
     ],
 )
 def test_unsupported_models_raise_naming_the_layer(make, name, cls):
-    keras.backend.clear_session()  # stable default names (input_layer)
     model = make()
     before = _weights(model)
     with pytest.raises(UnsupportedModelError) as info:
@@ -489,6 +526,9 @@ def test_pruned_model_equals_thresholded_original(arch):
     _assert_same_outputs(model, small, x, arch["inputs"])
     dense = [layer for layer in small.layers if type(layer) is keras.layers.Dense]
     assert (len(small.kept_features),) + tuple(d.units for d in dense[:-1]) == report.layer_sizes
-    assert sum(d.count_params() for d in dense) == report.params_after
+    extra = 0
+    if arch["inputs"] == "original":  # zero rows for the dropped features
+        extra = (report.n_features - len(report.selected_features)) * dense[0].units
+    assert sum(d.count_params() for d in dense) == report.params_after + extra
     for a, b in zip(before, model.get_weights()):
         np.testing.assert_array_equal(a, b)

@@ -140,6 +140,8 @@ def check_supported(owner, model):
         problems = structure.uninterpreted or (
             (model.name, type(model).__name__, "a model whose Dense layers do not form one chain"),
         )
+        # Name a layer that is itself not understood before a layer that merely branches.
+        problems = sorted(problems, key=lambda p: p[2].startswith("a layer whose output feeds"))
         name, cls, reason = problems[0]
         others = tuple(f"'{n}' ({c}): {r}" for n, c, r in problems[1:])
         raise UnsupportedModelError(owner, name, cls, reason, others)
