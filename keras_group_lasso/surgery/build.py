@@ -78,7 +78,7 @@ def prune_model(model, threshold=1e-3, inputs="original"):
     """
     owner = "prune_model"
     inputs = check_choice(owner, "inputs", inputs, _INPUTS)
-    plan, dense_layers, kernels, biases = planning._plan(owner, model, threshold)
+    plan, _, kernels, biases = planning._plan(owner, model, threshold)
     structure = analysis._structure(model)
     layers = {layer.name: layer for layer in model.layers}
     kernels, biases = _threshold_and_fold(plan, structure, layers, kernels, biases)
