@@ -152,11 +152,9 @@ def _write_saved_model_with_tf_gather(tf, small, selected, path, scratch):
     tf.saved_model.save(module, path, signatures={SIGNATURE: serve}, options=options)
 
 
-def _gathers_in_jax(small, inputs, report):
-    return (
-        keras.backend.backend() == "jax"
-        and inputs == "original"
-        and len(small.kept_features) < report.n_features
+def _gathers_in_jax(small):
+    return keras.backend.backend() == "jax" and any(
+        isinstance(layer, surgery.SelectFeatures) for layer in small.layers
     )
 
 
@@ -308,7 +306,7 @@ def export_pruned(
             saved_model = os.path.join(
                 staging, _FILENAMES["saved_model"] if "saved_model" in formats else ".saved_model"
             )
-            if _gathers_in_jax(small, inputs, report):
+            if _gathers_in_jax(small):
                 selected = surgery.prune_model(model, threshold=threshold, inputs="selected")
                 scratch = os.path.join(staging, ".jax_saved_model")
                 _write_saved_model_with_tf_gather(tf, small, selected, saved_model, scratch)

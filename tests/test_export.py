@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 
 import keras_group_lasso
-from keras_group_lasso import InvalidParameterError, export_pruned
+from keras_group_lasso import InvalidParameterError, export_pruned, prune_model
 from keras_group_lasso import export as export_module
-from keras_group_lasso.surgery import UnsupportedModelError
+from keras_group_lasso.surgery import SelectFeatures, UnsupportedModelError
 
 THRESHOLD = 1e-3
 N_FEATURES = 10
@@ -147,23 +147,30 @@ def test_selected_inputs_take_only_the_kept_features(tmp_path):
     np.testing.assert_allclose(keras.ops.convert_to_numpy(reloaded(x[:, kept])), expected, atol=1e-5)
 
 
-def test_image_input_keeps_its_shape(tmp_path):
+def test_image_input_with_few_kept_features(tmp_path):
+    # Few survivors: surgery gathers them (SelectFeatures) instead of keeping zero rows;
+    # on JAX the export does that gather in TensorFlow so that TFLite can convert it.
     tf = pytest.importorskip("tensorflow", reason="SavedModel and TFLite need TensorFlow")
     rng = np.random.default_rng(3)
     model = keras.Sequential(
-        [keras.Input((3, 4)), keras.layers.Flatten(), keras.layers.Dense(5, activation="relu"), keras.layers.Dense(2)]
+        [keras.Input((4, 6)), keras.layers.Flatten(), keras.layers.Dense(5, activation="relu"), keras.layers.Dense(2)]
     )
     kernel, bias = model.layers[1].get_weights()
-    kernel[[0, 3, 4, 11]] = 0.0  # a blank border
+    keep = np.zeros(24, bool)
+    keep[[7, 16]] = True
+    kernel[~keep] = 0.0
     model.layers[1].set_weights([kernel, bias])
-    result = export_pruned(model, tmp_path / "out", formats=("saved_model", "tflite"))
-    assert result.manifest["kept_features"] == [1, 2, 5, 6, 7, 8, 9, 10]
-    assert result.manifest["serving"]["input_shape"] == [None, 3, 4]
-    x = rng.normal(size=(6, 3, 4)).astype("float32")
+    assert any(isinstance(layer, SelectFeatures) for layer in prune_model(model).layers)
+    result = export_pruned(model, tmp_path / "out", formats=("saved_model", "tflite", "keras"))
+    assert result.manifest["kept_features"] == [7, 16]
+    assert result.manifest["serving"]["input_shape"] == [None, 4, 6]
+    x = rng.normal(size=(6, 4, 6)).astype("float32")
     expected = keras.ops.convert_to_numpy(model(x))
     served = tf.saved_model.load(result.paths["saved_model"]).signatures["serving_default"]
     np.testing.assert_allclose(served(features=tf.constant(x))["output_0"].numpy(), expected, atol=1e-5)
     np.testing.assert_allclose(_tflite_outputs(result.paths["tflite"], x), expected, atol=1e-5)
+    reloaded = keras.saving.load_model(result.paths["keras"], safe_mode=True)
+    np.testing.assert_allclose(keras.ops.convert_to_numpy(reloaded(x)), expected, atol=1e-5)
 
 
 def test_missing_tensorflow_is_a_clear_error(tmp_path, monkeypatch):
