@@ -122,6 +122,8 @@ def _weighted_group_soft_threshold(s, d, c, newton_steps):
         radius = radius + (f * ops.sqrt(f) - f) / slope
     dr = d * radius
     shrink = ops.where(active, dr / (dr + c), ops.zeros_like(dr))
+    # c == 0 is the identity (also for groups whose squares underflow to 0).
+    shrink = ops.where(ops.greater(c, 0.0), shrink, ops.ones_like(shrink))
     return ops.multiply(s, shrink)
 
 
@@ -387,17 +389,9 @@ class Proximal(keras.optimizers.Optimizer):
             # over, so the gradients still contain theirs: remove them.
             grads = self._without_penalty_gradients(grads, trainable_variables)
         learning_rate = ops.convert_to_tensor(self.inner_optimizer.learning_rate)
-        # The metric's penalty part is taken at the weights *before* the update,
-        # where the penalty's gradient is 0 on zero groups (see the class docstring).
-        penalty_grads = ()
-        if self._preconditioner is not None:
-            penalty_grads = tuple(
-                _penalty_gradient(penalty, self._trainable_variables[index])
-                for index, penalty in self._penalties
-            )
         self.inner_optimizer.apply(grads, trainable_variables)
         if self._penalties:
-            self._apply_proximal_steps(learning_rate, penalty_grads)
+            self._apply_proximal_steps(learning_rate)
 
     def _without_penalty_gradients(self, grads, variables):
         scale = self.inner_optimizer.loss_scale_factor or 1.0
@@ -412,7 +406,7 @@ class Proximal(keras.optimizers.Optimizer):
             out.append(grad)
         return out
 
-    def _proximal_point(self, index, penalty, value, learning_rate, penalty_grad=None):
+    def _proximal_point(self, index, penalty, value, learning_rate):
         """``prox`` of ``penalty`` at ``value`` (the weight after the wrapped update)."""
         value = ops.convert_to_tensor(value)
         dtype = value.dtype
@@ -423,9 +417,7 @@ class Proximal(keras.optimizers.Optimizer):
             if penalty.factor:
                 value = prox.group_soft_threshold(value, lr * penalty.factor)
             return value
-        d = self._preconditioner(self.inner_optimizer, index, dtype)
-        d = ops.sqrt(ops.square(d) + ops.square(ops.cast(penalty_grad, dtype)))
-        d = ops.maximum(d, _MIN_PRECONDITIONER)
+        d = ops.maximum(self._preconditioner(self.inner_optimizer, index, dtype), _MIN_PRECONDITIONER)
         if len(value.shape) < 2:
             return prox.soft_threshold(value, lr * (penalty.factor + penalty.l1) / d)
         if penalty.l1:
@@ -435,30 +427,30 @@ class Proximal(keras.optimizers.Optimizer):
             value = _weighted_group_soft_threshold(value, d, c, NEWTON_STEPS)
         return value
 
-    def _apply_proximal_steps(self, learning_rate, penalty_grads):
-        if not penalty_grads:
-            penalty_grads = (None,) * len(self._penalties)
+    def _apply_proximal_steps(self, learning_rate):
         if keras.backend.backend() == "tensorflow":
             import tensorflow as tf
 
             context = tf.distribute.get_replica_context()
             if context is None:  # cross-replica context: no merge needed
-                self._distributed_proximal_steps(tf.distribute.get_strategy(), learning_rate, penalty_grads)
+                self._distributed_proximal_steps(tf.distribute.get_strategy(), learning_rate)
             else:
-                context.merge_call(self._distributed_proximal_steps, args=(learning_rate, penalty_grads))
+                context.merge_call(self._distributed_proximal_steps, args=(learning_rate,))
             return
-        for (index, penalty), penalty_grad in zip(self._penalties, penalty_grads):
+        for index, penalty in self._penalties:
             variable = self._trainable_variables[index]
-            variable.assign(self._proximal_point(index, penalty, variable, learning_rate, penalty_grad))
+            variable.assign(self._proximal_point(index, penalty, variable, learning_rate))
 
-    def _distributed_proximal_steps(self, strategy, learning_rate, penalty_grads):
-        for (index, penalty), penalty_grad in zip(self._penalties, penalty_grads):
+    def _distributed_proximal_steps(self, strategy, learning_rate):
+        # Like Keras's own weight decay: one update per variable, on every replica.
+        for index, penalty in self._penalties:
 
-            def step(var, lr, grad=None, index=index, penalty=penalty):
-                return var.assign(self._proximal_point(index, penalty, var, lr, grad))
+            def step(var, lr, index=index, penalty=penalty):
+                return var.assign(self._proximal_point(index, penalty, var, lr))
 
-            args = (learning_rate,) if penalty_grad is None else (learning_rate, penalty_grad)
-            strategy.extended.update(self._trainable_variables[index].value, step, args=args, group=False)
+            strategy.extended.update(
+                self._trainable_variables[index].value, step, args=(learning_rate,), group=False
+            )
 
     def get_config(self):
         return {

@@ -215,7 +215,10 @@ def group_soft_threshold(x, threshold):
     sq = ops.sum(ops.square(x), axis=axes, keepdims=True)
     positive = ops.greater(sq, 0)
     inv_norm = ops.where(positive, ops.rsqrt(ops.where(positive, sq, ops.ones_like(sq))), 0.0)
-    shrink = ops.maximum(1.0 - t * inv_norm, 0.0)
+    # sq == 0 also when a tiny group's squares underflow (|x| ~ 1e-20 in float32):
+    # such a group lies inside the ball, so it is zeroed (kept only when t == 0).
+    keep = ops.cast(ops.less_equal(t, 0.0), sq.dtype)
+    shrink = ops.where(positive, ops.maximum(1.0 - t * inv_norm, 0.0), keep)
     return ops.multiply(x, ops.cast(shrink, x.dtype))
 
 

@@ -1,0 +1,142 @@
+"""The proximal operators of keras_group_lasso.prox against numpy references and brute force."""
+
+import math
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from hypothesis.extra import numpy as hnp
+from keras import ops
+from scipy.optimize import minimize
+
+from keras_group_lasso import SparseGroupLasso, prox
+
+
+def as_np(x):
+    return np.asarray(ops.convert_to_numpy(x), dtype=np.float64)
+
+
+def groups_of(w):
+    """numpy view of ``w`` as (n_groups, group_size): the slices along axis -2."""
+    w = np.asarray(w, dtype=np.float64)
+    if w.ndim == 1:
+        return w.reshape(-1, 1)
+    return np.moveaxis(w, -2, 0).reshape(w.shape[-2], -1)
+
+
+def np_soft_threshold(x, t):
+    return np.sign(x) * np.maximum(np.abs(x) - t, 0.0)
+
+
+def np_group_soft_threshold(x, t):
+    x = np.asarray(x, dtype=np.float64)
+    if x.ndim == 1:
+        return np_soft_threshold(x, t)
+    g = groups_of(x)
+    norms = np.linalg.norm(g, axis=1, keepdims=True)
+    scale = np.where(norms > 0, np.maximum(0.0, 1.0 - t * math.sqrt(g.shape[1]) / np.where(norms > 0, norms, 1.0)), 0.0)
+    moved = np.moveaxis(x, -2, 0)
+    return np.moveaxis(moved * scale.reshape((-1,) + (1,) * (moved.ndim - 1)), 0, -2)
+
+
+def sgl_objective(z, x, a, b):
+    """0.5 ||z - x||^2 + a sum_g sqrt(|g|) ||z_g|| + b ||z||_1 (float64)."""
+    z = np.asarray(z, np.float64).reshape(x.shape)
+    g = groups_of(z)
+    return 0.5 * np.sum((z - x) ** 2) + a * math.sqrt(g.shape[1]) * np.linalg.norm(g, axis=1).sum() + b * np.abs(z).sum()
+
+
+# A fixed set of shapes (bias, Dense kernels incl. one-unit groups, a Conv kernel):
+# JAX compiles every op once per shape, so open-ended shapes make the suite slow.
+SHAPES = [(5,), (1,), (3, 4), (4, 1), (1, 3), (2, 2, 3, 2)]
+shapes = st.sampled_from(SHAPES)
+# Subnormal floats are excluded: XLA and oneDNN flush them to zero on CPU.
+arrays = shapes.flatmap(
+    lambda shape: hnp.arrays(np.float32, shape, elements=st.floats(-3, 3, width=32, allow_subnormal=False))
+)
+thresholds = st.floats(0.0, 2.0, width=32, allow_subnormal=False)
+
+
+@settings(max_examples=30, deadline=None)
+@given(x=arrays, t=thresholds)
+def test_soft_threshold_matches_numpy(x, t):
+    np.testing.assert_allclose(as_np(prox.soft_threshold(x, t)), np_soft_threshold(x.astype(np.float64), t), atol=1e-6)
+
+
+@settings(max_examples=30, deadline=None)
+@given(x=arrays, t=thresholds)
+def test_group_soft_threshold_matches_numpy(x, t):
+    np.testing.assert_allclose(as_np(prox.group_soft_threshold(x, t)), np_group_soft_threshold(x, t), rtol=1e-5, atol=1e-5)
+
+
+@settings(max_examples=30, deadline=None)
+@given(x=arrays, t=thresholds)
+def test_group_soft_threshold_zero_exactly_inside_the_ball_and_scaled_outside(x, t):
+    out = groups_of(as_np(prox.group_soft_threshold(x, t)))
+    g = groups_of(x)
+    radius = t * math.sqrt(g.shape[1]) if x.ndim > 1 else t
+    norms = np.linalg.norm(g, axis=1)
+    for row_in, row_out, norm in zip(g, out, norms):
+        if norm <= radius * (1 - 1e-5):
+            assert np.all(row_out == 0.0)  # exact zeros, not just small
+        elif norm >= radius * (1 + 1e-5):
+            # Same direction, norm reduced by exactly the radius.
+            np.testing.assert_allclose(np.linalg.norm(row_out), norm - radius, rtol=1e-4, atol=1e-5)
+            np.testing.assert_allclose(row_out * norm, row_in * np.linalg.norm(row_out), rtol=1e-4, atol=1e-5)
+
+
+@settings(max_examples=25, deadline=None)
+@given(x=arrays)
+def test_zero_threshold_is_the_identity(x):
+    np.testing.assert_array_equal(as_np(prox.soft_threshold(x, 0.0)), x.astype(np.float64))
+    np.testing.assert_allclose(as_np(prox.group_soft_threshold(x, 0.0)), x, rtol=1e-6, atol=0)
+    np.testing.assert_allclose(as_np(prox.sparse_group_soft_threshold(x, 0.0, 0.0)), x, rtol=1e-6, atol=0)
+
+
+def test_all_zero_group_stays_zero_without_nan():
+    x = np.zeros((3, 4), np.float32)
+    x[1] = [1.0, -2.0, 0.5, 0.0]
+    for t in (0.0, 0.1, 10.0):
+        out = as_np(prox.sparse_group_soft_threshold(x, t, t))
+        assert not np.isnan(out).any()
+        assert np.all(out[[0, 2]] == 0.0)
+
+
+def test_group_soft_threshold_known_answer():
+    x = np.array([[3.0, 4.0], [0.1, 0.1]], np.float32)
+    out = as_np(prox.group_soft_threshold(x, 1.0 / math.sqrt(2)))
+    np.testing.assert_allclose(out, [[2.4, 3.2], [0.0, 0.0]], rtol=1e-6)
+
+
+@pytest.mark.parametrize("shape", [(3,), (2, 3), (3, 2), (2, 1, 2, 2)])
+def test_sparse_group_prox_equals_brute_force_minimization(shape, rng):
+    for _ in range(4):
+        x = rng.normal(scale=1.5, size=shape)
+        a, b = rng.uniform(0, 0.8), rng.uniform(0, 0.8)
+        z = as_np(prox.sparse_group_soft_threshold(x.astype(np.float32), a, b))
+        best = None
+        # The objective is 1-strongly convex: any good local search finds the
+        # minimizer; start from several points, including 0 and x.
+        for start in (np.zeros(x.size), x.ravel(), rng.normal(size=x.size)):
+            result = minimize(sgl_objective, start, args=(x, a, b), method="Powell",
+                              options={"xtol": 1e-10, "ftol": 1e-14, "maxiter": 20000})
+            if best is None or result.fun < best.fun:
+                best = result
+        # F(z) - F(z*) >= 0.5 ||z - z*||^2: compare the values, then the points.
+        assert sgl_objective(z, x, a, b) <= best.fun + 1e-6
+        np.testing.assert_allclose(z.ravel(), best.x, atol=2e-3)
+
+
+@settings(max_examples=25, deadline=None)
+@given(x=arrays, a=thresholds, b=thresholds)
+def test_sparse_group_prox_is_soft_then_group_threshold(x, a, b):
+    expected = np_group_soft_threshold(np_soft_threshold(x.astype(np.float64), b), a)
+    np.testing.assert_allclose(as_np(prox.sparse_group_soft_threshold(x, a, b)), expected, rtol=1e-5, atol=1e-5)
+
+
+def test_regularizer_prox_uses_step_times_strengths(rng):
+    x = rng.normal(size=(5, 4)).astype(np.float32)
+    reg = SparseGroupLasso(0.3, l1=0.1)
+    expected = np_group_soft_threshold(np_soft_threshold(x.astype(np.float64), 0.5 * 0.1), 0.5 * 0.3)
+    np.testing.assert_allclose(as_np(reg.prox(x, 0.5)), expected, rtol=1e-5, atol=1e-6)
