@@ -93,8 +93,9 @@ def compiled_call(model):
         import jax
         import jax.numpy as jnp
 
-        trainable = [v.value for v in model.trainable_variables]
-        non_trainable = [v.value for v in model.non_trainable_variables]
+        # Own copies: predict() may donate (and delete) the variables' buffers.
+        trainable = [jnp.array(keras.ops.convert_to_numpy(v)) for v in model.trainable_variables]
+        non_trainable = [jnp.array(keras.ops.convert_to_numpy(v)) for v in model.non_trainable_variables]
         fn = jax.jit(lambda t, n, x: model.stateless_call(t, n, x, training=False)[0])
         return jnp.asarray, lambda x: np.asarray(fn(trainable, non_trainable, x))
     raise SystemExit(f"no compiled path for backend {keras.backend.backend()}")
