@@ -1,0 +1,561 @@
+"""scikit-learn estimators around a group-sparse Keras MLP: fit, predict, select features."""
+
+import numbers
+import warnings
+
+import numpy as np
+import sklearn
+from sklearn.base import BaseEstimator, ClassifierMixin, RegressorMixin
+from sklearn.feature_selection import SelectorMixin
+from sklearn.metrics import accuracy_score, r2_score
+from sklearn.model_selection import train_test_split
+from sklearn.utils import check_random_state
+from sklearn.utils._param_validation import Interval, StrOptions, validate_parameter_constraints
+from sklearn.utils._param_validation import InvalidParameterError as _SklearnInvalidParameterError
+from sklearn.utils.multiclass import check_classification_targets
+from sklearn.utils.validation import check_is_fitted
+
+from keras_group_lasso._validation import InvalidParameterError
+from keras_group_lasso.sklearn import _network
+
+try:  # scikit-learn >= 1.6
+    from sklearn.utils.validation import validate_data as _validate_data
+except ImportError:  # pragma: no cover - older scikit-learn
+
+    def _validate_data(estimator, *args, **kwargs):
+        return estimator._validate_data(*args, **kwargs)
+
+
+__all__ = ["GroupSparseMLPClassifier", "GroupSparseMLPRegressor", "ParameterError"]
+
+_SEED_MAX = 2**31 - 1
+
+
+class ParameterError(InvalidParameterError, _SklearnInvalidParameterError):
+    """A bad estimator parameter, in scikit-learn's message form.
+
+    ``The '<name>' parameter of <Estimator> must be <constraint>. Got <value!r> instead.``
+
+    It is both :class:`keras_group_lasso.InvalidParameterError` and
+    scikit-learn's ``InvalidParameterError`` (so also ``ValueError`` and
+    ``TypeError``): code written for either library catches it.
+    """
+
+
+class _GroupSparseMLP(SelectorMixin, BaseEstimator):
+    """Shared parameters, training and feature selection of the two estimators."""
+
+    _task = None  # "classification" or "regression"
+
+    _parameter_constraints = {
+        "hidden_layer_sizes": ["array-like", Interval(numbers.Integral, 1, None, closed="left")],
+        "alpha": [Interval(numbers.Real, 0, None, closed="left")],
+        "input_alpha": [Interval(numbers.Real, 0, None, closed="left"), None],
+        "penalty": [StrOptions(set(_network.PENALTIES))],
+        "l1_ratio": [Interval(numbers.Real, 0, None, closed="left")],
+        "optimizer": [StrOptions(set(_network.OPTIMIZERS))],
+        "learning_rate": [Interval(numbers.Real, 0, None, closed="neither")],
+        "epochs": [Interval(numbers.Integral, 1, None, closed="left")],
+        "batch_size": [StrOptions({"auto"}), Interval(numbers.Integral, 1, None, closed="left")],
+        "threshold": [Interval(numbers.Real, 0, None, closed="left")],
+        "proximal": ["boolean"],
+        "early_stopping": ["boolean"],
+        "validation_fraction": [Interval(numbers.Real, 0, 1, closed="neither")],
+        "n_iter_no_change": [Interval(numbers.Integral, 1, None, closed="left")],
+        "tol": [Interval(numbers.Real, 0, None, closed="left")],
+        "random_state": ["random_state"],
+        "verbose": ["verbose"],
+    }
+
+    def __init__(
+        self,
+        hidden_layer_sizes=(40, 20),
+        *,
+        alpha=1e-3,
+        input_alpha=None,
+        penalty="sgl",
+        l1_ratio=1.0,
+        optimizer="adam",
+        learning_rate=1e-3,
+        epochs=200,
+        batch_size="auto",
+        threshold=1e-3,
+        proximal=False,
+        early_stopping=False,
+        validation_fraction=0.1,
+        n_iter_no_change=10,
+        tol=1e-4,
+        random_state=None,
+        verbose=0,
+    ):
+        self.hidden_layer_sizes = hidden_layer_sizes
+        self.alpha = alpha
+        self.input_alpha = input_alpha
+        self.penalty = penalty
+        self.l1_ratio = l1_ratio
+        self.optimizer = optimizer
+        self.learning_rate = learning_rate
+        self.epochs = epochs
+        self.batch_size = batch_size
+        self.threshold = threshold
+        self.proximal = proximal
+        self.early_stopping = early_stopping
+        self.validation_fraction = validation_fraction
+        self.n_iter_no_change = n_iter_no_change
+        self.tol = tol
+        self.random_state = random_state
+        self.verbose = verbose
+
+    # ------------------------------------------------------------------ tags
+
+    def __sklearn_tags__(self):
+        tags = super().__sklearn_tags__()
+        tags.input_tags.sparse = False
+        tags.input_tags.allow_nan = False
+        return tags
+
+    # ------------------------------------------------------------------ validation
+
+    def _check_params(self):
+        """Validate every parameter; returns the hidden layer sizes as a tuple of ints."""
+        name = type(self).__name__
+        if not sklearn.get_config().get("skip_parameter_validation", False):
+            try:
+                validate_parameter_constraints(
+                    self._parameter_constraints, self.get_params(deep=False), caller_name=name
+                )
+            except _SklearnInvalidParameterError as error:
+                raise ParameterError(str(error)) from None
+        sizes = self.hidden_layer_sizes
+        sizes = [sizes] if isinstance(sizes, numbers.Integral) else sizes
+        try:
+            sizes = list(sizes)
+        except TypeError:
+            sizes = None
+        if sizes is None or not all(
+            isinstance(s, numbers.Integral) and not isinstance(s, bool) and s >= 1 for s in sizes
+        ):
+            raise ParameterError(
+                f"The 'hidden_layer_sizes' parameter of {name} must be an int >= 1 or a sequence "
+                f"of ints >= 1. Got {self.hidden_layer_sizes!r} instead."
+            )
+        return tuple(int(s) for s in sizes)
+
+    def _validate_fit_data(self, X, y, reset=True):
+        X, y = _validate_data(
+            self,
+            X,
+            y,
+            dtype=[np.float64, np.float32],
+            multi_output=self._task == "regression",
+            y_numeric=self._task == "regression",
+            reset=reset,
+        )
+        return np.asarray(X, dtype=np.float32), y
+
+    def _validate_predict_data(self, X):
+        check_is_fitted(self)
+        X = _validate_data(self, X, dtype=[np.float64, np.float32], reset=False)
+        return np.asarray(X, dtype=np.float32)
+
+    # ------------------------------------------------------------------ targets (per task)
+
+    def _encode_targets(self, y):
+        """Set the target attributes; return ``(y for Keras, n_outputs)``."""
+        raise NotImplementedError
+
+    def _score_outputs(self, outputs, y_encoded):
+        """Score of network outputs against encoded targets (higher is better)."""
+        raise NotImplementedError
+
+    # ------------------------------------------------------------------ training
+
+    def _seeds(self):
+        """``(init, data, split)`` seeds drawn from ``random_state``."""
+        rng = check_random_state(self.random_state)
+        return [int(s) for s in rng.randint(0, _SEED_MAX, size=3)]
+
+    def _input_alpha(self):
+        return self.alpha if self.input_alpha is None else self.input_alpha
+
+    def _batch_size(self, n_samples):
+        if self.batch_size == "auto":
+            return max(1, min(200, n_samples))
+        if self.batch_size > n_samples:
+            warnings.warn(
+                f"{type(self).__name__}: batch_size={self.batch_size} is larger than the "
+                f"{n_samples} training samples; using {n_samples}.",
+                UserWarning,
+                stacklevel=3,
+            )
+            return n_samples
+        return int(self.batch_size)
+
+    def _spec(self, hidden, n_features, n_outputs, n_train, input_alpha=None):
+        batch_size = self._batch_size(n_train)
+        proximal = None
+        if self.proximal:
+            proximal = (float(self.alpha), float(self._input_alpha() if input_alpha is None else input_alpha))
+        return _network.Spec(
+            n_features=int(n_features),
+            hidden=hidden,
+            n_outputs=int(n_outputs),
+            task=self._task,
+            penalty=self.penalty,
+            l1_ratio=float(self.l1_ratio),
+            optimizer=self.optimizer,
+            proximal=proximal,
+            batch_size=batch_size,
+            steps_per_pass=-(-n_train // batch_size),
+        )
+
+    def _split(self, X, y_encoded, seed):
+        stratify = y_encoded if self._task == "classification" else None
+        return train_test_split(
+            X, y_encoded, test_size=self.validation_fraction, random_state=seed, stratify=stratify
+        )
+
+    def fit(self, X, y):
+        """Train the network, threshold its weights and select the input features.
+
+        Args:
+            X: array-like ``(n_samples, n_features)``; a DataFrame's column
+                names are kept in ``feature_names_in_``.
+            y: class labels (classifier) or targets ``(n_samples,)`` /
+                ``(n_samples, n_outputs)`` (regressor).
+
+        Returns:
+            ``self``, fitted.
+
+        Raises:
+            ParameterError: a parameter has a bad type or value (scikit-learn's message form).
+            ValueError: bad data (scikit-learn's checks), or a single class in ``y``.
+        """
+        hidden = self._check_params()
+        X, y = self._validate_fit_data(X, y)
+        y_encoded, n_outputs = self._encode_targets(y)
+        init_seed, data_seed, split_seed = self._seeds()
+        X_train, y_train, X_val, y_val = X, y_encoded, None, None
+        if self.early_stopping:
+            X_train, X_val, y_train, y_val = self._split(X, y_encoded, split_seed)
+        spec = self._spec(hidden, X.shape[1], n_outputs, len(X_train))
+
+        network = _network.acquire(spec)
+        network.set_weights(_network.glorot_weights(spec, init_seed))
+        network.reset_optimizer(self.learning_rate)
+        network.set_alpha(self.alpha, self._input_alpha())
+        network.set_mask(None)
+        score = None
+        if X_val is not None:
+            score = lambda net: self._score_outputs(net.predict(X_val), y_val)  # noqa: E731
+        monitor = _network.PassMonitor(
+            network,
+            score=score,
+            n_iter_no_change=self.n_iter_no_change if score is not None else None,
+            tol=self.tol,
+            verbose=self.verbose,
+        )
+        network.train(X_train, y_train, self.epochs, data_seed, monitor, verbose=2 if self.verbose >= 2 else 0)
+        weights = network.get_weights()
+        # Only a network that trained without error goes back to the cache.
+        _network.release(network)
+
+        self._set_fitted(spec, weights, self._input_alpha())
+        self.history_ = monitor.history()
+        self.n_iter_ = monitor.passes
+        self.loss_ = monitor.loss[-1] if monitor.loss else float("nan")
+        return self
+
+    def _set_fitted(self, spec, weights, input_alpha):
+        """Export ``weights`` into ``model_`` (thresholded unless proximal) and read the selection."""
+        from keras_group_lasso.analysis import apply_threshold, sparsity_report
+
+        model = _network.build_export_model(spec, self.alpha, input_alpha, weights)
+        threshold = 0.0 if self.proximal else float(self.threshold)
+        if not self.proximal:
+            apply_threshold(model, threshold)
+        _network.compile_export_model(model, spec, self.learning_rate)
+        report = sparsity_report(model, threshold)
+        support = np.zeros(spec.n_features, dtype=bool)
+        support[list(report.selected_features)] = True
+        self.model_ = model
+        self.sparsity_report_ = report
+        self.support_ = support
+        self._fitted_spec = spec
+        self._pruned = None
+        return self
+
+    # ------------------------------------------------------------------ the path
+
+    def path(
+        self,
+        X,
+        y,
+        alphas=None,
+        *,
+        validation_data=None,
+        path_multiplier=1.2,
+        max_alphas=100,
+        epochs_per_alpha=None,
+        refit=True,
+        keep_weights=True,
+    ):
+        """Warm-started fits along an increasing input-group strength, from dense to no feature.
+
+        Each point trains ``epochs_per_alpha`` passes from the previous
+        point's weights with the input groups at strength ``alpha`` (the other
+        penalties at this estimator's ``alpha``), keeps the features that still
+        reach the output (a feature that left stays out), and with
+        ``refit=True`` retrains on those features with the estimator's own
+        penalties before scoring on the validation data. The automatic grid
+        starts with a dense fit (``alpha = 0``), continues from a strength
+        where nearly all features survive (estimated from the dense network's
+        gradients) and multiplies by ``path_multiplier`` until no feature is
+        left. The estimator itself is not fitted or changed.
+
+        Args:
+            X, y: training data, as for :meth:`fit`.
+            alphas: increasing input-group strengths (>= 0), or ``None`` for
+                the automatic grid. The first point is trained from scratch
+                for ``epochs`` passes, the others are warm-started.
+            validation_data: ``(X_val, y_val)`` to score the points; ``None``
+                holds out ``validation_fraction`` of ``X, y`` (stratified).
+            path_multiplier: ratio of consecutive strengths of the automatic grid (> 1).
+            max_alphas: most points of the automatic grid (>= 2).
+            epochs_per_alpha: passes per point (and per refit); ``None``:
+                ``max(1, epochs // 8)``.
+            refit: retrain each point on its features before scoring it.
+            keep_weights: keep each point's weights (needed by
+                :meth:`RegularizationPath.estimator`).
+
+        Returns:
+            A :class:`~keras_group_lasso.sklearn.RegularizationPath`.
+
+        Raises:
+            ParameterError: a bad estimator parameter.
+            InvalidParameterError: a bad argument of ``path``.
+
+        Example:
+            >>> path = GroupSparseMLPClassifier(random_state=0).path(X_train, y_train)
+            >>> point = path.best(max_features=30)
+            >>> path.estimator(point).score(X_test, y_test)
+        """
+        from keras_group_lasso.sklearn._path import run_path
+
+        return run_path(
+            self,
+            X,
+            y,
+            alphas,
+            validation_data=validation_data,
+            path_multiplier=path_multiplier,
+            max_alphas=max_alphas,
+            epochs_per_alpha=epochs_per_alpha,
+            refit=refit,
+            keep_weights=keep_weights,
+        )
+
+    # ------------------------------------------------------------------ outputs
+
+    def _forward(self, X):
+        # numpy on model_'s current weights: no per-call Keras overhead, the
+        # same numbers on every backend and for any batch size.
+        X = self._validate_predict_data(X)
+        return _network.forward(self.model_.get_weights(), X, self._task)
+
+    def _get_support_mask(self):
+        check_is_fitted(self)
+        return self.support_
+
+    @property
+    def pruned_model_(self):
+        """The physically smaller ``keras.Model`` (:func:`keras_group_lasso.prune_model`), built on first use.
+
+        It takes the original ``n_features_in_`` columns (``inputs="original"``)
+        and computes what ``model_`` computes. ``None``, with a warning, when no
+        input feature survived (there is nothing to keep).
+        """
+        check_is_fitted(self)
+        if self._pruned is None:
+            from keras_group_lasso.surgery import prune_model
+
+            if not self.support_.any():
+                warnings.warn(
+                    f"{type(self).__name__}: no input feature survived the threshold; "
+                    "there is no pruned model (pruned_model_ is None).",
+                    UserWarning,
+                    stacklevel=2,
+                )
+                return None
+            self._pruned = prune_model(self.model_, threshold=0.0, inputs="original")
+        return self._pruned
+
+
+class GroupSparseMLPClassifier(ClassifierMixin, _GroupSparseMLP):
+    """A ReLU MLP classifier trained with group-sparse penalties that selects its input features.
+
+    The network is ``n_features -> hidden_layer_sizes -> n_classes`` (ReLU,
+    softmax, cross-entropy), trained with Adam or SGD on
+    ``mean cross-entropy + R(W)`` where, for ``penalty="sgl"`` (the paper's
+    sparse group Lasso, Scardapane et al. 2017)::
+
+        R = input_alpha * (sum_features sqrt(|g|) ||W1[j, :]|| + l1_ratio * ||W1||_1)
+          + alpha * sum_(later kernels) (sum_units sqrt(|g|) ||W[i, :]|| + l1_ratio * ||W||_1)
+          + alpha * (1 + l1_ratio) * ||b||_1 over every bias
+
+    (``"group"``: the same without the L1 parts; ``"l1"`` / ``"l2"``: Keras's
+    ``L1`` / ``L2`` with ``alpha`` / ``input_alpha`` on every kernel and bias).
+    After training every weight with ``|w| <= threshold`` is set to 0 (the
+    paper's last step; skipped with ``proximal=True``, whose proximal updates
+    make exact zeros). An input feature is *selected* when it still reaches
+    the output (:func:`keras_group_lasso.sparsity_report`); ``get_support()``
+    and ``transform()`` come from scikit-learn's ``SelectorMixin``.
+
+    Training runs the ``epochs`` passes as one Keras epoch over a reshuffled
+    stream of equal-size mini-batches, and reuses a compiled network from an
+    earlier fit with the same shapes, so small problems and grid searches
+    are fast. With the same ``random_state`` two fits give the same model.
+
+    Args:
+        hidden_layer_sizes: sizes of the hidden layers (an int for one layer;
+            ``()`` for none: a group-Lasso logistic regression).
+        alpha: strength of the penalty on the hidden groups and biases
+            (and on the input groups unless ``input_alpha`` is set).
+        input_alpha: strength on the input groups (feature selection);
+            ``None`` uses ``alpha``. :meth:`path` varies this one.
+        penalty: ``"sgl"`` (default), ``"group"``, ``"l1"`` or ``"l2"``.
+        l1_ratio: elementwise strength relative to the group strength in
+            ``"sgl"`` (1.0: the paper's single coefficient).
+        optimizer: ``"adam"`` (default) or ``"sgd"``.
+        learning_rate: step size of the optimizer.
+        epochs: passes over the training data.
+        batch_size: ``"auto"`` (``min(200, n_samples)``) or an int.
+        threshold: weights with ``|w| <= threshold`` become 0 after training.
+        proximal: train with :class:`keras_group_lasso.Proximal` (exact zeros;
+            the threshold is then not applied).
+        early_stopping: hold out ``validation_fraction`` of the training data
+            (stratified) and stop when its accuracy has not improved by
+            ``tol`` for ``n_iter_no_change`` passes (the last weights are kept).
+        validation_fraction: held-out fraction for early stopping and :meth:`path`.
+        n_iter_no_change: patience of early stopping, in passes.
+        tol: improvement that resets the patience.
+        random_state: seed of the initial weights, the shuffling and the split.
+        verbose: 0 silent; 1 logs one line per pass (logger
+            ``"keras_group_lasso.sklearn"``, INFO); 2 also shows Keras's progress bar.
+
+    Attributes:
+        classes_: the class labels.
+        n_features_in_, feature_names_in_: as in scikit-learn.
+        support_: bool mask of the selected input features.
+        model_: the trained, thresholded ``keras.Sequential`` (compiled).
+        pruned_model_: the physically smaller model (built on first access).
+        sparsity_report_: the :class:`keras_group_lasso.SparsityReport` of ``model_``.
+        history_: ``{"loss": [...]}`` per pass (loss includes the penalty), plus
+            ``"val_score"`` with early stopping.
+        n_iter_: passes run.  loss_: the last pass's mean training loss.
+
+    Example:
+        >>> from sklearn.pipeline import make_pipeline
+        >>> from sklearn.preprocessing import MinMaxScaler
+        >>> clf = GroupSparseMLPClassifier(alpha=1e-3, random_state=0)
+        >>> pipe = make_pipeline(MinMaxScaler(), clf).fit(X_train, y_train)
+        >>> pipe.score(X_test, y_test), clf.get_support().sum()
+    """
+
+    _task = "classification"
+
+    def __sklearn_tags__(self):
+        tags = super().__sklearn_tags__()
+        tags.classifier_tags.multi_label = False
+        return tags
+
+    def _encode_targets(self, y):
+        check_classification_targets(y)
+        classes, y_encoded = np.unique(y, return_inverse=True)
+        if len(classes) < 2:
+            raise ValueError(
+                f"{type(self).__name__}: argument `y` must contain at least 2 classes; "
+                f"received 1 class ({classes[0]!r})."
+            )
+        self.classes_ = classes
+        return y_encoded.astype(np.int32), len(classes)
+
+    def _encode_validation_targets(self, y):
+        check_classification_targets(y)
+        index = np.searchsorted(self.classes_, y)
+        index = np.clip(index, 0, len(self.classes_) - 1)
+        unknown = self.classes_[index] != y
+        if np.any(unknown):
+            raise ValueError(
+                f"{type(self).__name__}: argument `validation_data` must have labels seen in `y`; "
+                f"received unknown labels {np.unique(np.asarray(y)[unknown])[:10]!r}."
+            )
+        return index.astype(np.int32)
+
+    def _score_outputs(self, outputs, y_encoded):
+        return accuracy_score(y_encoded, outputs.argmax(axis=1))
+
+    def predict_proba(self, X):
+        """Class probabilities, ``(n_samples, n_classes)`` in the order of ``classes_``."""
+        proba = self._forward(X)
+        return proba / proba.sum(axis=1, keepdims=True)
+
+    def predict_log_proba(self, X):
+        """``log(predict_proba(X))``."""
+        with np.errstate(divide="ignore"):
+            return np.log(self.predict_proba(X))
+
+    def predict(self, X):
+        """The most probable class of each sample."""
+        proba = self._forward(X)
+        return self.classes_[np.argmax(proba, axis=1)]
+
+
+class GroupSparseMLPRegressor(RegressorMixin, _GroupSparseMLP):
+    """A ReLU MLP regressor trained with group-sparse penalties that selects its input features.
+
+    The same model, penalties, training and selection as
+    :class:`GroupSparseMLPClassifier` (see there), with a linear output
+    layer of ``n_outputs`` units and the mean squared error. Early stopping
+    and :meth:`path` score with R². Targets are used as given (scale them if
+    they are large: the penalty competes with the squared error).
+
+    Attributes:
+        n_outputs_: number of targets.
+        (the rest as for the classifier, without ``classes_``)
+
+    Example:
+        >>> reg = GroupSparseMLPRegressor(hidden_layer_sizes=(32,), alpha=1e-3, random_state=0)
+        >>> reg.fit(X, y).get_support()
+    """
+
+    _task = "regression"
+
+    def __sklearn_tags__(self):
+        tags = super().__sklearn_tags__()
+        tags.target_tags.multi_output = True
+        return tags
+
+    def _encode_targets(self, y):
+        y = np.asarray(y, dtype=np.float32)
+        self._y_ndim = y.ndim
+        y2 = y.reshape(len(y), -1)
+        self.n_outputs_ = y2.shape[1]
+        return y2, y2.shape[1]
+
+    def _encode_validation_targets(self, y):
+        y2 = np.asarray(y, dtype=np.float32).reshape(len(y), -1)
+        if y2.shape[1] != self.n_outputs_:
+            raise ValueError(
+                f"{type(self).__name__}: argument `validation_data` must have {self.n_outputs_} "
+                f"target column(s) like `y`; received {y2.shape[1]}."
+            )
+        return y2
+
+    def _score_outputs(self, outputs, y_encoded):
+        return r2_score(y_encoded, outputs)
+
+    def predict(self, X):
+        """Predicted targets, ``(n_samples,)`` or ``(n_samples, n_outputs)`` as ``y`` was at fit."""
+        out = self._forward(X)
+        return out.ravel() if self._y_ndim == 1 else out

@@ -1,0 +1,567 @@
+"""The regularization path: warm-started fits along an increasing input-group strength.
+
+At each strength ``a`` of the grid (``a_0 < a_1 < ...``), starting from the
+previous point's weights:
+
+1. *select*: train ``epochs_per_alpha`` passes with the input groups at
+   strength ``a`` (the other penalties stay at the estimator's ``alpha``),
+   threshold, and keep the input features that still reach the output. A
+   feature that left stays out for the rest of the path (its input is masked),
+   so the selected sets shrink monotonically and each feature has one exit
+   strength;
+2. *refit* (``refit=True``, default): from the selected weights, train
+   ``epochs_per_alpha`` passes on the selected features only, without the
+   input-group penalty (the hidden and bias penalties stay at ``alpha``).
+   This removes the shrinkage that a large ``a`` puts on the surviving input
+   weights (like the relaxed Lasso), so the point's score says what its
+   feature set is worth. The path goes on from the step-1 weights.
+
+The automatic grid (``alphas=None``) starts from a dense fit (``a_0 = 0``).
+For each feature ``j`` it then computes the smallest strength at which an
+all-zero input group ``W1[j, :]`` would be stationary for the dense network,
+``lambda_j = min {a : ||S(g_j, a * l1_ratio)||_2 <= a * sqrt(|g|)}`` with
+``g_j`` the loss gradient of that group with feature ``j`` removed and ``S``
+the soft-threshold (the group Lasso's optimality condition; ``||g_j|| / sqrt(|g|)``
+for ``"group"`` and ``"l2"``, ``max |g_j|`` for ``"l1"``). The grid starts at
+``median_j(lambda_j) / 10``, where nearly every feature survives, and grows by
+``path_multiplier`` until no feature is left (or ``max_alphas`` points).
+"""
+
+import dataclasses
+import math
+import time
+import warnings
+
+import numpy as np
+
+from keras_group_lasso._validation import fail
+from keras_group_lasso.sklearn import _network
+
+__all__ = ["PathPoint", "RegularizationPath", "input_group_strengths"]
+
+
+@dataclasses.dataclass(frozen=True)
+class PathPoint:
+    """One point of a :class:`RegularizationPath`.
+
+    Attributes:
+        alpha: the input-group strength of the selection step.
+        score: validation score (accuracy or R²) of the point's model.
+        penalized_score: validation score of the selection step's model
+            (equal to ``score`` when the path does not refit).
+        selected_features: indices of the input features the model uses.
+        live_neurons: hidden units left.
+        layer_sizes: compact layer sizes, input layer first, output excluded.
+        n_params: parameters left after removing dead features and units.
+        sparsity: fraction of zero kernel weights.
+        passes: training passes spent on this point (selection and refit).
+        elapsed_s: seconds since the path started, when the point was done.
+        weights: the model's weights (kernels and biases, thresholded), or
+            ``None`` when the path was run with ``keep_weights=False``.
+    """
+
+    alpha: float
+    score: float
+    penalized_score: float
+    selected_features: tuple
+    live_neurons: int
+    layer_sizes: tuple
+    n_params: int
+    sparsity: float
+    passes: int
+    elapsed_s: float
+    weights: tuple = dataclasses.field(default=None, repr=False, compare=False)
+
+    @property
+    def n_features(self):
+        """Number of selected features."""
+        return len(self.selected_features)
+
+
+@dataclasses.dataclass(frozen=True)
+class RegularizationPath:
+    """The result of ``estimator.path(X, y)``: one :class:`PathPoint` per strength.
+
+    Indexing, ``len`` and iteration go over the points. Arrays across the
+    points: :attr:`alphas`, :attr:`scores`, :attr:`n_selected`.
+
+    Attributes:
+        points: the points, in increasing ``alpha``.
+        n_features_in: number of input features.
+        feature_names: the input's column names, or ``None``.
+        score_name: ``"accuracy"`` or ``"r2"``.
+        refit: whether each point's model was refitted on its features.
+        elapsed_s: wall time of the whole path, in seconds.
+
+    Example:
+        >>> path = clf.path(X_train, y_train)
+        >>> best = path.best(max_features=30)
+        >>> best.alpha, best.n_features, best.score
+        >>> path.estimator(best).score(X_test, y_test)
+        >>> path.plot()                      # score vs number of features
+        >>> np.argsort(-path.feature_importances_)[:10]   # the 10 features that stay longest
+    """
+
+    points: tuple
+    n_features_in: int
+    feature_names: tuple
+    score_name: str
+    refit: bool
+    elapsed_s: float
+    _template: object = dataclasses.field(default=None, repr=False, compare=False)
+
+    def __len__(self):
+        return len(self.points)
+
+    def __getitem__(self, index):
+        return self.points[index]
+
+    def __iter__(self):
+        return iter(self.points)
+
+    @property
+    def alphas(self):
+        """``alpha`` of every point."""
+        return np.array([p.alpha for p in self.points], dtype=float)
+
+    @property
+    def scores(self):
+        """``score`` of every point."""
+        return np.array([p.score for p in self.points], dtype=float)
+
+    @property
+    def n_selected(self):
+        """Number of selected features of every point."""
+        return np.array([p.n_features for p in self.points], dtype=int)
+
+    @property
+    def feature_importances_(self):
+        """Per input feature, the strength at which it left the path (LassoNet's definition).
+
+        ``importance[j] = alpha`` of the first point where feature ``j`` is no
+        longer selected; ``inf`` if it is selected at every point. Larger means
+        the feature survives a stronger penalty. (LassoNet also gives ``inf``
+        to a feature missing from the very first point; here such a feature
+        gets the first point's ``alpha``.)
+        """
+        out = np.full(self.n_features_in, np.inf)
+        left = np.zeros(self.n_features_in, dtype=bool)
+        for point in self.points:
+            selected = np.zeros(self.n_features_in, dtype=bool)
+            selected[list(point.selected_features)] = True
+            newly = ~selected & ~left
+            out[newly] = point.alpha
+            left |= newly
+        return out
+
+    def best(self, max_features=None):
+        """The point with the highest score among those with at most ``max_features`` features.
+
+        Ties go to fewer features, then to the larger ``alpha``.
+
+        Raises:
+            InvalidParameterError: ``max_features`` is not an int >= 0, or no
+                point has that few features.
+        """
+        if max_features is None:
+            candidates = list(self.points)
+        else:
+            if isinstance(max_features, bool) or not isinstance(max_features, (int, np.integer)) or max_features < 0:
+                fail("RegularizationPath.best", "max_features", "an integer >= 0 or None", max_features)
+            candidates = [p for p in self.points if p.n_features <= max_features]
+            if not candidates:
+                fail(
+                    "RegularizationPath.best",
+                    "max_features",
+                    f"at least the smallest number of features on the path ({min(self.n_selected)})",
+                    max_features,
+                )
+        return max(candidates, key=lambda p: (p.score, -p.n_features, p.alpha))
+
+    def estimator(self, point):
+        """A fitted estimator whose model is ``point``'s (a :class:`PathPoint` or an index).
+
+        It has the path's parameters with ``input_alpha`` set to the strength
+        its model was last trained with (``point.alpha``, or 0 after a refit)
+        and every fitted attribute of ``fit``.
+
+        Raises:
+            InvalidParameterError: the path was run with ``keep_weights=False``.
+        """
+        if not isinstance(point, PathPoint):
+            point = self.points[point]
+        if point.weights is None:
+            fail(
+                "RegularizationPath.estimator",
+                "point",
+                "a point with weights (run path with keep_weights=True)",
+                point,
+            )
+        return self._template.build(point, refit=self.refit)
+
+    def plot(self, ax=None, **kwargs):
+        """Plot the score against the number of selected features (matplotlib, imported here).
+
+        Args:
+            ax: matplotlib ``Axes`` to draw on (default: a new figure).
+            **kwargs: passed to ``ax.plot``.
+
+        Returns:
+            The ``Axes``.
+        """
+        import matplotlib.pyplot as plt
+
+        if ax is None:
+            _, ax = plt.subplots(figsize=(6, 4))
+        style = {"marker": "o", "markersize": 3, "linestyle": "-"}
+        style.update(kwargs)
+        ax.plot(self.n_selected, self.scores, **style)
+        ax.set_xlabel("selected features")
+        ax.set_ylabel(f"validation {self.score_name}")
+        ax.set_title("regularization path")
+        ax.grid(True, alpha=0.3)
+        return ax
+
+    def __str__(self):
+        lines = [f"RegularizationPath: {len(self.points)} points, {self.elapsed_s:.1f} s"]
+        lines.append(f"  {'alpha':>10}  {'features':>8}  {'neurons':>7}  {self.score_name:>8}  penalized")
+        for p in self.points:
+            lines.append(
+                f"  {p.alpha:10.4g}  {p.n_features:8d}  {p.live_neurons:7d}  {p.score:8.4f}  {p.penalized_score:9.4f}"
+            )
+        return "\n".join(lines)
+
+
+class _Template:
+    """Builds fitted estimators from path points (the unfitted estimator plus the data's metadata)."""
+
+    def __init__(self, estimator, spec, attributes):
+        self.estimator = estimator
+        self.spec = spec
+        self.attributes = attributes
+
+    def build(self, point, refit):
+        from sklearn.base import clone
+
+        est = clone(self.estimator)
+        est.set_params(input_alpha=0.0 if refit else point.alpha)
+        for name, value in self.attributes.items():
+            setattr(est, name, value)
+        est._set_fitted(self.spec, [np.array(w) for w in point.weights], est._input_alpha())
+        est.history_ = {}
+        est.n_iter_ = point.passes
+        est.loss_ = float("nan")
+        return est
+
+
+# ----------------------------------------------------------------------------- the grid
+
+
+def input_group_strengths(weights, x, y, task, penalty="sgl", l1_ratio=1.0):
+    """Per input feature, the smallest input-group strength at which ``W1[j, :] = 0`` is stationary.
+
+    For the MLP with ``weights = [W1, b1, ..., WL, bL]`` (ReLU hidden layers,
+    softmax + cross-entropy or linear + mean squared error), ``g_j`` is the
+    gradient of the mean loss with respect to ``W1[j, :]`` at ``W1[j, :] = 0``
+    (the other weights fixed). Zero is optimal for the group when
+    ``||S(g_j, a * l1_ratio)||_2 <= a * sqrt(|g|)`` (sparse group Lasso),
+    ``||g_j|| <= a sqrt(|g|)`` (group Lasso; also used as a scale for L2), or
+    ``max |g_j| <= a`` (L1); the smallest such ``a`` is returned.
+
+    Args:
+        weights: list of numpy arrays, kernels and biases alternating.
+        x: float array ``(n, n_features)`` (subsample large data first).
+        y: int labels ``(n,)`` for classification, float ``(n, n_outputs)`` for regression.
+        task: ``"classification"`` or ``"regression"``.
+        penalty: ``"sgl"``, ``"group"``, ``"l1"`` or ``"l2"``.
+        l1_ratio: the elementwise strength relative to the group strength (``"sgl"``).
+
+    Returns:
+        float array ``(n_features,)``, >= 0 (0 for a feature the loss ignores).
+
+    Example:
+        >>> lam = input_group_strengths(model.get_weights(), x[:1000], y[:1000], "classification")
+    """
+    kernels = [np.asarray(w, dtype=np.float64) for w in weights[0::2]]
+    biases = [np.asarray(b, dtype=np.float64) for b in weights[1::2]]
+    x = np.asarray(x, dtype=np.float64)
+    n, d = x.shape
+    widest = max(max(k.shape[1] for k in kernels), d)
+    chunk = max(1, int(4_000_000 // max(1, n * widest)))
+    grads = np.zeros((d, kernels[0].shape[1]))
+    last = len(kernels) - 1
+    for start in range(0, d, chunk):
+        js = np.arange(start, min(d, start + chunk))
+        h = np.repeat(x[None], len(js), axis=0)
+        h[np.arange(len(js)), :, js] = 0.0
+        pre = []
+        for k, (kernel, bias) in enumerate(zip(kernels, biases)):
+            z = h @ kernel + bias
+            pre.append(z)
+            h = np.maximum(z, 0.0) if k < last else z
+        if task == "classification":
+            h = h - h.max(axis=-1, keepdims=True)
+            delta = np.exp(h)
+            delta /= delta.sum(axis=-1, keepdims=True)
+            delta[:, np.arange(n), np.asarray(y, dtype=int)] -= 1.0
+            delta /= n
+        else:
+            target = np.asarray(y, dtype=np.float64).reshape(n, -1)
+            delta = 2.0 * (h - target[None]) / (n * target.shape[1])
+        for k in range(last, 0, -1):
+            delta = (delta @ kernels[k].T) * (pre[k - 1] > 0)
+        grads[js] = np.einsum("cn,cnm->cm", x[:, js].T, delta)
+    size = grads.shape[1]
+    if penalty == "l1":
+        return np.abs(grads).max(axis=1)
+    upper = np.linalg.norm(grads, axis=1) / math.sqrt(size)
+    if penalty != "sgl" or l1_ratio == 0:
+        return upper
+    lo, hi = np.zeros(d), upper.copy()
+    for _ in range(60):  # ||S(g, a r)|| - a sqrt(|g|) decreases in a: bisect
+        mid = (lo + hi) / 2
+        shrunk = np.maximum(np.abs(grads) - mid[:, None] * l1_ratio, 0.0)
+        above = np.linalg.norm(shrunk, axis=1) > mid * math.sqrt(size)
+        lo, hi = np.where(above, mid, lo), np.where(above, hi, mid)
+    return hi
+
+
+# ----------------------------------------------------------------------------- running it
+
+
+def _check_path_args(owner, alphas, path_multiplier, max_alphas, epochs_per_alpha, refit, keep_weights):
+    if alphas is not None:
+        try:
+            values = np.asarray(alphas, dtype=float)
+        except (TypeError, ValueError):
+            fail(owner, "alphas", "None or a 1-d increasing sequence of finite numbers >= 0", alphas)
+        if (
+            values.ndim != 1
+            or values.size == 0
+            or not np.all(np.isfinite(values))
+            or np.any(values < 0)
+            or np.any(np.diff(values) <= 0)
+        ):
+            fail(owner, "alphas", "None or a 1-d increasing sequence of finite numbers >= 0", alphas)
+        alphas = values
+    if (
+        isinstance(path_multiplier, bool)
+        or not isinstance(path_multiplier, (int, float, np.integer, np.floating))
+        or not math.isfinite(path_multiplier)
+        or path_multiplier <= 1
+    ):
+        fail(owner, "path_multiplier", "a finite number > 1", path_multiplier)
+    if isinstance(max_alphas, bool) or not isinstance(max_alphas, (int, np.integer)) or max_alphas < 2:
+        fail(owner, "max_alphas", "an integer >= 2", max_alphas)
+    if epochs_per_alpha is not None and (
+        isinstance(epochs_per_alpha, bool)
+        or not isinstance(epochs_per_alpha, (int, np.integer))
+        or epochs_per_alpha < 1
+    ):
+        fail(owner, "epochs_per_alpha", "None or an integer >= 1", epochs_per_alpha)
+    for name, value in (("refit", refit), ("keep_weights", keep_weights)):
+        if not isinstance(value, bool):
+            fail(owner, name, "True or False", value)
+    return alphas
+
+
+def _threshold(weights, threshold):
+    return [np.where(np.abs(w) <= threshold, np.zeros((), w.dtype), w) for w in weights]
+
+
+class _Runner:
+    """Holds the training network across the path (switching networks only under proximal training)."""
+
+    def __init__(self, estimator, hidden, n_features, n_outputs, n_train):
+        self.estimator = estimator
+        self.shape = (hidden, n_features, n_outputs, n_train)
+        self.network = None
+
+    def use(self, input_alpha):
+        spec = self.estimator._spec(*self.shape, input_alpha=input_alpha)
+        if self.network is not None and self.network.spec == spec:
+            return self.network
+        new = _network.acquire(spec)
+        if self.network is not None:
+            new.set_weights(self.network.get_weights())
+            new.set_mask(self.network.get_mask())
+            new.reset_optimizer(self.estimator.learning_rate)
+            _network.release(self.network)
+        self.network = new
+        return new
+
+    def close(self):
+        if self.network is not None:
+            _network.release(self.network)
+            self.network = None
+
+
+def run_path(
+    estimator,
+    X,
+    y,
+    alphas=None,
+    *,
+    validation_data=None,
+    path_multiplier=1.2,
+    max_alphas=100,
+    epochs_per_alpha=None,
+    refit=True,
+    keep_weights=True,
+):
+    """The body of ``estimator.path`` (see :meth:`_GroupSparseMLP.path`)."""
+    from sklearn.base import clone
+
+    from keras_group_lasso.analysis import sparsity_report
+
+    owner = f"{type(estimator).__name__}.path"
+    hidden = estimator._check_params()
+    alphas = _check_path_args(owner, alphas, path_multiplier, max_alphas, epochs_per_alpha, refit, keep_weights)
+    work = clone(estimator)
+    X, y = work._validate_fit_data(X, y)
+    y_encoded, n_outputs = work._encode_targets(y)
+    init_seed, data_seed, split_seed = work._seeds()
+    if validation_data is None:
+        X_train, X_val, y_train, y_val = work._split(X, y_encoded, split_seed)
+    else:
+        if not isinstance(validation_data, (tuple, list)) or len(validation_data) != 2:
+            fail(owner, "validation_data", "None or a pair (X_val, y_val)", validation_data)
+        X_val, y_val = work._validate_fit_data(*validation_data, reset=False)
+        y_val = work._encode_validation_targets(y_val)
+        X_train, y_train = X, y_encoded
+    epochs_per_alpha = epochs_per_alpha or max(1, estimator.epochs // 8)
+    threshold = 0.0 if estimator.proximal else float(estimator.threshold)
+    phase_seeds = np.random.default_rng(data_seed)
+
+    def seed():
+        return int(phase_seeds.integers(0, 2**31 - 1))
+
+    n_features = X.shape[1]
+    runner = _Runner(work, hidden, n_features, n_outputs, len(X_train))
+    spec_for_export = work._spec(hidden, n_features, n_outputs, len(X_train))
+    mask = np.ones(n_features, dtype=bool)
+    points = []
+    start = time.perf_counter()
+
+    # One scratch model reads every point's weights (building a Keras model per point costs more).
+    scratch = _network.build_export_model(
+        spec_for_export, work.alpha, 0.0, _network.glorot_weights(spec_for_export, 0)
+    )
+
+    def export(weights):
+        scratch.set_weights(weights)
+        return scratch, sparsity_report(scratch, threshold)
+
+    def score(weights):
+        return float(work._score_outputs(_network.forward(weights, X_val, work._task), y_val))
+
+    def train(network, passes):
+        monitor = _network.PassMonitor(network)
+        network.train(X_train, y_train, passes, seed(), monitor)
+        return monitor.passes
+
+    grid = list(alphas) if alphas is not None else [0.0]
+    try:
+        index = 0
+        while index < len(grid):
+            alpha = float(grid[index])
+            network = runner.use(alpha)
+            network.set_alpha(work.alpha, alpha)
+            if index == 0:
+                network.set_weights(_network.glorot_weights(network.spec, init_seed))
+                network.reset_optimizer(work.learning_rate)
+                network.set_mask(None)
+                passes = train(network, estimator.epochs)
+            else:
+                passes = train(network, epochs_per_alpha)
+            selected = _threshold(network.get_weights(), threshold)
+            model, report = export(selected)
+            penalized_score = score(selected)
+            kept = np.zeros(n_features, dtype=bool)
+            kept[list(report.selected_features)] = True
+            mask &= kept
+            selected[0][~mask] = 0
+            final, final_report, final_score = selected, report, penalized_score
+            if refit and mask.any():
+                network = runner.use(0.0)
+                network.set_alpha(work.alpha, 0.0)
+                network.set_weights(selected)
+                network.set_mask(mask)
+                passes += train(network, epochs_per_alpha)
+                final = _threshold(network.get_weights(), threshold)
+                final[0][~mask] = 0
+                model, final_report = export(final)
+                final_score = score(final)
+            network = runner.use(alpha if index + 1 >= len(grid) else float(grid[index + 1]))
+            network.set_weights(selected)
+            network.set_mask(mask)
+            points.append(
+                PathPoint(
+                    alpha=alpha,
+                    score=final_score,
+                    penalized_score=penalized_score,
+                    selected_features=tuple(final_report.selected_features),
+                    live_neurons=final_report.live_neurons,
+                    layer_sizes=tuple(final_report.layer_sizes),
+                    n_params=final_report.params_after,
+                    sparsity=final_report.sparsity,
+                    passes=passes,
+                    elapsed_s=time.perf_counter() - start,
+                    weights=tuple(final) if keep_weights else None,
+                )
+            )
+            if estimator.verbose:
+                _network.logger.info(
+                    "path point %d: alpha %.4g, %d features, score %.4f",
+                    index,
+                    alpha,
+                    points[-1].n_features,
+                    final_score,
+                )
+            if alphas is None:
+                if not mask.any():
+                    break
+                if index == 0:
+                    grid.append(_start_alpha(selected, X_train, y_train, work, work._input_alpha()))
+                elif len(grid) >= max_alphas:
+                    warnings.warn(
+                        f"{owner}: stopped after max_alphas={max_alphas} points with "
+                        f"{int(mask.sum())} features still selected; raise max_alphas or path_multiplier.",
+                        UserWarning,
+                        stacklevel=3,
+                    )
+                    break
+                else:
+                    grid.append(grid[-1] * path_multiplier)
+            index += 1
+    finally:
+        runner.close()
+
+    attributes = {
+        name: getattr(work, name)
+        for name in ("n_features_in_", "feature_names_in_", "classes_", "n_outputs_", "_y_ndim")
+        if hasattr(work, name)
+    }
+    names = getattr(work, "feature_names_in_", None)
+    return RegularizationPath(
+        points=tuple(points),
+        n_features_in=n_features,
+        feature_names=None if names is None else tuple(str(n) for n in names),
+        score_name="accuracy" if work._task == "classification" else "r2",
+        refit=refit,
+        elapsed_s=time.perf_counter() - start,
+        _template=_Template(estimator, spec_for_export, attributes),
+    )
+
+
+def _start_alpha(weights, x, y, estimator, fallback, max_samples=1000):
+    """``median_j(lambda_j) / 10`` over the features the loss uses (see the module docstring)."""
+    rng = np.random.default_rng(0)
+    if len(x) > max_samples:
+        rows = rng.choice(len(x), size=max_samples, replace=False)
+        x, y = x[rows], y[rows]
+    strengths = input_group_strengths(weights, x, y, estimator._task, estimator.penalty, estimator.l1_ratio)
+    positive = strengths[strengths > 0]
+    if positive.size == 0:
+        return max(float(fallback), 1e-6)
+    return float(np.median(positive)) / 10.0
