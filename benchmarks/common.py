@@ -1,0 +1,237 @@
+"""Shared pieces of the paper-reproduction benchmarks: models, machine info, Markdown, RESULTS.md sections.
+
+Everything here uses the public API of keras_group_lasso only; nothing in the
+package imports it.
+"""
+
+import datetime
+import json
+import os
+import platform
+import re
+import statistics
+import sys
+import time
+from pathlib import Path
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+import numpy as np
+
+HERE = Path(__file__).resolve().parent
+RESULTS_MD = HERE / "RESULTS.md"
+RESULTS_DIR = HERE / "results"
+
+# The penalties compared in the paper (plus the proximal variant of SGL).
+# "penalty" selects the regularizers, "proximal" wraps Adam in keras_group_lasso.Proximal.
+METHODS = {
+    "L2": {"penalty": "l2", "proximal": False, "label": "L2-NN"},
+    "L1": {"penalty": "l1", "proximal": False, "label": "L1-NN"},
+    "GL": {"penalty": "group", "proximal": False, "label": "G-L1-NN (group Lasso)"},
+    "SGL": {"penalty": "sgl", "proximal": False, "label": "SG-L1-NN (sparse group Lasso)"},
+    "SGL-prox": {"penalty": "sgl", "proximal": True, "label": "SG-L1-NN, proximal Adam"},
+}
+
+
+def say(message):
+    """Progress line with a wall-clock stamp, flushed at once (benchmarks run under nohup)."""
+    stamp = time.strftime("%H:%M:%S")
+    sys.stdout.write(f"[{stamp}] {message}\n")
+    sys.stdout.flush()
+
+
+def proximal_class():
+    """``keras_group_lasso.Proximal`` (or its module while it is not exported yet), else None."""
+    import keras_group_lasso
+
+    if hasattr(keras_group_lasso, "Proximal"):
+        return keras_group_lasso.Proximal
+    try:
+        from keras_group_lasso.optimizers import Proximal
+    except ImportError:
+        return None
+    return Proximal
+
+
+def proximal_available():
+    """True when proximal training can be benchmarked."""
+    return proximal_class() is not None
+
+
+def build_mlp(n_features, n_classes, hidden, penalty, factor):
+    """A ReLU MLP with softmax output; ``penalty`` on every kernel and every bias (the paper's layout).
+
+    ``penalty``: ``"none"``, ``"l2"``, ``"l1"`` (Keras regularizers), ``"group"``
+    or ``"sgl"`` (:func:`keras_group_lasso.add_group_sparsity`: input groups on
+    the first kernel, hidden groups on the others, bias groups; SGL with
+    ``l1 = factor``).
+    """
+    import keras
+
+    from keras_group_lasso import add_group_sparsity
+
+    plain = {"l2": keras.regularizers.L2, "l1": keras.regularizers.L1}.get(penalty)
+
+    def reg():
+        return plain(factor) if plain is not None else None
+
+    layers = [keras.Input((n_features,))]
+    for units in hidden:
+        layers.append(keras.layers.Dense(units, activation="relu", kernel_regularizer=reg(), bias_regularizer=reg()))
+    layers.append(keras.layers.Dense(n_classes, activation="softmax", kernel_regularizer=reg(), bias_regularizer=reg()))
+    model = keras.Sequential(layers)
+    if penalty in ("group", "sgl"):
+        model = add_group_sparsity(model, factor, penalty=penalty, bias=True)
+    return model
+
+
+def make_model(method, n_features, n_classes, hidden, factor, seed, learning_rate=1e-3):
+    """Seeded, compiled model for one entry of :data:`METHODS` (Adam, or proximal Adam)."""
+    import keras
+
+    spec = METHODS[method]
+    keras.utils.set_random_seed(seed)
+    model = build_mlp(n_features, n_classes, hidden, spec["penalty"], factor)
+    optimizer = keras.optimizers.Adam(learning_rate)
+    if spec["proximal"]:
+        optimizer = proximal_class()(optimizer)
+    model.compile(optimizer=optimizer, loss="sparse_categorical_crossentropy", metrics=["accuracy"])
+    return model
+
+
+def accuracy(model, x, y, batch_size=2048):
+    """Classification accuracy of ``model`` on ``(x, y)``."""
+    predictions = model.predict(x, batch_size=batch_size, verbose=0)
+    return float(np.mean(np.argmax(predictions, axis=1) == np.asarray(y)))
+
+
+def machine_info():
+    """Cores, CPU model, OS, backend and library versions, as a dict of strings."""
+    import keras
+
+    cpu = "unknown"
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    cpu = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    versions = {"Python": platform.python_version(), "Keras": keras.__version__, "NumPy": np.__version__}
+    for name, module in (("TensorFlow", "tensorflow"), ("JAX", "jax")):
+        try:
+            versions[name] = __import__(module).__version__
+        except ImportError:
+            pass
+    return {
+        "cores": str(os.cpu_count()),
+        "cpu": cpu,
+        "os": f"{platform.system()} {platform.release()}",
+        "backend": keras.backend.backend(),
+        "versions": ", ".join(f"{k} {v}" for k, v in versions.items()),
+    }
+
+
+def header(command, seeds, started, elapsed, notes=()):
+    """The lines every RESULTS.md section starts with: command, date, machine, seeds."""
+    info = machine_info()
+    lines = [
+        f"- Command: `{command}`",
+        f"- Date: {started:%Y-%m-%d %H:%M} UTC; wall time {elapsed / 60:.1f} min",
+        f"- Machine: {info['cores']} cores, {info['cpu']}, {info['os']} (shared with other jobs while it ran)",
+        f"- Backend: {info['backend']}; {info['versions']}",
+        f"- Seeds: {', '.join(map(str, seeds))}",
+    ]
+    lines += [f"- {note}" for note in notes]
+    return "\n".join(lines)
+
+
+def command_line():
+    """How this script was invoked, as a shell command a reader can copy."""
+    backend = os.environ.get("KERAS_BACKEND", "tensorflow")
+    script = Path(sys.argv[0])
+    try:
+        script = script.resolve().relative_to(HERE.parent)
+    except ValueError:
+        pass
+    return " ".join([f"KERAS_BACKEND={backend}", "python", str(script), *sys.argv[1:]])
+
+
+def now():
+    return datetime.datetime.now(datetime.timezone.utc)
+
+
+def mean_std(values, digits=1, scale=1.0):
+    """``"m ± s"`` of ``values * scale`` (sample std; ``"m"`` alone for one value)."""
+    values = [scale * v for v in values]
+    m = statistics.fmean(values)
+    if len(values) < 2:
+        return f"{m:.{digits}f}"
+    return f"{m:.{digits}f} ± {statistics.stdev(values):.{digits}f}"
+
+
+def markdown_table(header_row, rows):
+    """A GitHub Markdown table from a header and rows of strings."""
+    lines = ["| " + " | ".join(header_row) + " |", "|" + "|".join("---" for _ in header_row) + "|"]
+    lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def write_section(key, title, body, path=RESULTS_MD):
+    """Insert or replace the section ``key`` of RESULTS.md (between HTML comment markers)."""
+    begin, end = f"<!-- BEGIN {key} -->", f"<!-- END {key} -->"
+    section = f"{begin}\n## {title}\n\n{body.rstrip()}\n{end}"
+    text = path.read_text() if path.exists() else "# Benchmark results\n\nEach section is written by the script named in its command line.\n"
+    pattern = re.compile(re.escape(begin) + ".*?" + re.escape(end), re.S)
+    if pattern.search(text):
+        text = pattern.sub(lambda _: section, text)
+    else:
+        text = text.rstrip() + "\n\n" + section + "\n"
+    path.write_text(text if text.endswith("\n") else text + "\n")
+    return path
+
+
+def save_json(name, payload):
+    """Raw numbers next to the figures, for anyone who wants to re-plot them."""
+    RESULTS_DIR.mkdir(parents=True, exist_ok=True)
+    path = RESULTS_DIR / name
+    path.write_text(json.dumps(payload, indent=1, default=float))
+    return path
+
+
+def pyplot():
+    """matplotlib.pyplot with the Agg backend (no display needed)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def feature_image(model, image_shape):
+    """Per-pixel strength ``||W1[i, :]||_2`` of the first Dense kernel, reshaped to the image."""
+    from keras_group_lasso.analysis import input_feature_strength
+
+    return np.asarray(input_feature_strength(model), dtype=float).reshape(image_shape)
+
+
+def save_feature_figure(path, example, panels, title):
+    """The paper's Figs. 5/6: an example input, then one strength image per method (white = dropped)."""
+    plt = pyplot()
+    n = 1 + len(panels)
+    fig, axes = plt.subplots(1, n, figsize=(2.4 * n, 2.8))
+    axes[0].imshow(example, cmap="gray_r")
+    axes[0].set_title("example input", fontsize=9)
+    for ax, (name, image, kept) in zip(axes[1:], panels):
+        ax.imshow(image, cmap="gray_r", vmin=0)
+        ax.set_title(f"{name}\n{kept} features kept", fontsize=9)
+    for ax in axes:
+        ax.set_xticks([])
+        ax.set_yticks([])
+    fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
