@@ -3,6 +3,7 @@
 Subcommands:
     demo   train a group-sparse MLP on the bundled DIGITS data and report it
     prune  cut a trained .keras model down to its live units and export it
+    bench  run the paper-reproduction benchmarks of a source checkout
 """
 
 import argparse
@@ -109,6 +110,42 @@ def _run_prune(args):
 BENCHMARKS = {"digits": "digits_sweep.py", "fashion-mnist": "fashion_table.py", "peers": "peers_digits.py", "all": "run_all.py"}
 
 
+def _add_bench(subparsers):
+    p = subparsers.add_parser(
+        "bench",
+        help="reproduce the paper's experiments (needs a source checkout)",
+        description="Run a benchmark script from the benchmarks/ folder of a source checkout "
+        "(next to the installed package): the DIGITS lambda sweep, the Fashion-MNIST table, "
+        "magnitude pruning vs SGL on DIGITS, or all of them with the performance benchmarks. "
+        "Full runs write benchmarks/RESULTS.md and benchmarks/results/.",
+    )
+    p.add_argument("name", choices=tuple(BENCHMARKS), help="which benchmark")
+    p.add_argument("--seeds", type=int, default=None, help="number of seeds (script default when omitted)")
+    p.add_argument("--quick", action="store_true", help="a short smoke run that writes to benchmarks/out/ only")
+    p.set_defaults(func=_run_bench)
+
+
+def _run_bench(args):
+    import pathlib
+    import subprocess
+
+    folder = pathlib.Path(__file__).resolve().parent.parent / "benchmarks"
+    script = folder / BENCHMARKS[args.name]
+    if not script.is_file():
+        print(
+            f"keras-group-lasso bench: error: {script} not found; the benchmarks live in the "
+            "benchmarks/ folder of a source checkout (git clone, then pip install -e .)",
+            file=sys.stderr,
+        )
+        return 1
+    command = [sys.executable, str(script)]
+    if args.quick:
+        command.append("--quick")
+    if args.seeds is not None:
+        command += ["--seeds", str(args.seeds)]
+    return subprocess.call(command, cwd=folder.parent)
+
+
 def build_parser():
     parser = argparse.ArgumentParser(
         prog="keras-group-lasso",
@@ -117,6 +154,7 @@ def build_parser():
     subparsers = parser.add_subparsers(dest="command", required=True)
     _add_demo(subparsers)
     _add_prune(subparsers)
+    _add_bench(subparsers)
     return parser
 
 
