@@ -19,7 +19,8 @@ Target: at batch 1024 the exported pruned model is at least
 
 Usage::
 
-    KERAS_BACKEND=tensorflow python benchmarks/inference.py --output benchmarks/results/inference.md
+    KERAS_BACKEND=tensorflow python benchmarks/inference.py   # -> benchmarks/results/inference_tensorflow.md
+    KERAS_BACKEND=jax python benchmarks/inference.py          # -> benchmarks/results/inference_jax.md
 """
 
 import argparse
@@ -39,6 +40,23 @@ from keras_group_lasso import apply_threshold, export_pruned, prune_model
 
 SIZES = (784, 400, 300, 100, 10)
 KEPT = (763, 68, 40, 70)
+
+
+def cpu_model():
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown CPU"
+
+
+def default_output(name, quick):
+    """benchmarks/results/<name>.md for a full run, benchmarks/out/<name>.md for --quick."""
+    folder = "out" if quick else "results"
+    return os.path.join(os.path.dirname(os.path.abspath(__file__)), folder, f"{name}.md")
 
 
 def build_sparse_mlp(seed=0):
@@ -147,8 +165,17 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--repeats", type=int, default=15, help="interleaved rounds per measurement")
     parser.add_argument("--min-time", type=float, default=0.05, help="seconds per round and variant")
-    parser.add_argument("--output", default=None, help="write a markdown result here")
+    parser.add_argument("--quick", action="store_true", help="3 short rounds, written to benchmarks/out/")
+    parser.add_argument(
+        "--output",
+        default=None,
+        help="markdown result (default benchmarks/results/inference_<backend>.md, "
+        "benchmarks/out/ with --quick)",
+    )
     args = parser.parse_args(argv)
+    if args.quick:
+        args.repeats, args.min_time = 3, 0.02
+    output = args.output or default_output(f"inference_{keras.backend.backend()}", args.quick)
 
     model = build_sparse_mlp()
     small = prune_model(model, threshold=1e-3)
@@ -219,7 +246,8 @@ def main(argv=None):
         + " ".join(argv if argv is not None else sys.argv[1:])
         + "`",
         f"- date: {datetime.datetime.now().isoformat(timespec='seconds')}",
-        f"- machine: {platform.platform()}, {os.cpu_count()} CPU cores (shared), Python "
+        f"- machine: {cpu_model()}, {os.cpu_count()} cores (shared with other jobs), "
+        f"{platform.system()} {platform.release()}, Python "
         f"{platform.python_version()}, Keras {keras.__version__}, backend {keras.backend.backend()}, "
         f"TensorFlow {tf.__version__}",
         "- model: " + "-".join(map(str, SIZES)) + " ReLU MLP whose live structure is "
@@ -273,10 +301,9 @@ def main(argv=None):
     ]
     text = "\n".join(lines) + "\n"
     print(text)
-    if args.output:
-        os.makedirs(os.path.dirname(os.path.abspath(args.output)), exist_ok=True)
-        with open(args.output, "w", encoding="utf-8") as f:
-            f.write(text)
+    os.makedirs(os.path.dirname(os.path.abspath(output)), exist_ok=True)
+    with open(output, "w", encoding="utf-8") as f:
+        f.write(text)
 
 
 if __name__ == "__main__":

@@ -16,14 +16,15 @@ which is less noisy than a difference of two epoch times.
 
 Usage::
 
-    KERAS_BACKEND=tensorflow python benchmarks/monitor_overhead.py --rounds 3
-    KERAS_BACKEND=jax python benchmarks/monitor_overhead.py --rounds 3 --output benchmarks/results/monitor_overhead_jax.md
+    KERAS_BACKEND=tensorflow python benchmarks/monitor_overhead.py   # -> benchmarks/results/monitor_overhead_tensorflow.md
+    KERAS_BACKEND=jax python benchmarks/monitor_overhead.py          # -> benchmarks/results/monitor_overhead_jax.md
 """
 
 import argparse
 import datetime
 import os
 import platform
+import shutil
 import statistics
 import sys
 import tempfile
@@ -35,6 +36,23 @@ import numpy as np
 from keras_group_lasso import SparsityMonitor
 
 N, D, CLASSES, BATCH = 60_000, 784, 10, 400
+
+
+def cpu_model():
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown CPU"
+
+
+def default_output(name, quick):
+    """benchmarks/results/<name>.md for a full run, benchmarks/out/<name>.md for --quick."""
+    folder = "out" if quick else "results"
+    return os.path.join(os.path.dirname(os.path.abspath(__file__)), folder, f"{name}.md")
 
 
 def load_data(seed=0):
@@ -69,8 +87,17 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=3, help="timed epochs per variant")
     parser.add_argument("--jit-compile", choices=("auto", "true", "false"), default="auto")
-    parser.add_argument("--output", default=None, help="write a markdown result here")
+    parser.add_argument("--quick", action="store_true", help="1 round, written to benchmarks/out/")
+    parser.add_argument(
+        "--output",
+        default=None,
+        help="markdown result (default benchmarks/results/monitor_overhead_<backend>.md, "
+        "benchmarks/out/ with --quick)",
+    )
     args = parser.parse_args(argv)
+    if args.quick:
+        args.rounds = 1
+    output = args.output or default_output(f"monitor_overhead_{keras.backend.backend()}", args.quick)
     jit = {"auto": "auto", "true": True, "false": False}[args.jit_compile]
 
     x, y, data_name = load_data()
@@ -119,7 +146,8 @@ def main(argv=None):
         + " ".join(argv if argv is not None else sys.argv[1:])
         + "`",
         f"- date: {datetime.datetime.now().isoformat(timespec='seconds')}",
-        f"- machine: {platform.platform()}, {os.cpu_count()} CPU cores (shared), Python "
+        f"- machine: {cpu_model()}, {os.cpu_count()} cores (shared with other jobs), "
+        f"{platform.system()} {platform.release()}, Python "
         f"{platform.python_version()}, Keras {keras.__version__}, backend "
         f"{keras.backend.backend()}, jit_compile={resolved_jit}",
         f"- model: 784-400-300-100-10 ReLU MLP, Adam, batch {BATCH}; data: {data_name}",
@@ -148,10 +176,10 @@ def main(argv=None):
     ]
     text = "\n".join(lines) + "\n"
     print(text)
-    if args.output:
-        os.makedirs(os.path.dirname(os.path.abspath(args.output)), exist_ok=True)
-        with open(args.output, "w", encoding="utf-8") as f:
-            f.write(text)
+    os.makedirs(os.path.dirname(os.path.abspath(output)), exist_ok=True)
+    with open(output, "w", encoding="utf-8") as f:
+        f.write(text)
+    shutil.rmtree(log_root, ignore_errors=True)
 
 
 if __name__ == "__main__":
