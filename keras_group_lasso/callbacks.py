@@ -74,6 +74,11 @@ def feature_strength_image(strength, selected_features, shape):
 
     Returns:
         A float32 numpy array of shape ``(1, H, W, 1)``.
+
+    Example:
+        >>> feature_strength_image([0.5, 2.0, 1.0, 4.0], [1, 2, 3], (2, 2))[0, :, :, 0]
+        array([[0.  , 0.5 ],
+               [0.25, 1.  ]], dtype=float32)
     """
     strength = np.asarray(strength, dtype=np.float64).reshape(-1)
     mask = np.zeros(strength.shape, dtype=bool)
