@@ -191,6 +191,9 @@ def _manifest(report, small, threshold, inputs, formats):
         "layer_sizes_after": [int(s) for s in report.layer_sizes] + tail,
         "params_before": int(report.params_before),
         "params_after": int(report.params_after),
+        # What the exported model really holds: with inputs="original" surgery may keep
+        # an all-zero first-layer row per dropped feature (faster than gathering them).
+        "exported_model_params": int(small.count_params()),
         "formats": {f: _FILENAMES[f] for f in formats},
     }
     if "saved_model" in formats or "tflite" in formats:
@@ -254,7 +257,9 @@ def export_pruned(
     * ``"tflite"``: ``<directory>/model.tflite``, converted from the SavedModel.
 
     ``manifest.json`` holds the kept feature indices, layer sizes and parameter
-    counts before/after, the threshold, the formats and the package version.
+    counts before/after (``params_before`` / ``params_after`` as in the report,
+    Dense kernels and biases; ``exported_model_params`` as the exported Keras
+    model counts them), the threshold, the formats and the package version.
 
     Args:
         model: a trained Sequential or Functional Keras model (see
