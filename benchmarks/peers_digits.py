@@ -87,7 +87,10 @@ def magnitude_prune(model, keep, data, seed, epochs):
     before = common.accuracy(pruned, data.x_test, data.y_test)
     if epochs:
         fit_epochs(pruned, data.x_train, data.y_train, epochs=epochs, batch_size=BATCH, seed=seed)
-    return pruned, before
+    # The same weights in a model without the (unserializable, local) mask constraint, for surgery.
+    plain = common.build_mlp(data.n_features, data.n_classes, HIDDEN, "l2", L2_FACTOR)
+    plain.set_weights(pruned.get_weights())
+    return plain, before
 
 
 def measure(name, model, data, seconds, **extra):
@@ -109,7 +112,7 @@ def measure(name, model, data, seconds, **extra):
     try:
         from keras_group_lasso import prune_model
 
-        record["surgery_params"] = int(prune_model(model, threshold=THRESHOLD).count_params())
+        record["surgery_params"] = int(prune_model(model, threshold=THRESHOLD, inputs="selected").count_params())
     except ImportError:
         pass
     record.update(extra)

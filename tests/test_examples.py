@@ -1,0 +1,52 @@
+"""Each example in examples/ runs end to end in quick mode, on the backend of this test run."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import keras
+import pytest
+
+from keras_group_lasso.datasets import DatasetNotFoundError, load_dataset
+
+EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+
+
+def run_example(name, *args, cwd):
+    env = dict(os.environ, KERAS_BACKEND=keras.backend.backend(), TF_CPP_MIN_LOG_LEVEL="3")
+    result = subprocess.run(
+        [sys.executable, str(EXAMPLES / name), "--quick", *args],
+        cwd=cwd, env=env, capture_output=True, text=True, timeout=600,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    return result.stdout
+
+
+def test_quickstart_digits(tmp_path):
+    out = run_example("quickstart_digits.py", cwd=tmp_path)
+    assert "test accuracy after thresholding" in out
+    assert "SparsityReport" in out
+    assert "pruned model:" in out
+
+
+def test_fashion_mnist_monitor(tmp_path):
+    try:
+        load_dataset("fashion-mnist")
+    except DatasetNotFoundError:
+        pytest.skip("Fashion-MNIST files are not installed")
+    log_dir = tmp_path / "tb"
+    out = run_example("fashion_mnist_monitor.py", "--log-dir", str(log_dir), cwd=tmp_path)
+    assert "epoch 2: sparsity" in out
+    assert any(p.name.startswith("events.out.tfevents") for p in log_dir.rglob("*"))
+
+
+def test_prune_and_export(tmp_path):
+    target = tmp_path / "export"
+    out = run_example("prune_and_export.py", "--out", str(target), cwd=tmp_path)
+    assert "loaded model: test accuracy" in out
+    assert (target / "manifest.json").is_file() and (target / "model.keras").is_file()
+    if keras.backend.backend() == "tensorflow":  # SavedModel export needs the TensorFlow backend
+        assert (target / "saved_model" / "saved_model.pb").is_file()
+    gap = float(out.rsplit("original ", 1)[1].split()[0])
+    assert gap <= 1e-5
