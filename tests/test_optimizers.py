@@ -1,0 +1,545 @@
+"""Proximal: the weighted proximal operator, the wrapper's step, training, serialization, errors."""
+
+import math
+import os
+import subprocess
+import sys
+import textwrap
+
+import keras
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from hypothesis.extra import numpy as hnp
+from keras import ops
+from scipy.optimize import minimize
+
+from keras_group_lasso import (
+    GroupLasso,
+    InputGroupLasso,
+    InvalidParameterError,
+    Proximal,
+    SparseGroupLasso,
+    prox,
+)
+from keras_group_lasso import optimizers as kgl_optimizers
+from keras_group_lasso.optimizers import weighted_sparse_group_soft_threshold
+
+BACKEND = keras.backend.backend()
+
+
+def as_np(x):
+    return np.asarray(ops.convert_to_numpy(x), dtype=np.float64)
+
+
+def groups_of(w):
+    w = np.asarray(w, dtype=np.float64)
+    if w.ndim == 1:
+        return w.reshape(-1, 1)
+    return np.moveaxis(w, -2, 0).reshape(w.shape[-2], -1)
+
+
+def from_groups(g, shape):
+    if len(shape) == 1:
+        return g.reshape(shape)
+    moved_shape = (shape[-2],) + tuple(s for i, s in enumerate(shape) if i != len(shape) - 2)
+    return np.moveaxis(g.reshape(moved_shape), 0, -2)
+
+
+def np_weighted_sgl(x, d, a, b):
+    """numpy reference of the weighted SGL prox; the group radius by bisection."""
+    x, d = np.asarray(x, np.float64), np.asarray(d, np.float64)
+    if x.ndim == 1:
+        return np.sign(x) * np.maximum(np.abs(x) - (a + b) / d, 0.0)
+    s = np.sign(x) * np.maximum(np.abs(x) - b / d, 0.0)
+    sg, dg = groups_of(s), groups_of(d)
+    c = a * math.sqrt(sg.shape[1])
+    out = np.zeros_like(sg)
+    for k, (si, di) in enumerate(zip(sg, dg)):
+        ad = di * si
+        if np.linalg.norm(ad) <= c:
+            continue
+        lo, hi = 0.0, (np.linalg.norm(ad) - c) / di.min() + 1.0
+        for _ in range(200):
+            mid = 0.5 * (lo + hi)
+            if np.sum((ad / (di * mid + c)) ** 2) > 1.0:
+                lo = mid
+            else:
+                hi = mid
+        r = 0.5 * (lo + hi)
+        out[k] = si * di * r / (di * r + c)
+    return from_groups(out, x.shape)
+
+
+def weighted_objective(z, x, d, a, b):
+    z = np.asarray(z, np.float64).reshape(x.shape)
+    g = groups_of(z)
+    size = g.shape[1] if x.ndim > 1 else 1
+    return (0.5 * np.sum(d * (z - x) ** 2) + a * math.sqrt(size) * np.linalg.norm(g, axis=1).sum()
+            + b * np.abs(z).sum())
+
+
+SHAPES = [(4,), (3, 4), (4, 1), (2, 2, 3, 2)]
+arrays = st.sampled_from(SHAPES).flatmap(
+    lambda shape: st.tuples(
+        hnp.arrays(np.float32, shape, elements=st.floats(-3, 3, width=32, allow_subnormal=False)),
+        # metrics spanning six decades inside one group
+        hnp.arrays(np.float32, shape, elements=st.floats(0.0001220703125, 128.0, width=32)),
+    )
+)
+strengths = st.floats(0.0, 1.0, width=32, allow_subnormal=False)
+
+
+# ---------------------------------------------------------------- the weighted operator
+
+
+@settings(max_examples=30, deadline=None)
+@given(xd=arrays, a=strengths, b=strengths)
+def test_weighted_prox_matches_numpy_reference(xd, a, b):
+    x, d = xd
+    got = as_np(weighted_sparse_group_soft_threshold(x, d, a, b))
+    expected = np_weighted_sgl(x, d, a, b)
+    assert np.all(np.isfinite(got))
+    np.testing.assert_allclose(got, expected, rtol=2e-4, atol=2e-5)
+
+
+@settings(max_examples=25, deadline=None)
+@given(xd=arrays, a=strengths, b=strengths, k=st.sampled_from([1.0, 0.25, 8.0]))
+def test_weighted_prox_with_constant_metric_is_the_euclidean_prox(xd, a, b, k):
+    x, _ = xd
+    got = as_np(weighted_sparse_group_soft_threshold(x, np.full(x.shape, k, np.float32), a, b))
+    expected = as_np(prox.sparse_group_soft_threshold(x, a / k, b / k))
+    np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-6)
+
+
+@settings(max_examples=25, deadline=None)
+@given(xd=arrays, a=strengths)
+def test_weighted_prox_zero_test_is_exact(xd, a):
+    x, d = xd
+    got = groups_of(as_np(weighted_sparse_group_soft_threshold(x, d, a)))
+    size = groups_of(x).shape[1] if x.ndim > 1 else 1
+    pulls = np.linalg.norm(groups_of(d) * groups_of(x), axis=1)
+    for row, pull in zip(got, pulls):
+        if pull <= a * math.sqrt(size) * (1 - 1e-4):
+            assert np.all(row == 0.0)
+        elif pull >= a * math.sqrt(size) * (1 + 1e-4):
+            assert np.any(row != 0.0)
+
+
+@pytest.mark.parametrize("shape", [(3,), (2, 3), (3, 2)])
+def test_weighted_prox_equals_brute_force_minimization(shape, rng):
+    for _ in range(4):
+        x = rng.normal(scale=1.5, size=shape)
+        d = 10.0 ** rng.uniform(-2, 1, size=shape)
+        a, b = rng.uniform(0, 0.8), rng.uniform(0, 0.3)
+        z = as_np(weighted_sparse_group_soft_threshold(x.astype(np.float32), d.astype(np.float32), a, b))
+        best = min(
+            (minimize(weighted_objective, start, args=(x, d, a, b), method="Powell",
+                      options={"xtol": 1e-10, "ftol": 1e-14, "maxiter": 20000})
+             for start in (np.zeros(x.size), x.ravel())),
+            key=lambda r: r.fun,
+        )
+        assert weighted_objective(z, x, d, a, b) <= best.fun + 1e-5
+
+
+def test_weighted_prox_zero_groups_tiny_metric_and_zero_threshold_give_no_nan():
+    x = np.zeros((3, 4), np.float32)
+    x[1] = [1.0, -2.0, 0.5, 0.0]
+    d = np.full_like(x, 1e-30)
+    for a, b in ((0.0, 0.0), (0.1, 0.0), (0.0, 0.1), (10.0, 10.0)):
+        out = as_np(weighted_sparse_group_soft_threshold(x, d, a, b))
+        assert np.all(np.isfinite(out))
+        assert np.all(out[[0, 2]] == 0.0)
+    np.testing.assert_array_equal(as_np(weighted_sparse_group_soft_threshold(x, np.ones_like(x), 0.0, 0.0)), x)
+
+
+# ---------------------------------------------------------------- the penalty gradient
+
+
+def autodiff_gradient(reg, w):
+    if BACKEND == "tensorflow":
+        import tensorflow as tf
+
+        v = tf.Variable(w)
+        with tf.GradientTape() as tape:
+            out = reg(v)
+        grad = tape.gradient(out, v)
+        return np.zeros_like(w) if grad is None else grad.numpy()  # None: not connected
+    import jax
+
+    return np.asarray(jax.grad(lambda x: reg(x))(w))
+
+
+@pytest.mark.parametrize("reg", [GroupLasso(0.3), SparseGroupLasso(0.2, l1=0.05), InputGroupLasso(0.1, l1=0.2)])
+@pytest.mark.parametrize("shape", [(5,), (4, 3), (2, 2, 3, 2)])
+def test_closed_form_penalty_gradient_matches_the_regularizer(reg, shape, rng):
+    w = rng.normal(size=shape).astype(np.float32)
+    if len(shape) > 1:
+        w[..., 0, :] = 0.0  # a zero group
+    w.flat[1] = 0.0  # a zero weight in a live group
+    np.testing.assert_allclose(as_np(kgl_optimizers._penalty_gradient(reg, w)), autodiff_gradient(reg, w),
+                               rtol=1e-5, atol=1e-6)
+
+
+# ---------------------------------------------------------------- one step, by hand
+
+
+def penalized_variable(value, reg):
+    v = keras.Variable(np.asarray(value, np.float32))
+    v.regularizer = reg
+    return v
+
+
+def test_sgd_step_is_update_then_prox_with_threshold_lr_times_lambda(rng):
+    w0 = rng.normal(size=(4, 3)).astype(np.float32)
+    w0[2] *= 0.01  # a small group that the step must zero
+    g = rng.normal(size=(4, 3)).astype(np.float32)
+    reg = SparseGroupLasso(0.2, l1=0.1)
+    v = penalized_variable(w0, reg)
+    opt = Proximal(keras.optimizers.SGD(0.5))
+    opt.build([v])
+    opt.apply([g], [v])
+    u = w0.astype(np.float64) - 0.5 * g
+    expected = as_np(prox.sparse_group_soft_threshold(u.astype(np.float32), 0.5 * 0.2, 0.5 * 0.1))
+    np.testing.assert_allclose(v.numpy(), expected, rtol=1e-6, atol=1e-7)
+    assert opt.iterations.numpy() == 1
+    assert opt.resolved_metric == "euclidean"
+
+
+def test_adam_step_is_the_prox_in_adams_metric(rng):
+    w0 = rng.normal(size=(4, 3)).astype(np.float32)
+    g = rng.normal(size=(4, 3)).astype(np.float32)
+    g[1] = 0.0  # no data gradient: the metric is ~eps there, the group must go
+    reg = SparseGroupLasso(0.05, l1=0.01)
+    v = penalized_variable(w0, reg)
+    inner = keras.optimizers.Adam(0.1)
+    opt = Proximal(inner)
+    opt.build([v])
+    opt.apply([g], [v])
+    # After one Adam step: m = 0.1 g, v = 0.001 g^2, update lr*g/(|g| + eps/sqrt(0.001)) ...
+    eps, lr = inner.epsilon, 0.1
+    d = (np.sqrt(0.001 * g.astype(np.float64) ** 2) + eps) / math.sqrt(1 - 0.999)
+    u = w0 - lr * g / d
+    expected = np_weighted_sgl(u, d, lr * 0.05, lr * 0.01)
+    np.testing.assert_allclose(v.numpy(), expected, rtol=1e-4, atol=1e-6)
+    assert np.all(v.numpy()[1] == 0.0)
+    assert opt.resolved_metric == "preconditioner"
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: keras.optimizers.Adam(0.1),
+        lambda: keras.optimizers.Adam(0.1, amsgrad=True),
+        lambda: keras.optimizers.AdamW(0.1, weight_decay=0.0),
+        lambda: keras.optimizers.RMSprop(0.1),
+        lambda: keras.optimizers.RMSprop(0.1, centered=True),
+        lambda: keras.optimizers.Adagrad(0.1),
+        lambda: keras.optimizers.Adamax(0.1),
+    ],
+    ids=["adam", "amsgrad", "adamw", "rmsprop", "rmsprop-centered", "adagrad", "adamax"],
+)
+def test_preconditioner_table_is_the_optimizers_own_step(make, rng):
+    """d in the table satisfies step = -lr * direction / d, with direction = g at step 1."""
+    w0 = rng.normal(size=(3, 2)).astype(np.float32)
+    g = rng.normal(size=(3, 2)).astype(np.float32)
+    inner = make()
+    v = keras.Variable(w0)
+    inner.build([v])
+    inner.apply([g], [v])
+    step = v.numpy().astype(np.float64) - w0
+    d = as_np(kgl_optimizers._find_preconditioner(inner)(inner, 0, "float32"))
+    np.testing.assert_allclose(d, -0.1 * g / step, rtol=2e-3)
+
+
+def test_nadam_preconditioner_is_sqrt_v_hat_plus_eps(rng):
+    g = rng.normal(size=(3, 2)).astype(np.float32)
+    inner = keras.optimizers.Nadam(0.1)
+    v = keras.Variable(np.zeros((3, 2), np.float32))
+    inner.build([v])
+    inner.apply([g], [v])
+    d = as_np(kgl_optimizers._find_preconditioner(inner)(inner, 0, "float32"))
+    np.testing.assert_allclose(d, np.abs(g) + inner.epsilon, rtol=1e-4)
+
+
+def test_learning_rate_and_schedule_are_the_inner_optimizers():
+    schedule = keras.optimizers.schedules.ExponentialDecay(0.5, decay_steps=1, decay_rate=0.5)
+    reg = GroupLasso(0.1)
+    v = penalized_variable(np.full((2, 2), 1.0), reg)
+    opt = Proximal(keras.optimizers.SGD(schedule))
+    opt.build([v])
+    for lr in (0.5, 0.25):  # the step uses the rate of its own iteration
+        before = v.numpy().astype(np.float64)
+        opt.apply([np.zeros((2, 2), np.float32)], [v])
+        norm = np.linalg.norm(before, axis=1, keepdims=True)
+        np.testing.assert_allclose(v.numpy(), before * (1 - lr * 0.1 * math.sqrt(2) / norm), rtol=1e-6)
+    plain = Proximal(keras.optimizers.SGD(0.5))
+    plain.learning_rate = 0.125
+    assert float(plain.inner_optimizer.learning_rate) == 0.125
+    assert float(plain.learning_rate) == 0.125
+
+
+def test_inside_loss_scale_optimizer(rng):
+    w0 = rng.normal(size=(3, 2)).astype(np.float32)
+    g = rng.normal(size=(3, 2)).astype(np.float32)
+    v = penalized_variable(w0, GroupLasso(0.2))
+    opt = keras.optimizers.LossScaleOptimizer(Proximal(keras.optimizers.SGD(0.5)), initial_scale=64.0)
+    opt.build([v])
+    if BACKEND == "jax":  # LossScaleOptimizer.apply is not eager-safe on JAX; fit uses stateless_apply
+        (new_value,), _ = opt.stateless_apply([u.value for u in opt.variables], [64.0 * g], [v.value])
+    else:
+        opt.apply([64.0 * g], [v])
+        new_value = v.numpy()
+    expected = as_np(prox.group_soft_threshold(w0 - 0.5 * g, 0.5 * 0.2))
+    np.testing.assert_allclose(as_np(new_value), expected, rtol=1e-5, atol=1e-6)
+
+
+def test_build_takes_over_group_penalties_only_and_release_gives_them_back():
+    reg = SparseGroupLasso(0.1)
+    v = penalized_variable(np.ones((2, 2)), reg)
+    other = penalized_variable(np.ones((2, 2)), keras.regularizers.L2(0.1))
+    plain = keras.Variable(np.ones((2,), np.float32))
+    opt = Proximal(keras.optimizers.SGD(0.1))
+    opt.build([v, other, plain])
+    assert v.regularizer is not reg and v.regularizer.penalty is reg
+    assert isinstance(other.regularizer, keras.regularizers.L2)
+    assert plain.regularizer is None
+    # Same value as the penalty (the reported loss), but no gradient.
+    assert float(ops.convert_to_numpy(v.regularizer(v))) == pytest.approx(float(ops.convert_to_numpy(reg(v))))
+    np.testing.assert_array_equal(autodiff_gradient(v.regularizer, np.ones((2, 2), np.float32)), 0.0)
+    opt.release()
+    assert v.regularizer is reg
+
+
+# ---------------------------------------------------------------- training
+
+
+def toy_data(n=128, seed=0):
+    rng = np.random.default_rng(seed)
+    x = rng.normal(size=(n, 8)).astype(np.float32)
+    x[:, 5:] = 0.0  # three dead inputs: their rows get no gradient at all
+    y = (x[:, 0] + x[:, 1] > 0).astype("int32")
+    return x, y
+
+
+def toy_model(factor=0.05, first=None):
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential(
+        [
+            keras.Input((8,)),
+            keras.layers.Dense(6, activation="relu", kernel_regularizer=first or SparseGroupLasso(factor),
+                               bias_regularizer=GroupLasso(1e-3)),
+            keras.layers.Dense(2, activation="softmax", kernel_regularizer=GroupLasso(1e-3)),
+        ]
+    )
+    return model
+
+
+OPTIMIZERS = {
+    "sgd": lambda: keras.optimizers.SGD(0.1),
+    "sgd-momentum": lambda: keras.optimizers.SGD(0.1, momentum=0.9),
+    "adam": lambda: keras.optimizers.Adam(1e-2),
+    "adamw": lambda: keras.optimizers.AdamW(1e-2, weight_decay=1e-3),
+    "rmsprop": lambda: keras.optimizers.RMSprop(1e-2),
+}
+
+
+@pytest.mark.parametrize("name", sorted(OPTIMIZERS))
+def test_training_gives_exact_zero_groups_that_stay_zero(name):
+    x, y = toy_data()
+    model = toy_model()
+    model.compile(Proximal(OPTIMIZERS[name]()), "sparse_categorical_crossentropy", jit_compile=True)
+    history = model.fit(x, y, epochs=4, batch_size=8, verbose=0)
+    kernel = model.layers[0].kernel.numpy()
+    assert np.all(np.isfinite(history.history["loss"]))
+    assert all(np.all(np.isfinite(w.numpy())) for w in model.trainable_weights)
+    assert np.all(kernel[5:] == 0.0)  # exactly zero, no threshold
+    assert np.all(np.linalg.norm(kernel[:2], axis=1) > 0)  # the informative inputs stay
+    model.fit(x, y, epochs=1, batch_size=8, verbose=0)
+    assert np.all(model.layers[0].kernel.numpy()[5:] == 0.0)
+
+
+def test_a_zero_group_comes_back_only_when_the_data_pulls():
+    x, y = toy_data()
+    for factor, comes_back in ((1e-3, True), (3.0, False)):
+        model = toy_model(first=GroupLasso(factor))
+        model.compile(Proximal(keras.optimizers.SGD(0.1)), "sparse_categorical_crossentropy", jit_compile=True)
+        model.build((None, 8))
+        kernel = model.layers[0].kernel.numpy()
+        kernel[0] = 0.0  # the most informative input, switched off
+        model.layers[0].kernel.assign(kernel)
+        model.fit(x, y, epochs=2, batch_size=16, verbose=0)
+        assert np.any(model.layers[0].kernel.numpy()[0] != 0.0) == comes_back
+
+
+def test_reported_loss_includes_the_penalty_value():
+    x, y = toy_data()
+    model = toy_model()
+    model.compile(Proximal(keras.optimizers.SGD(0.1)), "sparse_categorical_crossentropy", jit_compile=True)
+    model.fit(x, y, epochs=1, batch_size=32, verbose=0)
+    loss = model.evaluate(x, y, batch_size=len(x), verbose=0)
+    probs = model.predict(x, verbose=0).astype(np.float64)
+    data_loss = float(np.mean(-np.log(probs[np.arange(len(y)), y])))
+    penalty = sum(float(ops.convert_to_numpy(w.regularizer.penalty(w))) for w in model.trainable_weights
+                  if w.regularizer is not None)
+    assert penalty > 0
+    assert loss == pytest.approx(data_loss + penalty, rel=1e-4)
+
+
+@pytest.mark.skipif(BACKEND != "tensorflow", reason="only TensorFlow builds the optimizer inside the first traced step")
+def test_lazy_build_inside_the_first_step_equals_building_first():
+    x, y = toy_data()
+    weights = []
+    for prebuild in (False, True):
+        model = toy_model()
+        model.compile(Proximal(keras.optimizers.Adam(1e-2)), "sparse_categorical_crossentropy", jit_compile=False)
+        if prebuild:
+            model.optimizer.build(model.trainable_variables)
+        model.fit(x, y, epochs=2, batch_size=32, verbose=0, shuffle=False)
+        weights.append([w.numpy() for w in model.trainable_weights])
+    for a, b in zip(*weights):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+
+
+def test_keras_round_trip_keeps_the_optimizer_state_and_resumes(tmp_path):
+    x, y = toy_data()
+    model = toy_model()
+    model.compile(Proximal(keras.optimizers.Adam(1e-2), name="prox"), "sparse_categorical_crossentropy")
+    model.fit(x, y, epochs=2, batch_size=32, verbose=0, shuffle=False)
+    path = tmp_path / "model.keras"
+    model.save(path)
+    loaded = keras.saving.load_model(path)  # no custom_objects: everything is registered
+    assert isinstance(loaded.optimizer, Proximal)
+    assert isinstance(loaded.optimizer.inner_optimizer, keras.optimizers.Adam)
+    assert loaded.optimizer.name == "prox"
+    assert int(loaded.optimizer.iterations.numpy()) == int(model.optimizer.iterations.numpy()) == 8
+    for a, b in zip(model.optimizer.variables, loaded.optimizer.variables):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    assert isinstance(loaded.layers[0].kernel_regularizer, SparseGroupLasso)
+    assert loaded.layers[0].kernel.regularizer.penalty == loaded.layers[0].kernel_regularizer
+    model.fit(x, y, epochs=2, batch_size=32, verbose=0, shuffle=False)
+    loaded.fit(x, y, epochs=2, batch_size=32, verbose=0, shuffle=False)
+    for a, b in zip(model.trainable_weights, loaded.trainable_weights):
+        np.testing.assert_allclose(a.numpy(), b.numpy(), rtol=1e-5, atol=1e-6)
+
+
+def test_get_config_round_trip_and_keras_serialization():
+    opt = Proximal(keras.optimizers.SGD(0.1, momentum=0.9, nesterov=True), metric="euclidean", name="p")
+    config = opt.get_config()
+    assert config["metric"] == "euclidean" and config["name"] == "p"
+    again = Proximal.from_config(config)
+    assert again.get_config() == config
+    restored = keras.optimizers.deserialize(keras.optimizers.serialize(opt))
+    assert isinstance(restored, Proximal)
+    assert restored.get_config() == config
+    assert restored.inner_optimizer.get_config() == opt.inner_optimizer.get_config()
+
+
+# ---------------------------------------------------------------- arguments
+
+
+def test_metric_auto_resolves_per_optimizer():
+    assert Proximal(keras.optimizers.SGD()).resolved_metric == "euclidean"
+    for cls in (keras.optimizers.Adam, keras.optimizers.AdamW, keras.optimizers.RMSprop, keras.optimizers.Adagrad,
+                keras.optimizers.Nadam, keras.optimizers.Adamax):
+        assert Proximal(cls()).resolved_metric == "preconditioner"
+    assert Proximal(keras.optimizers.Adam(), metric="euclidean").resolved_metric == "euclidean"
+    with pytest.warns(UserWarning, match="no diagonal preconditioner is known for Lion"):
+        assert Proximal(keras.optimizers.Lion()).resolved_metric == "euclidean"
+    assert Proximal("adam").resolved_metric == "preconditioner"
+
+
+def bad(message, *args, **kwargs):
+    with pytest.raises(InvalidParameterError) as info:
+        Proximal(*args, **kwargs)
+    assert str(info.value) == message
+
+
+def test_bad_arguments_are_rejected_with_the_message_form():
+    need = "a keras.optimizers.Optimizer (or a name keras.optimizers.get resolves)"
+    bad(f"Proximal: argument `optimizer` must be {need}; received 3.", 3)
+    bad(f"Proximal: argument `optimizer` must be {need}; received 'no-such-optimizer'.", "no-such-optimizer")
+    bad(f"Proximal: argument `optimizer` must be {need}; received None.", None)
+    bad("Proximal: argument `metric` must be one of 'auto', 'euclidean', 'preconditioner'; received 'adam'.",
+        keras.optimizers.SGD(), metric="adam")
+    bad("Proximal: argument `metric` must be 'euclidean' or 'auto' for an optimizer without a known diagonal "
+        "preconditioner (SGD); 'preconditioner' supports Adam, AdamW, Nadam, Adamax, RMSprop and Adagrad; "
+        "received 'preconditioner'.", keras.optimizers.SGD(), metric="preconditioner")
+    bad("Proximal: argument `clipnorm` must be set on the wrapped optimizer, not on Proximal; received 1.0.",
+        keras.optimizers.SGD(), clipnorm=1.0)
+
+    def rejected(optimizer, constraint):
+        with pytest.raises(InvalidParameterError) as info:
+            Proximal(optimizer)
+        assert str(info.value) == f"Proximal: argument `optimizer` must be {constraint}; received {optimizer!r}."
+
+    rejected(Proximal(keras.optimizers.SGD()), "an optimizer that is not already a Proximal")
+    rejected(keras.optimizers.LossScaleOptimizer(keras.optimizers.SGD()),
+             "an optimizer that is not a LossScaleOptimizer (wrap Proximal in it instead)")
+    built = keras.optimizers.SGD()
+    built.build([keras.Variable(np.ones(2, np.float32))])
+    rejected(built, "an optimizer that is not built yet")
+    rejected(keras.optimizers.Adam(use_ema=True),
+             "an optimizer without use_ema (its averaged weights are never exactly sparse)")
+    rejected(keras.optimizers.Adam(gradient_accumulation_steps=2), "an optimizer without gradient_accumulation_steps")
+
+
+def test_apply_before_build_without_variables_is_an_error():
+    with pytest.raises(ValueError, match="call `optimizer.build"):
+        Proximal(keras.optimizers.SGD()).apply([np.ones(2, np.float32)])
+
+
+# ---------------------------------------------------------------- tf.distribute
+
+MIRRORED = textwrap.dedent(
+    """
+    import os
+    os.environ["KERAS_BACKEND"] = "tensorflow"
+    import tensorflow as tf
+    cpu = tf.config.list_physical_devices("CPU")[0]
+    tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
+    import numpy as np
+    import keras
+    from keras_group_lasso import GroupLasso, Proximal, SparseGroupLasso
+
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(128, 8)).astype("float32")
+    x[:, 5:] = 0.0
+    y = (x[:, 0] + x[:, 1] > 0).astype("int32")
+
+    def train(strategy, make):
+        keras.utils.set_random_seed(0)
+        with strategy.scope():
+            model = keras.Sequential([
+                keras.Input((8,)),
+                keras.layers.Dense(6, activation="relu", kernel_regularizer=SparseGroupLasso(0.1)),
+                keras.layers.Dense(2, kernel_regularizer=GroupLasso(1e-3)),
+            ])
+            # jit_compile=False: XLA cannot place a MirroredStrategy over logical
+            # CPU devices, with or without Proximal.
+            model.compile(Proximal(make()), "sparse_categorical_crossentropy", jit_compile=False)
+        model.fit(x, y, epochs=2, batch_size=8, verbose=0, shuffle=False)
+        return [w.numpy() for w in model.trainable_weights]
+
+    mirrored = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
+    assert mirrored.num_replicas_in_sync == 2
+    for make in (lambda: keras.optimizers.SGD(0.1, momentum=0.9), lambda: keras.optimizers.Adam(1e-2)):
+        a = train(mirrored, make)
+        b = train(tf.distribute.get_strategy(), make)
+        assert all(np.isfinite(w).all() for w in a)
+        assert np.all(a[0][5:] == 0.0), a[0]
+        for u, v in zip(a, b):
+            np.testing.assert_allclose(u, v, atol=1e-3)
+    print("OK")
+    """
+)
+
+
+@pytest.mark.skipif(BACKEND != "tensorflow", reason="tf.distribute.MirroredStrategy is TensorFlow-only")
+def test_mirrored_strategy_on_two_logical_cpus(tmp_path):
+    script = tmp_path / "mirrored.py"
+    script.write_text(MIRRORED)
+    env = dict(os.environ, KERAS_BACKEND="tensorflow", TF_CPP_MIN_LOG_LEVEL="3")
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300, env=env)
+    assert done.returncode == 0 and "OK" in done.stdout, done.stdout[-2000:] + done.stderr[-4000:]
