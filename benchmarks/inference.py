@@ -242,8 +242,8 @@ def main(argv=None):
     lines = [
         "# Inference: dense vs physically pruned",
         "",
-        f"- command: `KERAS_BACKEND={keras.backend.backend()} python benchmarks/inference.py "
-        + " ".join(argv if argv is not None else sys.argv[1:])
+        f"- command: `KERAS_BACKEND={keras.backend.backend()} python benchmarks/inference.py"
+        + "".join(" " + a for a in (argv if argv is not None else sys.argv[1:]))
         + "`",
         f"- date: {datetime.datetime.now().isoformat(timespec='seconds')}",
         f"- machine: {cpu_model()}, {os.cpu_count()} cores (shared with other jobs), "

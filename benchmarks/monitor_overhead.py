@@ -144,8 +144,8 @@ def main(argv=None):
     lines = [
         "# SparsityMonitor overhead per epoch",
         "",
-        f"- command: `KERAS_BACKEND={keras.backend.backend()} python benchmarks/monitor_overhead.py "
-        + " ".join(argv if argv is not None else sys.argv[1:])
+        f"- command: `KERAS_BACKEND={keras.backend.backend()} python benchmarks/monitor_overhead.py"
+        + "".join(" " + a for a in (argv if argv is not None else sys.argv[1:]))
         + "`",
         f"- date: {datetime.datetime.now().isoformat(timespec='seconds')}",
         f"- machine: {cpu_model()}, {os.cpu_count()} cores (shared with other jobs), "
