@@ -60,11 +60,12 @@ weights = hnp.arrays(
         hnp.array_shapes(min_dims=1, max_dims=1, min_side=1, max_side=7),
         hnp.array_shapes(min_dims=2, max_dims=4, min_side=1, max_side=5),
     ),
-    elements=st.floats(-3, 3, width=32),
+    # subnormals are flushed to zero by TensorFlow on CPU; numpy keeps them
+    elements=st.floats(-3, 3, width=32, allow_subnormal=False),
 )
 
 
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=25, deadline=None)
 @given(w=weights, factor=st.floats(0, 1), l1=st.floats(0, 1))
 def test_values_match_numpy(w, factor, l1):
     np.testing.assert_allclose(value(GroupLasso(factor), w), np_group_lasso(w, factor), rtol=1e-4, atol=1e-5)
@@ -107,7 +108,7 @@ def test_roles():
     assert GroupLasso().role == "any"
 
 
-@settings(max_examples=30, deadline=None)
+@settings(max_examples=25, deadline=None)
 @given(w=weights, factor=st.floats(0.01, 1), l1=st.floats(0, 1))
 def test_gradient_matches_numpy_subgradient(w, factor, l1):
     w = w.astype(np.float32)
