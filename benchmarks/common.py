@@ -221,7 +221,7 @@ def save_feature_figure(path, example, panels, title):
     """The paper's Figs. 5/6: an example input, then one strength image per method (white = dropped)."""
     plt = pyplot()
     n = 1 + len(panels)
-    fig, axes = plt.subplots(1, n, figsize=(2.4 * n, 2.8))
+    fig, axes = plt.subplots(1, n, figsize=(2.4 * n, 3.1))
     axes[0].imshow(example, cmap="gray_r")
     axes[0].set_title("example input", fontsize=9)
     for ax, (name, image, kept) in zip(axes[1:], panels):
@@ -231,7 +231,7 @@ def save_feature_figure(path, example, panels, title):
         ax.set_xticks([])
         ax.set_yticks([])
     fig.suptitle(title, fontsize=10)
-    fig.tight_layout()
+    fig.tight_layout(rect=(0, 0, 1, 0.9))
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
