@@ -2,7 +2,7 @@
 
 The paper reproduction (DIGITS sweep, Fashion-MNIST table, peers) and the
 performance benchmarks other modules ship (penalty overhead, monitor
-overhead, proximal training, inference of pruned models, the scikit-learn
+overhead, proximal training and its overhead, inference of pruned models, the scikit-learn
 path), whichever of them exist. ``--quick`` is passed on to the scripts that
 accept it; ``--seeds`` to the paper-reproduction scripts.
 
@@ -29,13 +29,14 @@ BENCHMARKS = {
     "penalty-overhead": ("penalty_overhead.py", False),
     "monitor-overhead": ("monitor_overhead.py", False),
     "proximal": ("proximal_digits.py", False),
+    "proximal-overhead": ("proximal_overhead.py", False),
     "inference": ("inference.py", False),
     "sklearn-path": ("sklearn_path.py", False),
 }
 
 
 def _accepts(script, flag):
-    return flag in script.read_text()
+    return f'add_argument("{flag}"' in script.read_text()
 
 
 def command_for(name, quick=False, seeds=None):

@@ -1,0 +1,35 @@
+"""The RESULTS.md and table helpers of benchmarks/ (the benchmarks themselves are not run here)."""
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from benchmarks import common, run_all  # noqa: E402
+
+
+def test_write_section_appends_then_replaces_in_place(tmp_path):
+    path = tmp_path / "RESULTS.md"
+    path.write_text("# Results\n\nintro\n")
+    common.write_section("a", "First", "one", path=path)
+    common.write_section("b", "Second", "two", path=path)
+    common.write_section("a", "First", "uno $1 \\1", path=path)
+    text = path.read_text()
+    assert text.startswith("# Results\n\nintro\n")
+    assert text.count("<!-- BEGIN a -->") == 1 and "one" not in text
+    assert "uno $1 \\1" in text  # replacement text is taken literally
+    assert text.index("## First") < text.index("## Second")
+
+
+def test_mean_std_and_markdown_table():
+    assert common.mean_std([0.5]) == "0.5"
+    assert common.mean_std([1.0, 3.0], digits=2) == "2.00 ± 1.41"
+    assert common.mean_std([0.9, 0.95], digits=1, scale=100) == "92.5 ± 3.5"
+    table = common.markdown_table(["a", "b"], [[1, 2]])
+    assert table.splitlines() == ["| a | b |", "|---|---|", "| 1 | 2 |"]
+
+
+def test_run_all_passes_quick_and_seeds_to_the_paper_benchmarks():
+    command = run_all.command_for("digits", quick=False, seeds=5)
+    assert command[1].endswith("digits_sweep.py") and command[-2:] == ["--seeds", "5"]
+    assert run_all.command_for("digits", quick=True, seeds=5)[-1] == "--quick"
