@@ -146,17 +146,39 @@ def verdict(records):
     return "\n".join(lines)
 
 
+def _parse_run(text):
+    method, _, factor = text.partition(":")
+    if method not in common.METHODS or not factor:
+        raise argparse.ArgumentTypeError(f"expected METHOD:LAMBDA with METHOD in {sorted(common.METHODS)}; got {text!r}")
+    return method, float(factor)
+
+
+def _earlier_runs(path):
+    """Records of an earlier run and the command that made them (read from RESULTS.md)."""
+    import re
+
+    records = json.loads(path.read_text()) if path.exists() else []
+    text = common.RESULTS_MD.read_text() if common.RESULTS_MD.exists() else ""
+    found = re.search(r"<!-- BEGIN fashion -->.*?- Command: `([^`]*)`", text, re.S)
+    return records, found.group(1) if found else None
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--seeds", type=int, default=1, help="number of seeds 0..N-1 (default 1)")
     parser.add_argument("--epochs", type=int, default=None, help="training epochs (default 25, --quick 2)")
     parser.add_argument("--quick", action="store_true",
                         help="smoke run: L2, SGL and proximal SGL at 1e-4, 2 epochs on 6,000 images; results go to benchmarks/out/")
+    parser.add_argument("--runs", nargs="+", type=_parse_run, default=None, metavar="METHOD:LAMBDA",
+                        help="train only these, e.g. SGL:3e-5 SGL-prox:3e-5 (default: the built-in grid)")
+    parser.add_argument("--append", action="store_true",
+                        help="merge with the runs already in results/fashion_table.json (same settings), keep the figure")
     args = parser.parse_args(argv)
 
     from keras_group_lasso.datasets import load_dataset
 
-    runs = [r for r in (QUICK_RUNS if args.quick else RUNS) if r[0] != "SGL-prox" or common.proximal_available()]
+    runs = args.runs or (QUICK_RUNS if args.quick else RUNS)
+    runs = [r for r in runs if r[0] != "SGL-prox" or common.proximal_available()]
     seeds = list(range(1 if args.quick else args.seeds))
     epochs = args.epochs or (2 if args.quick else 25)
     out = common.HERE / "out" if args.quick else common.RESULTS_DIR
@@ -185,14 +207,26 @@ def main(argv=None):
             (out / "fashion_table.json").write_text(json.dumps(records, indent=1))
     elapsed = time.perf_counter() - t0
 
-    example = data.x_test[list(data.y_test).index(0)].reshape(data.image_shape)
-    common.save_feature_figure(out / "fashion_features.png", example, panels,
-                               f"Fashion-MNIST: strength of each pixel's outgoing weights (seed {seeds[0]}; white = dropped)")
+    notes = []
+    if args.append and not args.quick:
+        earlier, previous_command = _earlier_runs(out / "fashion_table.json")
+        new = {(r["method"], r["factor"], r["seed"]) for r in records}
+        records = [r for r in earlier if (r["method"], r["factor"], r["seed"]) not in new] + records
+        keys = list(dict.fromkeys([(r["method"], r["factor"]) for r in records]))
+        runs = [r for r in RUNS if r in keys] + [r for r in keys if r not in RUNS]
+        (out / "fashion_table.json").write_text(json.dumps(records, indent=1))
+        if previous_command:
+            notes.append(f"Merged with the earlier runs of `{previous_command}` (same settings; every run is in "
+                         "results/fashion_table.json); date and wall time above are those of the added runs only.")
+    else:
+        example = data.x_test[list(data.y_test).index(0)].reshape(data.image_shape)
+        common.save_feature_figure(out / "fashion_features.png", example, panels,
+                                   f"Fashion-MNIST: strength of each pixel's outgoing weights (seed {seeds[0]}; white = dropped)")
     text, check = table(records, runs), verdict(records)
     print(text)
     print(check)
     if not args.quick:
-        notes = [
+        notes = notes + [
             f"784-400-300-100-10, {epochs} epochs (the paper does not state its count; chosen for 2 CPU cores), batch {BATCH}, "
             "Adam lr 1e-3, threshold 1e-3; accuracies measured after thresholding; official 60k/10k split",
             "Training time is the wall time of `fit_epochs` on a machine shared with other jobs: compare within the table only.",
