@@ -178,21 +178,14 @@ class _GroupSparseMLP(SelectorMixin, BaseEstimator):
     def _input_alpha(self):
         return self.alpha if self.input_alpha is None else self.input_alpha
 
-    def _batch_size(self, n_samples):
-        if self.batch_size == "auto":
-            return max(1, min(200, n_samples))
-        if self.batch_size > n_samples:
-            warnings.warn(
-                f"{type(self).__name__}: batch_size={self.batch_size} is larger than the "
-                f"{n_samples} training samples; using {n_samples}.",
-                UserWarning,
-                stacklevel=3,
-            )
-            return n_samples
-        return int(self.batch_size)
+    def _batch_size(self):
+        # Not clipped to the data: a step with more rows than samples takes
+        # rows from consecutive reshuffled passes, and every small data set
+        # then trains with the same batch shape (one compiled step for all).
+        return 200 if self.batch_size == "auto" else int(self.batch_size)
 
     def _spec(self, hidden, n_features, n_outputs, n_train, input_alpha=None):
-        batch_size = self._batch_size(n_train)
+        batch_size = self._batch_size()
         proximal = None
         if self.proximal:
             proximal = (float(self.alpha), float(self._input_alpha() if input_alpha is None else input_alpha))
@@ -267,23 +260,38 @@ class _GroupSparseMLP(SelectorMixin, BaseEstimator):
         return self
 
     def _set_fitted(self, spec, weights, input_alpha):
-        """Export ``weights`` into ``model_`` (thresholded unless proximal) and read the selection."""
-        from keras_group_lasso.analysis import apply_threshold, sparsity_report
+        """Threshold ``weights`` (unless proximal), store them and read the selection."""
+        from keras_group_lasso.analysis import is_zero
 
-        model = _network.build_export_model(spec, self.alpha, input_alpha, weights)
         threshold = 0.0 if self.proximal else float(self.threshold)
+        weights = [np.asarray(w, dtype=np.float32) for w in weights]
         if not self.proximal:
-            apply_threshold(model, threshold)
-        _network.compile_export_model(model, spec, self.learning_rate)
-        report = sparsity_report(model, threshold)
+            # The paper's last step, with the rule of keras_group_lasso.apply_threshold.
+            weights = [np.where(is_zero(w, threshold), np.float32(0), w) for w in weights]
+        report = _network.sparsity_of(spec, weights, threshold)
         support = np.zeros(spec.n_features, dtype=bool)
         support[list(report.selected_features)] = True
-        self.model_ = model
+        self.coefs_ = weights[0::2]
+        self.intercepts_ = weights[1::2]
         self.sparsity_report_ = report
         self.support_ = support
         self._fitted_spec = spec
+        self._fitted_input_alpha = float(input_alpha)
+        self._model = None
         self._pruned = None
         return self
+
+    def _weights(self):
+        return [w for pair in zip(self.coefs_, self.intercepts_) for w in pair]
+
+    def __getstate__(self):
+        # Keras models are rebuilt on demand from coefs_ / intercepts_.
+        state = super().__getstate__()
+        if "_model" in state:
+            state["_model"] = None
+        if "_pruned" in state:
+            state["_pruned"] = None
+        return state
 
     # ------------------------------------------------------------------ the path
 
@@ -358,14 +366,32 @@ class _GroupSparseMLP(SelectorMixin, BaseEstimator):
     # ------------------------------------------------------------------ outputs
 
     def _forward(self, X):
-        # numpy on model_'s current weights: no per-call Keras overhead, the
-        # same numbers on every backend and for any batch size.
+        # numpy on coefs_ / intercepts_: no per-call Keras overhead, the same
+        # numbers on every backend and for any batch size.
         X = self._validate_predict_data(X)
-        return _network.forward(self.model_.get_weights(), X, self._task)
+        return _network.forward(self._weights(), X, self._task)
 
     def _get_support_mask(self):
         check_is_fitted(self)
         return self.support_
+
+    @property
+    def model_(self):
+        """The network as a compiled ``keras.Sequential`` of Dense layers (built on first access).
+
+        Its layers carry this package's penalties at the fitted strengths and
+        its weights are ``coefs_`` / ``intercepts_``, thresholded: save it,
+        inspect it with :func:`keras_group_lasso.sparsity_report`, or train it
+        further. ``predict`` does not read it (it uses ``coefs_`` / ``intercepts_``).
+        """
+        check_is_fitted(self)
+        if self._model is None:
+            model = _network.build_export_model(
+                self._fitted_spec, self.alpha, self._fitted_input_alpha, self._weights()
+            )
+            _network.compile_export_model(model, self._fitted_spec, self.learning_rate)
+            self._model = model
+        return self._model
 
     @property
     def pruned_model_(self):
@@ -388,6 +414,7 @@ class _GroupSparseMLP(SelectorMixin, BaseEstimator):
                 )
                 return None
             self._pruned = prune_model(self.model_, threshold=0.0, inputs="original")
+            self._pruned.compile(loss=self.model_.loss)
         return self._pruned
 
 
@@ -429,7 +456,9 @@ class GroupSparseMLPClassifier(ClassifierMixin, _GroupSparseMLP):
         optimizer: ``"adam"`` (default) or ``"sgd"``.
         learning_rate: step size of the optimizer.
         epochs: passes over the training data.
-        batch_size: ``"auto"`` (``min(200, n_samples)``) or an int.
+        batch_size: rows per training step, ``"auto"`` (200) or an int. A
+            step never has fewer rows: on less data it takes rows from
+            consecutive reshuffled passes (so a "pass" is one step then).
         threshold: weights with ``|w| <= threshold`` become 0 after training.
         proximal: train with :class:`keras_group_lasso.Proximal` (exact zeros;
             the threshold is then not applied).
@@ -447,7 +476,9 @@ class GroupSparseMLPClassifier(ClassifierMixin, _GroupSparseMLP):
         classes_: the class labels.
         n_features_in_, feature_names_in_: as in scikit-learn.
         support_: bool mask of the selected input features.
-        model_: the trained, thresholded ``keras.Sequential`` (compiled).
+        coefs_, intercepts_: the thresholded kernels and biases (as in
+            scikit-learn's MLP); ``predict`` uses them.
+        model_: the same network as a compiled ``keras.Sequential`` (built on first access).
         pruned_model_: the physically smaller model (built on first access).
         sparsity_report_: the :class:`keras_group_lasso.SparsityReport` of ``model_``.
         history_: ``{"loss": [...]}`` per pass (loss includes the penalty), plus

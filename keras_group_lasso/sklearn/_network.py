@@ -210,12 +210,13 @@ class Network:
     def train(self, x, y, passes, seed, monitor, verbose=0):
         """``passes`` reshuffled passes over ``(x, y)`` as one Keras epoch; returns passes run."""
         spec = self.spec
-        batches = _batches(x, y, spec.batch_size, seed)
+        steps = passes * spec.steps_per_pass
+        batches = _batches(x, y, spec.batch_size, steps, seed)
         self.model.stop_training = False
         self.model.fit(
             batches,
             epochs=1,
-            steps_per_epoch=passes * spec.steps_per_pass,
+            steps_per_epoch=steps,
             callbacks=[monitor],
             verbose=verbose,
             shuffle=False,
@@ -256,20 +257,44 @@ def predict_with(model, x, chunk=8192):
     return np.concatenate(out, axis=0)
 
 
-def _batches(x, y, batch_size, seed):
-    """Endless fixed-size mini-batches: consecutive reshuffled passes cut into ``batch_size`` rows.
+_MAX_PRECOMPUTED_INDICES = 2**24
+
+
+def _index_batches(n, batch_size, seed):
+    """Endless row indices: consecutive permutations of ``range(n)`` cut into ``batch_size`` rows.
 
     Every batch has the same shape (so the compiled step is reused); a pass's
     last rows are completed with the first rows of the next permutation.
     """
     rng = np.random.default_rng(seed)
-    n = len(x)
     order = np.empty(0, dtype=np.int64)
     while True:
         while len(order) < batch_size:
             order = np.concatenate([order, rng.permutation(n)])
         rows, order = order[:batch_size], order[batch_size:]
-        yield x[rows], y[rows]
+        yield rows
+
+
+def _batches(x, y, batch_size, steps, seed):
+    """``steps`` mini-batches of ``(x, y)`` for ``fit``: the same rows on every backend.
+
+    On TensorFlow a ``tf.data`` pipeline that gathers precomputed indices (no
+    Python in the loop, and much cheaper to set up than ``from_generator``);
+    elsewhere, or when the index table would be large, a Python generator.
+    """
+    indices = _index_batches(len(x), batch_size, seed)
+    if keras.backend.backend() == "tensorflow" and steps * batch_size <= _MAX_PRECOMPUTED_INDICES:
+        import tensorflow as tf
+
+        table = np.stack([next(indices) for _ in range(steps)]).astype(np.int32)
+        xs, ys = tf.constant(x), tf.constant(y)
+        return tf.data.Dataset.from_tensor_slices(table).map(lambda rows: (tf.gather(xs, rows), tf.gather(ys, rows)))
+
+    def generate():
+        for rows in indices:
+            yield x[rows], y[rows]
+
+    return generate()
 
 
 def glorot_weights(spec, seed):
@@ -412,6 +437,24 @@ def build_export_model(spec, alpha, input_alpha, weights, name="group_sparse_mlp
     model = keras.Sequential(layers, name=name)
     model.set_weights(weights)
     return model
+
+
+_scratch = {}
+_scratch_lock = threading.Lock()
+
+
+def sparsity_of(spec, weights, threshold):
+    """:func:`keras_group_lasso.sparsity_report` of an MLP with ``weights``, on a reused scratch model."""
+    from keras_group_lasso.analysis import sparsity_report
+
+    key = (spec.n_features, spec.hidden, spec.n_outputs, spec.task)
+    with _scratch_lock:
+        model = _scratch.get(key)
+        if model is None:
+            model = _scratch[key] = build_export_model(spec, 0.0, 0.0, weights, name="scratch")
+        else:
+            model.set_weights(weights)
+        return sparsity_report(model, threshold)
 
 
 def compile_export_model(model, spec, learning_rate):

@@ -412,8 +412,6 @@ def run_path(
     """The body of ``estimator.path`` (see :meth:`_GroupSparseMLP.path`)."""
     from sklearn.base import clone
 
-    from keras_group_lasso.analysis import sparsity_report
-
     owner = f"{type(estimator).__name__}.path"
     hidden = estimator._check_params()
     alphas = _check_path_args(owner, alphas, path_multiplier, max_alphas, epochs_per_alpha, refit, keep_weights)
@@ -430,6 +428,15 @@ def run_path(
         y_val = work._encode_validation_targets(y_val)
         X_train, y_train = X, y_encoded
     epochs_per_alpha = epochs_per_alpha or max(1, estimator.epochs // 8)
+    if not estimator.proximal and estimator.learning_rate > estimator.threshold:
+        warnings.warn(
+            f"{owner}: learning_rate={estimator.learning_rate!r} is larger than threshold="
+            f"{estimator.threshold!r}; under subgradient training useless weights keep moving by "
+            "about the learning rate, so few features fall below the threshold and leave. "
+            "Use learning_rate <= threshold or proximal=True.",
+            UserWarning,
+            stacklevel=3,
+        )
     threshold = 0.0 if estimator.proximal else float(estimator.threshold)
     phase_seeds = np.random.default_rng(data_seed)
 
@@ -443,14 +450,8 @@ def run_path(
     points = []
     start = time.perf_counter()
 
-    # One scratch model reads every point's weights (building a Keras model per point costs more).
-    scratch = _network.build_export_model(
-        spec_for_export, work.alpha, 0.0, _network.glorot_weights(spec_for_export, 0)
-    )
-
     def export(weights):
-        scratch.set_weights(weights)
-        return scratch, sparsity_report(scratch, threshold)
+        return None, _network.sparsity_of(spec_for_export, weights, threshold)
 
     def score(weights):
         return float(work._score_outputs(_network.forward(weights, X_val, work._task), y_val))
@@ -475,7 +476,7 @@ def run_path(
             else:
                 passes = train(network, epochs_per_alpha)
             selected = _threshold(network.get_weights(), threshold)
-            model, report = export(selected)
+            _, report = export(selected)
             penalized_score = score(selected)
             kept = np.zeros(n_features, dtype=bool)
             kept[list(report.selected_features)] = True
@@ -490,7 +491,7 @@ def run_path(
                 passes += train(network, epochs_per_alpha)
                 final = _threshold(network.get_weights(), threshold)
                 final[0][~mask] = 0
-                model, final_report = export(final)
+                _, final_report = export(final)
                 final_score = score(final)
             network = runner.use(alpha if index + 1 >= len(grid) else float(grid[index + 1]))
             network.set_weights(selected)

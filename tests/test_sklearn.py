@@ -1,0 +1,445 @@
+"""keras_group_lasso.sklearn: scikit-learn conventions, feature selection, the regularization path."""
+
+import logging
+import math
+
+import keras
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from sklearn.base import clone
+from sklearn.datasets import make_classification, make_regression
+from sklearn.model_selection import GridSearchCV
+from sklearn.pipeline import make_pipeline
+from sklearn.preprocessing import MinMaxScaler
+from sklearn.utils._param_validation import InvalidParameterError as SklearnInvalidParameterError
+from sklearn.utils.estimator_checks import parametrize_with_checks
+
+from keras_group_lasso import InvalidParameterError, sparsity_report
+from keras_group_lasso.sklearn import (
+    GroupSparseMLPClassifier,
+    GroupSparseMLPRegressor,
+    ParameterError,
+    PathPoint,
+    RegularizationPath,
+    input_group_strengths,
+)
+from keras_group_lasso.sklearn import _network
+
+# Small and quick, yet able to pass scikit-learn's accuracy checks (> 0.83 on blobs).
+FAST = dict(hidden_layer_sizes=(8,), epochs=10, learning_rate=0.05, alpha=1e-4, random_state=0)
+
+# Checks expected to fail, and why (scikit-learn >= 1.6 reads this dict).
+EXPECTED_FAILED_CHECKS = {}
+
+
+@parametrize_with_checks(
+    [GroupSparseMLPClassifier(**FAST), GroupSparseMLPRegressor(**FAST)],
+    expected_failed_checks=lambda est: EXPECTED_FAILED_CHECKS,
+)
+def test_sklearn_estimator_checks(estimator, check):
+    check(estimator)
+
+
+# ----------------------------------------------------------------------------- data
+
+
+def _selection_problem(n=600, seed=0):
+    """12 uniform columns; the label depends on the first 3 only: ``x0 + x1 - x2 > 0.5``."""
+    rng = np.random.default_rng(seed)
+    x = rng.uniform(size=(n, 12)).astype("float32")
+    y = (x[:, 0] + x[:, 1] - x[:, 2] > 0.5).astype(int)
+    return x, y
+
+
+@pytest.fixture(scope="module")
+def selection_problem():
+    return _selection_problem()
+
+
+@pytest.fixture(scope="module")
+def fitted(selection_problem):
+    """Proximal training: exact zeros, so the noise columns leave for sure."""
+    x, y = selection_problem
+    est = GroupSparseMLPClassifier(
+        hidden_layer_sizes=(16,), alpha=1e-2, epochs=100, learning_rate=3e-3, batch_size=50, proximal=True, random_state=0
+    )
+    return est.fit(x, y)
+
+
+@pytest.fixture(scope="module")
+def fitted_subgradient(selection_problem):
+    x, y = selection_problem
+    return GroupSparseMLPClassifier(**dict(FAST, epochs=30)).fit(x, y)
+
+
+# ----------------------------------------------------------------------------- parameters
+
+
+@pytest.mark.parametrize(
+    "params, message",
+    [
+        ({"alpha": -1.0}, "The 'alpha' parameter of GroupSparseMLPClassifier must be a float in the range [0.0, inf). Got -1.0 instead."),
+        ({"penalty": "elastic"}, "The 'penalty' parameter of GroupSparseMLPClassifier must be a str among"),
+        ({"epochs": 0}, "The 'epochs' parameter of GroupSparseMLPClassifier must be an int in the range [1, inf). Got 0 instead."),
+        ({"learning_rate": 0}, "The 'learning_rate' parameter of GroupSparseMLPClassifier must be a float in the range (0.0, inf). Got 0 instead."),
+        ({"batch_size": "big"}, "The 'batch_size' parameter of GroupSparseMLPClassifier must be"),
+        ({"proximal": "yes"}, "The 'proximal' parameter of GroupSparseMLPClassifier must be an instance of 'bool'"),
+        ({"validation_fraction": 1.0}, "The 'validation_fraction' parameter of GroupSparseMLPClassifier must be a float in the range (0.0, 1.0). Got 1.0 instead."),
+        ({"hidden_layer_sizes": (4, 0)}, "The 'hidden_layer_sizes' parameter of GroupSparseMLPClassifier must be an int >= 1 or a sequence of ints >= 1. Got (4, 0) instead."),
+        ({"hidden_layer_sizes": (4, 2.5)}, "The 'hidden_layer_sizes' parameter of GroupSparseMLPClassifier must be an int >= 1 or a sequence of ints >= 1. Got (4, 2.5) instead."),
+    ],
+)
+def test_bad_parameters_fail_at_fit_with_sklearn_messages(params, message):
+    est = GroupSparseMLPClassifier(**params)  # __init__ only stores
+    assert est.get_params()[next(iter(params))] == next(iter(params.values()))
+    with pytest.raises(ParameterError) as info:
+        est.fit(np.zeros((4, 2)), [0, 1, 0, 1])
+    assert str(info.value).startswith(message)
+    # Both libraries' error types (and ValueError / TypeError) catch it.
+    assert isinstance(info.value, InvalidParameterError)
+    assert isinstance(info.value, SklearnInvalidParameterError)
+
+
+def test_one_class_is_refused():
+    with pytest.raises(ValueError) as info:
+        GroupSparseMLPClassifier(**FAST).fit(np.zeros((4, 2)), [3, 3, 3, 3])
+    assert str(info.value) == (
+        "GroupSparseMLPClassifier: argument `y` must contain at least 2 classes; received 1 class (np.int64(3))."
+    )
+
+
+def test_batch_larger_than_data_repeats_rows():
+    x, y = _selection_problem(n=40)
+    est = GroupSparseMLPClassifier(**FAST).fit(x, y)  # batch_size "auto": 200 rows a step
+    assert est._fitted_spec.batch_size == 200 and est._fitted_spec.steps_per_pass == 1
+    assert est.n_iter_ == FAST["epochs"]
+    rows = next(_network._index_batches(40, 200, seed=0))
+    # 5 consecutive permutations: every row exactly 5 times in the step
+    assert len(rows) == 200 and set(np.bincount(rows, minlength=40)) == {5}
+
+
+def test_get_set_params_and_clone():
+    est = GroupSparseMLPClassifier(alpha=0.5, penalty="group")
+    assert est.get_params()["alpha"] == 0.5
+    est.set_params(alpha=0.25, hidden_layer_sizes=(3,))
+    twin = clone(est)
+    assert twin.get_params() == est.get_params() and twin is not est
+
+
+# ----------------------------------------------------------------------------- fitting and selection
+
+
+def test_noise_features_are_dropped(fitted, selection_problem):
+    x, y = selection_problem
+    support = fitted.get_support()
+    np.testing.assert_array_equal(support, [True] * 3 + [False] * 9)
+    assert fitted.score(x, y) > 0.95
+    np.testing.assert_array_equal(fitted.transform(x), x[:, support])
+    np.testing.assert_array_equal(fitted.get_support(indices=True), [0, 1, 2])
+    # Proximal: the dropped input groups are exact zeros (no threshold needed).
+    assert np.all(fitted.coefs_[0][3:] == 0) and np.all(np.any(fitted.coefs_[0][:3] != 0, axis=1))
+
+
+def test_fitted_attributes(fitted_subgradient):
+    est = fitted_subgradient
+    assert est.n_features_in_ == 12
+    np.testing.assert_array_equal(est.classes_, [0, 1])
+    assert len(est.history_["loss"]) == est.n_iter_ == 30
+    assert est.loss_ == est.history_["loss"][-1]
+    assert [w.shape for w in est.coefs_] == [(12, 8), (8, 2)]
+    # Thresholded like apply_threshold: no weight is non-zero but <= threshold.
+    for w in est.coefs_ + est.intercepts_:
+        assert not np.any((w != 0) & (np.abs(w) <= est.threshold))
+    assert est.sparsity_report_.selected_features == tuple(np.flatnonzero(est.support_))
+
+
+def test_predict_proba_matches_the_keras_model(fitted, selection_problem):
+    x, _ = selection_problem
+    model = fitted.model_
+    assert model is fitted.model_  # built once
+    keras_proba = keras.ops.convert_to_numpy(model(x, training=False))
+    np.testing.assert_allclose(fitted.predict_proba(x), keras_proba, atol=1e-5)
+    np.testing.assert_allclose(fitted.predict_proba(x).sum(axis=1), 1.0, atol=1e-12)
+    assert sparsity_report(model).selected_features == fitted.sparsity_report_.selected_features
+    np.testing.assert_array_equal(fitted.predict(x), fitted.classes_[fitted.predict_proba(x).argmax(axis=1)])
+
+
+def test_pruned_model_is_smaller_and_equal(fitted, selection_problem):
+    x, _ = selection_problem
+    pruned = fitted.pruned_model_
+    assert pruned.count_params() < fitted.model_.count_params()
+    assert tuple(pruned.kept_features) == tuple(np.flatnonzero(fitted.support_))
+    np.testing.assert_allclose(
+        keras.ops.convert_to_numpy(pruned(x, training=False)), fitted.predict_proba(x), atol=1e-5
+    )
+
+
+def test_model_saves_and_loads(fitted, selection_problem, tmp_path):
+    x, _ = selection_problem
+    path = tmp_path / "model.keras"
+    fitted.model_.save(path)
+    loaded = keras.saving.load_model(path)
+    np.testing.assert_allclose(keras.ops.convert_to_numpy(loaded(x)), fitted.predict_proba(x), atol=1e-6)
+
+
+def test_same_seed_same_model_cache_or_not(selection_problem):
+    x, y = selection_problem
+    params = dict(FAST, epochs=3)
+    a = GroupSparseMLPClassifier(**params).fit(x, y)
+    b = GroupSparseMLPClassifier(**params).fit(x, y)  # reuses the cached training network
+    _network.clear_cache()
+    c = GroupSparseMLPClassifier(**params).fit(x, y)  # a freshly compiled one
+    d = GroupSparseMLPClassifier(**dict(params, random_state=1)).fit(x, y)
+    for w_a, w_b, w_c in zip(a.coefs_, b.coefs_, c.coefs_):
+        np.testing.assert_array_equal(w_a, w_b)
+        np.testing.assert_array_equal(w_a, w_c)
+    assert not np.array_equal(a.coefs_[0], d.coefs_[0])
+
+
+def test_alpha_changes_without_a_new_network(selection_problem, monkeypatch):
+    x, y = selection_problem
+    GroupSparseMLPClassifier(**FAST).fit(x, y)
+    built = []
+    original = _network.Network.__init__
+    monkeypatch.setattr(_network.Network, "__init__", lambda self, spec: (built.append(spec), original(self, spec))[1])
+    weak = GroupSparseMLPClassifier(**dict(FAST, alpha=0.0)).fit(x, y)
+    strong = GroupSparseMLPClassifier(**dict(FAST, alpha=0.05, learning_rate=0.01)).fit(x, y)
+    assert built == []  # same shapes: the compiled network is reused, alpha is a variable
+    assert np.linalg.norm(strong.coefs_[0]) < 0.5 * np.linalg.norm(weak.coefs_[0])
+
+
+@pytest.mark.parametrize("penalty", ["sgl", "group", "l1", "l2"])
+def test_layer_penalties(penalty):
+    from keras_group_lasso.regularizers import GroupSparseRegularizer
+
+    first, first_bias = _network.layer_penalties(penalty, 0.01, 0.5, 0, input_alpha=0.03)
+    second, second_bias = _network.layer_penalties(penalty, 0.01, 0.5, 1, input_alpha=0.03)
+    if penalty in ("l1", "l2"):
+        assert first.get_config() == {penalty: pytest.approx(0.03)}
+        assert second.get_config() == first_bias.get_config() == {penalty: pytest.approx(0.01)}
+        return
+    ratio = 0.5 if penalty == "sgl" else 0.0
+    assert isinstance(first, GroupSparseRegularizer) and isinstance(second, GroupSparseRegularizer)
+    assert (first.role, first.factor, first.l1) == ("input", pytest.approx(0.03), pytest.approx(0.03 * ratio))
+    assert (second.role, second.factor, second.l1) == ("hidden", pytest.approx(0.01), pytest.approx(0.01 * ratio))
+    assert (second_bias.factor, second_bias.l1) == (pytest.approx(0.01), pytest.approx(0.01 * ratio))
+
+
+def test_keras_model_carries_the_fitted_penalties(fitted):
+    first, second = fitted.model_.layers[0], fitted.model_.layers[1]
+    assert first.kernel_regularizer == _network.layer_penalties("sgl", 1e-2, 1.0, 0)[0]
+    assert second.kernel_regularizer == _network.layer_penalties("sgl", 1e-2, 1.0, 1)[0]
+
+
+def test_early_stopping_stops_and_records_scores(selection_problem):
+    x, y = selection_problem
+    est = GroupSparseMLPClassifier(
+        **dict(FAST, epochs=200, early_stopping=True, n_iter_no_change=3, tol=1.0)
+    ).fit(x, y)
+    assert est.n_iter_ == 4  # the first pass sets the best score; no later one can gain 1.0
+    assert len(est.history_["val_score"]) == len(est.history_["loss"]) == 4
+
+
+def test_verbose_logs_one_line_per_pass(selection_problem, caplog):
+    x, y = selection_problem
+    with caplog.at_level(logging.INFO, logger="keras_group_lasso.sklearn"):
+        GroupSparseMLPClassifier(**dict(FAST, epochs=3, verbose=1)).fit(x, y)
+    lines = [r.getMessage() for r in caplog.records if r.name == "keras_group_lasso.sklearn"]
+    assert len(lines) == 3 and lines[0].startswith("pass 1: loss ")
+
+
+def test_regressor_shapes_and_selection():
+    x, y = make_regression(n_samples=300, n_features=8, n_informative=3, shuffle=False, noise=0.1, random_state=0)
+    y = (y - y.mean()) / y.std()
+    reg = GroupSparseMLPRegressor(
+        hidden_layer_sizes=(16,), alpha=1e-2, epochs=100, learning_rate=3e-3, batch_size=50, proximal=True, random_state=0
+    )
+    reg.fit(x, y)
+    assert reg.predict(x).shape == (300,)
+    assert reg.score(x, y) > 0.9
+    np.testing.assert_array_equal(reg.get_support(), [True] * 3 + [False] * 5)
+    assert reg.n_outputs_ == 1  # (several outputs: scikit-learn's check_regressor_multioutput above)
+
+
+def test_pipeline_and_grid_search(selection_problem):
+    x, y = selection_problem
+    pipe = make_pipeline(MinMaxScaler(), GroupSparseMLPClassifier(**FAST))
+    search = GridSearchCV(pipe, {"groupsparsemlpclassifier__alpha": [1e-4, 1e-1]}, cv=2).fit(x, y)
+    assert search.best_params_ == {"groupsparsemlpclassifier__alpha": 1e-4}
+    assert search.score(x, y) > 0.8
+    assert search.best_estimator_[-1].transform(x).shape[1] == search.best_estimator_[-1].support_.sum()
+
+
+def test_dataframe_feature_names(selection_problem):
+    pd = pytest.importorskip("pandas")
+    x, y = selection_problem
+    frame = pd.DataFrame(x, columns=[f"f{i}" for i in range(x.shape[1])])
+    est = GroupSparseMLPClassifier(**FAST).fit(frame, y)
+    np.testing.assert_array_equal(est.feature_names_in_, frame.columns)
+    np.testing.assert_array_equal(est.get_feature_names_out(), frame.columns[est.support_])
+
+
+def test_pickle_round_trip(fitted, selection_problem):
+    import pickle
+
+    x, _ = selection_problem
+    fitted.model_  # noqa: B018 - built and then dropped by pickling
+    again = pickle.loads(pickle.dumps(fitted))
+    np.testing.assert_array_equal(again.predict_proba(x), fitted.predict_proba(x))
+    np.testing.assert_array_equal(again.support_, fitted.support_)
+
+
+# ----------------------------------------------------------------------------- the gradient estimate
+
+
+def _numeric_group_gradient(weights, x, y, j, task, eps=1e-6):
+    """Central differences of the mean loss w.r.t. W1[j, :] at W1[j, :] = 0."""
+    weights = [w.astype(np.float64).copy() for w in weights]
+    weights[0][j] = 0.0
+
+    def loss(w):
+        out = _network.forward(w, x, task)
+        if task == "classification":
+            return -np.mean(np.log(out[np.arange(len(y)), y]))
+        return np.mean((out - y.reshape(len(y), -1)) ** 2)
+
+    grad = np.zeros(weights[0].shape[1])
+    for k in range(len(grad)):
+        plus = [w.copy() for w in weights]
+        minus = [w.copy() for w in weights]
+        plus[0][j, k] += eps
+        minus[0][j, k] -= eps
+        grad[k] = (loss(plus) - loss(minus)) / (2 * eps)
+    return grad
+
+
+@settings(max_examples=25, deadline=None)
+@given(seed=st.integers(0, 10_000), task=st.sampled_from(["classification", "regression"]))
+def test_input_group_strengths_against_finite_differences(seed, task):
+    rng = np.random.default_rng(seed)
+    n, d, sizes = 20, 4, (5, 3)
+    x = rng.normal(size=(n, d))
+    y = rng.integers(0, 3, size=n) if task == "classification" else rng.normal(size=(n, 3))
+    dims = (d,) + sizes + (3,)
+    weights = []
+    for a, b in zip(dims[:-1], dims[1:]):
+        weights += [rng.normal(size=(a, b)), rng.normal(size=b) * 0.1]
+    group = input_group_strengths(weights, x, y, task, penalty="group")
+    l1 = input_group_strengths(weights, x, y, task, penalty="l1")
+    sgl = input_group_strengths(weights, x, y, task, penalty="sgl", l1_ratio=0.5)
+    for j in range(d):
+        g = _numeric_group_gradient(weights, x, y, j, task)
+        assert group[j] == pytest.approx(np.linalg.norm(g) / math.sqrt(len(g)), rel=1e-4, abs=1e-9)
+        assert l1[j] == pytest.approx(np.abs(g).max(), rel=1e-4, abs=1e-9)
+        # At the returned strength a, zero is exactly on the edge of optimality.
+        a = sgl[j]
+        shrunk = np.maximum(np.abs(g) - 0.5 * a, 0.0)
+        assert np.linalg.norm(shrunk) == pytest.approx(a * math.sqrt(len(g)), rel=1e-3, abs=1e-9)
+        assert a <= group[j] + 1e-12
+
+
+# ----------------------------------------------------------------------------- the path
+
+
+@pytest.fixture(scope="module")
+def path_result(selection_problem):
+    x, y = selection_problem
+    # learning_rate <= threshold: under Adam a useless weight moves by about the
+    # learning rate per step, so with a larger one nothing falls below the threshold.
+    est = GroupSparseMLPClassifier(
+        hidden_layer_sizes=(16,), alpha=1e-3, epochs=30, learning_rate=1e-3, batch_size=50, random_state=0
+    )
+    return est, est.path(x, y, path_multiplier=1.6, epochs_per_alpha=8)
+
+
+def test_path_runs_from_dense_to_empty(path_result):
+    est, path = path_result
+    assert isinstance(path, RegularizationPath) and all(isinstance(p, PathPoint) for p in path)
+    assert path[0].alpha == 0.0 and path[0].n_features == 12
+    assert path[-1].n_features == 0
+    assert np.all(np.diff(path.alphas) > 0)
+    assert np.all(np.diff(path.n_selected) <= 0)  # features that left stay out
+    assert not hasattr(est, "coefs_")  # the estimator is not fitted by path()
+
+
+def test_path_keeps_informative_features_longest(path_result):
+    _, path = path_result
+    importance = path.feature_importances_
+    assert importance[:3].min() > importance[3:].max()
+    assert path.best(max_features=3).score > 0.9
+
+
+def test_feature_importances_are_exit_strengths(path_result):
+    _, path = path_result
+    importance = path.feature_importances_
+    for j in range(path.n_features_in):
+        inside = [j in p.selected_features for p in path]
+        first_out = inside.index(False)
+        assert importance[j] == path[first_out].alpha
+        assert all(inside[:first_out])
+
+
+def test_path_points_rebuild_estimators(path_result, selection_problem):
+    x, y = selection_problem
+    _, path = path_result
+    point = path.best(max_features=6)
+    assert point.n_features <= 6
+    est = path.estimator(point)
+    np.testing.assert_array_equal(est.get_support(indices=True), point.selected_features)
+    assert est.n_features_in_ == 12 and est.input_alpha == 0.0
+    assert est.predict(x).shape == (len(x),)
+
+
+def test_path_with_given_alphas_and_validation_data_is_reproducible(selection_problem):
+    x, y = selection_problem
+    est = GroupSparseMLPClassifier(**dict(FAST, epochs=6))
+    alphas = [1e-3, 1e-2, 1e-1]
+    first = est.path(x[:300], y[:300], alphas, validation_data=(x[300:], y[300:]), epochs_per_alpha=2, refit=False)
+    again = est.path(x[:300], y[:300], alphas, validation_data=(x[300:], y[300:]), epochs_per_alpha=2, refit=False)
+    np.testing.assert_array_equal(first.alphas, alphas)
+    assert [p.selected_features for p in first] == [p.selected_features for p in again]
+    np.testing.assert_array_equal(first.scores, again.scores)
+    for p in first:
+        assert p.score == p.penalized_score  # no refit
+        assert path_score(first, p, x[300:], y[300:]) == pytest.approx(p.score)
+
+
+def path_score(path, point, x, y):
+    return path.estimator(point).score(x, y)
+
+
+def test_path_plot(path_result):
+    matplotlib = pytest.importorskip("matplotlib")
+    matplotlib.use("Agg")
+    _, path = path_result
+    ax = path.plot()
+    x_data, y_data = ax.lines[0].get_data()
+    np.testing.assert_array_equal(x_data, path.n_selected)
+    np.testing.assert_array_equal(y_data, path.scores)
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"alphas": [0.1, 0.01]}, "GroupSparseMLPClassifier.path: argument `alphas` must be None or a 1-d increasing sequence of finite numbers >= 0; received [0.1, 0.01]."),
+        ({"alphas": [-1.0]}, "GroupSparseMLPClassifier.path: argument `alphas` must be None or a 1-d increasing sequence of finite numbers >= 0; received [-1.0]."),
+        ({"path_multiplier": 1.0}, "GroupSparseMLPClassifier.path: argument `path_multiplier` must be a finite number > 1; received 1.0."),
+        ({"max_alphas": 1}, "GroupSparseMLPClassifier.path: argument `max_alphas` must be an integer >= 2; received 1."),
+        ({"epochs_per_alpha": 0}, "GroupSparseMLPClassifier.path: argument `epochs_per_alpha` must be None or an integer >= 1; received 0."),
+        ({"refit": 1}, "GroupSparseMLPClassifier.path: argument `refit` must be True or False; received 1."),
+        ({"validation_data": (1, 2, 3)}, "GroupSparseMLPClassifier.path: argument `validation_data` must be None or a pair (X_val, y_val); received (1, 2, 3)."),
+    ],
+)
+def test_path_argument_errors(kwargs, message, selection_problem):
+    x, y = selection_problem
+    with pytest.raises(InvalidParameterError) as info:
+        GroupSparseMLPClassifier(**FAST).path(x, y, **kwargs)
+    assert str(info.value) == message
+
+
+def test_best_errors(path_result):
+    _, path = path_result
+    with pytest.raises(InvalidParameterError, match="argument `max_features` must be an integer >= 0 or None; received -1."):
+        path.best(max_features=-1)
