@@ -187,6 +187,9 @@ def main(argv=None):
     data = load_dataset("fashion-mnist")
     if args.quick:
         data = dataclasses.replace(data, x_train=data.x_train[:6000], y_train=data.y_train[:6000])
+    append = args.append and not args.quick
+    if append:  # read before training: the loop below rewrites the json after every run
+        earlier, previous_command = _earlier_runs(out / "fashion_table.json")
     started, t0 = common.now(), time.perf_counter()
     common.say(f"Fashion-MNIST: {len(data.x_train)} training images, runs {runs}, seeds {seeds}, {epochs} epochs")
     records, panels = [], []
@@ -204,12 +207,11 @@ def main(argv=None):
                 f"test {record['test_accuracy']:.4f}, {record['seconds']:.0f} s, sizes {record['layer_sizes']}, "
                 f"params {record['params_after']:,} (eta {elapsed / done * (total - done) / 60:.1f} min)"
             )
-            (out / "fashion_table.json").write_text(json.dumps(records, indent=1))
+            (out / "fashion_table.json").write_text(json.dumps((earlier if append else []) + records, indent=1))
     elapsed = time.perf_counter() - t0
 
     notes = []
-    if args.append and not args.quick:
-        earlier, previous_command = _earlier_runs(out / "fashion_table.json")
+    if append:
         new = {(r["method"], r["factor"], r["seed"]) for r in records}
         records = [r for r in earlier if (r["method"], r["factor"], r["seed"]) not in new] + records
         keys = list(dict.fromkeys([(r["method"], r["factor"]) for r in records]))
