@@ -3,7 +3,7 @@
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # benchmarks/ is not installed
 
 from benchmarks import common, run_all  # noqa: E402
 
@@ -33,3 +33,20 @@ def test_run_all_passes_quick_and_seeds_to_the_paper_benchmarks():
     command = run_all.command_for("digits", quick=False, seeds=5)
     assert command[1].endswith("digits_sweep.py") and command[-2:] == ["--seeds", "5"]
     assert run_all.command_for("digits", quick=True, seeds=5)[-1] == "--quick"
+
+
+def test_cli_bench_runs_the_script_with_quick_and_seeds(monkeypatch):
+    import subprocess
+
+    from keras_group_lasso import cli
+
+    calls = []
+    monkeypatch.setattr(subprocess, "call", lambda command, cwd: calls.append((command, cwd)) or 0)
+    assert cli.main(["bench", "digits", "--quick", "--seeds", "2"]) == 0
+    (command, cwd), = calls
+    assert command[0] == sys.executable
+    assert Path(command[1]) == Path(cwd) / "benchmarks" / "digits_sweep.py"
+    assert command[2:] == ["--quick", "--seeds", "2"]
+    calls.clear()
+    assert cli.main(["bench", "all"]) == 0
+    assert Path(calls[0][0][1]).name == "run_all.py" and calls[0][0][2:] == []
