@@ -187,9 +187,19 @@ def main(argv=None):
                         help="penalties to compare (default all; SGL-prox only when Proximal exists)")
     parser.add_argument("--quick", action="store_true",
                         help="smoke run: 1 seed, lambda in {1e-2, 1e-3, 1e-4}, 30 epochs; results go to benchmarks/out/")
+    parser.add_argument("--fig5-only", action="store_true",
+                        help=f"only redraw results/digits_features.png (seed 0, lambda={FIG5_FACTOR:g}; same runs as the sweep's)")
     args = parser.parse_args(argv)
 
     methods = args.methods or [m for m in common.METHODS if m != "SGL-prox" or common.proximal_available()]
+    if args.fig5_only:
+        _, images = sweep(methods, (FIG5_FACTOR,), [0], args.epochs or 200)
+        example = images.pop("example")
+        path = common.save_feature_figure(
+            common.RESULTS_DIR / "digits_features.png", example, [(m, *images[m]) for m in methods],
+            f"DIGITS: strength of each pixel's outgoing weights (λ={FIG5_FACTOR:g}, seed 0; white = dropped)")
+        common.say(f"wrote {path}")
+        return 0
     seeds = list(range(1 if args.quick else args.seeds))
     factors = (1e-2, 1e-3, 1e-4) if args.quick else FACTORS
     epochs = args.epochs or (30 if args.quick else 200)
