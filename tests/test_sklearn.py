@@ -439,7 +439,18 @@ def test_path_argument_errors(kwargs, message, selection_problem):
     assert str(info.value) == message
 
 
+def test_best_with_tolerance_prefers_fewer_features(path_result):
+    _, path = path_result
+    top = path.best()
+    assert top.score == path.scores.max()
+    loose = path.best(tolerance=0.05)
+    assert loose.n_features <= top.n_features and loose.score >= top.score - 0.05
+    assert path.best(tolerance=1.0).n_features == path.n_selected.min()
+
+
 def test_best_errors(path_result):
     _, path = path_result
     with pytest.raises(InvalidParameterError, match="argument `max_features` must be an integer >= 0 or None; received -1."):
         path.best(max_features=-1)
+    with pytest.raises(InvalidParameterError, match="argument `tolerance` must be a finite number >= 0; received -0.1."):
+        path.best(tolerance=-0.1)

@@ -331,7 +331,7 @@ class _GroupSparseMLP(SelectorMixin, BaseEstimator):
             path_multiplier: ratio of consecutive strengths of the automatic grid (> 1).
             max_alphas: most points of the automatic grid (>= 2).
             epochs_per_alpha: passes per point (and per refit); ``None``:
-                ``max(1, epochs // 8)``.
+                ``max(1, epochs // 4)``.
             refit: retrain each point on its features before scoring it.
             keep_weights: keep each point's weights (needed by
                 :meth:`RegularizationPath.estimator`).

@@ -34,7 +34,7 @@ import warnings
 
 import numpy as np
 
-from keras_group_lasso._validation import fail
+from keras_group_lasso._validation import check_non_negative, fail
 from keras_group_lasso.sklearn import _network
 
 __all__ = ["PathPoint", "RegularizationPath", "input_group_strengths"]
@@ -154,29 +154,38 @@ class RegularizationPath:
             left |= newly
         return out
 
-    def best(self, max_features=None):
-        """The point with the highest score among those with at most ``max_features`` features.
+    def best(self, max_features=None, tolerance=0.0):
+        """The best point with at most ``max_features`` features.
 
-        Ties go to fewer features, then to the larger ``alpha``.
+        Among the points with at most ``max_features`` features (all when
+        ``None``), those whose score is within ``tolerance`` of the highest
+        score are equally good; the one with the fewest features wins (then
+        the higher score, then the larger ``alpha``). ``tolerance=0`` picks
+        the highest score.
 
         Raises:
-            InvalidParameterError: ``max_features`` is not an int >= 0, or no
-                point has that few features.
+            InvalidParameterError: ``max_features`` is not an int >= 0, no
+                point has that few features, or ``tolerance`` is not a finite
+                number >= 0.
         """
+        owner = "RegularizationPath.best"
         if max_features is None:
             candidates = list(self.points)
         else:
             if isinstance(max_features, bool) or not isinstance(max_features, (int, np.integer)) or max_features < 0:
-                fail("RegularizationPath.best", "max_features", "an integer >= 0 or None", max_features)
+                fail(owner, "max_features", "an integer >= 0 or None", max_features)
             candidates = [p for p in self.points if p.n_features <= max_features]
             if not candidates:
                 fail(
-                    "RegularizationPath.best",
+                    owner,
                     "max_features",
                     f"at least the smallest number of features on the path ({min(self.n_selected)})",
                     max_features,
                 )
-        return max(candidates, key=lambda p: (p.score, -p.n_features, p.alpha))
+        tolerance = check_non_negative(owner, "tolerance", tolerance)
+        top = max(p.score for p in candidates)
+        good = [p for p in candidates if p.score >= top - tolerance]
+        return min(good, key=lambda p: (p.n_features, -p.score, -p.alpha))
 
     def estimator(self, point):
         """A fitted estimator whose model is ``point``'s (a :class:`PathPoint` or an index).
@@ -427,7 +436,7 @@ def run_path(
         X_val, y_val = work._validate_fit_data(*validation_data, reset=False)
         y_val = work._encode_validation_targets(y_val)
         X_train, y_train = X, y_encoded
-    epochs_per_alpha = epochs_per_alpha or max(1, estimator.epochs // 8)
+    epochs_per_alpha = epochs_per_alpha or max(1, estimator.epochs // 4)
     if not estimator.proximal and estimator.learning_rate > estimator.threshold:
         warnings.warn(
             f"{owner}: learning_rate={estimator.learning_rate!r} is larger than threshold="
