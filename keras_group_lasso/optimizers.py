@@ -48,8 +48,8 @@ from keras_group_lasso.regularizers import GroupSparseRegularizer
 __all__ = ["Proximal", "weighted_sparse_group_soft_threshold"]
 
 _PACKAGE = "keras_group_lasso"
-METRICS = ("auto", "euclidean", "preconditioner")
-# Lower bound on a preconditioner entry: keeps lr * lambda / d finite if a user
+METRICS = ("auto", "optimizer", "euclidean")
+# Lower bound on a metric entry: keeps lr * lambda / d finite if a user
 # sets epsilon=0 and a coordinate never saw a gradient.
 _MIN_PRECONDITIONER = 1e-12
 
@@ -149,9 +149,8 @@ class _ReportedPenalty(keras.regularizers.Regularizer):
     the layer's config keeps the original penalty, so it is never serialized.
     """
 
-    def __init__(self, penalty, owner):
+    def __init__(self, penalty):
         self.penalty = penalty
-        self.owner = owner
 
     def __call__(self, x):
         return ops.stop_gradient(self.penalty(x))
@@ -163,11 +162,17 @@ class _ReportedPenalty(keras.regularizers.Regularizer):
         return f"reported({self.penalty!r})"
 
 
-# Diagonal preconditioner d (the step is lr / d per coordinate) of the Keras
-# optimizers whose update is "lr * direction / d". Keras keeps the slot
-# variables in per-class lists (they are not public API); they are read here
-# and only here, and tests/test_optimizers.py checks each entry against the
-# update the optimizer really makes.
+# The metric d of each Keras optimizer's own step, which is "lr * direction / d"
+# once the direction (a gradient average) has settled. A Python float is a
+# constant metric. Keras keeps the slot variables in per-class lists (not public
+# API); they are read here and only here, and tests/test_optimizers.py checks
+# every entry against the update the optimizer really makes.
+def _sgd_d(opt, i, dtype):
+    # Keras's velocity is v <- momentum * v - lr * g: a steady gradient moves
+    # the weight by lr * g / (1 - momentum) per step (Nesterov too).
+    return max(1.0 - float(opt.momentum), _MIN_PRECONDITIONER)
+
+
 def _adam_d(opt, i, dtype):
     v = (opt._velocity_hats if opt.amsgrad else opt._velocities)[i]
     t = ops.cast(opt.iterations, dtype)
@@ -189,17 +194,19 @@ def _rmsprop_d(opt, i, dtype):
     v = ops.cast(opt._velocities[i], dtype)
     if opt.centered:
         v = v - ops.square(ops.cast(opt._average_gradients[i], dtype))
-    return ops.sqrt(v + opt.epsilon)
+    # Like SGD's, RMSprop's momentum accumulates lr * g / sqrt(v + eps) undamped.
+    return ops.sqrt(v + opt.epsilon) * max(1.0 - float(opt.momentum), _MIN_PRECONDITIONER)
 
 
 def _adagrad_d(opt, i, dtype):
     return ops.sqrt(ops.cast(opt._accumulators[i], dtype) + opt.epsilon)
 
 
-def _preconditioners():
+def _metrics():
     opts = keras.optimizers
-    # Order matters: subclasses (AdamW < Adam) before their bases.
+    # isinstance: AdamW (a subclass of Adam) shares Adam's d.
     return (
+        (opts.SGD, _sgd_d),
         (opts.Nadam, _nadam_d),
         (opts.Adamax, _adamax_d),
         (opts.Adam, _adam_d),
@@ -208,8 +215,8 @@ def _preconditioners():
     )
 
 
-def _find_preconditioner(optimizer):
-    for cls, fn in _preconditioners():
+def _find_metric(optimizer):
+    for cls, fn in _metrics():
         if isinstance(optimizer, cls):
             return fn
     return None
@@ -225,8 +232,8 @@ class Proximal(keras.optimizers.Optimizer):
         u = w + Δ                                   # the wrapped optimizer's update, data gradient only
         w <- argmin_z 0.5 * ||z - u||^2_H + P(z)    # H = diag(d) / lr
 
-    With ``d = 1`` this is :func:`keras_group_lasso.prox.sparse_group_soft_threshold`
-    with thresholds ``lr * l1`` and ``lr * factor``; otherwise
+    With a constant ``d`` (SGD) this is :func:`keras_group_lasso.prox.sparse_group_soft_threshold`
+    with thresholds ``lr * l1 / d`` and ``lr * factor / d``; otherwise
     :func:`weighted_sparse_group_soft_threshold`. A group becomes exactly 0.0
     when ``||d * u_g|| <= lr * factor * sqrt(|g|)`` (after the L1 part) and
     comes back only when the data pulls harder than the penalty.
@@ -235,33 +242,32 @@ class Proximal(keras.optimizers.Optimizer):
     (``Δ = -H^-1 * direction``), a fixed point ``w = prox_H(w - H^-1 ∇L)`` is
     exactly ``0 ∈ ∇L + ∂P``: the stationarity condition of ``loss + P`` that
     subgradient training aims at too, so λ keeps its meaning (the strength of
-    the same objective) across modes.
+    the same objective) in both modes. ``metric="auto"`` uses that metric:
 
-    * SGD, with or without momentum: the step is ``lr * direction``, so
-      ``d = 1`` and the thresholds are ``lr * λ``.
+    * SGD: the step of a steady gradient is ``lr * g / (1 - momentum)``
+      (Keras's velocity ``v <- momentum * v - lr * g``; Nesterov alike), so
+      ``d = 1 - momentum`` and the thresholds are ``lr * λ / (1 - momentum)``;
+      ``lr * λ`` without momentum. With the plain ``lr * λ`` (``metric="euclidean"``)
+      momentum 0.9 would act like a penalty ten times weaker, ``0 ∈ ∇L + 0.1 λ ∂P``.
     * Adam, AdamW, Nadam, Adamax, RMSprop, Adagrad: the step is
       ``lr * direction / d`` with the optimizer's own preconditioner, read from
       its state (``d = (sqrt(v) + eps) / sqrt(1 - beta_2^t)`` for Adam and
-      AdamW, ``sqrt(v + eps)`` for RMSprop, ...): the weighted proximal step of
-      Deleu & Bengio (2021, "Structured Sparsity Inducing Adaptive Optimizers
-      for Deep Learning") and Yun et al. (2021, ProxGen). Its L1 part is exact;
-      its group part, which has no closed form in a diagonal metric, is taken
-      in each group's scalar metric ``||d * s_g|| / ||s_g||``, which keeps the
-      exact zero test and the exact penalty balance of surviving groups (see
-      :func:`weighted_sparse_group_soft_threshold`) at the cost of the
-      Euclidean step — the exact operator, by a root search per group, cost
-      ~15× as much here for the same DIGITS results within seed noise.
-      A zero group then restarts only when the optimizer's averaged gradient
+      AdamW, ``sqrt(v + eps) * (1 - momentum)`` for RMSprop, ...): the weighted
+      proximal step of Deleu & Bengio (2021, "Structured Sparsity Inducing
+      Adaptive Optimizers for Deep Learning") and Yun et al. (2021, ProxGen).
+      Its L1 part is exact; its group part, which has no closed form in a
+      diagonal metric, is taken in each group's scalar metric
+      ``||d * s_g|| / ||s_g||``: the exact zero test and the exact penalty
+      balance of surviving groups (see :func:`weighted_sparse_group_soft_threshold`)
+      at the cost of one Euclidean step — the exact operator, a root search per
+      group, cost ~15× as much here for DIGITS results within seed noise of
+      these. A zero group restarts only when the optimizer's averaged gradient
       beats the penalty, ``||m̂_g|| > λ sqrt(|g|)``, whatever the scale of
-      ``v``. The Euclidean threshold ``lr * λ`` after an Adam step would
-      instead reach ``0 ∈ ∇L + d * ∂P``: a penalty shrunk by Adam's
-      ``d ≈ |gradient|``, so λ would need to be orders of magnitude larger
-      (``metric="euclidean"`` keeps that behaviour for comparison).
-    * Other optimizers (Lion, Adafactor, Ftrl, ...): no diagonal metric is
-      known; ``metric="auto"`` uses ``d = 1`` and warns.
-
-    Where to start (DIGITS, ``benchmarks/proximal_digits.py``): SGD with
-    momentum 0.9, lr 0.1, λ around 1e-2; Adam, λ around 1e-3.
+      ``v``. The Euclidean ``lr * λ`` after an Adam step would instead reach
+      ``0 ∈ ∇L + d * ∂P``, a penalty shrunk by Adam's ``d ≈ |gradient|``:
+      λ would need to be orders of magnitude larger.
+    * Other optimizers (Lion, Adafactor, Ftrl, ...): the metric is not known;
+      ``"auto"`` falls back to ``"euclidean"`` (thresholds ``lr * λ``) and warns.
 
     Penalties other than this package's group-sparse ones (``keras.regularizers.L2``,
     ...) stay ordinary loss terms with their gradient.
@@ -272,10 +278,11 @@ class Proximal(keras.optimizers.Optimizer):
             ``use_ema``, whose averaged weights are never sparse; no
             ``gradient_accumulation_steps``), or a name/config that
             ``keras.optimizers.get`` resolves.
-        metric: ``"auto"`` (default: ``"preconditioner"`` for the adaptive
-            optimizers above, ``"euclidean"`` otherwise), ``"euclidean"``
-            (``d = 1``, threshold ``lr * λ`` for every optimizer) or
-            ``"preconditioner"`` (requires one of the adaptive optimizers above).
+        metric: ``"auto"`` (default): ``"optimizer"`` when the wrapped
+            optimizer is one of the above, else ``"euclidean"`` with a warning;
+            ``"optimizer"``: the metric of the wrapped optimizer's step (an
+            error for other optimizers); ``"euclidean"``: ``d = 1``, thresholds
+            ``lr * λ`` whatever the optimizer (for comparisons).
         name: optimizer name.
 
     Raises:
@@ -295,33 +302,32 @@ class Proximal(keras.optimizers.Optimizer):
             fail(owner, key, "set on the wrapped optimizer, not on Proximal", kwargs[key])
         inner = _resolve_optimizer(owner, optimizer)
         metric = check_choice(owner, "metric", metric, METRICS)
-        preconditioner = _find_preconditioner(inner)
-        if metric == "preconditioner" and preconditioner is None:
+        known = _find_metric(inner)
+        if metric == "optimizer" and known is None:
             fail(
                 owner,
                 "metric",
-                "'euclidean' or 'auto' for an optimizer without a known diagonal preconditioner "
-                f"({type(inner).__name__}); 'preconditioner' supports Adam, AdamW, Nadam, "
-                "Adamax, RMSprop and Adagrad",
+                f"'euclidean' or 'auto' for an optimizer whose step metric is not known ({type(inner).__name__}); "
+                "'optimizer' supports SGD, Adam, AdamW, Nadam, Adamax, RMSprop and Adagrad",
                 metric,
             )
-        if metric == "auto" and preconditioner is None and not isinstance(inner, keras.optimizers.SGD):
+        if metric == "auto" and known is None:
             warnings.warn(
-                f"Proximal: no diagonal preconditioner is known for {type(inner).__name__}; "
-                "the proximal step uses threshold lr * lambda (metric='euclidean'), which "
-                "may act much weaker than the same lambda in subgradient mode.",
+                f"Proximal: the step metric of {type(inner).__name__} is not known; the proximal "
+                "step uses thresholds lr * lambda (metric='euclidean'), which may act much weaker "
+                "than the same lambda in subgradient mode.",
                 stacklevel=2,
             )
         super().__init__(learning_rate=0.0, name=name)
         self.inner_optimizer = inner
         self.metric = metric
-        self._preconditioner = preconditioner if metric != "euclidean" else None
+        self._metric = known if metric != "euclidean" else None
         self._penalties = ()
 
     @property
     def resolved_metric(self):
-        """``"euclidean"`` or ``"preconditioner"``: what ``metric="auto"`` chose."""
-        return "euclidean" if self._preconditioner is None else "preconditioner"
+        """``"optimizer"`` or ``"euclidean"``: what ``metric="auto"`` chose."""
+        return "euclidean" if self._metric is None else "optimizer"
 
     def build(self, variables):
         """Build the wrapped optimizer and take over the group-sparse penalties of ``variables``."""
@@ -337,7 +343,7 @@ class Proximal(keras.optimizers.Optimizer):
                 penalty = penalty.penalty
             if isinstance(penalty, GroupSparseRegularizer):
                 penalties.append((index, penalty))
-                variable.regularizer = _ReportedPenalty(penalty, self)
+                variable.regularizer = _ReportedPenalty(penalty)
         self._penalties = tuple(penalties)
 
     def release(self):
@@ -415,13 +421,17 @@ class Proximal(keras.optimizers.Optimizer):
         value = ops.convert_to_tensor(value)
         dtype = value.dtype
         lr = ops.cast(learning_rate, dtype)
-        if self._preconditioner is None:
+        d = 1.0 if self._metric is None else self._metric(self.inner_optimizer, index, dtype)
+        if isinstance(d, float):  # a constant metric: the Euclidean closed form, thresholds lr * λ / d
+            step = lr / d
+            if len(value.shape) < 2:
+                return prox.soft_threshold(value, step * (penalty.factor + penalty.l1))
             if penalty.l1:
-                value = prox.soft_threshold(value, lr * penalty.l1)
+                value = prox.soft_threshold(value, step * penalty.l1)
             if penalty.factor:
-                value = prox.group_soft_threshold(value, lr * penalty.factor)
+                value = prox.group_soft_threshold(value, step * penalty.factor)
             return value
-        d = ops.maximum(self._preconditioner(self.inner_optimizer, index, dtype), _MIN_PRECONDITIONER)
+        d = ops.maximum(d, _MIN_PRECONDITIONER)
         return _weighted_prox(value, d, lr * penalty.factor, lr * penalty.l1, use_l1=bool(penalty.l1))
 
     def _apply_proximal_steps(self, learning_rate):

@@ -224,7 +224,7 @@ def test_sgd_step_is_update_then_prox_with_threshold_lr_times_lambda(rng):
     expected = as_np(prox.sparse_group_soft_threshold(u.astype(np.float32), 0.5 * 0.2, 0.5 * 0.1))
     np.testing.assert_allclose(v.numpy(), expected, rtol=1e-6, atol=1e-7)
     assert opt.iterations.numpy() == 1
-    assert opt.resolved_metric == "euclidean"
+    assert opt.resolved_metric == "optimizer"
 
 
 def test_adam_step_is_the_prox_in_adams_metric(rng):
@@ -244,7 +244,7 @@ def test_adam_step_is_the_prox_in_adams_metric(rng):
     expected = np_weighted_sgl(u, d, lr * 0.05, lr * 0.01)
     np.testing.assert_allclose(v.numpy(), expected, rtol=1e-4, atol=1e-6)
     assert np.all(v.numpy()[1] == 0.0)
-    assert opt.resolved_metric == "preconditioner"
+    assert opt.resolved_metric == "optimizer"
 
 
 @pytest.mark.parametrize(
@@ -269,8 +269,51 @@ def test_preconditioner_table_is_the_optimizers_own_step(make, rng):
     inner.build([v])
     inner.apply([g], [v])
     step = v.numpy().astype(np.float64) - w0
-    d = as_np(kgl_optimizers._find_preconditioner(inner)(inner, 0, "float32"))
+    d = as_np(kgl_optimizers._find_metric(inner)(inner, 0, "float32"))
     np.testing.assert_allclose(d, -0.1 * g / step, rtol=2e-3)
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: keras.optimizers.SGD(0.01, momentum=0.9),
+        lambda: keras.optimizers.SGD(0.01, momentum=0.5, nesterov=True),
+        lambda: keras.optimizers.SGD(0.01),
+        lambda: keras.optimizers.RMSprop(0.01, momentum=0.5),
+    ],
+    ids=["sgd-momentum", "sgd-nesterov", "sgd", "rmsprop-momentum"],
+)
+def test_metric_of_momentum_optimizers_is_their_steady_step(make):
+    """A steady gradient g moves the weight by lr * g / d once the velocity has settled."""
+    inner = make()
+    v = keras.Variable(np.zeros(3, np.float32))
+    inner.build([v])
+    g = np.array([1.0, -2.0, 0.5], np.float32)
+    for _ in range(150):
+        before = v.numpy().astype(np.float64)
+        inner.apply([g], [v])
+    d = kgl_optimizers._find_metric(inner)(inner, 0, "float32")
+    np.testing.assert_allclose(v.numpy() - before, -0.01 * g / as_np(d), rtol=1e-3)
+    if isinstance(inner, keras.optimizers.SGD):
+        assert d == pytest.approx(1.0 - inner.momentum)
+
+
+def test_sgd_momentum_thresholds_are_lr_lambda_over_one_minus_momentum(rng):
+    w0 = rng.normal(size=(4, 3)).astype(np.float32)
+    g = rng.normal(size=(4, 3)).astype(np.float32)
+    v = penalized_variable(w0, SparseGroupLasso(0.2, l1=0.1))
+    opt = Proximal(keras.optimizers.SGD(0.5, momentum=0.75))
+    opt.build([v])
+    opt.apply([g], [v])
+    u = w0 - 0.5 * g  # first step: the velocity starts at 0
+    expected = as_np(prox.sparse_group_soft_threshold(u, 0.5 * 0.2 / 0.25, 0.5 * 0.1 / 0.25))
+    np.testing.assert_allclose(v.numpy(), expected, rtol=1e-5, atol=1e-6)
+    plain = Proximal(keras.optimizers.SGD(0.5, momentum=0.75), metric="euclidean")
+    v2 = penalized_variable(w0, SparseGroupLasso(0.2, l1=0.1))
+    plain.build([v2])
+    plain.apply([g], [v2])
+    np.testing.assert_allclose(v2.numpy(), as_np(prox.sparse_group_soft_threshold(u, 0.5 * 0.2, 0.5 * 0.1)),
+                               rtol=1e-5, atol=1e-6)
 
 
 def test_nadam_preconditioner_is_sqrt_v_hat_plus_eps(rng):
@@ -279,7 +322,7 @@ def test_nadam_preconditioner_is_sqrt_v_hat_plus_eps(rng):
     v = keras.Variable(np.zeros((3, 2), np.float32))
     inner.build([v])
     inner.apply([g], [v])
-    d = as_np(kgl_optimizers._find_preconditioner(inner)(inner, 0, "float32"))
+    d = as_np(kgl_optimizers._find_metric(inner)(inner, 0, "float32"))
     np.testing.assert_allclose(d, np.abs(g) + inner.epsilon, rtol=1e-4)
 
 
@@ -328,6 +371,10 @@ def test_build_takes_over_group_penalties_only_and_release_gives_them_back():
     # Same value as the penalty (the reported loss), but no gradient.
     assert float(ops.convert_to_numpy(v.regularizer(v))) == pytest.approx(float(ops.convert_to_numpy(reg(v))))
     np.testing.assert_array_equal(autodiff_gradient(v.regularizer, np.ones((2, 2), np.float32)), 0.0)
+    # A new Proximal (the model compiled again) takes the original penalty over.
+    again = Proximal(keras.optimizers.Adam())
+    again.build([v, other, plain])
+    assert again._penalties == ((0, reg),) and v.regularizer.penalty is reg
     opt.release()
     assert v.regularizer is reg
 
@@ -356,20 +403,24 @@ def toy_model(factor=0.05, first=None):
     return model
 
 
+# optimizer, strength of the first kernel's SparseGroupLasso. With momentum 0.9
+# the penalty's thresholds are 10x larger (lr * λ / (1 - momentum)): the same λ
+# is a 10x stronger penalty for SGD's 10x longer steady steps.
 OPTIMIZERS = {
-    "sgd": lambda: keras.optimizers.SGD(0.1),
-    "sgd-momentum": lambda: keras.optimizers.SGD(0.1, momentum=0.9),
-    "adam": lambda: keras.optimizers.Adam(1e-2),
-    "adamw": lambda: keras.optimizers.AdamW(1e-2, weight_decay=1e-3),
-    "rmsprop": lambda: keras.optimizers.RMSprop(1e-2),
+    "sgd": (lambda: keras.optimizers.SGD(0.1), 0.05),
+    "sgd-momentum": (lambda: keras.optimizers.SGD(0.1, momentum=0.9), 0.005),
+    "adam": (lambda: keras.optimizers.Adam(1e-2), 0.05),
+    "adamw": (lambda: keras.optimizers.AdamW(1e-2, weight_decay=1e-3), 0.05),
+    "rmsprop": (lambda: keras.optimizers.RMSprop(1e-2), 0.05),
 }
 
 
 @pytest.mark.parametrize("name", sorted(OPTIMIZERS))
 def test_training_gives_exact_zero_groups_that_stay_zero(name):
     x, y = toy_data()
-    model = toy_model()
-    model.compile(Proximal(OPTIMIZERS[name]()), "sparse_categorical_crossentropy", jit_compile=True)
+    make, factor = OPTIMIZERS[name]
+    model = toy_model(factor)
+    model.compile(Proximal(make()), "sparse_categorical_crossentropy", jit_compile=True)
     history = model.fit(x, y, epochs=4, batch_size=8, verbose=0)
     kernel = model.layers[0].kernel.numpy()
     assert np.all(np.isfinite(history.history["loss"]))
@@ -460,14 +511,13 @@ def test_get_config_round_trip_and_keras_serialization():
 
 
 def test_metric_auto_resolves_per_optimizer():
-    assert Proximal(keras.optimizers.SGD()).resolved_metric == "euclidean"
-    for cls in (keras.optimizers.Adam, keras.optimizers.AdamW, keras.optimizers.RMSprop, keras.optimizers.Adagrad,
-                keras.optimizers.Nadam, keras.optimizers.Adamax):
-        assert Proximal(cls()).resolved_metric == "preconditioner"
+    for cls in (keras.optimizers.SGD, keras.optimizers.Adam, keras.optimizers.AdamW, keras.optimizers.RMSprop,
+                keras.optimizers.Adagrad, keras.optimizers.Nadam, keras.optimizers.Adamax):
+        assert Proximal(cls()).resolved_metric == "optimizer"
     assert Proximal(keras.optimizers.Adam(), metric="euclidean").resolved_metric == "euclidean"
-    with pytest.warns(UserWarning, match="no diagonal preconditioner is known for Lion"):
+    with pytest.warns(UserWarning, match="the step metric of Lion is not known"):
         assert Proximal(keras.optimizers.Lion()).resolved_metric == "euclidean"
-    assert Proximal("adam").resolved_metric == "preconditioner"
+    assert Proximal("adam").resolved_metric == "optimizer"
 
 
 def bad(message, *args, **kwargs):
@@ -481,11 +531,11 @@ def test_bad_arguments_are_rejected_with_the_message_form():
     bad(f"Proximal: argument `optimizer` must be {need}; received 3.", 3)
     bad(f"Proximal: argument `optimizer` must be {need}; received 'no-such-optimizer'.", "no-such-optimizer")
     bad(f"Proximal: argument `optimizer` must be {need}; received None.", None)
-    bad("Proximal: argument `metric` must be one of 'auto', 'euclidean', 'preconditioner'; received 'adam'.",
+    bad("Proximal: argument `metric` must be one of 'auto', 'optimizer', 'euclidean'; received 'adam'.",
         keras.optimizers.SGD(), metric="adam")
-    bad("Proximal: argument `metric` must be 'euclidean' or 'auto' for an optimizer without a known diagonal "
-        "preconditioner (SGD); 'preconditioner' supports Adam, AdamW, Nadam, Adamax, RMSprop and Adagrad; "
-        "received 'preconditioner'.", keras.optimizers.SGD(), metric="preconditioner")
+    bad("Proximal: argument `metric` must be 'euclidean' or 'auto' for an optimizer whose step metric is not "
+        "known (Lion); 'optimizer' supports SGD, Adam, AdamW, Nadam, Adamax, RMSprop and Adagrad; "
+        "received 'optimizer'.", keras.optimizers.Lion(), metric="optimizer")
     bad("Proximal: argument `clipnorm` must be set on the wrapped optimizer, not on Proximal; received 1.0.",
         keras.optimizers.SGD(), clipnorm=1.0)
 
@@ -544,7 +594,7 @@ MIRRORED = textwrap.dedent(
 
     mirrored = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
     assert mirrored.num_replicas_in_sync == 2
-    for make in (lambda: keras.optimizers.SGD(0.1, momentum=0.9), lambda: keras.optimizers.Adam(1e-2)):
+    for make in (lambda: keras.optimizers.SGD(0.1), lambda: keras.optimizers.Adam(1e-2)):
         a = train(mirrored, make)
         b = train(tf.distribute.get_strategy(), make)
         assert all(np.isfinite(w).all() for w in a)
