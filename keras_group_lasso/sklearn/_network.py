@@ -463,3 +463,5 @@ def compile_export_model(model, spec, learning_rate):
         optimizer=_make_optimizer(spec.optimizer, learning_rate, spec.proximal is not None),
         loss=_loss(spec.task),
     )
+    # Built now, so a saved model_ holds every optimizer variable (and loads without a mismatch warning).
+    model.optimizer.build(model.trainable_variables)

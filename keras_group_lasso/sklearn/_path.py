@@ -460,7 +460,7 @@ def run_path(
     start = time.perf_counter()
 
     def export(weights):
-        return None, _network.sparsity_of(spec_for_export, weights, threshold)
+        return _network.sparsity_of(spec_for_export, weights, threshold)
 
     def score(weights):
         return float(work._score_outputs(_network.forward(weights, X_val, work._task), y_val))
@@ -485,12 +485,16 @@ def run_path(
             else:
                 passes = train(network, epochs_per_alpha)
             selected = _threshold(network.get_weights(), threshold)
-            _, report = export(selected)
-            penalized_score = score(selected)
+            # A feature that left stays out: its input is masked, but Adam's
+            # momentum can still move its (now useless) row; zero it.
+            selected[0][~mask] = 0
+            report = export(selected)
             kept = np.zeros(n_features, dtype=bool)
             kept[list(report.selected_features)] = True
             mask &= kept
+            # Rows of features that only reach dead units: zeroing them changes nothing computed.
             selected[0][~mask] = 0
+            penalized_score = score(selected)
             final, final_report, final_score = selected, report, penalized_score
             if refit and mask.any():
                 network = runner.use(0.0)
@@ -500,7 +504,7 @@ def run_path(
                 passes += train(network, epochs_per_alpha)
                 final = _threshold(network.get_weights(), threshold)
                 final[0][~mask] = 0
-                _, final_report = export(final)
+                final_report = export(final)
                 final_score = score(final)
             network = runner.use(alpha if index + 1 >= len(grid) else float(grid[index + 1]))
             network.set_weights(selected)
