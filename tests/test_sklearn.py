@@ -414,6 +414,18 @@ def test_path_with_given_alphas_and_validation_data_is_reproducible(selection_pr
         assert path_score(first, p, x[300:], y[300:]) == pytest.approx(p.score)
 
 
+def test_proximal_path(selection_problem):
+    x, y = selection_problem
+    est = GroupSparseMLPClassifier(
+        hidden_layer_sizes=(16,), alpha=1e-3, epochs=30, learning_rate=3e-3, batch_size=50, proximal=True, random_state=0
+    )
+    path = est.path(x, y, [0.0, 7e-3], epochs_per_alpha=40)  # one compiled step per strength
+    assert path[1].selected_features == (0, 1, 2)
+    for point in path:
+        dropped = np.setdiff1d(np.arange(12), point.selected_features)
+        assert np.all(point.weights[0][dropped] == 0)
+
+
 def path_score(path, point, x, y):
     return path.estimator(point).score(x, y)
 

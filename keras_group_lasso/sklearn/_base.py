@@ -248,7 +248,7 @@ class _GroupSparseMLP(SelectorMixin, BaseEstimator):
             tol=self.tol,
             verbose=self.verbose,
         )
-        network.train(X_train, y_train, self.epochs, data_seed, monitor, verbose=2 if self.verbose >= 2 else 0)
+        network.train(X_train, y_train, self.epochs, data_seed, monitor, verbose=1 if self.verbose >= 2 else 0)
         weights = network.get_weights()
         # Only a network that trained without error goes back to the cache.
         _network.release(network)
