@@ -208,6 +208,18 @@ def _digits_tables(args, digits):
     return lines
 
 
+def _mean_std_defined(values, digits):
+    """``common.mean_std`` over the defined (non-NaN) values, saying how many were undefined."""
+    import math
+
+    defined = [v for v in values if not math.isnan(v)]
+    if not defined:
+        return "n/a"
+    text = common.mean_std(defined, digits=digits)
+    missing = len(values) - len(defined)
+    return text + (f" ({missing} seed(s) selected nothing)" if missing else "")
+
+
 def _synthetic_table(args, synthetic):
     lines = [
         "## Synthetic selection problem",
@@ -230,7 +242,7 @@ def _synthetic_table(args, synthetic):
             [
                 label,
                 common.mean_std([s[key]["n_selected"] for s in synthetic], digits=1),
-                common.mean_std([s[key]["precision"] for s in synthetic], digits=2),
+                _mean_std_defined([s[key]["precision"] for s in synthetic], digits=2),
                 common.mean_std([s[key]["recall_informative"] for s in synthetic], digits=2),
                 common.mean_std([s[key]["recall_relevant"] for s in synthetic], digits=2),
                 common.mean_std([s[key]["test"] for s in synthetic], digits=3) if has_test else "",
@@ -280,6 +292,27 @@ def main(argv=None):
     out_dir = common.HERE / "out" if args.quick else common.RESULTS_DIR
     out_dir.mkdir(parents=True, exist_ok=True)
     info = common.machine_info()
+    # The raw numbers first, so a formatting problem cannot lose a long run.
+    payload = {
+        "command": common.command_line(),
+        "date": started,
+        "machine": info,
+        "args": vars(args),
+        "digits": [{k: v for k, v in r.items() if k not in ("path", "data")} for r in digits],
+        "digits_paths": [
+            {
+                "alpha": r["alpha"],
+                "seed": r["seed"],
+                "points": [
+                    {"alpha": p.alpha, "score": p.score, "penalized_score": p.penalized_score, "features": p.n_features}
+                    for p in r["path"]
+                ],
+            }
+            for r in digits
+        ],
+        "synthetic": synthetic,
+    }
+    (out_dir / f"{args.out_name}.json").write_text(json.dumps(payload, indent=1, default=float))
     lines = [
         "# scikit-learn estimator: the regularization path",
         "",
@@ -315,26 +348,6 @@ def main(argv=None):
 
     md = out_dir / f"{args.out_name}.md"
     md.write_text("\n".join(lines) + "\n")
-    payload = {
-        "command": common.command_line(),
-        "date": started,
-        "machine": info,
-        "args": vars(args),
-        "digits": [{k: v for k, v in r.items() if k not in ("path", "data")} for r in digits],
-        "digits_paths": [
-            {
-                "alpha": r["alpha"],
-                "seed": r["seed"],
-                "points": [
-                    {"alpha": p.alpha, "score": p.score, "penalized_score": p.penalized_score, "features": p.n_features}
-                    for p in r["path"]
-                ],
-            }
-            for r in digits
-        ],
-        "synthetic": synthetic,
-    }
-    (out_dir / f"{args.out_name}.json").write_text(json.dumps(payload, indent=1, default=float))
     common.say(f"wrote {md}")
     return 0
 
