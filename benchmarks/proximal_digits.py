@@ -199,11 +199,14 @@ def plot(rows, path):
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(7.5, 5))
-    for config in dict.fromkeys(r["config"] for r in rows):
+    fig, ax = plt.subplots(figsize=(8, 5.5))
+    configs = list(dict.fromkeys(r["config"] for r in rows))
+    colors = plt.cm.tab20(np.linspace(0, 1, max(len(configs), 2)))
+    for color, config in zip(colors, configs):
         pts = sorted((r["zeros"] * 100, r["acc"] * 100, r["factor"]) for r in rows if r["config"] == config)
         style = "--" if config.startswith("subgrad") else "-"
-        ax.plot([p[0] for p in pts], [p[1] for p in pts], style, marker="o", label=config)
+        marker = "s" if config.startswith("subgrad") else "o"
+        ax.plot([p[0] for p in pts], [p[1] for p in pts], style, marker=marker, color=color, label=config)
         for zx, acc, factor in pts:
             ax.annotate(f"{factor:g}", (zx, acc), fontsize=6, xytext=(2, 2), textcoords="offset points")
     ax.set_xlabel("kernel weights equal to 0 (%)  [subgrad: after |w| <= 1e-3 -> 0]")
@@ -242,7 +245,11 @@ def main(argv=None):
     parser.add_argument("--epochs", type=int, default=200)
     parser.add_argument("--only", nargs="+", choices=sorted(CONFIGS), help="run only these configs")
     parser.add_argument("--factors", type=float, nargs="+", help="override the lambda grid")
+    parser.add_argument("--replot", action="store_true", help="redraw the figure from results/proximal_digits.json")
     args = parser.parse_args(argv)
+    if args.replot:
+        plot(summarize(json.loads((RESULTS / "proximal_digits.json").read_text())), RESULTS / "proximal_digits.png")
+        return 0
 
     import keras
 
