@@ -105,19 +105,28 @@ def accuracy(model, x, y, batch_size=2048):
     return float(np.mean(np.argmax(predictions, axis=1) == np.asarray(y)))
 
 
-def machine_info():
-    """Cores, CPU model, OS, backend and library versions, as a dict of strings."""
-    import keras
-
-    cpu = "unknown"
+def cpu_model():
+    """The CPU's model name (Linux ``/proc/cpuinfo``), else what ``platform`` knows."""
     try:
         with open("/proc/cpuinfo") as f:
             for line in f:
                 if line.startswith("model name"):
-                    cpu = line.split(":", 1)[1].strip()
-                    break
+                    return line.split(":", 1)[1].strip()
     except OSError:
         pass
+    return platform.processor() or "unknown CPU"
+
+
+def default_output(name, quick):
+    """benchmarks/results/<name>.md for a full run, benchmarks/out/<name>.md for --quick."""
+    return str(HERE / ("out" if quick else "results") / f"{name}.md")
+
+
+def machine_info():
+    """Cores, CPU model, OS, backend and library versions, as a dict of strings."""
+    import keras
+
+    cpu = cpu_model()
     versions = {"Python": platform.python_version(), "Keras": keras.__version__, "NumPy": np.__version__}
     for name, module in (("TensorFlow", "tensorflow"), ("JAX", "jax")):
         try:

@@ -38,25 +38,12 @@ import numpy as np
 
 from keras_group_lasso import apply_threshold, export_pruned, prune_model
 
+if __package__ in (None, ""):  # run as a script: make `benchmarks` importable
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from benchmarks.common import cpu_model, default_output  # noqa: E402
+
 SIZES = (784, 400, 300, 100, 10)
 KEPT = (763, 68, 40, 70)
-
-
-def cpu_model():
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown CPU"
-
-
-def default_output(name, quick):
-    """benchmarks/results/<name>.md for a full run, benchmarks/out/<name>.md for --quick."""
-    folder = "out" if quick else "results"
-    return os.path.join(os.path.dirname(os.path.abspath(__file__)), folder, f"{name}.md")
 
 
 def build_sparse_mlp(seed=0):

@@ -35,24 +35,11 @@ import numpy as np
 
 from keras_group_lasso import SparsityMonitor
 
+if __package__ in (None, ""):  # run as a script: make `benchmarks` importable
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from benchmarks.common import cpu_model, default_output  # noqa: E402
+
 N, D, CLASSES, BATCH = 60_000, 784, 10, 400
-
-
-def cpu_model():
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown CPU"
-
-
-def default_output(name, quick):
-    """benchmarks/results/<name>.md for a full run, benchmarks/out/<name>.md for --quick."""
-    folder = "out" if quick else "results"
-    return os.path.join(os.path.dirname(os.path.abspath(__file__)), folder, f"{name}.md")
 
 
 def load_data(seed=0):
