@@ -37,8 +37,6 @@ BUDGETS = (50, 40, 30, 20, 10)
 
 
 def digits_run(seed, args, alpha):
-    import numpy as np
-
     from keras_group_lasso.datasets import load_dataset
     from keras_group_lasso.sklearn import GroupSparseMLPClassifier
 

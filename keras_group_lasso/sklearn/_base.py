@@ -460,6 +460,10 @@ class GroupSparseMLPClassifier(ClassifierMixin, _GroupSparseMLP):
             step never has fewer rows: on less data it takes rows from
             consecutive reshuffled passes (so a "pass" is one step then).
         threshold: weights with ``|w| <= threshold`` become 0 after training.
+            Under subgradient training Adam keeps moving a useless weight by
+            about ``learning_rate`` per step, so few weights end below a
+            threshold smaller than the learning rate: keep ``learning_rate <=
+            threshold`` (the paper's 1e-3 and 1e-3) or use ``proximal=True``.
         proximal: train with :class:`keras_group_lasso.Proximal` (exact zeros;
             the threshold is then not applied).
         early_stopping: hold out ``validation_fraction`` of the training data
