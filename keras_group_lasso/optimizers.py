@@ -15,7 +15,8 @@ How the pieces fit (Keras 3, TensorFlow and JAX):
 * ``build`` then *takes over* these penalties: the variable's regularizer is
   replaced by a report-only twin whose value still enters the reported loss
   (``ops.stop_gradient``), so the loss curve is comparable with subgradient
-  training, but which adds no gradient. The layer keeps its own penalty object
+  training, but which adds no gradient (with ``report_penalty=False`` its
+  value is 0). The layer keeps its own penalty object
   (``layer.kernel_regularizer``), so saving and loading the model is unchanged.
   :meth:`Proximal.release` puts the original penalties back on the variables.
 * The update is ``apply()`` of the wrapped optimizer followed by the proximal
@@ -39,6 +40,7 @@ import math
 import warnings
 
 import keras
+import numpy as np
 from keras import ops
 
 from keras_group_lasso import prox
@@ -103,25 +105,30 @@ def _weighted_prox(x, d, a, b, use_l1=True):
     Works on ``q = d * x`` (gradient units), where both thresholds are plain
     soft thresholds, ``d * S_{b/d}(x) = S_b(d * x)``, and divides once at the end.
     """
+    return ops.divide(_sgl_step(ops.multiply(d, x), a, b, use_l1), d)
+
+
+def _sgl_step(x, a, b, use_l1=True):
+    """``prox.sparse_group_soft_threshold(x, a, b)`` in few ops (it runs every step, op by op without XLA).
+
+    ``S_t(x) = x - clip(x, -t, t)`` (exactly 0 inside); the group factor
+    ``max(0, 1 - c / ||g||)`` with ``||g||^2`` floored at the dtype's smallest
+    normal number, so an all-zero group, or one whose squares underflow, gets
+    factor 0 (1 when ``c == 0``) without a ``where``.
+    """
     dtype = x.dtype
     a = ops.cast(a, dtype)
-    b = ops.cast(b, dtype)
-    q = ops.multiply(d, x)
     shape = tuple(x.shape)
-    if len(shape) < 2:
-        return ops.divide(prox.soft_threshold(q, a + b if use_l1 else a), d)
+    if len(shape) < 2:  # every scalar is a group: one soft threshold by a + b
+        t = a + ops.cast(b, dtype) if use_l1 else a
+        return x - ops.clip(x, -t, t)
     if use_l1:
-        q = prox.soft_threshold(q, b)
-    axes = prox.group_axes(shape)
+        t = ops.cast(b, dtype)
+        x = x - ops.clip(x, -t, t)
     c = a * math.sqrt(prox.group_size(shape))
-    sq = ops.sum(ops.square(q), axis=axes, keepdims=True)
-    positive = ops.greater(sq, 0)
-    inv_norm = ops.where(positive, ops.rsqrt(ops.where(positive, sq, ops.ones_like(sq))), 0.0)
-    # sq == 0: an all-zero group (the result is 0 anyway) or squares that
-    # underflow; c == 0 is the identity.
-    keep = ops.cast(ops.less_equal(c, 0.0), dtype)
-    shrink = ops.where(positive, ops.maximum(1.0 - c * inv_norm, 0.0), keep)
-    return ops.multiply(q, ops.divide(shrink, d))
+    sq = ops.sum(ops.square(x), axis=prox.group_axes(shape), keepdims=True)
+    tiny = float(np.finfo(keras.backend.standardize_dtype(dtype)).tiny)
+    return x * ops.maximum(1.0 - c * ops.rsqrt(ops.maximum(sq, tiny)), 0.0)
 
 
 def _penalty_gradient(regularizer, w):
@@ -143,16 +150,19 @@ def _penalty_gradient(regularizer, w):
 
 
 class _ReportedPenalty(keras.regularizers.Regularizer):
-    """A group-sparse penalty taken over by :class:`Proximal`: same value, no gradient.
+    """A group-sparse penalty taken over by :class:`Proximal`: same value (or 0), no gradient.
 
     Lives only on ``variable.regularizer`` while the optimizer owns the penalty;
     the layer's config keeps the original penalty, so it is never serialized.
     """
 
-    def __init__(self, penalty):
+    def __init__(self, penalty, report=True):
         self.penalty = penalty
+        self.report = report
 
     def __call__(self, x):
+        if not self.report:
+            return ops.zeros((), dtype="float32")
         return ops.stop_gradient(self.penalty(x))
 
     def get_config(self):
@@ -283,6 +293,9 @@ class Proximal(keras.optimizers.Optimizer):
             ``"optimizer"``: the metric of the wrapped optimizer's step (an
             error for other optimizers); ``"euclidean"``: ``d = 1``, thresholds
             ``lr * λ`` whatever the optimizer (for comparisons).
+        report_penalty: keep the penalties' value (without gradient) in the
+            reported loss, as in subgradient training (default). ``False``
+            skips computing it, one pass over the weights less per step.
         name: optimizer name.
 
     Raises:
@@ -293,7 +306,7 @@ class Proximal(keras.optimizers.Optimizer):
         ...               loss="sparse_categorical_crossentropy")
     """
 
-    def __init__(self, optimizer, metric="auto", name=None, **kwargs):
+    def __init__(self, optimizer, metric="auto", report_penalty=True, name=None, **kwargs):
         owner = type(self).__name__
         if kwargs:
             # Keras passes base-optimizer keywords when deserializing old configs;
@@ -302,6 +315,8 @@ class Proximal(keras.optimizers.Optimizer):
             fail(owner, key, "set on the wrapped optimizer, not on Proximal", kwargs[key])
         inner = _resolve_optimizer(owner, optimizer)
         metric = check_choice(owner, "metric", metric, METRICS)
+        if not isinstance(report_penalty, bool):
+            fail(owner, "report_penalty", "True or False", report_penalty)
         known = _find_metric(inner)
         if metric == "optimizer" and known is None:
             fail(
@@ -321,6 +336,7 @@ class Proximal(keras.optimizers.Optimizer):
         super().__init__(learning_rate=0.0, name=name)
         self.inner_optimizer = inner
         self.metric = metric
+        self.report_penalty = report_penalty
         self._metric = known if metric != "euclidean" else None
         self._penalties = ()
 
@@ -343,7 +359,7 @@ class Proximal(keras.optimizers.Optimizer):
                 penalty = penalty.penalty
             if isinstance(penalty, GroupSparseRegularizer):
                 penalties.append((index, penalty))
-                variable.regularizer = _ReportedPenalty(penalty)
+                variable.regularizer = _ReportedPenalty(penalty, self.report_penalty)
         self._penalties = tuple(penalties)
 
     def release(self):
@@ -424,13 +440,7 @@ class Proximal(keras.optimizers.Optimizer):
         d = 1.0 if self._metric is None else self._metric(self.inner_optimizer, index, dtype)
         if isinstance(d, float):  # a constant metric: the Euclidean closed form, thresholds lr * λ / d
             step = lr / d
-            if len(value.shape) < 2:
-                return prox.soft_threshold(value, step * (penalty.factor + penalty.l1))
-            if penalty.l1:
-                value = prox.soft_threshold(value, step * penalty.l1)
-            if penalty.factor:
-                value = prox.group_soft_threshold(value, step * penalty.factor)
-            return value
+            return _sgl_step(value, step * penalty.factor, step * penalty.l1, use_l1=bool(penalty.l1))
         d = ops.maximum(d, _MIN_PRECONDITIONER)
         return _weighted_prox(value, d, lr * penalty.factor, lr * penalty.l1, use_l1=bool(penalty.l1))
 
@@ -464,6 +474,7 @@ class Proximal(keras.optimizers.Optimizer):
             "name": self.name,
             "optimizer": keras.saving.serialize_keras_object(self.inner_optimizer),
             "metric": self.metric,
+            "report_penalty": self.report_penalty,
         }
 
     @classmethod

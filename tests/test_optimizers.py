@@ -458,6 +458,17 @@ def test_reported_loss_includes_the_penalty_value():
     assert loss == pytest.approx(data_loss + penalty, rel=1e-4)
 
 
+def test_report_penalty_false_reports_the_data_loss_only():
+    x, y = toy_data()
+    model = toy_model()
+    model.compile(Proximal(keras.optimizers.SGD(0.1), report_penalty=False), "sparse_categorical_crossentropy")
+    model.fit(x, y, epochs=1, batch_size=32, verbose=0)
+    assert all(float(ops.convert_to_numpy(loss)) == 0.0 for loss in model.losses)
+    loss = model.evaluate(x, y, batch_size=len(x), verbose=0)
+    probs = model.predict(x, verbose=0).astype(np.float64)
+    assert loss == pytest.approx(float(np.mean(-np.log(probs[np.arange(len(y)), y]))), rel=1e-4)
+
+
 @pytest.mark.skipif(BACKEND != "tensorflow", reason="only TensorFlow builds the optimizer inside the first traced step")
 def test_lazy_build_inside_the_first_step_equals_building_first():
     x, y = toy_data()
@@ -496,9 +507,10 @@ def test_keras_round_trip_keeps_the_optimizer_state_and_resumes(tmp_path):
 
 
 def test_get_config_round_trip_and_keras_serialization():
-    opt = Proximal(keras.optimizers.SGD(0.1, momentum=0.9, nesterov=True), metric="euclidean", name="p")
+    opt = Proximal(keras.optimizers.SGD(0.1, momentum=0.9, nesterov=True), metric="euclidean",
+                   report_penalty=False, name="p")
     config = opt.get_config()
-    assert config["metric"] == "euclidean" and config["name"] == "p"
+    assert config["metric"] == "euclidean" and config["name"] == "p" and config["report_penalty"] is False
     again = Proximal.from_config(config)
     assert again.get_config() == config
     restored = keras.optimizers.deserialize(keras.optimizers.serialize(opt))
@@ -536,6 +548,8 @@ def test_bad_arguments_are_rejected_with_the_message_form():
     bad("Proximal: argument `metric` must be 'euclidean' or 'auto' for an optimizer whose step metric is not "
         "known (Lion); 'optimizer' supports SGD, Adam, AdamW, Nadam, Adamax, RMSprop and Adagrad; "
         "received 'optimizer'.", keras.optimizers.Lion(), metric="optimizer")
+    bad("Proximal: argument `report_penalty` must be True or False; received 'yes'.",
+        keras.optimizers.SGD(), report_penalty="yes")
     bad("Proximal: argument `clipnorm` must be set on the wrapped optimizer, not on Proximal; received 1.0.",
         keras.optimizers.SGD(), clipnorm=1.0)
 
