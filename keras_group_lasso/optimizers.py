@@ -279,6 +279,10 @@ class Proximal(keras.optimizers.Optimizer):
     * Other optimizers (Lion, Adafactor, Ftrl, ...): the metric is not known;
       ``"auto"`` falls back to ``"euclidean"`` (thresholds ``lr * λ``) and warns.
 
+    Where to start (DIGITS, ``benchmarks/results/proximal_digits.md``): SGD with
+    momentum 0.9 (lr 0.1-0.2) or Adam (lr 3e-3 to 1e-2), λ from 3e-4 to 1.5e-3,
+    the same λ as for subgradient training.
+
     Penalties other than this package's group-sparse ones (``keras.regularizers.L2``,
     ...) stay ordinary loss terms with their gradient.
 
