@@ -101,8 +101,9 @@ def group_sparse_penalty(x, group_factor, l1_factor=0.0):
     With ``a = group_factor`` and ``b = l1_factor``. On a rank-1 tensor every
     scalar is a group, so the value is ``(a + b) * sum |x|``. The gradient is
     defined explicitly, identical on TensorFlow and JAX, finite everywhere:
-    ``a * sqrt(|g|) * g / ||g||`` (0 for a zero group) plus ``b * sign(x)``
-    (0 at ``x = 0``, the paper's subgradient choice).
+    ``a * sqrt(|g|) * g / ||g||`` (0 for a zero group, and for a group whose
+    squared norm underflows, i.e. all ``|w| < ~1e-19`` in float32) plus
+    ``b * sign(x)`` (0 at ``x = 0``, the paper's subgradient choice).
 
     The sum is taken in float32 at least, so float16 / bfloat16 weights
     neither overflow nor lose the small terms; the result is float32 (or the
