@@ -142,6 +142,12 @@ def machine_info():
     }
 
 
+def machine_line():
+    """One line: cores, CPU, OS; Python, Keras, TensorFlow and JAX versions."""
+    info = machine_info()
+    return f"{info['cores']} cores, {info['cpu']}, {info['os']}; {info['versions']}"
+
+
 def header(command, seeds, started, elapsed, notes=()):
     """The lines every RESULTS.md section starts with: command, date, machine, seeds."""
     info = machine_info()

@@ -27,7 +27,6 @@ Usage:
 import argparse
 import json
 import os
-import platform
 import statistics
 import sys
 import time
@@ -36,6 +35,10 @@ from pathlib import Path
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import numpy as np
+
+if __package__ in (None, ""):  # run as a script: make `benchmarks` importable
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from benchmarks.common import machine_line  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results"
@@ -220,24 +223,6 @@ def plot(rows, path):
     plt.close(fig)
 
 
-def machine():
-    import keras
-
-    cpu = "unknown"
-    try:
-        with open("/proc/cpuinfo") as f:
-            cpu = next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
-    except (OSError, StopIteration):
-        pass
-    versions = [f"Python {platform.python_version()}", f"Keras {keras.__version__}"]
-    for module in ("tensorflow", "jax"):
-        try:
-            versions.append(f"{module} {__import__(module).__version__}")
-        except ImportError:
-            pass
-    return f"{os.cpu_count()} cores, {cpu}, {platform.system()} {platform.release()}; " + ", ".join(versions)
-
-
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="seed 0, three configs, 60 epochs, print only")
@@ -293,7 +278,7 @@ def main(argv=None):
         "",
         f"- Command: `{command}`",
         f"- Date: {started}; wall time {(time.perf_counter() - t0) / 60:.1f} min",
-        f"- Machine: {machine()} (shared with other jobs while it ran)",
+        f"- Machine: {machine_line()} (shared with other jobs while it ran)",
         f"- Seeds: {', '.join(map(str, seeds))}; {epochs} epochs, batch 300, jit_compile=True",
         "- Setup: 64-40-20-10 ReLU MLP, SparseGroupLasso(λ) (l1 = λ) on every kernel and bias;"
         " SGD lr 0.1 unless named (momentum 0.9 where named), Adam and RMSprop lr 1e-3 unless named,"

@@ -27,7 +27,6 @@ Usage:
 
 import argparse
 import os
-import platform
 import statistics
 import sys
 import time
@@ -36,6 +35,10 @@ from pathlib import Path
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import numpy as np
+
+if __package__ in (None, ""):  # run as a script: make `benchmarks` importable
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from benchmarks.common import machine_line  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 SIZES = (784, 400, 300, 100, 10)
@@ -80,24 +83,6 @@ def variants(jit_settings):
                 model.compile(optimizer=o, loss="sparse_categorical_crossentropy", jit_compile=jit)
                 out[(jit, opt, kind)] = model
     return out
-
-
-def machine():
-    import keras
-
-    cpu = "unknown"
-    try:
-        with open("/proc/cpuinfo") as f:
-            cpu = next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
-    except (OSError, StopIteration):
-        pass
-    versions = [f"Python {platform.python_version()}", f"Keras {keras.__version__}"]
-    for module in ("tensorflow", "jax"):
-        try:
-            versions.append(f"{module} {__import__(module).__version__}")
-        except ImportError:
-            pass
-    return f"{os.cpu_count()} cores, {cpu}, {platform.system()} {platform.release()}; " + ", ".join(versions)
 
 
 def main(argv=None):
@@ -160,7 +145,7 @@ def main(argv=None):
         "",
         f"- Command: `{command.rstrip()}`",
         f"- Date: {started}; wall time {(time.perf_counter() - t0) / 60:.1f} min",
-        f"- Machine: {machine()} (shared with other jobs while it ran)",
+        f"- Machine: {machine_line()} (shared with other jobs while it ran)",
         f"- {'-'.join(map(str, SIZES))} MLP, batch {BATCH}, {args.rows} random rows ({steps} steps an epoch);"
         f" median of {args.rounds} interleaved epochs per variant, after one warm-up epoch each.",
         "- Penalty: SparseGroupLasso(1e-4) on every kernel and bias; `plain` has none;"
