@@ -50,13 +50,19 @@ def group_axes(shape):
 def group_size(shape):
     """Number of weights in one group, ``|g| = prod(shape) / shape[-2]`` (1 for rank 1).
 
+    The product of every dimension but ``-2``, so a weight without groups
+    (``shape[-2] == 0``) still has a group size, and its penalty is 0.
+
     Example:
         >>> group_size((64, 40))
         40
+        >>> group_size((0, 40))
+        40
     """
+    shape = tuple(shape)
     if len(shape) < 2:
         return 1
-    return math.prod(int(d) for d in shape) // int(shape[-2])
+    return math.prod(int(d) for d in shape[:-2] + shape[-1:])
 
 
 def _as_tensor(x):

@@ -140,3 +140,14 @@ def test_regularizer_prox_uses_step_times_strengths(rng):
     reg = SparseGroupLasso(0.3, l1=0.1)
     expected = np_group_soft_threshold(np_soft_threshold(x.astype(np.float64), 0.5 * 0.1), 0.5 * 0.3)
     np.testing.assert_allclose(as_np(reg.prox(x, 0.5)), expected, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("shape", [(0, 3), (3, 0), (0,), (2, 0, 4), (0, 0)])
+def test_empty_weights_have_penalty_zero_and_an_empty_prox(shape):
+    w = np.zeros(shape, np.float32)
+    assert prox.group_size((0, 3)) == 3
+    assert float(as_np(prox.group_sparse_penalty(w, 0.1, 0.1))) == 0.0
+    assert float(as_np(SparseGroupLasso(0.1)(w))) == 0.0
+    assert as_np(prox.sparse_group_soft_threshold(w, 0.1, 0.1)).shape == shape
+    assert as_np(SparseGroupLasso(0.1).prox(w, 0.01)).shape == shape
+    assert as_np(prox.group_norms(w)).shape == ((shape[-2],) if len(shape) > 1 else shape)
