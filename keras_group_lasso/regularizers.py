@@ -15,6 +15,8 @@ model that uses them saves to ``.keras`` and loads back without
 ``custom_objects`` once this package is imported.
 """
 
+import sys
+
 import keras
 
 from keras_group_lasso import prox
@@ -33,6 +35,42 @@ __all__ = [
 _PACKAGE = "keras_group_lasso"
 DEFAULT_FACTOR = 1e-3
 
+_WEIGHT_ONLY = (
+    "a weight (a kernel or a bias): a group penalty sums over the rows of a weight, so use it as "
+    "kernel_regularizer or bias_regularizer; as activity_regularizer it would receive the layer's "
+    "output and group the samples of a batch"
+)
+
+
+class _Described:
+    """A value shown in an error message by its description (a tensor's repr can print all its values)."""
+
+    def __init__(self, text):
+        self.text = text
+
+    def __repr__(self):
+        return self.text
+
+
+def _layer_calling_for_activity(regularizer, frame):
+    """The layer calling ``regularizer`` as its ``activity_regularizer``, or ``None``.
+
+    Keras calls ``layer.activity_regularizer(output)`` from ``Layer.__call__``
+    for every output, and a weight's regularizer from elsewhere (with the
+    variable, or its value inside a stateless scope). Under JAX tracing a
+    weight's value and a layer's output are both tracers of a fixed shape, so
+    only the caller tells them apart.
+    """
+    # Skip a subclass's own __call__ that called super().__call__.
+    while frame is not None and frame.f_code.co_name == "__call__" and frame.f_locals.get("self") is regularizer:
+        frame = frame.f_back
+    if frame is None or frame.f_code.co_name != "__call__":
+        return None
+    layer = frame.f_locals.get("self")
+    if isinstance(layer, keras.layers.Layer) and getattr(layer, "activity_regularizer", None) is regularizer:
+        return layer
+    return None
+
 
 class GroupSparseRegularizer(keras.regularizers.Regularizer):
     """Base of every penalty here: ``factor * group Lasso + l1 * Lasso``.
@@ -44,6 +82,12 @@ class GroupSparseRegularizer(keras.regularizers.Regularizer):
         factor: strength of the group term.
         l1: strength of the elementwise term (0 for pure group Lasso).
         role: ``"input"``, ``"hidden"`` or ``"any"``.
+
+    Raises:
+        InvalidParameterError: when called on a scalar, on a tensor with an
+            unknown dimension, or as a layer's ``activity_regularizer`` (on its
+            output): a group penalty belongs on ``kernel_regularizer`` or
+            ``bias_regularizer``.
     """
 
     role = "any"
@@ -54,13 +98,22 @@ class GroupSparseRegularizer(keras.regularizers.Regularizer):
         self.l1 = check_non_negative(owner, "l1", l1)
 
     def __call__(self, x):
-        if len(getattr(x, "shape", ())) == 0:
+        shape = tuple(getattr(x, "shape", ()))
+        if len(shape) == 0:
             fail(
                 type(self).__name__,
                 "x",
                 "a weight tensor of rank >= 1 (a bias or a kernel), not a scalar",
                 x,
             )
+        layer = _layer_calling_for_activity(self, sys._getframe(1))
+        if layer is not None or any(d is None for d in shape):
+            received = (
+                f"the output of layer '{layer.name}' ({type(layer).__name__}), shape {shape}"
+                if layer is not None
+                else f"a tensor of shape {shape}, which no weight has"
+            )
+            fail(type(self).__name__, "x", _WEIGHT_ONLY, _Described(received))
         return prox.group_sparse_penalty(x, self.factor, self.l1)
 
     def prox(self, x, step):

@@ -276,3 +276,62 @@ def test_mixed_precision(policy, rng):
         assert reg_value == pytest.approx(np_sgl(kernel, 1e-3, 1e-3), rel=1e-2)
     finally:
         keras.config.set_dtype_policy(previous)
+
+
+# ----------------------------------------------------------------------------- activity_regularizer misuse
+
+_ACTIVITY_MESSAGE = (
+    r"argument `x` must be a weight \(a kernel or a bias\): a group penalty sums over the rows of a weight, "
+    r"so use it as kernel_regularizer or bias_regularizer; as activity_regularizer it would receive the "
+    r"layer's output and group the samples of a batch; received the output of layer 'hidden' \(Dense\), "
+)
+
+
+@pytest.mark.parametrize("cls", ALL_CLASSES)
+def test_activity_regularizer_use_is_refused_when_training(cls, rng):
+    model = keras.Sequential(
+        [keras.Input((4,)), keras.layers.Dense(3, activity_regularizer=cls(0.1), name="hidden"), keras.layers.Dense(1)]
+    )
+    model.compile(optimizer="sgd", loss="mse")
+    x = rng.random((8, 4)).astype("float32")
+    with pytest.raises(InvalidParameterError, match=cls.__name__ + ": " + _ACTIVITY_MESSAGE + r"shape \("):
+        model.fit(x, np.ones((8, 1)), epochs=1, batch_size=8, verbose=0)
+
+
+def test_activity_regularizer_use_is_refused_in_an_eager_call(rng):
+    inputs = keras.Input((4,))
+    outputs = keras.layers.Dense(3, activity_regularizer=GroupLasso(0.1), name="hidden")(inputs)
+    model = keras.Model(inputs, outputs)
+    with pytest.raises(InvalidParameterError, match="GroupLasso: " + _ACTIVITY_MESSAGE + r"shape \(2, 3\)\."):
+        model(rng.random((2, 4)).astype("float32"))
+
+
+def test_activity_regularizer_use_is_refused_for_a_subclass_that_calls_super(rng):
+    class Logged(GroupLasso):
+        def __call__(self, x):
+            return super().__call__(x)
+
+    layer = keras.layers.Dense(3, activity_regularizer=Logged(0.1), name="hidden")
+    with pytest.raises(InvalidParameterError, match="Logged: " + _ACTIVITY_MESSAGE):
+        layer(rng.random((2, 4)).astype("float32"))
+    assert float(keras.ops.convert_to_numpy(Logged(0.1)(layer.kernel))) > 0  # a weight is still fine
+
+
+@pytest.mark.parametrize("cls", ALL_CLASSES)
+def test_a_tensor_with_an_unknown_dimension_is_not_a_weight(cls):
+    with pytest.raises(
+        InvalidParameterError,
+        match=cls.__name__ + r": argument `x` must be a weight .* received a tensor of shape \(None, 3\), which no weight has\.",
+    ):
+        cls(0.1)(keras.KerasTensor((None, 3)))
+
+
+def test_weight_use_inside_a_stateless_scope_reads_the_scope_values(rng):
+    # The JAX trainer computes the penalties this way: inside a StatelessScope, on the values it traces.
+    model = paper_model()
+    zeros = [(v, keras.ops.zeros(v.shape, v.dtype)) for v in model.trainable_variables]
+    with keras.StatelessScope(state_mapping=zeros):
+        losses = model.losses
+    assert len(losses) == 5
+    assert sum(float(keras.ops.convert_to_numpy(l)) for l in losses) == 0.0
+    assert sum(float(keras.ops.convert_to_numpy(l)) for l in model.losses) > 0.0
