@@ -7,7 +7,7 @@ the sparsity, and surgery that rebuilds a physically smaller model.
 
 __version__ = "0.1.0"
 
-from keras_group_lasso._validation import InvalidParameterError
+from keras_group_lasso._validation import InvalidParameterError, NonFiniteError
 from keras_group_lasso.analysis import SparsityReport, apply_threshold, sparsity_report
 from keras_group_lasso.callbacks import SparsityMonitor
 from keras_group_lasso.export import export_pruned
@@ -24,6 +24,7 @@ from keras_group_lasso.surgery import UnsupportedModelError, plan_pruning, prune
 __all__ = [
     "__version__",
     "InvalidParameterError",
+    "NonFiniteError",
     "GroupLasso",
     "SparseGroupLasso",
     "InputGroupLasso",

@@ -8,7 +8,13 @@ Every check raises :class:`InvalidParameterError` with one message form::
 import math
 import numbers
 
-__all__ = ["InvalidParameterError", "check_non_negative", "check_positive_int", "check_choice"]
+__all__ = [
+    "InvalidParameterError",
+    "NonFiniteError",
+    "check_non_negative",
+    "check_positive_int",
+    "check_choice",
+]
 
 
 class InvalidParameterError(ValueError, TypeError):
@@ -17,6 +23,24 @@ class InvalidParameterError(ValueError, TypeError):
     It subclasses both ``ValueError`` and ``TypeError`` so that callers who
     catch either (as scikit-learn and Keras users commonly do) keep working.
     """
+
+
+class NonFiniteError(ValueError):
+    """Weights or a training loss are NaN or infinite: the training diverged.
+
+    Raised instead of treating NaN as a number: a NaN weight is neither zero
+    nor alive, so no report, pruning or fitted estimator can be made from it.
+    The message names the owner, what is not finite and the usual causes
+    (unscaled inputs, a too large learning rate).
+
+    Attributes:
+        names: ``"layer/weight"`` of each weight that is not finite (may be
+            empty when only a loss was not finite).
+    """
+
+    def __init__(self, message, names=()):
+        super().__init__(message)
+        self.names = tuple(names)
 
 
 def fail(owner, name, constraint, value):

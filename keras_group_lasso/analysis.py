@@ -39,7 +39,7 @@ import weakref
 import keras
 import numpy as np
 
-from keras_group_lasso._validation import check_non_negative, fail
+from keras_group_lasso._validation import NonFiniteError, check_non_negative, fail
 
 __all__ = [
     "SparsityReport",
@@ -479,8 +479,13 @@ def _n_features(input_shape):
 # ----------------------------------------------------------------------------- validation
 
 
-def _check_model(owner, model, threshold=None):
-    if threshold is not None:
+_NO_THRESHOLD = object()  # for the functions without a threshold (None is a bad threshold)
+
+
+def _check_model(owner, model, threshold=_NO_THRESHOLD):
+    if threshold is _NO_THRESHOLD:
+        threshold = None
+    else:
         threshold = check_non_negative(owner, "threshold", threshold)
     if not isinstance(model, keras.Model):
         fail(owner, "model", "a keras.Model", model)
@@ -613,14 +618,40 @@ def _masks_from(structure, kernels, biases, threshold):
     ), nonzero
 
 
-def _read_weights(model, structure):
+def _read_weights(model, structure, owner):
+    """``(layers, kernels, biases)`` as numpy; raises :class:`NonFiniteError` for NaN or inf weights.
+
+    A NaN weight is neither zero nor alive (``|NaN| <= t`` is False, and so is
+    ``|NaN| > t``), so every count made from it would be wrong: refuse it here,
+    where every report, mask and pruning plan reads the weights.
+    """
     layers = _layers_by_name(model, structure)
     kernels, biases = {}, {}
+    broken = []
     for name in structure.dense:
         layer = layers[name]
         kernels[name] = _to_numpy(layer.kernel)
         biases[name] = _to_numpy(layer.bias) if layer.use_bias and layer.bias is not None else None
+        for kind, values in (("kernel", kernels[name]), ("bias", biases[name])):
+            if values is not None and not np.all(np.isfinite(values)):
+                broken.append((f"{name}/{kind}", values))
+    if broken:
+        raise NonFiniteError(
+            f"{owner}: the weights of the model are not finite, so no weight can be counted as zero or "
+            "kept: "
+            + ", ".join(f"{label} ({_non_finite_counts(values)})" for label, values in broken)
+            + ". The training diverged: scale the inputs (e.g. a keras.layers.Normalization layer or "
+            "scikit-learn's StandardScaler) or lower the learning rate, then train again.",
+            names=[label for label, _ in broken],
+        )
     return layers, kernels, biases
+
+
+def _non_finite_counts(values):
+    nan = int(np.count_nonzero(np.isnan(values)))
+    inf = int(np.count_nonzero(np.isinf(values)))
+    counts = [f"{n} {what}" for n, what in ((nan, "NaN"), (inf, "inf")) if n]
+    return " and ".join(counts) + f" of {values.size} value{'s' if values.size != 1 else ''}"
 
 
 def unit_masks(model, threshold=1e-3):
@@ -638,13 +669,14 @@ def unit_masks(model, threshold=1e-3):
 
     Raises:
         InvalidParameterError: for a bad ``threshold`` or ``model``.
+        NonFiniteError: a Dense kernel or bias holds NaN or inf (the message names them).
 
     Example:
         >>> masks = unit_masks(model, 1e-3)
         >>> masks.features.sum(), {k: v.sum() for k, v in masks.units.items()}
     """
     structure, threshold = _check_model("unit_masks", model, threshold)
-    _, kernels, biases = _read_weights(model, structure)
+    _, kernels, biases = _read_weights(model, structure, "unit_masks")
     masks, _ = _masks_from(structure, kernels, biases, threshold)
     return masks
 
@@ -800,6 +832,7 @@ def sparsity_report(model, threshold=1e-3):
     Raises:
         InvalidParameterError: ``threshold`` is negative, NaN, infinite or not
             a number; ``model`` is not a built ``keras.Model`` or has no Dense layer.
+        NonFiniteError: a Dense kernel or bias holds NaN or inf (the message names them).
 
     Example:
         >>> report = sparsity_report(model, threshold=1e-3)
@@ -807,7 +840,7 @@ def sparsity_report(model, threshold=1e-3):
         ((582, 45, 41, 61), '95.1%')
     """
     structure, threshold = _check_model("sparsity_report", model, threshold)
-    _, kernels, biases = _read_weights(model, structure)
+    _, kernels, biases = _read_weights(model, structure, "sparsity_report")
     masks, nonzero = _masks_from(structure, kernels, biases, threshold)
     return _report_from(structure, biases, masks, nonzero, threshold)
 
@@ -815,7 +848,7 @@ def sparsity_report(model, threshold=1e-3):
 def _analyze(owner, model, threshold):
     """Everything at once, reading each weight once: ``(structure, layers, kernels, biases, masks, report)``."""
     structure, threshold = _check_model(owner, model, threshold)
-    layers, kernels, biases = _read_weights(model, structure)
+    layers, kernels, biases = _read_weights(model, structure, owner)
     masks, nonzero = _masks_from(structure, kernels, biases, threshold)
     report = _report_from(structure, biases, masks, nonzero, threshold)
     return structure, layers, kernels, biases, masks, report
@@ -895,20 +928,22 @@ def apply_threshold(model, threshold=1e-3):
 
     Raises:
         InvalidParameterError: for a bad ``threshold`` or ``model``.
+        NonFiniteError: a Dense kernel or bias holds NaN or inf (the message names
+            them); no weight is changed then.
 
     Example:
         >>> apply_threshold(model, 1e-3)
         41205
     """
     structure, threshold = _check_model("apply_threshold", model, threshold)
-    layers = _layers_by_name(model, structure)
+    # Every weight is read (and a NaN or inf refused) before any is changed.
+    layers, kernels, biases = _read_weights(model, structure, "apply_threshold")
     changed = 0
     for name in structure.dense:
         layer = layers[name]
-        for variable in (layer.kernel, layer.bias if layer.use_bias else None):
-            if variable is None:
+        for variable, values in ((layer.kernel, kernels[name]), (layer.bias, biases[name])):
+            if values is None:
                 continue
-            values = _to_numpy(variable)
             cut = is_zero(values, threshold) & (values != 0)
             count = int(np.count_nonzero(cut))
             if count:

@@ -8,7 +8,15 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from keras_group_lasso import InvalidParameterError, SparsityReport, apply_threshold, sparsity_report
+from keras_group_lasso import (
+    InvalidParameterError,
+    NonFiniteError,
+    SparsityReport,
+    apply_threshold,
+    plan_pruning,
+    prune_model,
+    sparsity_report,
+)
 from keras_group_lasso.analysis import (
     LayerSparsity,
     image_shape,
@@ -319,6 +327,63 @@ def test_bad_model():
         apply_threshold(no_dense)
     with pytest.raises(InvalidParameterError, match=r"unit_masks: argument `model` must be a built keras.Model"):
         unit_masks(keras.Sequential([keras.layers.Dense(2)]))
+
+
+THRESHOLD_FUNCTIONS = {
+    "sparsity_report": sparsity_report,
+    "unit_masks": unit_masks,
+    "apply_threshold": apply_threshold,
+    "prune_model": prune_model,
+    "plan_pruning": plan_pruning,
+}
+
+
+@pytest.mark.parametrize("name", sorted(THRESHOLD_FUNCTIONS))
+def test_threshold_none_is_refused_like_any_bad_threshold(name):
+    model = _chain([_ones(2, 2), _ones(2, 1)])
+    with pytest.raises(InvalidParameterError) as info:
+        THRESHOLD_FUNCTIONS[name](model, threshold=None)
+    assert str(info.value) == f"{name}: argument `threshold` must be a finite number >= 0; received None."
+
+
+def _diverged_model():
+    w0 = np.array([[1.0, 5e-4], [np.nan, 2.0], [np.nan, 1.0]], "float32")
+    model = _chain([w0, _ones(2, 1)], biases=[np.array([0.5, np.inf]), np.array([np.nan])])
+    return model
+
+
+@pytest.mark.parametrize("name", sorted(THRESHOLD_FUNCTIONS))
+def test_non_finite_weights_are_named_instead_of_counted_as_zeros(name):
+    model = _diverged_model()
+    before = [w.copy() for w in model.get_weights()]
+    with pytest.raises(NonFiniteError) as info:
+        THRESHOLD_FUNCTIONS[name](model, threshold=1e-3)
+    assert str(info.value) == (
+        f"{name}: the weights of the model are not finite, so no weight can be counted as zero or kept: "
+        "d0/kernel (2 NaN of 6 values), d0/bias (1 inf of 2 values), d1/bias (1 NaN of 1 value). "
+        "The training diverged: scale the inputs (e.g. a keras.layers.Normalization layer or scikit-learn's "
+        "StandardScaler) or lower the learning rate, then train again."
+    )
+    assert info.value.names == ("d0/kernel", "d0/bias", "d1/bias")
+    assert isinstance(info.value, ValueError)
+    # Nothing was changed, not even the finite weight below the threshold (apply_threshold included).
+    for old, new in zip(before, model.get_weights()):
+        np.testing.assert_array_equal(old, new)
+
+
+def test_non_finite_weights_in_a_layer_without_bias_are_found():
+    w1 = _ones(2, 1)
+    w1[1, 0] = -np.inf
+    model = _chain([_ones(3, 2), w1], use_bias=[True, False])
+    with pytest.raises(NonFiniteError, match=r"sparsity_report: .* kept: d1/kernel \(1 inf of 2 values\)\. "):
+        sparsity_report(model)
+
+
+def test_raw_strengths_still_show_non_finite_weights():
+    # No threshold, no counting: the raw norms show the NaN as it is.
+    model = _diverged_model()
+    assert np.isnan(input_feature_strength(model)[1:]).all()
+    assert np.isnan(layer_group_norms(model)["d0"][1:]).all()
 
 
 def test_is_zero():

@@ -416,7 +416,31 @@ def test_everything_pruned_is_a_clear_error():
     with pytest.raises(InvalidParameterError) as info:
         prune_model(model, T)
     assert str(info.value).startswith("prune_model: argument `threshold` must be small enough to leave a path")
-    assert str(info.value).endswith("received 0.001.")
+    assert str(info.value).endswith("at threshold 0, 3 of 3 features reach it); received 0.001.")
+
+
+_NO_PATH = (
+    "{owner}: argument `model` must be a model with a path of non-zero weights from an input feature to the "
+    "output (in this one {cause}, so its output is a constant at any threshold and there is nothing to prune "
+    "to); received <Sequential name=mlp, built=True>."
+)
+
+
+@pytest.mark.parametrize("threshold", [0.0, T])
+@pytest.mark.parametrize("owner", ["prune_model", "plan_pruning"])
+def test_a_model_without_a_live_path_is_blamed_not_the_threshold(owner, threshold):
+    call = prune_model if owner == "prune_model" else plan_pruning
+    dead_first = _mlp([np.zeros((3, 2)), np.ones((2, 1))], [np.ones(2), np.zeros(1)])
+    with pytest.raises(InvalidParameterError) as info:
+        call(dead_first, threshold)
+    assert str(info.value) == _NO_PATH.format(owner=owner, cause="every kernel weight of 'd0' is 0")
+    # Feature paths reach unit 0 of d0 only, and only unit 1 reaches the output.
+    broken_chain = _mlp([np.array([[1.0, 0.0], [1.0, 0.0]]), np.array([[0.0], [1.0]])], [np.zeros(2), np.zeros(1)])
+    with pytest.raises(InvalidParameterError) as info:
+        call(broken_chain, threshold)
+    assert str(info.value) == _NO_PATH.format(
+        owner=owner, cause="each path of non-zero weights from an input feature stops before the output"
+    )
 
 
 def test_bad_arguments():

@@ -129,6 +129,33 @@ class PruningPlan:
         }
 
 
+def _no_live_path(owner, model, threshold):
+    """Raise for a model with no input feature left: blame the threshold only when it is the cause."""
+    exact = analysis.sparsity_report(model, threshold=0.0)
+    if threshold > 0 and exact.selected_features:
+        fail(
+            owner,
+            "threshold",
+            "small enough to leave a path of weights above it from an input feature to the output "
+            f"(at this threshold every input feature is pruned and the output is a constant; "
+            f"at threshold 0, {exact.n_selected_features} of {exact.n_features} features reach it)",
+            threshold,
+        )
+    all_zero = [layer.name for layer in exact.layers if layer.zero_weights == layer.weights]
+    cause = (
+        "every kernel weight of " + ", ".join(f"'{name}'" for name in all_zero) + " is 0"
+        if all_zero
+        else "each path of non-zero weights from an input feature stops before the output"
+    )
+    fail(
+        owner,
+        "model",
+        "a model with a path of non-zero weights from an input feature to the output (in this one "
+        f"{cause}, so its output is a constant at any threshold and there is nothing to prune to)",
+        model,
+    )
+
+
 def _indices(mask):
     return tuple(int(i) for i in np.flatnonzero(mask))
 
@@ -163,8 +190,10 @@ def plan_pruning(model, threshold=1e-3):
         A frozen :class:`PruningPlan`; ``plan.to_dict()`` is JSON-serializable.
 
     Raises:
-        InvalidParameterError: for a bad ``threshold`` or ``model``, or a
-            threshold at which no input feature survives.
+        InvalidParameterError: for a bad ``threshold`` or ``model``, a
+            threshold at which no input feature survives, or a model in which
+            no path of non-zero weights leads from an input feature to the output.
+        NonFiniteError: a Dense kernel or bias holds NaN or inf.
         UnsupportedModelError: the model is not a chain of Dense layers that
             surgery understands (the message names the layer and its class).
 
@@ -182,13 +211,7 @@ def _plan(owner, model, threshold):
     structure, layers, kernels, biases, masks, report = analysis._analyze(owner, model, threshold)
     threshold = report.threshold
     if not masks.features.any():
-        fail(
-            owner,
-            "threshold",
-            "small enough to leave a path of weights above it from an input feature to the output "
-            "(at this threshold every input feature is pruned and the output is a constant)",
-            threshold,
-        )
+        _no_live_path(owner, model, threshold)
 
     dense_plans = []
     for layer in report.layers:
