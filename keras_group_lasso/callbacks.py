@@ -20,6 +20,7 @@ import importlib.util
 import math
 import os
 import sys
+import warnings
 
 import keras
 import numpy as np
@@ -27,6 +28,7 @@ import numpy as np
 from keras_group_lasso import analysis
 from keras_group_lasso._validation import (
     InvalidParameterError,
+    NonFiniteError,
     check_non_negative,
     check_positive_int,
     fail,
@@ -50,6 +52,22 @@ def _missing_tensorflow_error(log_dir):
         "installed (e.g. `pip install tensorflow-cpu`), also on the JAX backend. "
         "Pass log_dir=None to only add the values to the epoch's logs."
     )
+
+
+def _check_log_dir(log_dir):
+    """Refuse a ``log_dir`` that TensorFlow could not write into, before the first epoch."""
+    if "://" in log_dir:  # gs://, s3://, hdfs://: only TensorFlow's file system can tell
+        return
+    path = os.path.abspath(log_dir)
+    if os.path.exists(path) and not os.path.isdir(path):
+        fail(_OWNER, "log_dir", "a directory for the TensorBoard event files, not an existing file", log_dir)
+    existing = path
+    while not os.path.exists(existing):
+        existing = os.path.dirname(existing)
+    if not os.path.isdir(existing):
+        fail(_OWNER, "log_dir", f"a directory that can be created ({existing!r} is a file)", log_dir)
+    if not os.access(existing, os.W_OK | os.X_OK):
+        fail(_OWNER, "log_dir", f"a writable directory ({existing!r} is not writable)", log_dir)
 
 
 def _tf_summary(log_dir):
@@ -112,6 +130,12 @@ class SparsityMonitor(keras.callbacks.Callback):
     On epochs that are not logged the keys are absent from ``logs``; a
     ``CSVLogger`` fixes its columns at the first epoch, so use ``every=1`` with it.
 
+    When the weights are not finite (the training diverged), the callback does
+    not stop the training and does not count NaN as zero: it warns once per
+    training (a ``RuntimeWarning`` naming the weights), sets the three values
+    to NaN, writes no summary for that epoch and sets ``last_report`` to
+    ``None``. To stop such a training, add ``keras.callbacks.TerminateOnNaN()``.
+
     Args:
         threshold: weights with ``|w| <= threshold`` count as zero (the paper
             uses 1e-3).
@@ -121,12 +145,14 @@ class SparsityMonitor(keras.callbacks.Callback):
 
     Attributes:
         last_report: the latest :class:`~keras_group_lasso.analysis.SparsityReport`
-            (None before the first reported epoch).
+            (None before the first reported epoch, and after an epoch whose
+            weights were not finite).
 
     Raises:
         InvalidParameterError: for a negative threshold, ``every`` that is not
-            an integer >= 1, a ``log_dir`` that is not a path, or (when training
-            starts) a model without a Dense layer.
+            an integer >= 1, a ``log_dir`` that is not a path, is an existing
+            file, or lies in a directory that cannot be written, or (when
+            training starts) a model without a Dense layer.
         ImportError: at construction if ``log_dir`` is set and TensorFlow is
             not installed.
 
@@ -145,12 +171,14 @@ class SparsityMonitor(keras.callbacks.Callback):
             if not isinstance(log_dir, (str, os.PathLike)) or not os.fspath(log_dir):
                 fail(_OWNER, "log_dir", "a non-empty path (str or os.PathLike) or None", log_dir)
             log_dir = os.fspath(log_dir)
+            _check_log_dir(log_dir)
             if not _tensorflow_installed():
                 raise _missing_tensorflow_error(log_dir)
         self.log_dir = log_dir
         self.last_report = None
         self._writer = None
         self._model_checked = False
+        self._warned_non_finite = False
 
     def _check_model(self):
         try:
@@ -166,6 +194,7 @@ class SparsityMonitor(keras.callbacks.Callback):
 
     def on_train_begin(self, logs=None):
         self._model_checked = False
+        self._warned_non_finite = False
         # A Sequential without an Input is built by its first step (TensorFlow
         # backend): then the check waits for the end of the first epoch.
         if self.model.built:
@@ -176,7 +205,11 @@ class SparsityMonitor(keras.callbacks.Callback):
             self._check_model()
         if (epoch + 1) % self.every != 0:
             return
-        report = analysis.sparsity_report(self.model, threshold=self.threshold)
+        try:
+            report = analysis.sparsity_report(self.model, threshold=self.threshold)
+        except NonFiniteError as error:
+            self._non_finite(epoch, error, logs)
+            return
         self.last_report = report
         if logs is not None:
             logs["sparsity"] = float(report.sparsity)
@@ -184,6 +217,22 @@ class SparsityMonitor(keras.callbacks.Callback):
             logs["live_neurons"] = int(report.live_neurons)
         if self.log_dir is not None:
             self._write_summaries(report, epoch)
+
+    def _non_finite(self, epoch, error, logs):
+        self.last_report = None
+        if logs is not None:
+            for key in ("sparsity", "selected_features", "live_neurons"):
+                logs[key] = float("nan")
+        if not self._warned_non_finite:
+            self._warned_non_finite = True
+            warnings.warn(
+                f"{_OWNER}: at the end of epoch {epoch + 1} the weights are not finite "
+                f"({', '.join(error.names)}): sparsity, selected_features and live_neurons are NaN "
+                "while they stay so. The training diverged: scale the inputs or lower the learning "
+                "rate; keras.callbacks.TerminateOnNaN() stops such a training.",
+                RuntimeWarning,
+                stacklevel=2,
+            )
 
     def on_train_end(self, logs=None):
         if self._writer is not None:

@@ -2,7 +2,10 @@
 
 import csv
 import glob
+import math
+import os
 import sys
+import warnings
 
 import keras
 import numpy as np
@@ -101,6 +104,54 @@ def test_bad_arguments(kwargs, message):
     assert str(info.value) == message
 
 
+def test_log_dir_that_is_an_existing_file_is_refused_at_construction(tmp_path):
+    taken = tmp_path / "events"
+    taken.write_text("not a directory")
+    with pytest.raises(InvalidParameterError) as info:
+        SparsityMonitor(log_dir=taken)
+    assert str(info.value) == (
+        "SparsityMonitor: argument `log_dir` must be a directory for the TensorBoard event files, "
+        f"not an existing file; received {str(taken)!r}."
+    )
+    with pytest.raises(InvalidParameterError) as info:
+        SparsityMonitor(log_dir=str(taken / "run1"))
+    assert str(info.value) == (
+        f"SparsityMonitor: argument `log_dir` must be a directory that can be created ({str(taken)!r} "
+        f"is a file); received {str(taken / 'run1')!r}."
+    )
+
+
+def test_log_dir_in_a_read_only_directory_is_refused_at_construction(tmp_path, monkeypatch):
+    from keras_group_lasso import callbacks
+
+    readonly = tmp_path / "readonly"
+    readonly.mkdir()
+    # Root may write anywhere, so the permission check itself is what is replaced here.
+    monkeypatch.setattr(callbacks.os, "access", lambda path, mode: os.path.abspath(path) != str(readonly))
+    with pytest.raises(InvalidParameterError) as info:
+        SparsityMonitor(log_dir=str(readonly / "logs" / "run1"))
+    assert str(info.value) == (
+        f"SparsityMonitor: argument `log_dir` must be a writable directory ({str(readonly)!r} is not "
+        f"writable); received {str(readonly / 'logs' / 'run1')!r}."
+    )
+    monkeypatch.undo()
+    assert SparsityMonitor(log_dir=str(readonly / "logs" / "run1")).log_dir == str(readonly / "logs" / "run1")
+    assert not (readonly / "logs").exists()  # checked, not created
+    assert SparsityMonitor(log_dir="gs://bucket/logs").log_dir == "gs://bucket/logs"  # TensorFlow's to check
+
+
+@pytest.mark.skipif(not hasattr(os, "geteuid") or os.geteuid() == 0, reason="root may write into any directory")
+def test_log_dir_without_write_permission_is_refused(tmp_path):
+    readonly = tmp_path / "readonly"
+    readonly.mkdir()
+    readonly.chmod(0o500)
+    try:
+        with pytest.raises(InvalidParameterError, match=r"must be a writable directory"):
+            SparsityMonitor(log_dir=str(readonly / "run1"))
+    finally:
+        readonly.chmod(0o700)
+
+
 def test_model_without_dense_layer_fails_at_train_begin():
     model = keras.Sequential(
         [keras.Input((6, 6, 1)), keras.layers.Conv2D(2, 3), keras.layers.GlobalAveragePooling2D()]
@@ -130,6 +181,45 @@ def test_missing_tensorflow_is_a_clear_error(monkeypatch, tmp_path):
     with pytest.raises(ImportError, match=r"SparsityMonitor: writing TensorBoard summaries .* needs TensorFlow installed"):
         SparsityMonitor(log_dir=str(tmp_path))
     SparsityMonitor(log_dir=None)  # logs only: fine without TensorFlow
+
+
+# ----------------------------------------------------------------------------- non-finite weights
+
+
+def test_non_finite_weights_warn_once_and_log_nan_instead_of_counting_zeros(tmp_path):
+    model = _known_model()
+    x, y = _data(model)
+
+    def diverge(epoch, logs):
+        if epoch == 1:
+            kernel = model.get_layer("hidden_2").kernel
+            kernel.assign(np.full(kernel.shape, np.nan, "float32"))
+
+    monitor = SparsityMonitor(threshold=THRESHOLD, log_dir=str(tmp_path / "logs"))
+    recorder = _Recorder()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        history = model.fit(
+            x,
+            y,
+            epochs=3,
+            batch_size=32,
+            verbose=0,
+            # NaN written after the second epoch's steps, before the monitor reads the weights;
+            # the third epoch then trains from it (its NaN gradient spreads to other weights).
+            callbacks=[keras.callbacks.LambdaCallback(on_epoch_end=diverge), monitor, recorder],
+        )
+    messages = [str(w.message) for w in caught if issubclass(w.category, RuntimeWarning)]
+    assert messages == [
+        "SparsityMonitor: at the end of epoch 2 the weights are not finite (hidden_2/kernel): sparsity, "
+        "selected_features and live_neurons are NaN while they stay so. The training diverged: scale the "
+        "inputs or lower the learning rate; keras.callbacks.TerminateOnNaN() stops such a training."
+    ]
+    assert history.history["selected_features"][0] == 12
+    for key in ("sparsity", "selected_features", "live_neurons"):
+        assert [math.isnan(v) for v in history.history[key]] == [False, True, True]
+        assert math.isnan(recorder.seen[2][key])
+    assert monitor.last_report is None
 
 
 # ----------------------------------------------------------------------------- epoch logs
