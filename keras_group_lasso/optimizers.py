@@ -9,34 +9,35 @@ the compiled train step, with no threshold to tune.
 
 How the pieces fit (Keras 3, TensorFlow and JAX):
 
-* The penalties stay declared on the layers. ``Keras`` stores each one on its
-  variable (``variable.regularizer``), so :meth:`Proximal.build`, which Keras
-  calls with the model's trainable variables, finds them without any helper.
-* ``build`` then *takes over* these penalties: the variable's regularizer is
-  replaced by a report-only twin whose value still enters the reported loss
-  (``ops.stop_gradient``), so the loss curve is comparable with subgradient
-  training, but which adds no gradient (with ``report_penalty=False`` its
-  value is 0). The layer keeps its own penalty object
-  (``layer.kernel_regularizer``), so saving and loading the model is unchanged.
-  :meth:`Proximal.release` puts the original penalties back on the variables.
-* The update is ``apply()`` of the wrapped optimizer followed by the proximal
-  step. Like ``keras.optimizers.LossScaleOptimizer``, the wrapper delegates
-  ``apply`` instead of re-implementing ``update_step``: the wrapped optimizer
-  keeps its own step counter, learning-rate schedule, clipping and (AdamW)
-  weight decay exactly as it would alone. On TensorFlow the proximal step runs
-  through ``merge_call`` / ``extended.update`` like Keras's own weight decay,
-  so it works under ``tf.distribute`` strategies; on JAX it runs inside the
+* The penalties stay declared on the layers, and stay theirs. Keras stores
+  each one on its variable (``variable.regularizer``) and adds its value to the
+  loss, so the reported loss is the same as in subgradient training. The
+  optimizer only *reads* these declarations; it never changes a variable, a
+  layer or a model. Compiling the same model with another optimizer later
+  (directly, after ``load_model`` or on a ``clone_model``) trains it with the
+  ordinary subgradients of the same penalties.
+* :meth:`Proximal.apply` receives the gradient of the whole loss, penalties
+  included. It removes the penalties' part, known in closed form
+  (:func:`keras_group_lasso.prox.group_sparse_gradient`, the formula the
+  penalties' own gradient uses), hands the data gradient to the wrapped
+  optimizer, then replaces each penalised weight by its proximal point. Like
+  ``keras.optimizers.LossScaleOptimizer``, the wrapper delegates ``apply``
+  instead of re-implementing ``update_step``: the wrapped optimizer keeps its
+  own step counter, learning-rate schedule, clipping and (AdamW) weight decay
+  exactly as it would alone. On TensorFlow the proximal step runs through
+  ``merge_call`` / ``extended.update`` like Keras's own weight decay, so it
+  works under ``tf.distribute`` strategies; on JAX it runs inside the
   stateless, jitted train step.
-* Keras builds the optimizer before tracing the train step on JAX and under a
-  ``tf.distribute`` strategy. On TensorFlow without a strategy it builds it
-  lazily, inside the first traced step, after the loss was already traced with
-  the original penalties; in that trace (only) the penalties' gradients, which
-  are known in closed form, are removed from the gradients before the update.
-  In a custom training loop, call ``optimizer.build(model.trainable_variables)``
-  before the first step.
+* In a custom training loop, pass the gradient of ``loss + sum(model.losses)``
+  (as Keras's own training loops do).
+* A ``Proximal`` instance belongs to the variables it was built with, like
+  every Keras optimizer. Compiling it into a second model is refused with a
+  clear error on both backends (TensorFlow would raise its own error, JAX would
+  silently apply the first model's penalties).
 """
 
 import math
+import sys
 import warnings
 
 import keras
@@ -95,8 +96,9 @@ def weighted_sparse_group_soft_threshold(x, weights, group_threshold, l1_thresho
         >>> weighted_sparse_group_soft_threshold(w, adam_denominator, lr * factor, lr * l1)
     """
     x = ops.convert_to_tensor(x)
-    d = ops.maximum(ops.cast(weights, x.dtype), _MIN_PRECONDITIONER)
-    return _weighted_prox(x, d, group_threshold, l1_threshold)
+    dtype = _compute_dtype(x.dtype)
+    d = ops.maximum(ops.cast(weights, dtype), _MIN_PRECONDITIONER)
+    return ops.cast(_weighted_prox(ops.cast(x, dtype), d, group_threshold, l1_threshold), x.dtype)
 
 
 def _weighted_prox(x, d, a, b, use_l1=True):
@@ -114,7 +116,8 @@ def _sgl_step(x, a, b, use_l1=True):
     ``S_t(x) = x - clip(x, -t, t)`` (exactly 0 inside); the group factor
     ``max(0, 1 - c / ||g||)`` with ``||g||^2`` floored at the dtype's smallest
     normal number, so an all-zero group, or one whose squares underflow, gets
-    factor 0 (1 when ``c == 0``) without a ``where``.
+    factor 0 (1 when ``c == 0``) without a ``where``. ``x`` is float32 or
+    float64 (:func:`_compute_dtype`).
     """
     dtype = x.dtype
     a = ops.cast(a, dtype)
@@ -127,49 +130,21 @@ def _sgl_step(x, a, b, use_l1=True):
         x = x - ops.clip(x, -t, t)
     c = a * math.sqrt(prox.group_size(shape))
     sq = ops.sum(ops.square(x), axis=prox.group_axes(shape), keepdims=True)
-    tiny = float(np.finfo(keras.backend.standardize_dtype(dtype)).tiny)
-    return x * ops.maximum(1.0 - c * ops.rsqrt(ops.maximum(sq, tiny)), 0.0)
+    return x * ops.maximum(1.0 - c * ops.rsqrt(ops.maximum(sq, _TINY[keras.backend.standardize_dtype(dtype)])), 0.0)
 
 
-def _penalty_gradient(regularizer, w):
-    """Gradient of ``regularizer(w)`` as :func:`prox.group_sparse_penalty` defines it (0 at 0)."""
-    w = ops.convert_to_tensor(w)
-    shape = tuple(w.shape)
-    axes = prox.group_axes(shape)
-    if not axes:
-        return (regularizer.factor + regularizer.l1) * ops.sign(w)
-    grad = ops.zeros_like(w)
-    if regularizer.factor:
-        sq = ops.sum(ops.square(w), axis=axes, keepdims=True)
-        positive = ops.greater(sq, 0)
-        inv_norm = ops.where(positive, ops.rsqrt(ops.where(positive, sq, ops.ones_like(sq))), 0.0)
-        grad = w * (regularizer.factor * math.sqrt(prox.group_size(shape)) * inv_norm)
-    if regularizer.l1:
-        grad = grad + regularizer.l1 * ops.sign(w)
-    return grad
+# Smallest normal number of the dtypes the proximal step is computed in.
+_TINY = {name: float(np.finfo(name).tiny) for name in ("float32", "float64")}
 
 
-class _ReportedPenalty(keras.regularizers.Regularizer):
-    """A group-sparse penalty taken over by :class:`Proximal`: same value (or 0), no gradient.
+def _compute_dtype(dtype):
+    """float64 stays float64; float16, bfloat16 and float32 weights are stepped in float32.
 
-    Lives only on ``variable.regularizer`` while the optimizer owns the penalty;
-    the layer's config keeps the original penalty, so it is never serialized.
+    A half-precision group norm floored at float16's smallest normal number
+    (6e-5) would shrink small groups by the wrong amount, and numpy has no
+    ``finfo`` for bfloat16: the step is taken in float32 and cast back.
     """
-
-    def __init__(self, penalty, report=True):
-        self.penalty = penalty
-        self.report = report
-
-    def __call__(self, x):
-        if not self.report:
-            return ops.zeros((), dtype="float32")
-        return ops.stop_gradient(self.penalty(x))
-
-    def get_config(self):
-        return self.penalty.get_config()
-
-    def __repr__(self):
-        return f"reported({self.penalty!r})"
+    return "float64" if keras.backend.standardize_dtype(dtype) == "float64" else "float32"
 
 
 # The metric d of each Keras optimizer's own step, which is "lr * direction / d"
@@ -297,9 +272,9 @@ class Proximal(keras.optimizers.Optimizer):
             ``"optimizer"``: the metric of the wrapped optimizer's step (an
             error for other optimizers); ``"euclidean"``: ``d = 1``, thresholds
             ``lr * λ`` whatever the optimizer (for comparisons).
-        report_penalty: keep the penalties' value (without gradient) in the
-            reported loss, as in subgradient training (default). ``False``
-            skips computing it, one pass over the weights less per step.
+        report_penalty: accepted for files saved by version 0.1; it has
+            no effect. The penalties are the model's: their value is always
+            part of the loss, and ``Proximal`` removes their gradient.
         name: optimizer name.
 
     Raises:
@@ -321,6 +296,13 @@ class Proximal(keras.optimizers.Optimizer):
         metric = check_choice(owner, "metric", metric, METRICS)
         if not isinstance(report_penalty, bool):
             fail(owner, "report_penalty", "True or False", report_penalty)
+        if not report_penalty:
+            warnings.warn(
+                "Proximal: report_penalty=False has no effect: the penalties belong to the model, "
+                "so their value is always part of the reported loss (Proximal removes their "
+                "gradient, not their value).",
+                stacklevel=2,
+            )
         known = _find_metric(inner)
         if metric == "optimizer" and known is None:
             fail(
@@ -340,9 +322,7 @@ class Proximal(keras.optimizers.Optimizer):
         super().__init__(learning_rate=0.0, name=name)
         self.inner_optimizer = inner
         self.metric = metric
-        self.report_penalty = report_penalty
         self._metric = known if metric != "euclidean" else None
-        self._penalties = ()
 
     @property
     def resolved_metric(self):
@@ -350,35 +330,84 @@ class Proximal(keras.optimizers.Optimizer):
         return "euclidean" if self._metric is None else "optimizer"
 
     def build(self, variables):
-        """Build the wrapped optimizer and take over the group-sparse penalties of ``variables``."""
-        if self.built:
-            return
+        """Build the wrapped optimizer for ``variables`` (the model is only read, never changed).
+
+        Raises:
+            ValueError: this ``Proximal`` was already built for other variables
+                (it was compiled into another model).
+        """
         variables = list(variables)
+        if self.built:
+            self._check_same_variables(variables)
+            return
         self.inner_optimizer.build(variables)
         super().build(variables)
-        penalties = []
-        for index, variable in enumerate(variables):
+
+    def penalties(self):
+        """``[(variable, penalty)]``: the group-sparse penalties this optimizer applies, read now.
+
+        The penalties are the ones declared on the model's variables
+        (``variable.regularizer``, set from a layer's ``kernel_regularizer``
+        and ``bias_regularizer``); other regularizers (``L2``, ...) stay
+        ordinary loss terms with their gradient.
+        """
+        if not self.built:
+            return []
+        return [(self._trainable_variables[i], p) for i, p in self._declared_penalties()]
+
+    def _declared_penalties(self):
+        found = []
+        for index, variable in enumerate(self._trainable_variables):
             penalty = getattr(variable, "regularizer", None)
-            if isinstance(penalty, _ReportedPenalty):
-                penalty = penalty.penalty
             if isinstance(penalty, GroupSparseRegularizer):
-                penalties.append((index, penalty))
-                variable.regularizer = _ReportedPenalty(penalty, self.report_penalty)
-        self._penalties = tuple(penalties)
+                found.append((index, penalty))
+        return found
 
     def release(self):
-        """Give the group-sparse penalties back to the variables (as ordinary loss terms).
+        """Deprecated, does nothing: ``Proximal`` no longer changes the model's penalties.
 
-        Call it before training the same model with another optimizer;
-        otherwise those penalties stay report-only (value, no gradient).
+        Kept so that code written for version 0.1 runs; it warns.
         """
-        for index, penalty in self._penalties:
-            variable = self._trainable_variables[index]
-            if isinstance(variable.regularizer, _ReportedPenalty):
-                variable.regularizer = penalty
+        warnings.warn(
+            "Proximal.release() is no longer needed and does nothing: Proximal never changes "
+            "the model, so another optimizer trains it with the ordinary penalty gradients.",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+
+    def _check_same_variables(self, variables):
+        built = self._trainable_variables
+        if len(variables) == len(built) and all(a is b for a, b in zip(variables, built)):
+            return
+        self._refuse_other_variables(len(variables))
+
+    def _refuse_other_variables(self, count):
+        built = self._trainable_variables
+        raise ValueError(
+            f"{type(self).__name__} '{self.name}' was built for the {len(built)} trainable variables "
+            f"of another model (or of this model before its layers changed) and cannot train "
+            f"these {count}: its state (step count, moments) and the penalties it applies "
+            "belong to those variables. Give each model its own optimizer, e.g. "
+            "`Proximal(keras.optimizers.SGD(0.1, momentum=0.9))` per `compile`."
+        )
+
+    def _check_same_shapes(self, values):
+        built = self._trainable_variables
+        same = len(values) == len(built) and all(
+            tuple(v.shape) == tuple(b.shape) for v, b in zip(values, built)
+        )
+        if not same:
+            self._refuse_other_variables(len(values))
 
     @property
     def variables(self):
+        if self.built:
+            # A JAX trainer reads these first, before it detaches the model's own
+            # variables for the compiled loop: refuse another model here, while
+            # nothing of it has been touched.
+            caller = _calling_model()
+            if caller is not None and _optimizer_of(caller) is self:
+                self._check_same_variables(list(caller.trainable_variables))
         return self._variables + self.inner_optimizer.variables
 
     @property
@@ -399,72 +428,98 @@ class Proximal(keras.optimizers.Optimizer):
     def finalize_variable_values(self, var_list):
         self.inner_optimizer.finalize_variable_values(var_list)
 
+    def stateless_apply(self, optimizer_variables, grads, trainable_variables):
+        # The JAX trainer passes the values of the model's variables, not the
+        # variables: find the model whose train step is calling, to refuse a
+        # second model (the values would be matched to the first model's
+        # variables by position, and its penalties applied).
+        if self.built:
+            self._check_same_shapes(trainable_variables)
+            caller = _calling_model()
+            if caller is not None:
+                self._check_same_variables(list(caller.trainable_variables))
+        return super().stateless_apply(optimizer_variables, grads, trainable_variables)
+
     def apply(self, grads, trainable_variables=None):
-        """The wrapped optimizer's update, then the proximal step of every taken-over penalty."""
+        """Data gradient to the wrapped optimizer, then the proximal step of every group-sparse penalty.
+
+        Args:
+            grads: gradients of the whole loss, the model's penalties included
+                (what ``fit`` computes).
+            trainable_variables: the variables, on the first call when the
+                optimizer is not built yet; later they must be the same.
+        """
         grads = list(grads)
         if not grads:
             return
-        built_here = False
         if not self.built:
             if trainable_variables is None:
                 raise ValueError(
                     "Proximal: call `optimizer.build(trainable_variables)` or pass "
                     "`trainable_variables` to the first `apply`."
                 )
-            trainable_variables = list(trainable_variables)
             self.build(trainable_variables)
-            built_here = True
-        if built_here and self._penalties:
-            # The loss of this step was traced before build() took the penalties
-            # over, so the gradients still contain theirs: remove them.
-            grads = self._without_penalty_gradients(grads, trainable_variables)
+        elif trainable_variables is not None:
+            self._check_same_variables(list(trainable_variables))
+        penalties = self._declared_penalties()
+        if penalties:
+            grads = self._without_penalty_gradients(grads, penalties)
         learning_rate = ops.convert_to_tensor(self.inner_optimizer.learning_rate)
         self.inner_optimizer.apply(grads, trainable_variables)
-        if self._penalties:
-            self._apply_proximal_steps(learning_rate)
+        if penalties:
+            self._apply_proximal_steps(penalties, learning_rate)
 
-    def _without_penalty_gradients(self, grads, variables):
-        scale = self.inner_optimizer.loss_scale_factor or 1.0
-        scale = scale / _num_replicas()
-        by_index = dict(self._penalties)
-        out = []
-        for index, (grad, variable) in enumerate(zip(grads, variables)):
-            if grad is not None and index in by_index:
-                grad = ops.convert_to_tensor(grad)
-                penalty_grad = _penalty_gradient(by_index[index], ops.cast(variable, grad.dtype))
-                grad = grad - scale * penalty_grad
-            out.append(grad)
-        return out
+    def _without_penalty_gradients(self, grads, penalties):
+        """The data gradient: each penalty's gradient (closed form) removed from the loss gradient.
+
+        Keras scales the loss by the optimizer's ``loss_scale_factor`` and, under
+        a ``tf.distribute`` strategy, each replica's penalty terms by
+        ``1 / replicas``; the same scale is removed here.
+        """
+        scale = (self.inner_optimizer.loss_scale_factor or 1.0) / _num_replicas()
+        grads = list(grads)
+        for index, penalty in penalties:
+            grad = grads[index]
+            if grad is None:
+                continue
+            grad = ops.convert_to_tensor(grad)
+            value = self._trainable_variables[index]
+            penalty_grad = prox.group_sparse_gradient(ops.cast(value, grad.dtype), penalty.factor, penalty.l1)
+            grads[index] = grad - ops.cast(scale, grad.dtype) * penalty_grad
+        return grads
 
     def _proximal_point(self, index, penalty, value, learning_rate):
         """``prox`` of ``penalty`` at ``value`` (the weight after the wrapped update)."""
         value = ops.convert_to_tensor(value)
-        dtype = value.dtype
+        dtype = _compute_dtype(value.dtype)
+        x = ops.cast(value, dtype)
         lr = ops.cast(learning_rate, dtype)
         d = 1.0 if self._metric is None else self._metric(self.inner_optimizer, index, dtype)
         if isinstance(d, float):  # a constant metric: the Euclidean closed form, thresholds lr * λ / d
             step = lr / d
-            return _sgl_step(value, step * penalty.factor, step * penalty.l1, use_l1=bool(penalty.l1))
-        d = ops.maximum(d, _MIN_PRECONDITIONER)
-        return _weighted_prox(value, d, lr * penalty.factor, lr * penalty.l1, use_l1=bool(penalty.l1))
+            z = _sgl_step(x, step * penalty.factor, step * penalty.l1, use_l1=bool(penalty.l1))
+        else:
+            d = ops.maximum(d, _MIN_PRECONDITIONER)
+            z = _weighted_prox(x, d, lr * penalty.factor, lr * penalty.l1, use_l1=bool(penalty.l1))
+        return ops.cast(z, value.dtype)
 
-    def _apply_proximal_steps(self, learning_rate):
+    def _apply_proximal_steps(self, penalties, learning_rate):
         if keras.backend.backend() == "tensorflow":
             import tensorflow as tf
 
             context = tf.distribute.get_replica_context()
             if context is None:  # cross-replica context: no merge needed
-                self._distributed_proximal_steps(tf.distribute.get_strategy(), learning_rate)
+                self._distributed_proximal_steps(tf.distribute.get_strategy(), penalties, learning_rate)
             else:
-                context.merge_call(self._distributed_proximal_steps, args=(learning_rate,))
+                context.merge_call(self._distributed_proximal_steps, args=(penalties, learning_rate))
             return
-        for index, penalty in self._penalties:
+        for index, penalty in penalties:
             variable = self._trainable_variables[index]
             variable.assign(self._proximal_point(index, penalty, variable, learning_rate))
 
-    def _distributed_proximal_steps(self, strategy, learning_rate):
+    def _distributed_proximal_steps(self, strategy, penalties, learning_rate):
         # Like Keras's own weight decay: one update per variable, on every replica.
-        for index, penalty in self._penalties:
+        for index, penalty in penalties:
 
             def step(var, lr, index=index, penalty=penalty):
                 return var.assign(self._proximal_point(index, penalty, var, lr))
@@ -478,7 +533,6 @@ class Proximal(keras.optimizers.Optimizer):
             "name": self.name,
             "optimizer": keras.saving.serialize_keras_object(self.inner_optimizer),
             "metric": self.metric,
-            "report_penalty": self.report_penalty,
         }
 
     @classmethod
@@ -491,12 +545,32 @@ class Proximal(keras.optimizers.Optimizer):
 
 
 def _num_replicas():
+    # The scale keras.losses applies to additional losses under tf.distribute.
     if keras.backend.backend() != "tensorflow":
         return 1
     import tensorflow as tf
 
-    context = tf.distribute.get_replica_context()
-    return 1 if context is None else context.num_replicas_in_sync
+    return tf.distribute.get_strategy().num_replicas_in_sync
+
+
+def _optimizer_of(model):
+    optimizer = getattr(model, "optimizer", None)
+    if isinstance(optimizer, keras.optimizers.LossScaleOptimizer):
+        return optimizer.inner_optimizer
+    return optimizer
+
+
+def _calling_model(depth=6):
+    """The ``keras.Model`` whose method called into the optimizer, if one is near on the stack."""
+    frame = sys._getframe(2)
+    for _ in range(depth):
+        if frame is None:
+            return None
+        owner = frame.f_locals.get("self")
+        if isinstance(owner, keras.Model):
+            return owner
+        frame = frame.f_back
+    return None
 
 
 def _resolve_optimizer(owner, optimizer):

@@ -18,6 +18,7 @@ __all__ = [
     "group_norms",
     "safe_abs",
     "group_sparse_penalty",
+    "group_sparse_gradient",
     "soft_threshold",
     "group_soft_threshold",
     "sparse_group_soft_threshold",
@@ -159,8 +160,7 @@ def _sgl(x, scale, b, axes):
     @ops.custom_gradient
     def penalty(w):
         sq = ops.sum(ops.square(w), axis=axes, keepdims=True)
-        positive = ops.greater(sq, 0)
-        inv_norm = ops.where(positive, ops.rsqrt(ops.where(positive, sq, ops.ones_like(sq))), 0.0)
+        inv_norm = _inverse_norm(sq)
         norms = ops.multiply(sq, inv_norm)  # sqrt(sq), 0 where sq == 0
         value = scale * ops.sum(norms)
         sign = None
@@ -171,14 +171,61 @@ def _sgl(x, scale, b, axes):
         def grad(*args, upstream=None):
             if upstream is None:
                 (upstream,) = args
-            g = ops.multiply(w, scale * inv_norm)
-            if b:
-                g = g + b * sign
-            return ops.multiply(upstream, g)
+            return ops.multiply(upstream, _sgl_gradient(w, scale * inv_norm, b, sign))
 
         return value, grad
 
     return penalty(x)
+
+
+def _inverse_norm(sq):
+    """``1 / sqrt(sq)``, and 0 where ``sq == 0`` (double ``where``: no NaN, no inf)."""
+    positive = ops.greater(sq, 0)
+    return ops.where(positive, ops.rsqrt(ops.where(positive, sq, ops.ones_like(sq))), 0.0)
+
+
+def _sgl_gradient(w, group_scale, b, sign=None):
+    # The one formula of the penalty gradient: the regularizers' custom gradient
+    # and group_sparse_gradient (which Proximal subtracts) both end here.
+    g = ops.multiply(w, group_scale)
+    if b:
+        g = g + b * (ops.sign(w) if sign is None else sign)
+    return g
+
+
+def group_sparse_gradient(x, group_factor, l1_factor=0.0):
+    """Gradient of :func:`group_sparse_penalty`, in closed form, in the dtype of ``x``.
+
+    ``a * sqrt(|g|) * g / ||g||_2 + b * sign(x)`` with 0 for an all-zero group
+    (and for a group whose squared norm underflows) and ``sign(0) = 0``: the
+    subgradient the penalty's own gradient uses, computed by the same code. On
+    a rank-1 tensor it is ``(a + b) * sign(x)``.
+
+    Args:
+        x: weight tensor of rank >= 1.
+        group_factor: ``a >= 0``.
+        l1_factor: ``b >= 0``.
+
+    Returns:
+        A tensor of the shape and dtype of ``x``.
+
+    Example:
+        >>> np.asarray(group_sparse_gradient(np.array([[3.0, 4.0], [0.0, 0.0]]), 0.5))
+        array([[0.42426407, 0.56568542],
+               [0.        , 0.        ]])
+    """
+    x = _as_tensor(x)
+    shape = tuple(x.shape)
+    dtype = x.dtype
+    wide = x if str(dtype) == "float64" else ops.cast(x, "float32")
+    axes = group_axes(shape)
+    a = float(group_factor)
+    b = float(l1_factor)
+    if not axes:
+        return ops.cast((a + b) * ops.sign(wide), dtype)
+    sq = ops.sum(ops.square(wide), axis=axes, keepdims=True)
+    scale = a * math.sqrt(group_size(shape))
+    return ops.cast(_sgl_gradient(wide, scale * _inverse_norm(sq), b), dtype)
 
 
 def soft_threshold(x, threshold):

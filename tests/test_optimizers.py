@@ -198,7 +198,7 @@ def test_closed_form_penalty_gradient_matches_the_regularizer(reg, shape, rng):
     if len(shape) > 1:
         w[..., 0, :] = 0.0  # a zero group
     w.flat[1] = 0.0  # a zero weight in a live group
-    np.testing.assert_allclose(as_np(kgl_optimizers._penalty_gradient(reg, w)), autodiff_gradient(reg, w),
+    np.testing.assert_allclose(as_np(prox.group_sparse_gradient(w, reg.factor, reg.l1)), autodiff_gradient(reg, w),
                                rtol=1e-5, atol=1e-6)
 
 
@@ -211,6 +211,22 @@ def penalized_variable(value, reg):
     return v
 
 
+def np_penalty_gradient(w, reg):
+    """numpy reference: a * sqrt(|g|) * g / ||g|| (0 for a zero group) + b * sign(w)."""
+    w = np.asarray(w, np.float64)
+    if w.ndim == 1:
+        return (reg.factor + reg.l1) * np.sign(w)
+    g = groups_of(w)
+    norm = np.linalg.norm(g, axis=1, keepdims=True)
+    group = reg.factor * math.sqrt(g.shape[1]) * np.where(norm > 0, g / np.where(norm > 0, norm, 1.0), 0.0)
+    return from_groups(group, w.shape) + reg.l1 * np.sign(w)
+
+
+def loss_gradient(data_gradient, w, reg):
+    """What `fit` hands the optimizer: the gradient of data loss + penalty."""
+    return (np.asarray(data_gradient, np.float64) + np_penalty_gradient(w, reg)).astype(np.float32)
+
+
 def test_sgd_step_is_update_then_prox_with_threshold_lr_times_lambda(rng):
     w0 = rng.normal(size=(4, 3)).astype(np.float32)
     w0[2] *= 0.01  # a small group that the step must zero
@@ -219,7 +235,7 @@ def test_sgd_step_is_update_then_prox_with_threshold_lr_times_lambda(rng):
     v = penalized_variable(w0, reg)
     opt = Proximal(keras.optimizers.SGD(0.5))
     opt.build([v])
-    opt.apply([g], [v])
+    opt.apply([loss_gradient(g, w0, reg)], [v])
     u = w0.astype(np.float64) - 0.5 * g
     expected = as_np(prox.sparse_group_soft_threshold(u.astype(np.float32), 0.5 * 0.2, 0.5 * 0.1))
     np.testing.assert_allclose(v.numpy(), expected, rtol=1e-6, atol=1e-7)
@@ -236,7 +252,7 @@ def test_adam_step_is_the_prox_in_adams_metric(rng):
     inner = keras.optimizers.Adam(0.1)
     opt = Proximal(inner)
     opt.build([v])
-    opt.apply([g], [v])
+    opt.apply([loss_gradient(g, w0, reg)], [v])
     # After one Adam step: m = 0.1 g, v = 0.001 g^2, update lr*g/(|g| + eps/sqrt(0.001)) ...
     eps, lr = inner.epsilon, 0.1
     d = (np.sqrt(0.001 * g.astype(np.float64) ** 2) + eps) / math.sqrt(1 - 0.999)
@@ -301,17 +317,18 @@ def test_metric_of_momentum_optimizers_is_their_steady_step(make):
 def test_sgd_momentum_thresholds_are_lr_lambda_over_one_minus_momentum(rng):
     w0 = rng.normal(size=(4, 3)).astype(np.float32)
     g = rng.normal(size=(4, 3)).astype(np.float32)
-    v = penalized_variable(w0, SparseGroupLasso(0.2, l1=0.1))
+    reg = SparseGroupLasso(0.2, l1=0.1)
+    v = penalized_variable(w0, reg)
     opt = Proximal(keras.optimizers.SGD(0.5, momentum=0.75))
     opt.build([v])
-    opt.apply([g], [v])
+    opt.apply([loss_gradient(g, w0, reg)], [v])
     u = w0 - 0.5 * g  # first step: the velocity starts at 0
     expected = as_np(prox.sparse_group_soft_threshold(u, 0.5 * 0.2 / 0.25, 0.5 * 0.1 / 0.25))
     np.testing.assert_allclose(v.numpy(), expected, rtol=1e-5, atol=1e-6)
     plain = Proximal(keras.optimizers.SGD(0.5, momentum=0.75), metric="euclidean")
-    v2 = penalized_variable(w0, SparseGroupLasso(0.2, l1=0.1))
+    v2 = penalized_variable(w0, reg)
     plain.build([v2])
-    plain.apply([g], [v2])
+    plain.apply([loss_gradient(g, w0, reg)], [v2])
     np.testing.assert_allclose(v2.numpy(), as_np(prox.sparse_group_soft_threshold(u, 0.5 * 0.2, 0.5 * 0.1)),
                                rtol=1e-5, atol=1e-6)
 
@@ -334,7 +351,7 @@ def test_learning_rate_and_schedule_are_the_inner_optimizers():
     opt.build([v])
     for lr in (0.5, 0.25):  # the step uses the rate of its own iteration
         before = v.numpy().astype(np.float64)
-        opt.apply([np.zeros((2, 2), np.float32)], [v])
+        opt.apply([loss_gradient(np.zeros((2, 2)), before, reg)], [v])
         norm = np.linalg.norm(before, axis=1, keepdims=True)
         np.testing.assert_allclose(v.numpy(), before * (1 - lr * 0.1 * math.sqrt(2) / norm), rtol=1e-6)
     plain = Proximal(keras.optimizers.SGD(0.5))
@@ -349,34 +366,44 @@ def test_inside_loss_scale_optimizer(rng):
     v = penalized_variable(w0, GroupLasso(0.2))
     opt = keras.optimizers.LossScaleOptimizer(Proximal(keras.optimizers.SGD(0.5)), initial_scale=64.0)
     opt.build([v])
+    total = loss_gradient(g, w0, GroupLasso(0.2))
     if BACKEND == "jax":  # LossScaleOptimizer.apply is not eager-safe on JAX; fit uses stateless_apply
-        (new_value,), _ = opt.stateless_apply([u.value for u in opt.variables], [64.0 * g], [v.value])
+        (new_value,), _ = opt.stateless_apply([u.value for u in opt.variables], [64.0 * total], [v.value])
     else:
-        opt.apply([64.0 * g], [v])
+        opt.apply([64.0 * total], [v])
         new_value = v.numpy()
     expected = as_np(prox.group_soft_threshold(w0 - 0.5 * g, 0.5 * 0.2))
     np.testing.assert_allclose(as_np(new_value), expected, rtol=1e-5, atol=1e-6)
 
 
-def test_build_takes_over_group_penalties_only_and_release_gives_them_back():
+def test_build_reads_the_group_penalties_and_changes_no_variable():
     reg = SparseGroupLasso(0.1)
     v = penalized_variable(np.ones((2, 2)), reg)
     other = penalized_variable(np.ones((2, 2)), keras.regularizers.L2(0.1))
     plain = keras.Variable(np.ones((2,), np.float32))
     opt = Proximal(keras.optimizers.SGD(0.1))
+    assert opt.penalties() == []
     opt.build([v, other, plain])
-    assert v.regularizer is not reg and v.regularizer.penalty is reg
-    assert isinstance(other.regularizer, keras.regularizers.L2)
+    assert v.regularizer is reg and isinstance(other.regularizer, keras.regularizers.L2)
     assert plain.regularizer is None
-    # Same value as the penalty (the reported loss), but no gradient.
-    assert float(ops.convert_to_numpy(v.regularizer(v))) == pytest.approx(float(ops.convert_to_numpy(reg(v))))
-    np.testing.assert_array_equal(autodiff_gradient(v.regularizer, np.ones((2, 2), np.float32)), 0.0)
-    # A new Proximal (the model compiled again) takes the original penalty over.
-    again = Proximal(keras.optimizers.Adam())
-    again.build([v, other, plain])
-    assert again._penalties == ((0, reg),) and v.regularizer.penalty is reg
-    opt.release()
-    assert v.regularizer is reg
+    assert opt.penalties() == [(v, reg)]
+    # Penalties are read when the step is traced: a later declaration is seen.
+    replaced = GroupLasso(0.5)
+    v.regularizer = replaced
+    assert opt.penalties() == [(v, replaced)]
+    with pytest.warns(DeprecationWarning, match="no longer needed"):
+        opt.release()
+    assert v.regularizer is replaced
+
+
+def test_l2_and_unpenalised_gradients_reach_the_inner_optimizer_unchanged(rng):
+    w0 = rng.normal(size=(3, 2)).astype(np.float32)
+    g = rng.normal(size=(3, 2)).astype(np.float32)
+    other = penalized_variable(w0, keras.regularizers.L2(0.1))
+    opt = Proximal(keras.optimizers.SGD(0.5))
+    opt.build([other])
+    opt.apply([g], [other])
+    np.testing.assert_allclose(other.numpy(), w0 - 0.5 * g, rtol=1e-6)
 
 
 # ---------------------------------------------------------------- training
@@ -452,21 +479,16 @@ def test_reported_loss_includes_the_penalty_value():
     loss = model.evaluate(x, y, batch_size=len(x), verbose=0)
     probs = model.predict(x, verbose=0).astype(np.float64)
     data_loss = float(np.mean(-np.log(probs[np.arange(len(y)), y])))
-    penalty = sum(float(ops.convert_to_numpy(w.regularizer.penalty(w))) for w in model.trainable_weights
+    penalty = sum(float(ops.convert_to_numpy(w.regularizer(w))) for w in model.trainable_weights
                   if w.regularizer is not None)
     assert penalty > 0
     assert loss == pytest.approx(data_loss + penalty, rel=1e-4)
 
 
-def test_report_penalty_false_reports_the_data_loss_only():
-    x, y = toy_data()
-    model = toy_model()
-    model.compile(Proximal(keras.optimizers.SGD(0.1), report_penalty=False), "sparse_categorical_crossentropy")
-    model.fit(x, y, epochs=1, batch_size=32, verbose=0)
-    assert all(float(ops.convert_to_numpy(loss)) == 0.0 for loss in model.losses)
-    loss = model.evaluate(x, y, batch_size=len(x), verbose=0)
-    probs = model.predict(x, verbose=0).astype(np.float64)
-    assert loss == pytest.approx(float(np.mean(-np.log(probs[np.arange(len(y)), y]))), rel=1e-4)
+def test_report_penalty_false_is_accepted_for_old_files_and_warns():
+    with pytest.warns(UserWarning, match="report_penalty=False has no effect"):
+        opt = Proximal(keras.optimizers.SGD(0.1), report_penalty=False)
+    assert "report_penalty" not in opt.get_config()
 
 
 @pytest.mark.skipif(BACKEND != "tensorflow", reason="only TensorFlow builds the optimizer inside the first traced step")
@@ -499,7 +521,7 @@ def test_keras_round_trip_keeps_the_optimizer_state_and_resumes(tmp_path):
     for a, b in zip(model.optimizer.variables, loaded.optimizer.variables):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
     assert isinstance(loaded.layers[0].kernel_regularizer, SparseGroupLasso)
-    assert loaded.layers[0].kernel.regularizer.penalty == loaded.layers[0].kernel_regularizer
+    assert loaded.layers[0].kernel.regularizer == loaded.layers[0].kernel_regularizer
     model.fit(x, y, epochs=2, batch_size=32, verbose=0, shuffle=False)
     loaded.fit(x, y, epochs=2, batch_size=32, verbose=0, shuffle=False)
     for a, b in zip(model.trainable_weights, loaded.trainable_weights):
@@ -507,10 +529,9 @@ def test_keras_round_trip_keeps_the_optimizer_state_and_resumes(tmp_path):
 
 
 def test_get_config_round_trip_and_keras_serialization():
-    opt = Proximal(keras.optimizers.SGD(0.1, momentum=0.9, nesterov=True), metric="euclidean",
-                   report_penalty=False, name="p")
+    opt = Proximal(keras.optimizers.SGD(0.1, momentum=0.9, nesterov=True), metric="euclidean", name="p")
     config = opt.get_config()
-    assert config["metric"] == "euclidean" and config["name"] == "p" and config["report_penalty"] is False
+    assert config == {"name": "p", "optimizer": config["optimizer"], "metric": "euclidean"}
     again = Proximal.from_config(config)
     assert again.get_config() == config
     restored = keras.optimizers.deserialize(keras.optimizers.serialize(opt))
@@ -627,3 +648,157 @@ def test_mirrored_strategy_on_two_logical_cpus(tmp_path):
     env = dict(os.environ, KERAS_BACKEND="tensorflow", TF_CPP_MIN_LOG_LEVEL="3")
     done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300, env=env)
     assert done.returncode == 0 and "OK" in done.stdout, done.stdout[-2000:] + done.stderr[-4000:]
+
+
+# ---------------------------------------------------------------- the model is the user's
+
+
+def shrink_model(dtype="float32"):
+    keras.utils.set_random_seed(1)
+    return keras.Sequential(
+        [
+            keras.Input((5,)),
+            keras.layers.Dense(4, kernel_regularizer=GroupLasso(0.05), dtype=dtype),
+            keras.layers.Dense(3, kernel_regularizer=SparseGroupLasso(0.02, l1=0.01), dtype=dtype),
+            keras.layers.Activation("linear", dtype="float32"),
+        ]
+    )
+
+
+SHRINK_X = np.random.default_rng(3).normal(size=(16, 5)).astype(np.float32)
+SHRINK_Y = np.zeros((16, 3), np.float32)
+NO_DATA = np.zeros(16, np.float32)  # sample weights 0: the data gradient is exactly 0
+
+
+def kernels(model):
+    return [as_np(layer.kernel) for layer in model.layers if isinstance(layer, keras.layers.Dense)]
+
+
+def penalties_of(model):
+    return [layer.kernel_regularizer for layer in model.layers if isinstance(layer, keras.layers.Dense)]
+
+
+def expected_step(before, regs, proximal, lr):
+    """One step with no data gradient: the penalty's gradient step, or its proximal step."""
+    out = []
+    for w, reg in zip(before, regs):
+        if proximal:
+            out.append(as_np(prox.sparse_group_soft_threshold(w.astype(np.float32), lr * reg.factor, lr * reg.l1)))
+        else:
+            out.append(w - lr * np_penalty_gradient(w, reg))
+    return out
+
+
+def one_step(model):
+    model.fit(SHRINK_X, SHRINK_Y, sample_weight=NO_DATA, batch_size=16, epochs=1, verbose=0, shuffle=False)
+
+
+LR = 0.5
+STEPS = st.lists(st.sampled_from(["proximal", "sgd", "fit", "clone", "save_load"]), min_size=2, max_size=7)
+
+
+@settings(max_examples=6, deadline=None)
+@given(STEPS)
+def test_penalty_gradient_is_applied_exactly_when_the_optimizer_is_not_proximal(steps):
+    """Any sequence of compile / fit / re-compile / clone / save-load: the penalty is never switched off."""
+    import tempfile
+
+    model = shrink_model()
+    active = None  # "proximal", "sgd" or None (not compiled)
+    with tempfile.TemporaryDirectory() as tmp:
+        for i, step in enumerate(steps + ["fit"]):
+            if step in ("proximal", "sgd"):
+                optimizer = Proximal(keras.optimizers.SGD(LR)) if step == "proximal" else keras.optimizers.SGD(LR)
+                model.compile(optimizer, "mean_squared_error")
+                active = step
+            elif step == "clone":
+                copy = keras.models.clone_model(model)
+                copy.set_weights(model.get_weights())
+                model, active = copy, None
+            elif step == "save_load" and active is not None:
+                path = os.path.join(tmp, f"m{i}.keras")
+                model.save(path)
+                model = keras.saving.load_model(path)
+                assert isinstance(model.optimizer, Proximal) == (active == "proximal")
+            elif step == "fit":
+                if active is None:
+                    model.compile(keras.optimizers.SGD(LR), "mean_squared_error")
+                    active = "sgd"
+                before = kernels(model)
+                one_step(model)
+                expected = expected_step(before, penalties_of(model), active == "proximal", LR)
+                for got, want in zip(kernels(model), expected):
+                    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+            for variable in model.trainable_variables:  # the declared penalties are untouched
+                assert variable.regularizer is None or type(variable.regularizer) in (GroupLasso, SparseGroupLasso)
+
+
+def test_recompiling_after_proximal_trains_with_the_penalty_gradient():
+    model = shrink_model()
+    model.compile(Proximal(keras.optimizers.SGD(LR)), "mean_squared_error")
+    one_step(model)
+    for make in (lambda m: m, lambda m: keras.models.clone_model(m)):
+        again = make(model)
+        again.set_weights(model.get_weights())
+        again.compile(keras.optimizers.Adam(0.1), "mean_squared_error")
+        before = kernels(again)
+        one_step(again)
+        # Adam's first step moves every weight with a non-zero gradient by ~lr: the penalty is active.
+        moved = np.abs(kernels(again)[0] - before[0])
+        live = np.linalg.norm(before[0], axis=1) > 0
+        assert np.all(moved[live] > 0.05)
+
+
+def test_one_proximal_compiled_into_two_models_is_refused():
+    optimizer = Proximal(keras.optimizers.SGD(0.1))
+    first = shrink_model()
+    first.compile(optimizer, "mean_squared_error")
+    one_step(first)
+    second = shrink_model()  # same shapes: only the variables tell them apart
+    second.compile(optimizer, "mean_squared_error")
+    before = kernels(second)
+    with pytest.raises(ValueError, match=r"was built for the 4 trainable variables of another model .* "
+                                         r"Give each model its own optimizer"):
+        one_step(second)
+    for a, b in zip(kernels(second), before):
+        np.testing.assert_array_equal(a, b)
+    one_step(first)  # the first model still trains with it
+
+
+def test_building_for_other_variables_is_refused():
+    optimizer = Proximal(keras.optimizers.Adam())
+    optimizer.build([keras.Variable(np.ones((2, 2), np.float32))])
+    with pytest.raises(ValueError, match="was built for the 1 trainable variables of another model"):
+        optimizer.build([keras.Variable(np.ones((2, 2), np.float32))])
+
+
+DTYPES = ["float16", "bfloat16", "float32"] + (["float64"] if BACKEND == "tensorflow" else [])
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("inner", ["sgd", "adam"])
+def test_proximal_step_works_in_every_float_dtype(dtype, inner):
+    # Keras sums the loss terms in one dtype: a float64 penalty needs a float64 loss.
+    floatx = keras.config.floatx()
+    keras.config.set_floatx("float64" if dtype == "float64" else floatx)
+    try:
+        check_proximal_step_in_dtype(dtype, inner)
+    finally:
+        keras.config.set_floatx(floatx)
+
+
+def check_proximal_step_in_dtype(dtype, inner):
+    model = shrink_model(dtype)
+    make = keras.optimizers.SGD if inner == "sgd" else keras.optimizers.Adam
+    model.compile(Proximal(make(LR)), "mean_squared_error")
+    before = kernels(model)
+    one_step(model)
+    after = kernels(model)
+    assert all(str(layer.kernel.dtype).endswith(dtype) for layer in model.layers[:2])
+    assert all(np.all(np.isfinite(w)) for w in after)
+    if inner == "sgd":
+        tolerance = {"float16": 2e-3, "bfloat16": 2e-2}.get(dtype, 1e-6)
+        for got, want in zip(after, expected_step(before, penalties_of(model), True, LR)):
+            np.testing.assert_allclose(got, want, rtol=tolerance, atol=tolerance)
+    model.fit(SHRINK_X, SHRINK_Y, batch_size=8, epochs=3, verbose=0)
+    assert all(np.all(np.isfinite(w)) for w in kernels(model))
