@@ -2,6 +2,7 @@
 
 import logging
 import math
+import re
 
 import keras
 import numpy as np
@@ -9,14 +10,15 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from sklearn.base import clone
+from sklearn.exceptions import NotFittedError
 from sklearn.datasets import make_regression
 from sklearn.model_selection import GridSearchCV
 from sklearn.pipeline import make_pipeline
-from sklearn.preprocessing import MinMaxScaler
+from sklearn.preprocessing import MinMaxScaler, StandardScaler
 from sklearn.utils._param_validation import InvalidParameterError as SklearnInvalidParameterError
 from sklearn.utils.estimator_checks import parametrize_with_checks
 
-from keras_group_lasso import InvalidParameterError, sparsity_report
+from keras_group_lasso import InvalidParameterError, NonFiniteError, sparsity_report
 from keras_group_lasso.sklearn import (
     GroupSparseMLPClassifier,
     GroupSparseMLPRegressor,
@@ -108,6 +110,62 @@ def test_one_class_is_refused():
     assert str(info.value) == (
         "GroupSparseMLPClassifier: argument `y` must contain at least 2 classes; received 1 class (np.int64(3))."
     )
+
+
+def _diverging_problem():
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(60, 4))
+    y = x[:, 0] + 0.1 * rng.normal(size=60)
+    x_huge = x.copy()
+    x_huge[:, 1] *= 1e30  # a feature in other units: the first pass overflows
+    return x, x_huge, y
+
+
+def _diverged_message(owner, passes, targets=" and large targets"):
+    return (
+        re.escape(f"{owner}: the training diverged: the loss became ")
+        + rf"(nan|inf) at pass \d+ of {passes} \(training stopped there\)( and the weights are not finite \(.+\))?"
+        + re.escape(
+            f". The input data may contain large values and need to be preprocessed: scale the features{targets}, "
+            "e.g. with sklearn.preprocessing.StandardScaler in a pipeline, or lower learning_rate (now 0.001)."
+        )
+        + "$"
+    )
+
+
+@pytest.mark.parametrize("early_stopping", [False, True])
+def test_divergence_is_an_error_that_names_the_cause(early_stopping):
+    x, x_huge, y = _diverging_problem()
+    est = GroupSparseMLPRegressor(hidden_layer_sizes=(5,), epochs=5, random_state=0, early_stopping=early_stopping)
+    with pytest.raises(NonFiniteError, match=_diverged_message("GroupSparseMLPRegressor.fit", 5)):
+        est.fit(x_huge, y)
+    # scikit-learn's MLP raises a ValueError here too; the estimator is left unfitted.
+    with pytest.raises(ValueError):
+        est.fit(x_huge, y)
+    with pytest.raises(NotFittedError):
+        est.predict(x)
+    # The fix the message gives works, with the same (cached) network.
+    fitted = make_pipeline(StandardScaler(), est).fit(x_huge, y)
+    assert np.isfinite(est.loss_) and np.all(np.isfinite(fitted.predict(x_huge)))
+
+
+def test_divergence_of_a_classifier_is_an_error():
+    x, _, y = _diverging_problem()
+    # Softmax cross-entropy survives 1e30 on JAX (saturated, finite gradients); near float32's largest
+    # value the first layer overflows on every backend.
+    x_huge = x.copy()
+    x_huge[:, 1:] = np.sign(x[:, 1:]) * 3e38
+    est = GroupSparseMLPClassifier(hidden_layer_sizes=(5,), epochs=5, random_state=0)
+    with pytest.raises(NonFiniteError, match=_diverged_message("GroupSparseMLPClassifier.fit", 5, targets="")):
+        est.fit(x_huge, (y > 0).astype(int))
+    assert not hasattr(est, "coefs_") and not hasattr(est, "classes_")
+
+
+def test_divergence_on_the_path_is_an_error():
+    _, x_huge, y = _diverging_problem()
+    est = GroupSparseMLPRegressor(hidden_layer_sizes=(5,), epochs=5, random_state=0)
+    with pytest.raises(NonFiniteError, match=_diverged_message("GroupSparseMLPRegressor.path (alpha=0)", 5)):
+        est.path(x_huge, y, alphas=[0.0, 0.01], epochs_per_alpha=1)
 
 
 def test_batch_larger_than_data_repeats_rows():
@@ -466,6 +524,19 @@ def test_best_with_tolerance_prefers_fewer_features(path_result):
     loose = path.best(tolerance=0.05)
     assert loose.n_features <= top.n_features and loose.score >= top.score - 0.05
     assert path.best(tolerance=1.0).n_features == path.n_selected.min()
+
+
+def test_estimator_of_a_point_that_is_not_on_the_path(path_result):
+    _, path = path_result
+    n = len(path)
+    for bad in (n, -n - 1, 1.0, True, "0"):
+        with pytest.raises(InvalidParameterError) as info:
+            path.estimator(bad)
+        assert str(info.value) == (
+            "RegularizationPath.estimator: argument `point` must be a PathPoint or an index of one of the "
+            f"{n} points (an int in [-{n}, {n - 1}]); received {bad!r}."
+        )
+    assert path.estimator(np.int64(-1)).get_support().sum() == path[-1].n_features
 
 
 def test_best_errors(path_result):

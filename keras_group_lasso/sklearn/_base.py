@@ -15,7 +15,7 @@ from sklearn.utils._param_validation import InvalidParameterError as _SklearnInv
 from sklearn.utils.multiclass import check_classification_targets
 from sklearn.utils.validation import check_is_fitted
 
-from keras_group_lasso._validation import InvalidParameterError
+from keras_group_lasso._validation import InvalidParameterError, NonFiniteError
 from keras_group_lasso.sklearn import _network
 
 try:  # scikit-learn >= 1.6
@@ -40,6 +40,37 @@ class ParameterError(InvalidParameterError, _SklearnInvalidParameterError):
     scikit-learn's ``InvalidParameterError`` (so also ``ValueError`` and
     ``TypeError``): code written for either library catches it.
     """
+
+
+def check_finite(owner, estimator, monitor, weights, passes):
+    """Raise :class:`~keras_group_lasso.NonFiniteError` when a training diverged.
+
+    Diverged: a pass's loss was NaN or infinite (``monitor.diverged_at``), or
+    a weight is not finite. As scikit-learn's MLP does, the message points at
+    the usual cause, input data with large values.
+    """
+    names = [
+        f"{'output' if i == len(weights) // 2 - 1 else f'hidden_{i + 1}'}/{kind}"
+        for i in range(len(weights) // 2)
+        for kind in ("kernel", "bias")
+    ]
+    broken = [name for name, w in zip(names, weights) if not np.all(np.isfinite(w))]
+    if monitor.diverged_at is None and not broken:
+        return
+    found = []
+    if monitor.diverged_at is not None:
+        loss = monitor.loss[monitor.diverged_at - 1]
+        found.append(f"the loss became {loss} at pass {monitor.diverged_at} of {passes} (training stopped there)")
+    if broken:
+        found.append(f"the weights are not finite ({', '.join(broken)})")
+    targets = " and large targets" if estimator._task == "regression" else ""
+    raise NonFiniteError(
+        f"{owner}: the training diverged: {' and '.join(found)}. The input data may contain large values "
+        f"and need to be preprocessed: scale the features{targets}, e.g. with "
+        "sklearn.preprocessing.StandardScaler in a pipeline, or lower learning_rate "
+        f"(now {estimator.learning_rate!r}).",
+        names=broken,
+    )
 
 
 class _GroupSparseMLP(SelectorMixin, BaseEstimator):
@@ -223,6 +254,9 @@ class _GroupSparseMLP(SelectorMixin, BaseEstimator):
         Raises:
             ParameterError: a parameter has a bad type or value (scikit-learn's message form).
             ValueError: bad data (scikit-learn's checks), or a single class in ``y``.
+            NonFiniteError: the training diverged (a NaN or infinite loss or
+                weight), usually because the features are not scaled; the
+                estimator is left unfitted.
         """
         hidden = self._check_params()
         X, y = self._validate_fit_data(X, y)
@@ -250,14 +284,26 @@ class _GroupSparseMLP(SelectorMixin, BaseEstimator):
         )
         network.train(X_train, y_train, self.epochs, data_seed, monitor, verbose=1 if self.verbose >= 2 else 0)
         weights = network.get_weights()
-        # Only a network that trained without error goes back to the cache.
+        # Only a network that trained without error goes back to the cache (a
+        # diverged one is fine: the next fit resets its weights and optimizer).
         _network.release(network)
+        try:
+            check_finite(f"{type(self).__name__}.fit", self, monitor, weights, self.epochs)
+        except NonFiniteError:
+            self._forget_fit()
+            raise
 
         self._set_fitted(spec, weights, self._input_alpha())
         self.history_ = monitor.history()
         self.n_iter_ = monitor.passes
         self.loss_ = monitor.loss[-1] if monitor.loss else float("nan")
         return self
+
+    def _forget_fit(self):
+        """Leave the estimator unfitted (after a fit that failed once the data was read)."""
+        for name in list(vars(self)):
+            if name.endswith("_") and not name.startswith("__"):
+                delattr(self, name)
 
     def _set_fitted(self, spec, weights, input_alpha):
         """Threshold ``weights`` (unless proximal), store them and read the selection."""
@@ -342,6 +388,7 @@ class _GroupSparseMLP(SelectorMixin, BaseEstimator):
         Raises:
             ParameterError: a bad estimator parameter.
             InvalidParameterError: a bad argument of ``path``.
+            NonFiniteError: the training of a point diverged (see :meth:`fit`).
 
         Example:
             >>> path = GroupSparseMLPClassifier(random_state=0).path(X_train, y_train)

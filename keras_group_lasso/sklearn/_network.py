@@ -353,6 +353,8 @@ class PassMonitor(keras.callbacks.Callback):
 
     Keras reports the running mean loss of the epoch; with equal-size batches
     and one pass per execution, pass ``k``'s own mean is ``k m_k - (k-1) m_{k-1}``.
+    A pass whose loss is NaN or infinite stops the training (nothing after it
+    can recover) and is recorded in ``diverged_at``; the estimator then raises.
 
     Args:
         score: ``None`` or a function ``network -> validation score`` (higher is better).
@@ -370,6 +372,7 @@ class PassMonitor(keras.callbacks.Callback):
         self.tol = tol
         self.verbose = verbose
         self.passes = 0
+        self.diverged_at = None
         self.loss = []
         self.val_score = []
         self._mean = 0.0
@@ -383,6 +386,13 @@ class PassMonitor(keras.callbacks.Callback):
         self.loss.append(k * mean - (k - 1) * self._mean)
         self._mean = mean
         message = f"pass {k}: loss {self.loss[-1]:.5f}"
+        if logs and "loss" in logs and not math.isfinite(self.loss[-1]):
+            # No score either: the outputs of non-finite weights are NaN.
+            self.diverged_at = k
+            self.model.stop_training = True
+            if self.verbose:
+                logger.info(message + " (not finite: training stopped)")
+            return
         if self.score is not None:
             # On JAX the weights live outside the variables during `fit`; put
             # them back before reading them (Keras re-reads them next step).

@@ -36,6 +36,7 @@ import numpy as np
 
 from keras_group_lasso._validation import check_non_negative, fail
 from keras_group_lasso.sklearn import _network
+from keras_group_lasso.sklearn._base import check_finite
 
 __all__ = ["PathPoint", "RegularizationPath", "input_group_strengths"]
 
@@ -195,9 +196,18 @@ class RegularizationPath:
         and every fitted attribute of ``fit``.
 
         Raises:
-            InvalidParameterError: the path was run with ``keep_weights=False``.
+            InvalidParameterError: ``point`` is neither a point of this path nor
+                the index of one, or the path was run with ``keep_weights=False``.
         """
         if not isinstance(point, PathPoint):
+            n = len(self.points)
+            if isinstance(point, bool) or not isinstance(point, (int, np.integer)) or not -n <= point < n:
+                fail(
+                    "RegularizationPath.estimator",
+                    "point",
+                    f"a PathPoint or an index of one of the {n} points (an int in [-{n}, {n - 1}])",
+                    point,
+                )
             point = self.points[point]
         if point.weights is None:
             fail(
@@ -465,9 +475,10 @@ def run_path(
     def score(weights):
         return float(work._score_outputs(_network.forward(weights, X_val, work._task), y_val))
 
-    def train(network, passes):
+    def train(network, passes, alpha):
         monitor = _network.PassMonitor(network)
         network.train(X_train, y_train, passes, seed(), monitor)
+        check_finite(f"{owner} (alpha={alpha:g})", work, monitor, network.get_weights(), passes)
         return monitor.passes
 
     grid = list(alphas) if alphas is not None else [0.0]
@@ -481,9 +492,9 @@ def run_path(
                 network.set_weights(_network.glorot_weights(network.spec, init_seed))
                 network.reset_optimizer(work.learning_rate)
                 network.set_mask(None)
-                passes = train(network, estimator.epochs)
+                passes = train(network, estimator.epochs, alpha)
             else:
-                passes = train(network, epochs_per_alpha)
+                passes = train(network, epochs_per_alpha, alpha)
             selected = _threshold(network.get_weights(), threshold)
             # A feature that left stays out: its input is masked, but Adam's
             # momentum can still move its (now useless) row; zero it.
@@ -501,7 +512,7 @@ def run_path(
                 network.set_alpha(work.alpha, 0.0)
                 network.set_weights(selected)
                 network.set_mask(mask)
-                passes += train(network, epochs_per_alpha)
+                passes += train(network, epochs_per_alpha, alpha)
                 final = _threshold(network.get_weights(), threshold)
                 final[0][~mask] = 0
                 final_report = export(final)
