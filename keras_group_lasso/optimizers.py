@@ -484,24 +484,26 @@ class Proximal(keras.optimizers.Optimizer):
                 continue
             grad = ops.convert_to_tensor(grad)
             value = self._trainable_variables[index]
-            penalty_grad = prox.group_sparse_gradient(ops.cast(value, grad.dtype), penalty.factor, penalty.l1)
+            penalty_grad = penalty.gradient(ops.cast(value, grad.dtype))
             grads[index] = grad - ops.cast(scale, grad.dtype) * penalty_grad
         return grads
 
     def _proximal_point(self, index, penalty, value, learning_rate):
         """``prox`` of ``penalty`` at ``value`` (the weight after the wrapped update)."""
         value = ops.convert_to_tensor(value)
+        shape = tuple(value.shape)
+        view = penalty.group_shape(shape)  # groups along axis -2 (whole channels for channels=C)
         dtype = _compute_dtype(value.dtype)
-        x = ops.cast(value, dtype)
+        x = ops.reshape(ops.cast(value, dtype), view)
         lr = ops.cast(learning_rate, dtype)
         d = 1.0 if self._metric is None else self._metric(self.inner_optimizer, index, dtype)
         if isinstance(d, float):  # a constant metric: the Euclidean closed form, thresholds lr * λ / d
             step = lr / d
             z = _sgl_step(x, step * penalty.factor, step * penalty.l1, use_l1=bool(penalty.l1))
         else:
-            d = ops.maximum(d, _MIN_PRECONDITIONER)
+            d = ops.maximum(ops.reshape(d, view), _MIN_PRECONDITIONER)
             z = _weighted_prox(x, d, lr * penalty.factor, lr * penalty.l1, use_l1=bool(penalty.l1))
-        return ops.cast(z, value.dtype)
+        return ops.cast(ops.reshape(z, shape), value.dtype)
 
     def _apply_proximal_steps(self, penalties, learning_rate):
         if keras.backend.backend() == "tensorflow":

@@ -20,7 +20,7 @@ import sys
 import keras
 
 from keras_group_lasso import prox
-from keras_group_lasso._validation import check_non_negative, fail
+from keras_group_lasso._validation import check_non_negative, check_positive_int, fail
 
 __all__ = [
     "GroupLasso",
@@ -81,6 +81,11 @@ class GroupSparseRegularizer(keras.regularizers.Regularizer):
     Attributes:
         factor: strength of the group term.
         l1: strength of the elementwise term (0 for pure group Lasso).
+        channels: ``None`` (groups are the slices along axis -2), or ``C``
+            for a Dense kernel that reads a flattened ``(..., C)`` feature
+            map: row ``r`` belongs to channel ``r % C``, and a group is all
+            rows of one channel (so the penalty removes whole channels, not
+            single positions of a map).
         role: ``"input"``, ``"hidden"`` or ``"any"``.
 
     Raises:
@@ -92,10 +97,44 @@ class GroupSparseRegularizer(keras.regularizers.Regularizer):
 
     role = "any"
 
-    def __init__(self, factor=DEFAULT_FACTOR, l1=0.0):
+    def __init__(self, factor=DEFAULT_FACTOR, l1=0.0, channels=None):
         owner = type(self).__name__
         self.factor = check_non_negative(owner, "factor", factor)
         self.l1 = check_non_negative(owner, "l1", l1)
+        if channels is not None:
+            channels = check_positive_int(owner, "channels", channels)
+        self.channels = channels
+
+    def group_shape(self, shape):
+        """The shape in which this penalty's groups lie along axis -2 (``shape`` itself without ``channels``).
+
+        With ``channels=C`` a kernel ``(rows, out)`` is seen as
+        ``(rows // C, C, out)``: group ``c`` is the rows ``c, C + c, 2C + c, ...``.
+
+        Raises:
+            InvalidParameterError: ``channels`` does not divide the number of rows.
+
+        Example:
+            >>> GroupLasso(1e-3, channels=4).group_shape((12, 5))
+            (3, 4, 5)
+        """
+        shape = tuple(int(d) for d in shape)
+        if self.channels is None or len(shape) < 2:
+            return shape
+        rows = shape[-2]
+        if len(shape) != 2 or rows % self.channels:
+            fail(
+                type(self).__name__,
+                "channels",
+                f"a divisor of the rows of a Dense kernel (the kernel has shape {shape})",
+                self.channels,
+            )
+        return (rows // self.channels, self.channels, shape[-1])
+
+    def _grouped(self, x):
+        shape = tuple(x.shape)
+        view = self.group_shape(shape)
+        return x if view == shape else keras.ops.reshape(x, view)
 
     def __call__(self, x):
         shape = tuple(getattr(x, "shape", ()))
@@ -114,7 +153,7 @@ class GroupSparseRegularizer(keras.regularizers.Regularizer):
                 else f"a tensor of shape {shape}, which no weight has"
             )
             fail(type(self).__name__, "x", _WEIGHT_ONLY, _Described(received))
-        return prox.group_sparse_penalty(x, self.factor, self.l1)
+        return prox.group_sparse_penalty(self._grouped(x), self.factor, self.l1)
 
     def prox(self, x, step):
         """Proximal step of this penalty with step size ``step`` (e.g. the learning rate).
@@ -122,10 +161,23 @@ class GroupSparseRegularizer(keras.regularizers.Regularizer):
         Returns ``argmin_z 0.5 * ||z - x||^2 + step * penalty(z)``, which has
         exact zeros: see :func:`keras_group_lasso.prox.sparse_group_soft_threshold`.
         """
-        return prox.sparse_group_soft_threshold(x, step * self.factor, step * self.l1)
+        x = keras.ops.convert_to_tensor(x)
+        z = prox.sparse_group_soft_threshold(self._grouped(x), step * self.factor, step * self.l1)
+        return keras.ops.reshape(z, tuple(x.shape))
+
+    def gradient(self, x):
+        """The penalty's gradient at ``x`` (:func:`keras_group_lasso.prox.group_sparse_gradient`), shape of ``x``."""
+        x = keras.ops.convert_to_tensor(x)
+        g = prox.group_sparse_gradient(self._grouped(x), self.factor, self.l1)
+        return keras.ops.reshape(g, tuple(x.shape))
+
+    def _with_channels(self, config):
+        if self.channels is not None:
+            config["channels"] = self.channels
+        return config
 
     def get_config(self):
-        return {"factor": self.factor, "l1": self.l1}
+        return self._with_channels({"factor": self.factor, "l1": self.l1})
 
     def __repr__(self):
         args = ", ".join(f"{k}={v!r}" for k, v in self.get_config().items())
@@ -148,6 +200,9 @@ class GroupLasso(GroupSparseRegularizer):
 
     Args:
         factor: finite number >= 0, the strength ``lambda``.
+        channels: ``None``, or the channels ``C`` of a flattened feature map
+            that a Dense kernel reads (its groups are then whole channels,
+            see :meth:`GroupSparseRegularizer.group_shape`).
 
     Raises:
         InvalidParameterError: for a negative, NaN, infinite, bool or
@@ -157,11 +212,11 @@ class GroupLasso(GroupSparseRegularizer):
         >>> layer = keras.layers.Dense(20, kernel_regularizer=GroupLasso(1e-3))
     """
 
-    def __init__(self, factor=DEFAULT_FACTOR):
-        super().__init__(factor=factor, l1=0.0)
+    def __init__(self, factor=DEFAULT_FACTOR, channels=None):
+        super().__init__(factor=factor, l1=0.0, channels=channels)
 
     def get_config(self):
-        return {"factor": self.factor}
+        return self._with_channels({"factor": self.factor})
 
 
 @keras.saving.register_keras_serializable(package=_PACKAGE, name="SparseGroupLasso")
@@ -181,11 +236,11 @@ class SparseGroupLasso(GroupSparseRegularizer):
         >>> keras.layers.Dense(40, kernel_regularizer=SparseGroupLasso(1e-3))
     """
 
-    def __init__(self, factor=DEFAULT_FACTOR, l1=None):
+    def __init__(self, factor=DEFAULT_FACTOR, l1=None, channels=None):
         owner = type(self).__name__
         factor = check_non_negative(owner, "factor", factor)
         l1 = factor if l1 is None else check_non_negative(owner, "l1", l1, allow_none=True)
-        super().__init__(factor=factor, l1=l1)
+        super().__init__(factor=factor, l1=l1, channels=channels)
 
 
 @keras.saving.register_keras_serializable(package=_PACKAGE, name="InputGroupLasso")

@@ -802,3 +802,28 @@ def check_proximal_step_in_dtype(dtype, inner):
             np.testing.assert_allclose(got, want, rtol=tolerance, atol=tolerance)
     model.fit(SHRINK_X, SHRINK_Y, batch_size=8, epochs=3, verbose=0)
     assert all(np.all(np.isfinite(w)) for w in kernels(model))
+
+
+@pytest.mark.parametrize("make", [lambda: keras.optimizers.SGD(0.5), lambda: keras.optimizers.Adam(0.5)],
+                         ids=["sgd", "adam"])
+def test_proximal_step_takes_whole_channels_of_a_flattened_map(make, rng):
+    w0 = rng.normal(size=(12, 3)).astype(np.float32)
+    w0[2::4] *= 1e-3  # channel 2 of 4, at all 3 positions: a weak group
+    reg = GroupLasso(0.2, channels=4)
+    v = penalized_variable(w0, reg)
+    opt = Proximal(make())
+    opt.build([v])
+    if isinstance(opt.inner_optimizer, keras.optimizers.SGD):
+        opt.apply([as_np(reg.gradient(w0)).astype(np.float32)], [v])  # no data gradient
+        after = v.numpy()
+        np.testing.assert_allclose(after, as_np(reg.prox(w0, 0.5)), rtol=1e-5, atol=1e-6)
+        assert np.all(after[2::4] == 0.0)
+    else:
+        g = rng.normal(size=w0.shape).astype(np.float32)
+        g[2::4] = 0.0  # no data pull on channel 2
+        opt.apply([g + as_np(reg.gradient(w0)).astype(np.float32)], [v])
+        after = v.numpy()
+    # Zeros come in whole channels: each channel is zero at every position, or at none.
+    per_row_zero = np.all(after == 0.0, axis=1).reshape(3, 4)
+    assert np.all(per_row_zero.all(axis=0) == per_row_zero.any(axis=0))
+    assert per_row_zero[:, 2].all()

@@ -2,6 +2,7 @@ import json
 import math
 
 import keras
+from keras import ops
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -335,3 +336,41 @@ def test_weight_use_inside_a_stateless_scope_reads_the_scope_values(rng):
     assert len(losses) == 5
     assert sum(float(keras.ops.convert_to_numpy(l)) for l in losses) == 0.0
     assert sum(float(keras.ops.convert_to_numpy(l)) for l in model.losses) > 0.0
+
+
+# ---------------------------------------------------------------- channel groups (Dense after Flatten)
+
+
+def as_numpy(x):
+    return np.asarray(ops.convert_to_numpy(x))
+
+
+def test_channels_groups_the_rows_of_one_channel(rng):
+    """Kernel rows p * C + c belong to channel c: one group per channel, sqrt(|g|) = sqrt(P * out)."""
+    positions, channels, out = 3, 4, 5
+    w = rng.normal(size=(positions * channels, out)).astype(np.float32)
+    w[1::channels] = 0.0  # channel 1 is dead at every position
+    reg = GroupLasso(0.3, channels=channels)
+    grouped = w.reshape(positions, channels, out)
+    expected = 0.3 * math.sqrt(positions * out) * sum(
+        np.linalg.norm(grouped[:, c, :]) for c in range(channels)
+    )
+    assert float(ops.convert_to_numpy(reg(w))) == pytest.approx(expected, rel=1e-5)
+    step = as_numpy(reg.prox(w, 0.5))
+    assert step.shape == w.shape and np.all(step[1::channels] == 0.0)
+    strong = as_numpy(GroupLasso(100.0, channels=channels).prox(w, 1.0))
+    assert np.all(strong == 0.0)
+    np.testing.assert_allclose(as_numpy(reg.gradient(w))[1::channels], 0.0)
+
+
+def test_channels_config_round_trip_and_bad_values():
+    reg = SparseGroupLasso(1e-3, channels=8)
+    assert reg.get_config() == {"factor": 1e-3, "l1": 1e-3, "channels": 8}
+    assert SparseGroupLasso.from_config(reg.get_config()) == reg
+    assert "channels" not in GroupLasso(1e-3).get_config()
+    with pytest.raises(InvalidParameterError, match=r"GroupLasso: argument `channels` must be an integer >= 1; "
+                                                    r"received 0\."):
+        GroupLasso(1e-3, channels=0)
+    with pytest.raises(InvalidParameterError, match=r"argument `channels` must be a divisor of the rows of a Dense "
+                                                    r"kernel \(the kernel has shape \(10, 2\)\); received 4\."):
+        GroupLasso(1e-3, channels=4)(np.ones((10, 2), np.float32))
