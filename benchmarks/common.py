@@ -4,13 +4,17 @@ Everything here uses the public API of keras_group_lasso only; nothing in the
 package imports it.
 """
 
+import argparse
+import contextlib
 import datetime
 import json
 import os
 import platform
 import re
+import shutil
 import statistics
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -193,6 +197,48 @@ def markdown_table(header_row, rows):
     return "\n".join(lines)
 
 
+def positive_int(text):
+    """argparse type: an integer >= 1 (``--seeds 0`` would train nothing and then write empty results)."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = None
+    if value is None or value < 1:
+        raise argparse.ArgumentTypeError(f"must be an integer >= 1; received {text!r}")
+    return value
+
+
+@contextlib.contextmanager
+def staged(out):
+    """A scratch folder whose files replace those of ``out`` only when the block succeeds.
+
+    A run that fails half-way (or is interrupted) leaves the results already
+    in ``out`` as they were: no figure of the new run next to a JSON of the old one.
+
+    Example:
+        >>> with staged(RESULTS_DIR) as stage:
+        ...     fig.savefig(stage / "sweep.png")
+        ...     (stage / "sweep.json").write_text(text)
+    """
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    scratch = Path(tempfile.mkdtemp(prefix=".partial-", dir=out))
+    try:
+        yield scratch
+        for path in sorted(scratch.iterdir()):
+            os.replace(path, out / path.name)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
+def write_text_atomically(path, text):
+    """Write ``text`` to ``path`` through a temporary file, so ``path`` is never half-written."""
+    path = Path(path)
+    with staged(path.parent) as stage:
+        (stage / path.name).write_text(text)
+    return path
+
+
 def write_section(key, title, body, path=RESULTS_MD):
     """Insert or replace the section ``key`` of RESULTS.md (between HTML comment markers)."""
     begin, end = f"<!-- BEGIN {key} -->", f"<!-- END {key} -->"
@@ -203,7 +249,7 @@ def write_section(key, title, body, path=RESULTS_MD):
         text = pattern.sub(lambda _: section, text)
     else:
         text = text.rstrip() + "\n\n" + section + "\n"
-    path.write_text(text if text.endswith("\n") else text + "\n")
+    write_text_atomically(path, text if text.endswith("\n") else text + "\n")
     return path
 
 
@@ -236,7 +282,8 @@ def save_feature_figure(path, example, panels, title):
     """The paper's Figs. 5/6: an example input, then one strength image per method (white = dropped)."""
     plt = pyplot()
     n = 1 + len(panels)
-    fig, axes = plt.subplots(1, n, figsize=(2.4 * n, 3.1))
+    fig, axes = plt.subplots(1, n, figsize=(2.4 * n, 3.1), squeeze=False)
+    axes = axes[0]
     axes[0].imshow(example, cmap="gray_r")
     axes[0].set_title("example input", fontsize=9)
     for ax, (name, image, kept) in zip(axes[1:], panels):

@@ -181,8 +181,8 @@ def summary(records, methods, factor=1e-3):
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--seeds", type=int, default=3, help="number of seeds 0..N-1 (paper: 25; default 3)")
-    parser.add_argument("--epochs", type=int, default=None, help="training epochs (default 200, --quick 30)")
+    parser.add_argument("--seeds", type=common.positive_int, default=3, help="number of seeds 0..N-1 (paper: 25; default 3)")
+    parser.add_argument("--epochs", type=common.positive_int, default=None, help="training epochs (default 200, --quick 30)")
     parser.add_argument("--methods", nargs="+", default=None, choices=sorted(common.METHODS),
                         help="penalties to compare (default all; SGL-prox only when Proximal exists)")
     parser.add_argument("--quick", action="store_true",
@@ -195,30 +195,32 @@ def main(argv=None):
     if args.fig5_only:
         _, images = sweep(methods, (FIG5_FACTOR,), [0], args.epochs or 200)
         example = images.pop("example")
-        path = common.save_feature_figure(
-            common.RESULTS_DIR / "digits_features.png", example, [(m, *images[m]) for m in methods],
-            f"DIGITS: strength of each pixel's outgoing weights (λ={FIG5_FACTOR:g}, seed 0; white = dropped)")
-        common.say(f"wrote {path}")
+        with common.staged(common.RESULTS_DIR) as stage:
+            common.save_feature_figure(
+                stage / "digits_features.png", example, [(m, *images[m]) for m in methods],
+                f"DIGITS: strength of each pixel's outgoing weights (λ={FIG5_FACTOR:g}, seed 0; white = dropped)")
+        common.say(f"wrote {common.RESULTS_DIR / 'digits_features.png'}")
         return 0
     seeds = list(range(1 if args.quick else args.seeds))
     factors = (1e-2, 1e-3, 1e-4) if args.quick else FACTORS
     epochs = args.epochs or (30 if args.quick else 200)
     out = common.HERE / "out" if args.quick else common.RESULTS_DIR
-    out.mkdir(parents=True, exist_ok=True)
 
     started, t0 = common.now(), time.perf_counter()
     common.say(f"DIGITS sweep: methods {methods}, lambdas {list(factors)}, seeds {seeds}, {epochs} epochs")
     records, images = sweep(methods, factors, seeds, epochs)
     elapsed = time.perf_counter() - t0
 
-    plot(records, methods, factors, out / "digits_sweep.png")
     example = images.pop("example")
     fig5 = [(m, images[m][0], images[m][1]) for m in methods if m in images]
-    common.save_feature_figure(out / "digits_features.png", example, fig5,
-                               f"DIGITS: strength of each pixel's outgoing weights (λ={FIG5_FACTOR:g}, seed {seeds[0]}; white = dropped)")
-    (out / "digits_sweep.json").write_text(__import__("json").dumps(records, indent=1))
     text = table(records, methods, factors)
     checks = summary(records, methods)
+    # All or nothing: the figures and the JSON replace the earlier ones together.
+    with common.staged(out) as stage:
+        plot(records, methods, factors, stage / "digits_sweep.png")
+        common.save_feature_figure(stage / "digits_features.png", example, fig5,
+                                   f"DIGITS: strength of each pixel's outgoing weights (λ={FIG5_FACTOR:g}, seed {seeds[0]}; white = dropped)")
+        (stage / "digits_sweep.json").write_text(__import__("json").dumps(records, indent=1))
     print(text)
     print(checks)
     if not args.quick:

@@ -165,8 +165,8 @@ def _earlier_runs(path):
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--seeds", type=int, default=1, help="number of seeds 0..N-1 (default 1)")
-    parser.add_argument("--epochs", type=int, default=None, help="training epochs (default 25, --quick 2)")
+    parser.add_argument("--seeds", type=common.positive_int, default=1, help="number of seeds 0..N-1 (default 1)")
+    parser.add_argument("--epochs", type=common.positive_int, default=None, help="training epochs (default 25, --quick 2)")
     parser.add_argument("--quick", action="store_true",
                         help="smoke run: L2, SGL and proximal SGL at 1e-4, 2 epochs on 6,000 images; results go to benchmarks/out/")
     parser.add_argument("--runs", nargs="+", type=_parse_run, default=None, metavar="METHOD:LAMBDA",
@@ -183,12 +183,15 @@ def main(argv=None):
     epochs = args.epochs or (2 if args.quick else 25)
     out = common.HERE / "out" if args.quick else common.RESULTS_DIR
     out.mkdir(parents=True, exist_ok=True)
+    # Every finished run is saved here, so a long run that stops early loses nothing; the
+    # results themselves (JSON and figure) are replaced together only once every run is done.
+    checkpoint = out / ".fashion_table.partial.json"
 
     data = load_dataset("fashion-mnist")
     if args.quick:
         data = dataclasses.replace(data, x_train=data.x_train[:6000], y_train=data.y_train[:6000])
     append = args.append and not args.quick
-    if append:  # read before training: the loop below rewrites the json after every run
+    if append:
         earlier, previous_command = _earlier_runs(out / "fashion_table.json")
     started, t0 = common.now(), time.perf_counter()
     common.say(f"Fashion-MNIST: {len(data.x_train)} training images, runs {runs}, seeds {seeds}, {epochs} epochs")
@@ -207,7 +210,7 @@ def main(argv=None):
                 f"test {record['test_accuracy']:.4f}, {record['seconds']:.0f} s, sizes {record['layer_sizes']}, "
                 f"params {record['params_after']:,} (eta {elapsed / done * (total - done) / 60:.1f} min)"
             )
-            (out / "fashion_table.json").write_text(json.dumps((earlier if append else []) + records, indent=1))
+            common.write_text_atomically(checkpoint, json.dumps((earlier if append else []) + records, indent=1))
     elapsed = time.perf_counter() - t0
 
     notes = []
@@ -216,15 +219,17 @@ def main(argv=None):
         records = [r for r in earlier if (r["method"], r["factor"], r["seed"]) not in new] + records
         keys = list(dict.fromkeys([(r["method"], r["factor"]) for r in records]))
         runs = [r for r in RUNS if r in keys] + [r for r in keys if r not in RUNS]
-        (out / "fashion_table.json").write_text(json.dumps(records, indent=1))
         if previous_command:
             notes.append(f"Merged with the earlier runs of `{previous_command}` (same settings; every run is in "
                          "results/fashion_table.json); date and wall time above are those of the added runs only.")
-    else:
-        example = data.x_test[list(data.y_test).index(0)].reshape(data.image_shape)
-        common.save_feature_figure(out / "fashion_features.png", example, panels,
-                                   f"Fashion-MNIST: strength of each pixel's outgoing weights (seed {seeds[0]}; white = dropped)")
     text, check = table(records, runs), verdict(records)
+    with common.staged(out) as stage:
+        (stage / "fashion_table.json").write_text(json.dumps(records, indent=1))
+        if not append:
+            example = data.x_test[list(data.y_test).index(0)].reshape(data.image_shape)
+            common.save_feature_figure(stage / "fashion_features.png", example, panels,
+                                       f"Fashion-MNIST: strength of each pixel's outgoing weights (seed {seeds[0]}; white = dropped)")
+    checkpoint.unlink(missing_ok=True)
     print(text)
     print(check)
     if not args.quick:

@@ -168,7 +168,7 @@ def table(records):
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--seeds", type=int, default=3, help="number of seeds 0..N-1 (default 3)")
+    parser.add_argument("--seeds", type=common.positive_int, default=3, help="number of seeds 0..N-1 (default 3)")
     parser.add_argument("--quick", action="store_true", help="1 seed, 30 epochs + 10 fine-tuning; results go to benchmarks/out/")
     args = parser.parse_args(argv)
     seeds = list(range(1 if args.quick else args.seeds))
@@ -188,8 +188,7 @@ def main(argv=None):
     text = table(records)
     print(text)
     out = common.HERE / "out" if args.quick else common.RESULTS_DIR
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "peers_digits.json").write_text(json.dumps(records, indent=1))
+    common.write_text_atomically(out / "peers_digits.json", json.dumps(records, indent=1))
     if not args.quick:
         notes = [
             f"64-40-20-10, Adam lr 1e-3, {epochs} epochs, batch 300, threshold 1e-3; magnitude pruning keeps as many "

@@ -21,6 +21,11 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 
+if __package__ in (None, ""):
+    sys.path.insert(0, str(HERE.parent))
+
+from benchmarks.common import positive_int  # noqa: E402
+
 # name -> (script, takes --seeds)
 BENCHMARKS = {
     "digits": ("digits_sweep.py", True),
@@ -55,7 +60,7 @@ def command_for(name, quick=False, seeds=None):
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--seeds", type=int, default=None, help="seeds for the paper-reproduction benchmarks")
+    parser.add_argument("--seeds", type=positive_int, default=None, help="seeds for the paper-reproduction benchmarks")
     parser.add_argument("--quick", action="store_true", help="smoke runs (scripts without --quick run as they are)")
     parser.add_argument("--only", nargs="+", choices=sorted(BENCHMARKS), help="run only these")
     args = parser.parse_args(argv)

@@ -10,6 +10,17 @@ import argparse
 import sys
 
 
+def _positive_int(text):
+    """argparse type: an integer >= 1, checked before anything runs or is written."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = None
+    if value is None or value < 1:
+        raise argparse.ArgumentTypeError(f"must be an integer >= 1; received {text!r}")
+    return value
+
+
 def _add_demo(subparsers):
     p = subparsers.add_parser(
         "demo",
@@ -27,8 +38,19 @@ def _add_demo(subparsers):
 
 def _run_demo(args):
     from keras_group_lasso import demo
+    from keras_group_lasso._validation import InvalidParameterError
 
-    return demo.run(epochs=args.epochs, factor=args.factor, threshold=args.threshold, seed=args.seed)
+    arguments = dict(epochs=args.epochs, factor=args.factor, threshold=args.threshold, seed=args.seed)
+    try:
+        demo.check_arguments(**arguments, owner="keras-group-lasso demo: error", prefix="--")
+    except InvalidParameterError as e:  # before anything is loaded or trained
+        print(f"{e}", file=sys.stderr)
+        return 2
+    try:
+        return demo.run(**arguments)
+    except (ValueError, ImportError, OSError) as e:  # e.g. a training that diverged, or no data
+        print(f"keras-group-lasso demo: error: {e}", file=sys.stderr)
+        return 1
 
 
 def _add_prune(subparsers):
@@ -77,7 +99,7 @@ def _run_prune(args):
     try:
         model = keras.saving.load_model(args.model, compile=False, safe_mode=True)
     except Exception as e:  # a corrupt or foreign file: any loader error means "cannot load"
-        return error(f"cannot load {args.model!r} as a Keras model: {type(e).__name__}: {e}")
+        return error(_load_error(args.model, e))
     try:
         result = keras_group_lasso.export_pruned(
             model,
@@ -107,6 +129,38 @@ def _run_prune(args):
     return 0
 
 
+def _load_error(path, error):
+    """A short reason why ``path`` did not load, naming the custom objects that are not registered."""
+    import re
+
+    import keras
+
+    import keras_group_lasso
+
+    text = str(error)
+    # Keras repeats the model's whole config at each level; the last "Exception encountered" is the cause.
+    cause = text.rsplit("Exception encountered:", 1)[-1].strip()
+    if len(cause) > 300:
+        cause = cause[:300] + " ..."
+    message = f"cannot load {path!r} as a Keras model: {type(error).__name__}: {cause}"
+    names = set(re.findall(r"'registered_name': '([^']+>[^']+)'", text))
+    missing = sorted(name for name in names if keras.saving.get_registered_object(name) is None)
+    ours = [name for name in missing if name.startswith("keras_group_lasso>")]
+    others = [name for name in missing if name not in ours]
+    if ours:
+        message += (
+            f" keras_group_lasso {keras_group_lasso.__version__} has no {', '.join(ours)}: "
+            "install the version that saved the file."
+        )
+    if others:
+        message += (
+            f" The file uses custom objects that are not registered: {', '.join(others)}; this command "
+            "knows Keras's and keras_group_lasso's objects only (in Python, import the module that "
+            "defines them before keras.saving.load_model)."
+        )
+    return message
+
+
 BENCHMARKS = {"digits": "digits_sweep.py", "fashion-mnist": "fashion_table.py", "peers": "peers_digits.py", "all": "run_all.py"}
 
 
@@ -120,7 +174,7 @@ def _add_bench(subparsers):
         "Full runs write benchmarks/RESULTS.md and benchmarks/results/.",
     )
     p.add_argument("name", choices=tuple(BENCHMARKS), help="which benchmark")
-    p.add_argument("--seeds", type=int, default=None, help="number of seeds (script default when omitted)")
+    p.add_argument("--seeds", type=_positive_int, default=None, help="number of seeds (script default when omitted)")
     p.add_argument("--quick", action="store_true", help="a short smoke run that writes to benchmarks/out/ only")
     p.set_defaults(func=_run_bench)
 

@@ -40,12 +40,37 @@ def build_model(n_features, n_classes, factor, hidden=(40, 20)):
     return keras.Sequential(layers)
 
 
+_SEED_MAX = 2**32 - 1  # numpy's and scikit-learn's largest seed
+
+
+def check_arguments(epochs, factor, threshold, seed, owner="demo", prefix=""):
+    """Validate :func:`run`'s arguments before anything is loaded or trained.
+
+    ``owner`` and ``prefix`` shape the message (the command line names its
+    options ``--epochs``, ...).
+
+    Raises:
+        InvalidParameterError: in the package's one message form, for the first bad argument.
+    """
+    from keras_group_lasso._validation import check_non_negative, check_positive_int, fail
+
+    check_positive_int(owner, prefix + "epochs", epochs)
+    check_non_negative(owner, prefix + "factor", factor)
+    check_non_negative(owner, prefix + "threshold", threshold)
+    if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed <= _SEED_MAX:
+        fail(owner, prefix + "seed", f"an integer in [0, {_SEED_MAX}]", seed)
+
+
 def run(epochs=200, factor=1e-3, threshold=1e-3, seed=0, stream=None):
     """Train, report, prune and verify on DIGITS; write progress to ``stream`` (stdout).
 
     Returns:
         0 when the pruned model reproduces the thresholded model's outputs, 1 otherwise.
+
+    Raises:
+        InvalidParameterError: a bad argument (see :func:`check_arguments`), before any work.
     """
+    check_arguments(epochs, factor, threshold, seed)
     stream = stream or sys.stdout
     import keras
 

@@ -50,3 +50,75 @@ def test_cli_bench_runs_the_script_with_quick_and_seeds(monkeypatch):
     calls.clear()
     assert cli.main(["bench", "all"]) == 0
     assert Path(calls[0][0][1]).name == "run_all.py" and calls[0][0][2:] == []
+
+
+def test_positive_int_refuses_zero_and_words():
+    import argparse
+
+    import pytest
+
+    assert common.positive_int("3") == 3
+    for text in ("0", "-1", "two", "1.5"):
+        with pytest.raises(argparse.ArgumentTypeError, match=rf"must be an integer >= 1; received '{text}'"):
+            common.positive_int(text)
+
+
+def test_seeds_zero_is_refused_before_any_training_or_writing(monkeypatch, capsys):
+    import pytest
+
+    from benchmarks import digits_sweep, fashion_table, peers_digits
+
+    def no_work(*args, **kwargs):
+        raise AssertionError("nothing may run or be written for bad arguments")
+
+    monkeypatch.setattr(common, "staged", no_work)
+    monkeypatch.setattr(common, "write_section", no_work)
+    for main, argv in (
+        (digits_sweep.main, ["--seeds", "0"]),
+        (digits_sweep.main, ["--epochs", "0"]),
+        (fashion_table.main, ["--seeds", "0"]),
+        (peers_digits.main, ["--seeds", "0"]),
+        (run_all.main, ["--seeds", "0"]),
+    ):
+        with pytest.raises(SystemExit) as info:
+            main(argv)
+        assert info.value.code == 2
+        assert f"error: argument {argv[0]}: must be an integer >= 1; received '0'" in capsys.readouterr().err
+
+
+def test_staged_results_replace_the_old_ones_only_when_the_run_succeeds(tmp_path):
+    import pytest
+
+    out = tmp_path / "results"
+    out.mkdir()
+    (out / "sweep.png").write_text("committed figure")
+    (out / "sweep.json").write_text("committed numbers")
+    with pytest.raises(KeyError):
+        with common.staged(out) as stage:
+            (stage / "sweep.png").write_text("new figure")
+            raise KeyError("example")  # the crash of a run with no seeds, after its first figure
+    assert (out / "sweep.png").read_text() == "committed figure"
+    assert sorted(p.name for p in out.iterdir()) == ["sweep.json", "sweep.png"]  # no leftovers
+    with common.staged(out) as stage:
+        (stage / "sweep.png").write_text("new figure")
+        (stage / "sweep.json").write_text("new numbers")
+    assert (out / "sweep.png").read_text() == "new figure" and (out / "sweep.json").read_text() == "new numbers"
+    assert sorted(p.name for p in out.iterdir()) == ["sweep.json", "sweep.png"]
+    common.write_text_atomically(out / "sweep.json", "again")
+    assert (out / "sweep.json").read_text() == "again"
+
+
+def test_cli_bench_refuses_zero_seeds_before_starting_a_script(monkeypatch, capsys):
+    import subprocess
+
+    import pytest
+
+    from keras_group_lasso import cli
+
+    monkeypatch.setattr(subprocess, "call", lambda *a, **k: pytest.fail("no benchmark may start"))
+    with pytest.raises(SystemExit) as info:
+        cli.main(["bench", "digits", "--seeds", "0"])
+    assert info.value.code == 2
+    assert "keras-group-lasso bench: error: argument --seeds: must be an integer >= 1; received '0'" in (
+        capsys.readouterr().err
+    )

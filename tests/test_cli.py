@@ -122,3 +122,105 @@ def test_prune_bad_choice_is_a_usage_error(tmp_path, capsys):
         main(["prune", "m.keras", str(tmp_path / "out"), "--inputs", "all"])
     assert info.value.code == 2
     assert "invalid choice: 'all'" in capsys.readouterr().err
+
+
+def test_prune_a_model_without_a_live_path_names_the_model_not_the_threshold(tmp_path, capsys):
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(3, name="hidden"), keras.layers.Dense(2)])
+    model.get_layer("hidden").set_weights([np.zeros((4, 3), "float32"), np.ones(3, "float32")])
+    model.save(tmp_path / "dead.keras")
+    out = tmp_path / "out"
+    code = main(["prune", str(tmp_path / "dead.keras"), str(out), "--threshold", "0", "--formats", "keras"])
+    captured = _assert_failed(
+        code, capsys, "argument `model` must be a model with a path of non-zero weights", "every kernel weight of 'hidden' is 0"
+    )
+    assert "argument `threshold`" not in captured.err
+    assert not out.exists()
+
+
+def test_prune_a_diverged_model_says_its_weights_are_not_finite(tmp_path, capsys):
+    model = _save_sparse_model(tmp_path / "m.keras")
+    w1, b1 = model.get_layer("hidden").get_weights()
+    w1[5, 1] = np.nan
+    model.get_layer("hidden").set_weights([w1, b1])
+    model.save(tmp_path / "nan.keras")
+    code = main(["prune", str(tmp_path / "nan.keras"), str(tmp_path / "out"), "--formats", "keras"])
+    _assert_failed(code, capsys, "the weights of the model are not finite", "hidden/kernel (1 NaN of 60 values)")
+    assert not (tmp_path / "out").exists()
+
+
+def test_prune_a_file_with_unregistered_objects_names_them_briefly(tmp_path, capsys, monkeypatch):
+    registered = keras.saving.get_custom_objects()
+
+    @keras.saving.register_keras_serializable(package="elsewhere")
+    class Twice(keras.regularizers.Regularizer):
+        def __call__(self, x):
+            return 2.0 * keras.ops.sum(x)
+
+        def get_config(self):
+            return {}
+
+    @keras.saving.register_keras_serializable(package="keras_group_lasso")
+    class FutureLasso(keras.regularizers.Regularizer):
+        def __call__(self, x):
+            return keras.ops.sum(x)
+
+        def get_config(self):
+            return {}
+
+    model = keras.Sequential(
+        [keras.Input((3,)), keras.layers.Dense(2, kernel_regularizer=Twice(), bias_regularizer=FutureLasso())]
+    )
+    model.save(tmp_path / "custom.keras")
+    # As in a process that never defined them: a newer release's penalty, another package's object.
+    monkeypatch.delitem(registered, "elsewhere>Twice")
+    monkeypatch.delitem(registered, "keras_group_lasso>FutureLasso")
+    code = main(["prune", str(tmp_path / "custom.keras"), str(tmp_path / "out")])
+    captured = _assert_failed(code, capsys, f"cannot load {str(tmp_path / 'custom.keras')!r} as a Keras model: ")
+    assert "has no keras_group_lasso>FutureLasso: install the version that saved the file." in captured.err
+    assert "The file uses custom objects that are not registered: elsewhere>Twice;" in captured.err
+    assert len(captured.err) < 1500  # not Keras's whole config, repeated at every level
+
+
+# ----------------------------------------------------------------------------- demo
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--epochs", "0"], "argument `--epochs` must be an integer >= 1; received 0."),
+        (["--factor", "-1"], "argument `--factor` must be a finite number >= 0; received -1.0."),
+        (["--threshold", "nan"], "argument `--threshold` must be a finite number >= 0; received nan."),
+        (["--seed", "-1"], "argument `--seed` must be an integer in [0, 4294967295]; received -1."),
+        (["--seed", "4294967296"], "argument `--seed` must be an integer in [0, 4294967295]; received 4294967296."),
+    ],
+)
+def test_demo_bad_arguments_fail_before_any_work_without_a_traceback(argv, message, capsys, monkeypatch):
+    from keras_group_lasso import datasets
+
+    monkeypatch.setattr(datasets, "load_dataset", lambda *a, **k: pytest.fail("nothing may be loaded"))
+    assert main(["demo"] + argv) == 2
+    captured = capsys.readouterr()
+    assert captured.err == f"keras-group-lasso demo: error: {message}\n"
+    assert captured.out == ""
+
+
+def test_demo_run_validates_its_arguments_first(monkeypatch):
+    from keras_group_lasso import InvalidParameterError, datasets, demo
+
+    monkeypatch.setattr(datasets, "load_dataset", lambda *a, **k: pytest.fail("nothing may be loaded"))
+    with pytest.raises(InvalidParameterError) as info:
+        demo.run(epochs=10, threshold=None)
+    assert str(info.value) == "demo: argument `threshold` must be a finite number >= 0; received None."
+
+
+def test_demo_failure_after_training_is_one_line(capsys, monkeypatch):
+    from keras_group_lasso import NonFiniteError, demo
+
+    def diverged(**kwargs):
+        raise NonFiniteError("sparsity_report: the weights of the model are not finite ...")
+
+    monkeypatch.setattr(demo, "run", diverged)
+    assert main(["demo", "--epochs", "1"]) == 1
+    assert capsys.readouterr().err == (
+        "keras-group-lasso demo: error: sparsity_report: the weights of the model are not finite ...\n"
+    )
