@@ -52,6 +52,9 @@ __all__ = [
     "layer_group_norms",
     "image_shape",
     "dense_layers",
+    "dense_roles",
+    "input_dense_layers",
+    "get_layer",
     "is_zero",
 ]
 
@@ -95,6 +98,11 @@ _ELEMENTWISE_LAYERS = (
 )
 # Per-unit layers with per-unit weights (sliced by surgery).
 _PER_UNIT_WEIGHTED = ("BatchNormalization", "PReLU")
+# Input preprocessing: an elementwise affine map whose parameters broadcast over the
+# input (Normalization: (x - mean) / sqrt(variance); Rescaling: x * scale + offset).
+# Any axis choice is one value per element, so it passes a feature (or a unit) through
+# unchanged in position, before or after Flatten, and is sliced by surgery.
+_AFFINE_LAYERS = ("Normalization", "Rescaling")
 
 # Keras activations that act on each scalar on its own (softmax, log_softmax,
 # sparsemax and glu mix units; a custom function is not trusted).
@@ -150,9 +158,25 @@ def _classify(layer):
         return "tail", "an activation that mixes units"
     if _is_exact(layer, "Flatten"):
         return "flatten", None
+    if _is_exact(layer, *_AFFINE_LAYERS):
+        reason = _affine_refusal(layer)
+        return ("other", reason) if reason else ("affine", None)
     if isinstance(layer, keras.Model):
         return "other", "a nested model"
     return "other", "a layer that surgery cannot interpret"
+
+
+def _affine_refusal(layer):
+    """Why an exact Normalization / Rescaling cannot be sliced, or ``None``."""
+    if _is_exact(layer, "Rescaling"):
+        per_element = np.ndim(layer.scale) > 0 or np.ndim(layer.offset) > 0
+        if per_element and keras.config.image_data_format() == "channels_first":
+            # Rescaling reshapes a non-scalar scale to (C, 1, 1) there: not per feature.
+            return "a Rescaling with a non-scalar scale or offset under channels_first"
+        return None
+    if getattr(layer, "mean", None) is None:
+        return "a Normalization that is not built"
+    return None
 
 
 def _has_weights(layer):
@@ -170,7 +194,7 @@ class _Structure:
     """
 
     signature: tuple
-    dense: tuple  # Dense layer names, in graph order
+    dense: tuple  # Dense layer names ("block/name" inside a nested model), in graph order
     prev: dict  # dense name -> previous Dense name, "<input>" or None (unknown)
     next: dict  # dense name -> next Dense name, "<output>" or None (unknown)
     between: dict  # dense name -> names of the per-unit layers after it (up to next Dense)
@@ -182,6 +206,8 @@ class _Structure:
     uninterpreted: tuple  # ((name, class name, reason), ...)
     supported: bool
     sequential: bool
+    all_dense: tuple = ()  # every Dense layer of the graph, also those surgery cannot interpret
+    input_readers: tuple = ()  # those whose kernel rows are the input features
 
 
 _CACHE = weakref.WeakKeyDictionary()
@@ -189,7 +215,16 @@ _CACHE_LOCK = threading.Lock()
 
 
 def _signature(model):
-    return tuple(id(layer) for layer in model.layers) + (model.built,)
+    ids = []
+
+    def walk(parent):
+        for layer in parent.layers:
+            ids.append(id(layer))
+            if isinstance(layer, keras.Model):
+                walk(layer)
+
+    walk(model)
+    return tuple(ids) + (model.built,)
 
 
 def _structure(model):
@@ -231,11 +266,81 @@ def _io_names(entry):
 
 
 def _graph(model):
-    """``(layers, producers, consumers, inputs, outputs, problems)`` of the model's call graph.
+    """``(order, layers, producers, consumers, inputs, outputs, problems)`` of the model's call graph.
 
     Built from public information only: ``Sequential.layers`` and the
-    functional ``get_config()`` (its ``inbound_nodes``).
+    functional ``get_config()`` (its ``inbound_nodes``). A nested Sequential or
+    functional model used once as a block with one input and one output is
+    inlined: its layers join the graph as ``"<block>/<layer>"`` (Keras forbids
+    ``/`` in layer names, so these never clash), so the Dense layers inside it
+    are seen, penalised and pruned like any other. A nested model that cannot
+    be inlined stays one opaque node with the reason in ``problems``.
     """
+    graph = _flat_graph(model)
+    if graph is None:
+        return None
+    order, layers, producers, consumers, input_names, output_names, problems = graph
+    shared = {name for name, _ in problems}
+    for block in list(order):
+        layer = layers.get(block)
+        if block in input_names or not isinstance(layer, keras.Model) or block in shared:
+            continue
+        inner = _graph(layer) if _is_graph_model(layer) else None
+        reason = _inline_refusal(layer, inner, producers.get(block, []))
+        if reason:
+            problems.append((block, reason))
+            continue
+        _inline(block, inner, order, layers, producers, consumers, output_names, problems)
+    return order, layers, producers, consumers, input_names, output_names, problems
+
+
+def _is_graph_model(model):
+    return isinstance(model, keras.Sequential) or any(cls.__name__ == "Functional" for cls in type(model).__mro__)
+
+
+def _inline_refusal(model, inner, producers):
+    if inner is None:
+        return "a nested subclassed model (no layer graph)"
+    _, _, _, _, inputs, outputs, _ = inner
+    if len(inputs) != 1 or len(outputs) != 1 or len(producers) != 1:
+        return f"a nested model with {len(inputs)} inputs and {len(outputs)} outputs"
+    if outputs[0] in inputs:
+        return "a nested model without layers"
+    return None
+
+
+def _inline(block, inner, order, layers, producers, consumers, output_names, problems):
+    """Replace the node ``block`` by the nodes of its own graph ``inner``, in place."""
+    i_order, i_layers, i_producers, i_consumers, (i_input,), (i_output,), i_problems = inner
+    (source,) = producers[block]
+
+    def qualified(name):
+        return source if name == i_input else f"{block}/{name}"
+
+    names = [qualified(n) for n in i_order if n != i_input]
+    at = order.index(block)
+    order[at : at + 1] = names
+    for name in i_order:
+        if name == i_input:
+            continue
+        layers[qualified(name)] = i_layers[name]
+        producers[qualified(name)] = [qualified(p) for p in i_producers.get(name, [])]
+        consumers[qualified(name)] = [qualified(c) for c in i_consumers.get(name, [])]
+    last = qualified(i_output)
+    outer_consumers = consumers.pop(block, [])
+    consumers[last] = consumers[last] + outer_consumers
+    for consumer in outer_consumers:
+        producers[consumer] = [last if p == block else p for p in producers[consumer]]
+    entry = consumers[source]
+    at = entry.index(block)
+    entry[at : at + 1] = [qualified(c) for c in i_consumers.get(i_input, [])]
+    output_names[:] = [last if o == block else o for o in output_names]
+    problems.extend((qualified(name), reason) for name, reason in i_problems)
+    del layers[block], producers[block]
+
+
+def _flat_graph(model):
+    """The call graph of ``model``'s own layers (a nested model is one node)."""
     problems = []
     if isinstance(model, keras.Sequential):
         layers = {layer.name: layer for layer in model.layers}
@@ -364,6 +469,8 @@ def _build_structure(model, signature):
                 break
             if kind == "flatten" and (_input_rank(layers[c]) or 2) == 2:
                 kind = "unit"  # Flatten of a rank-2 tensor is the identity
+            if kind == "affine":
+                kind = "unit"
             if kind == "tail":
                 seen_tail = seen_tail or c
             elif kind != "unit":
@@ -397,6 +504,8 @@ def _build_structure(model, signature):
                 break
             if kind == "flatten":
                 rank = 2
+            elif kind == "affine":
+                pass  # one value per element: sliced by feature at any rank
             elif kind != "unit":
                 break
             elif rank is not None and rank > 2 and _has_weights(layers[c]):
@@ -439,6 +548,9 @@ def _build_structure(model, signature):
         for d in dense:
             covered.update(between[d])
         chain_ok = chain_ok and set(order) <= covered
+    all_dense = tuple(name for name in order if isinstance(layers.get(name), keras.layers.Dense))
+    input_readers = tuple(name for name in all_dense if _reads_input(name, producers, kinds, input_names))
+
     if not uninterpreted and not chain_ok:
         if len(input_names) != 1 or len(output_names) != 1:
             reason = f"a model with {len(input_names)} inputs and {len(output_names)} outputs"
@@ -460,7 +572,32 @@ def _build_structure(model, signature):
         uninterpreted=tuple(uninterpreted),
         supported=chain_ok,
         sequential=sequential,
+        all_dense=all_dense,
+        input_readers=input_readers,
     )
+
+
+# Layers that pass each input feature on unchanged in meaning (one value per feature).
+_PASSES_FEATURES = ("unit", "affine", "flatten")
+
+
+def _reads_input(name, producers, kinds, input_names):
+    """The one definition of "a Dense layer that reads the model input".
+
+    Its kernel rows are the input features: walking back from it, every
+    layer has one producer and passes features through one by one (per-unit
+    layers, Normalization, Rescaling, Flatten) up to a model input.
+    """
+    cur = name
+    while True:
+        found = producers.get(cur, [])
+        if len(found) != 1:
+            return False
+        (cur,) = found
+        if cur in input_names:
+            return True
+        if kinds.get(cur) not in _PASSES_FEATURES:
+            return False
 
 
 def _input_rank(layer):
@@ -498,8 +635,85 @@ def _check_model(owner, model, threshold=_NO_THRESHOLD):
 
 
 def _layers_by_name(model, structure):
-    names = set(structure.dense)
-    return {layer.name: layer for layer in model.layers if layer.name in names}
+    return {name: get_layer(model, name) for name in structure.dense}
+
+
+def get_layer(model, name):
+    """The layer of ``model`` called ``name`` in the analysis: ``"block/layer"`` is inside a nested model.
+
+    Names are the ones :func:`sparsity_report`, :func:`dense_layers` and the
+    pruning plan use: a layer of a nested Sequential or functional block is
+    named after the block, ``"<block>/<layer>"`` (recursively).
+
+    Raises:
+        ValueError: no such layer (Keras's own error from ``get_layer``).
+
+    Example:
+        >>> block = keras.Sequential([keras.layers.Dense(3, name="inner")], name="block")
+        >>> model = keras.Sequential([keras.Input((4,)), block, keras.layers.Dense(2)])
+        >>> get_layer(model, "block/inner").units
+        3
+    """
+    layer = model
+    for part in name.split("/"):
+        layer = layer.get_layer(part)
+    return layer
+
+
+def dense_roles(model):
+    """``{name: "input" | "hidden"}`` for every Dense layer of ``model``, in graph order.
+
+    ``"input"``: the layer's kernel rows are the model's input features (the
+    paper's *input groups*); ``"hidden"``: they are units of an earlier layer
+    (hidden groups). A Dense layer reads the input when the layers between the
+    model input and it only pass features through one by one (Dropout,
+    elementwise activations, BatchNormalization, Normalization, Rescaling,
+    Flatten, ...). This is the one definition the report's ``role``,
+    :func:`~keras_group_lasso.add_group_sparsity` and surgery share.
+
+    Layers inside a nested Sequential or functional block (used once, with
+    one input and one output) are included, named ``"<block>/<layer>"`` (see
+    :func:`get_layer`); a Dense layer inside a nested model the graph cannot
+    see through (subclassed, shared, several inputs or outputs) is not.
+
+    Raises:
+        InvalidParameterError: ``model`` is not a built Sequential or functional ``keras.Model``.
+
+    Example:
+        >>> block = keras.Sequential([keras.layers.Dense(5, name="a")], name="block")
+        >>> model = keras.Sequential([keras.Input((6,)), block, keras.layers.Dense(2, name="out")])
+        >>> dense_roles(model)
+        {'block/a': 'input', 'out': 'hidden'}
+    """
+    return _dense_roles("dense_roles", model)
+
+
+def input_dense_layers(model):
+    """Names of the Dense layers whose kernel rows are the model's input features, in graph order.
+
+    The names with role ``"input"`` in :func:`dense_roles`.
+
+    Raises:
+        InvalidParameterError: ``model`` is not a built Sequential or functional ``keras.Model``.
+
+    Example:
+        >>> inputs = keras.Input((6,))
+        >>> a = keras.layers.Dense(5, name="a")(inputs)
+        >>> b = keras.layers.Dense(4, name="b")(keras.layers.Dropout(0.1)(inputs))
+        >>> out = keras.layers.Dense(2, name="out")(keras.layers.Concatenate()([a, b]))
+        >>> input_dense_layers(keras.Model(inputs, out))
+        ['a', 'b']
+    """
+    return [name for name, role in _dense_roles("input_dense_layers", model).items() if role == "input"]
+
+
+def _dense_roles(owner, model):
+    if not isinstance(model, keras.Model) or not _is_graph_model(model):
+        fail(owner, "model", "a Sequential or Functional keras.Model", model)
+    if not model.built:
+        fail(owner, "model", "a built keras.Model (give it an Input or call it on data first)", model)
+    structure = _structure(model)
+    return {name: ("input" if name in structure.input_readers else "hidden") for name in structure.all_dense}
 
 
 def dense_layers(model):
@@ -600,7 +814,7 @@ def _masks_from(structure, kernels, biases, threshold):
             folded[name] = np.zeros_like(kept[name])
         else:
             folded[name] = ~varying[name]
-    roles = {name: ("input" if structure.prev[name] == "<input>" else "hidden") for name in structure.dense}
+    roles = {name: ("input" if name in structure.input_readers else "hidden") for name in structure.dense}
     outputs = {name: structure.next[name] == "<output>" for name in structure.dense}
     for d in (inputs, kept, const_raw, folded):
         for value in d.values():

@@ -21,23 +21,19 @@ def _say(message, stream):
 
 
 def build_model(n_features, n_classes, factor, hidden=(40, 20)):
-    """A ReLU MLP with the paper's penalties: input groups, hidden groups, bias groups (SGL)."""
+    """A ReLU MLP with the paper's penalties: input groups, hidden groups, bias groups (SGL).
+
+    A plain Keras model given its penalties by :func:`~keras_group_lasso.add_group_sparsity`,
+    which tells the input layer from the hidden ones by the same graph as the report.
+    """
     import keras
 
-    from keras_group_lasso import HiddenGroupLasso, InputGroupLasso, SparseGroupLasso
+    from keras_group_lasso import add_group_sparsity
 
     layers = [keras.Input((n_features,))]
-    for i, units in enumerate(hidden):
-        kernel = InputGroupLasso(factor, l1=factor) if i == 0 else HiddenGroupLasso(factor, l1=factor)
-        layers.append(
-            keras.layers.Dense(
-                units, activation="relu", kernel_regularizer=kernel, bias_regularizer=SparseGroupLasso(factor)
-            )
-        )
-    layers.append(
-        keras.layers.Dense(n_classes, activation="softmax", kernel_regularizer=HiddenGroupLasso(factor, l1=factor))
-    )
-    return keras.Sequential(layers)
+    layers += [keras.layers.Dense(units, activation="relu") for units in hidden]
+    layers.append(keras.layers.Dense(n_classes, activation="softmax"))
+    return add_group_sparsity(keras.Sequential(layers), factor)
 
 
 _SEED_MAX = 2**32 - 1  # numpy's and scikit-learn's largest seed

@@ -3,6 +3,7 @@
 import keras
 
 from keras_group_lasso._validation import check_choice, check_non_negative, fail
+from keras_group_lasso.analysis import dense_roles, input_dense_layers
 from keras_group_lasso.regularizers import (
     GroupLasso,
     HiddenGroupLasso,
@@ -13,32 +14,6 @@ from keras_group_lasso.regularizers import (
 __all__ = ["add_group_sparsity", "input_dense_layers"]
 
 _PENALTIES = ("sgl", "group")
-
-
-def input_dense_layers(model):
-    """Names of the Dense layers that read the model input (no Dense layer before them).
-
-    Their kernel rows are the paper's *input groups*: one per input feature.
-
-    Raises:
-        InvalidParameterError: ``model`` is not a built Sequential or
-            Functional ``keras.Model``.
-    """
-    _check_graph_model("input_dense_layers", model)
-    names = []
-    for layer in model.layers:
-        if not isinstance(layer, keras.layers.Dense):
-            continue
-        try:
-            upstream = keras.Model(model.inputs, layer.input)
-        except Exception as error:  # shared layers have no single `input`
-            raise ValueError(
-                f"input_dense_layers: cannot tell what feeds layer {layer.name!r} "
-                f"({type(layer).__name__}): {error}"
-            ) from error
-        if not any(isinstance(l, keras.layers.Dense) for l in upstream.layers):
-            names.append(layer.name)
-    return names
 
 
 def _check_graph_model(owner, model):
@@ -57,6 +32,44 @@ def _check_graph_model(owner, model):
         fail(owner, "model", "a built model with a known input (start it with keras.Input)", model)
 
 
+def _dense_inside(model, prefix="", parents=()):
+    """``(qualified name, Dense layer, enclosing nested models)`` for every Dense layer, at any depth."""
+    for layer in model.layers:
+        name = prefix + layer.name
+        if isinstance(layer, keras.Model):
+            yield from _dense_inside(layer, name + "/", parents + ((name, layer),))
+        elif isinstance(layer, keras.layers.Dense):
+            yield name, layer, parents
+
+
+def _roles_by_layer(owner, model):
+    """``{id(Dense layer): role}`` for every Dense layer; refuses one the graph cannot reach."""
+    roles = dense_roles(model)
+    by_layer = {}
+    for name, layer, parents in _dense_inside(model):
+        if name not in roles:
+            inside = " > ".join(f"'{p}' ({type(m).__name__})" for p, m in parents) or "the model"
+            fail(
+                owner,
+                "model",
+                "a model whose nested models are Sequential or Functional blocks called once with one input "
+                f"and one output (the Dense layer '{name}' is inside {inside}, whose graph cannot be read)",
+                model,
+            )
+        by_layer[id(layer)] = roles[name]
+    return by_layer
+
+
+def _refresh_normalization(model):
+    # set_weights leaves a Normalization's cached mean and variance at their initial values;
+    # loading its own variables again (the saving API) recomputes them.
+    for layer in model.layers:
+        if isinstance(layer, keras.Model):
+            _refresh_normalization(layer)
+        elif type(layer) is keras.layers.Normalization and layer.weights:
+            layer.load_own_variables({str(i): w for i, w in enumerate(layer.get_weights())})
+
+
 def add_group_sparsity(model, factor=1e-3, *, l1=None, input_factor=None, penalty="sgl", bias=True):
     """Return a copy of ``model`` with group-sparse penalties on every Dense layer.
 
@@ -64,12 +77,17 @@ def add_group_sparsity(model, factor=1e-3, *, l1=None, input_factor=None, penalt
     (feature selection); every other Dense kernel gets
     :class:`HiddenGroupLasso` (neuron pruning); biases get bias groups. With
     ``penalty="sgl"`` (default) each term also has ``l1 * sum |w|``, the sparse
-    group Lasso of the paper. Existing kernel/bias regularizers of Dense
+    group Lasso of the paper. Which layers read the input is
+    :func:`keras_group_lasso.analysis.dense_roles`, the graph the report and
+    surgery read. Nested Sequential or Functional blocks are copied too, with
+    their Dense layers penalised. Existing kernel/bias regularizers of Dense
     layers are replaced; other layers are copied as they are. Weights are
     copied; the original model is not changed. The copy is not compiled.
 
     Args:
-        model: a built Sequential or Functional ``keras.Model``.
+        model: a built Sequential or Functional ``keras.Model``; a nested
+            model must be a Sequential or Functional block called once with one
+            input and one output.
         factor: group strength ``lambda`` (finite, >= 0).
         l1: elementwise strength for ``penalty="sgl"``; ``None`` uses
             ``factor`` (the paper's choice). Ignored by ``penalty="group"``.
@@ -84,7 +102,9 @@ def add_group_sparsity(model, factor=1e-3, *, l1=None, input_factor=None, penalt
 
     Raises:
         InvalidParameterError: bad arguments, or a model that is not
-            Sequential/Functional (subclassed models have no graph to copy).
+            Sequential/Functional (subclassed models have no graph to copy),
+            or a Dense layer inside a nested model whose graph cannot be read
+            (the message names both).
 
     Example:
         >>> sparse = add_group_sparsity(model, 1e-3)
@@ -102,13 +122,14 @@ def add_group_sparsity(model, factor=1e-3, *, l1=None, input_factor=None, penalt
     if not isinstance(bias, bool):
         fail(owner, "bias", "True or False", bias)
     _check_graph_model(owner, model)
-    readers = set(input_dense_layers(model))
+    roles = _roles_by_layer(owner, model)
     input_l1 = l1 if penalty == "sgl" else 0.0
 
     def clone(layer):
         config = layer.get_config()
-        if isinstance(layer, keras.layers.Dense):
-            if layer.name in readers:
+        role = roles.get(id(layer))
+        if role is not None:
+            if role == "input":
                 config["kernel_regularizer"] = InputGroupLasso(input_factor, l1=input_l1)
             else:
                 config["kernel_regularizer"] = HiddenGroupLasso(factor, l1=l1)
@@ -118,6 +139,7 @@ def add_group_sparsity(model, factor=1e-3, *, l1=None, input_factor=None, penalt
                 )
         return type(layer).from_config(config)
 
-    copy = keras.models.clone_model(model, clone_function=clone)
+    copy = keras.models.clone_model(model, clone_function=clone, recursive=True)
     copy.set_weights(model.get_weights())
+    _refresh_normalization(copy)
     return copy

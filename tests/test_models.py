@@ -13,7 +13,9 @@ from keras_group_lasso import (
     InvalidParameterError,
     SparseGroupLasso,
     add_group_sparsity,
+    sparsity_report,
 )
+from keras_group_lasso.analysis import dense_roles, get_layer
 from keras_group_lasso.models import input_dense_layers
 
 requires_tensorflow_backend = pytest.mark.skipif(
@@ -154,3 +156,131 @@ def test_penalty_under_mirrored_strategy_matches_single_device(tmp_path):
     assert mirrored == pytest.approx(single, rel=1e-6)
     # three SGD steps on the full batch: a penalty counted once per replica would move the weights differently
     assert float(lines["MAXDIFF"]) < 1e-5
+
+
+# ----------------------------------------------------------------------------- nested models
+
+
+def _roles(model):
+    """``{qualified Dense name: penalty role}`` of a model returned by add_group_sparsity."""
+    out = {}
+    for name in dense_roles(model):
+        regularizer = get_layer(model, name).kernel_regularizer
+        out[name] = regularizer.role if regularizer is not None else None
+    return out
+
+
+def _adapted_normalization(n, name="norm"):
+    layer = keras.layers.Normalization(name=name)
+    layer.adapt(np.random.default_rng(1).normal(5.0, 3.0, size=(64, n)).astype("float32"))
+    return layer
+
+
+def _assert_copy(model, sparse, x):
+    assert sparse is not model
+    np.testing.assert_allclose(
+        keras.ops.convert_to_numpy(sparse(x, training=False)),
+        keras.ops.convert_to_numpy(model(x, training=False)),
+        rtol=1e-6,
+        atol=1e-6,
+    )
+
+
+def test_nested_sequential_at_the_input_gets_input_and_hidden_groups(rng):
+    # Before: the inner Dense layers stayed unpenalised and the outer output layer got input groups.
+    block = keras.Sequential(
+        [_adapted_normalization(8), keras.layers.Dense(6, activation="relu", name="a"), keras.layers.Dense(5, name="b")],
+        name="block",
+    )
+    model = keras.Sequential([keras.Input((8,)), block, keras.layers.Dense(3, name="out")])
+    before = [w.copy() for w in model.get_weights()]
+    sparse = add_group_sparsity(model, 1e-2)
+    assert _roles(sparse) == {"block/a": "input", "block/b": "hidden", "out": "hidden"}
+    assert get_layer(sparse, "block/a").kernel_regularizer == InputGroupLasso(1e-2, l1=1e-2)
+    assert get_layer(sparse, "block/b").bias_regularizer == SparseGroupLasso(1e-2, l1=1e-2)
+    # the user's model, nested block included, is not changed
+    assert sparse.get_layer("block") is not block
+    assert all(layer.kernel_regularizer is None for layer in block.layers[1:])
+    assert model.get_layer("out").kernel_regularizer is None
+    for a, b in zip(before, model.get_weights()):
+        np.testing.assert_array_equal(a, b)
+    _assert_copy(model, sparse, rng.normal(5.0, 3.0, size=(4, 8)).astype("float32"))
+    # the report reads the same roles
+    assert {layer.name: layer.role for layer in sparsity_report(sparse).layers} == _roles(sparse)
+
+
+def test_nested_functional_blocks_in_a_functional_model(rng):
+    block_in = keras.Input((6,))
+    x = keras.layers.Dense(5, activation="tanh", name="h")(block_in)
+    hidden = keras.Model(block_in, keras.layers.Dropout(0.1, name="drop")(x), name="hidden_block")
+    inputs = keras.Input((4, 3), name="image")
+    x = keras.layers.Rescaling(1 / 255.0)(inputs)
+    x = keras.layers.Flatten()(x)
+    x = keras.layers.Dense(6, activation="relu", name="first")(x)
+    outputs = keras.layers.Dense(2, name="out")(hidden(x))
+    model = keras.Model(inputs, outputs)
+    sparse = add_group_sparsity(model, penalty="group", input_factor=1e-2)
+    assert _roles(sparse) == {"first": "input", "hidden_block/h": "hidden", "out": "hidden"}
+    assert get_layer(sparse, "first").kernel_regularizer == InputGroupLasso(1e-2)
+    assert get_layer(sparse, "hidden_block/h").kernel_regularizer == HiddenGroupLasso(1e-3)
+    assert {layer.name: layer.role for layer in sparsity_report(sparse).layers} == _roles(sparse)
+    _assert_copy(model, sparse, rng.uniform(0, 255, size=(3, 4, 3)).astype("float32"))
+
+
+def test_nested_model_that_cannot_be_read_is_refused_naming_it():
+    shared = keras.Sequential([keras.layers.Dense(4, name="d")], name="inner")
+    inputs = keras.Input((4,))
+    twice = keras.Model(inputs, keras.layers.Dense(2)(shared(shared(inputs))))
+
+    class Block(keras.Model):
+        def __init__(self):
+            super().__init__(name="sub")
+            self.dense = keras.layers.Dense(3, name="d")
+
+        def call(self, x):
+            return self.dense(x)
+
+    inputs = keras.Input((4,))
+    opaque = keras.Model(inputs, keras.layers.Dense(2)(Block()(inputs)))
+    for model, inside in ((twice, "'inner/d' is inside 'inner' (Sequential)"), (opaque, "'sub/d' is inside 'sub' (Block)")):
+        before = [w.copy() for w in model.get_weights()]
+        with pytest.raises(InvalidParameterError) as info:
+            add_group_sparsity(model)
+        assert str(info.value) == (
+            "add_group_sparsity: argument `model` must be a model whose nested models are Sequential or "
+            "Functional blocks called once with one input and one output (the Dense layer "
+            f"{inside}, whose graph cannot be read); received {model!r}."
+        )
+        for a, b in zip(before, model.get_weights()):
+            np.testing.assert_array_equal(a, b)
+
+
+def test_one_definition_of_the_input_dense_layer():
+    from keras_group_lasso import analysis, models
+
+    assert models.input_dense_layers is analysis.input_dense_layers
+    # Features pass through per-unit layers and preprocessing; a convolution makes new ones.
+    conv = keras.Sequential(
+        [keras.Input((5, 5, 1)), keras.layers.Conv2D(2, 3), keras.layers.Flatten(), keras.layers.Dense(3, name="d")]
+    )
+    assert input_dense_layers(conv) == []
+    assert add_group_sparsity(conv).get_layer("d").kernel_regularizer.role == "hidden"
+    through = keras.Sequential(
+        [keras.Input((6,)), keras.layers.BatchNormalization(), keras.layers.GaussianNoise(0.1), keras.layers.Dense(3, name="d")]
+    )
+    assert input_dense_layers(through) == ["d"]
+
+
+def test_models_the_package_builds_agree_with_the_one_definition(rng):
+    # The demo and the scikit-learn estimators build their own chains of Dense layers; the roles
+    # of the penalties they attach are the roles the graph reads.
+    from keras_group_lasso import demo
+    from keras_group_lasso.sklearn import GroupSparseMLPClassifier
+
+    built = demo.build_model(6, 3, 1e-3, hidden=(5, 4))
+    x = rng.normal(size=(30, 6)).astype("float32")
+    fitted = GroupSparseMLPClassifier((5, 4), epochs=1, random_state=0).fit(x, np.arange(30) % 3)
+    for model in (built, fitted.model_):
+        roles = dense_roles(model)
+        assert list(roles.values()) == ["input", "hidden", "hidden"]
+        assert _roles(model) == roles
