@@ -17,6 +17,7 @@ from keras_group_lasso import (
     prune_model,
     sparsity_report,
 )
+from keras_group_lasso.analysis import dense_layers, get_layer
 from keras_group_lasso.surgery import SelectFeatures
 from keras_group_lasso.surgery.slicers import SLICERS
 
@@ -38,8 +39,18 @@ def _weights(model):
 def _thresholded(model):
     clone = keras.models.clone_model(model)
     clone.set_weights(model.get_weights())
+    _refresh_normalization(clone)
     apply_threshold(clone, T)
     return clone
+
+
+def _refresh_normalization(model):
+    # set_weights leaves a Normalization's cached mean and variance behind its variables.
+    for layer in model.layers:
+        if isinstance(layer, keras.Model):
+            _refresh_normalization(layer)
+        elif isinstance(layer, keras.layers.Normalization):
+            layer.finalize_state()
 
 
 def _assert_same_outputs(model, small, x, inputs="original"):
@@ -186,7 +197,7 @@ def test_image_input_through_flatten():
 
 
 def _few_features_model(image=False):
-    """24 features of which 2 survive: inputs="original" gathers them (SelectFeatures)."""
+    """24 features of which 2 survive: inputs="original" selects them with a frozen 0/1 Dense."""
     rng = np.random.default_rng(7)
     w0 = np.zeros((24, 3))
     w0[[5, 17]] = rng.normal(size=(2, 3))
@@ -204,18 +215,40 @@ def _few_features_model(image=False):
 
 
 @pytest.mark.parametrize("image", [False, True])
-def test_few_surviving_features_are_gathered(image):
+def test_few_surviving_features_are_selected_by_a_frozen_dense(image):
     model = _few_features_model(image)
     small = prune_model(model, threshold=T)
     names = [layer.name for layer in small.layers]
     assert names == (["flat"] if image else []) + ["select_features", "d0", "bn", "d1"]
-    assert small.get_layer("select_features").indices == (5, 17)
+    select = small.get_layer("select_features")
+    assert type(select) is keras.layers.Dense
+    assert not select.trainable and not select.use_bias and select.activation is keras.activations.linear
+    expected = np.zeros((24, 2), "float32")
+    expected[[5, 17], [0, 1]] = 1.0
+    np.testing.assert_array_equal(select.get_weights()[0], expected)
     assert small.get_layer("d0").get_weights()[0].shape == (2, 3)
+    assert all(tuple(w.shape) != (24, 2) for w in small.trainable_weights)
     x = np.random.default_rng(0).normal(size=(5, 4, 6) if image else (5, 24)).astype("float32")
     _assert_same_outputs(model, small, x)
+    # exact for finite inputs: the kept features pass unchanged, whatever their size
+    flat = x.reshape(5, -1).copy()
+    flat[:, 5], flat[:, 0], flat[:, 17] = 3e38, -3e38, 1.2345678e-30
+    np.testing.assert_array_equal(_numpy(select(flat)), flat[:, [5, 17]])
 
 
-def test_keeps_dtype_policy_use_bias_regularizers_and_names():
+def test_many_surviving_features_keep_zero_rows_instead():
+    # 24 -> 3 units: selecting costs k * (24 + 3) multiply-adds, zero rows 24 * 3 = 72; k = 3 keeps rows.
+    rng = np.random.default_rng(8)
+    w0 = np.zeros((24, 3))
+    w0[[1, 2, 3]] = rng.normal(size=(3, 3))
+    model = _mlp([w0, rng.normal(size=(3, 2))], [rng.normal(size=3), rng.normal(size=2)])
+    small = prune_model(model, T)
+    assert [layer.name for layer in small.layers] == ["d0", "d1"]
+    assert small.get_layer("d0").get_weights()[0].shape == (24, 3)
+    _assert_same_outputs(model, small, rng.normal(size=(4, 24)).astype("float32"))
+
+
+def test_keeps_dtype_policy_use_bias_and_names_and_drops_only_this_packages_penalties():
     model = keras.Sequential(
         [
             keras.Input((4,)),
@@ -223,6 +256,8 @@ def test_keeps_dtype_policy_use_bias_regularizers_and_names():
                 3,
                 activation="relu",
                 kernel_regularizer=SparseGroupLasso(1e-3),
+                bias_regularizer=keras.regularizers.L2(1e-2),
+                activity_regularizer=keras.regularizers.L1(1e-3),
                 name="a",
                 dtype="mixed_float16",
                 **_ZEROS,
@@ -239,7 +274,11 @@ def test_keeps_dtype_policy_use_bias_regularizers_and_names():
     a, b = small.get_layer("a"), small.get_layer("b")
     assert a.dtype_policy.name == "mixed_float16"
     assert a.compute_dtype == "float16" and a.kernel.dtype == "float32"
-    assert a.kernel_regularizer == SparseGroupLasso(1e-3)
+    # a plain-Keras model: this package's penalty is left out, Keras's own are kept
+    assert a.kernel_regularizer is None
+    assert isinstance(a.bias_regularizer, keras.regularizers.L2) and a.bias_regularizer.l2 == pytest.approx(1e-2)
+    assert isinstance(a.activity_regularizer, keras.regularizers.L1)
+    assert model.get_layer("a").kernel_regularizer == SparseGroupLasso(1e-3)  # the user's model keeps it
     assert b.use_bias is False and b.dtype_policy.name == "float32"
     x = rng.normal(size=(5, 4)).astype("float32")
     expected = _numpy(_thresholded(model)(x)).astype("float32")
@@ -263,6 +302,201 @@ def test_plan_matches_report_and_is_json():
     assert json.loads(json.dumps(d)) == d
     small = prune_model(model, T, inputs="selected")
     assert small.get_layer("d0").count_params() + small.get_layer("d1").count_params() == plan.params_after
+
+
+# ----------------------------------------------------------------------------- input preprocessing
+
+
+def _preprocessed(pre, shape=(6,), flatten_after=False, functional=False, seed=9):
+    """``pre`` (a list of layers) at the input, then Dense 4 -> Dense 2; features 1 and 4 are dead."""
+    rng = np.random.default_rng(seed)
+    layers = list(pre) + ([keras.layers.Flatten(name="flat")] if flatten_after else [])
+    layers += [keras.layers.Dense(4, activation="tanh", name="d0", **_ZEROS), keras.layers.Dense(2, name="d1", **_ZEROS)]
+    inp = keras.Input(shape, name="features")
+    if functional:
+        x = inp
+        for layer in layers:
+            x = layer(x)
+        model = keras.Model(inp, x, name="pre")
+    else:
+        model = keras.Sequential([inp] + layers, name="pre")
+    n = int(np.prod(shape))
+    w = rng.normal(size=(n, 4))
+    w[[1, 4]] = rng.uniform(-T, T, (2, 4))
+    model.get_layer("d0").set_weights([w, rng.normal(size=4)])
+    model.get_layer("d1").set_weights([rng.normal(size=(4, 2)), rng.normal(size=2)])
+    return model
+
+
+def _adapted(layer, shape, seed=0):
+    data = np.random.default_rng(seed).normal(3.0, 2.0, size=(32,) + shape).astype("float32")
+    data *= np.random.default_rng(seed + 1).uniform(0.1, 10.0, size=shape).astype("float32")
+    layer.adapt(data)
+    return layer
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: [_adapted(keras.layers.Normalization(name="norm"), (6,))],
+        lambda: [keras.layers.Normalization(mean=np.arange(6.0), variance=np.arange(1.0, 7.0), name="norm")],
+        lambda: [keras.layers.Normalization(axis=None, mean=2.0, variance=3.0, name="norm")],
+        lambda: [keras.layers.Normalization(mean=[1.0, 2, 3, 4, 5, 6], variance=[2.0] * 6, invert=True, name="norm")],
+        lambda: [keras.layers.Rescaling(1 / 255.0, offset=-0.5, name="scale")],
+        lambda: [keras.layers.Rescaling(np.linspace(0.5, 3.0, 6).astype("float32"), offset=[1.0, 0, 0, 2, 0, 3], name="scale")],
+        lambda: [keras.layers.Rescaling(2.0, name="scale"), _adapted(keras.layers.Normalization(name="norm"), (6,)), keras.layers.Dropout(0.3)],
+    ],
+)
+@pytest.mark.parametrize("functional", [False, True])
+def test_normalization_and_rescaling_at_the_input(make, functional):
+    model = _preprocessed(make(), functional=functional)
+    before = _weights(model)
+    x = np.random.default_rng(10).normal(2.0, 3.0, size=(7, 6)).astype("float32")
+    original = prune_model(model, T)
+    assert [layer.name for layer in original.layers] == [layer.name for layer in model.layers]
+    _assert_same_outputs(model, original, x)
+    selected = prune_model(model, T, inputs="selected")
+    assert selected.kept_features == (0, 2, 3, 5)
+    _assert_same_outputs(model, selected, x, "selected")
+    for layer in selected.layers:
+        if isinstance(layer, keras.layers.Normalization):
+            assert tuple(np.shape(layer.mean)) == (1, 4)
+        if isinstance(layer, keras.layers.Rescaling) and np.ndim(layer.scale):
+            assert np.shape(layer.scale) == (4,)
+    for a, b in zip(before, model.get_weights()):
+        np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.parametrize("axis", [-1, (1, 2), 1, None])
+@pytest.mark.parametrize("inputs", ["original", "selected"])
+def test_normalization_of_an_image_before_flatten(axis, inputs):
+    # (3, 4) images: the statistics are per column, per pixel, per row or one scalar; Flatten
+    # then gives 12 features, each with its own broadcast mean and variance.
+    norm = _adapted(keras.layers.Normalization(axis=axis, name="norm"), (3, 4), seed=2)
+    scale = keras.layers.Rescaling(np.array([1.0, 2.0, 0.5, 4.0], "float32"), name="scale")
+    model = _preprocessed([norm, scale], shape=(3, 4), flatten_after=True)
+    small = prune_model(model, T, inputs=inputs)
+    x = np.random.default_rng(11).normal(3.0, 2.0, size=(6, 3, 4)).astype("float32")
+    _assert_same_outputs(model, small, x, inputs)
+    if inputs == "selected":
+        assert small.inputs[0].shape == (None, 10)
+        assert [layer.name for layer in small.layers] == ["norm", "scale", "d0", "d1"]
+
+
+def test_normalization_before_the_selection_runs_on_every_feature():
+    # Few survivors: the selection sits right before the first Dense, after the preprocessing.
+    rng = np.random.default_rng(12)
+    norm = _adapted(keras.layers.Normalization(name="norm"), (24,), seed=3)
+    model = keras.Sequential(
+        [keras.Input((24,)), norm, keras.layers.Dense(3, activation="relu", name="d0", **_ZEROS), keras.layers.Dense(2, name="d1", **_ZEROS)]
+    )
+    w0 = np.zeros((24, 3))
+    w0[[2, 20]] = rng.normal(size=(2, 3))
+    model.get_layer("d0").set_weights([w0, rng.normal(size=3)])
+    model.get_layer("d1").set_weights([rng.normal(size=(3, 2)), rng.normal(size=2)])
+    small = prune_model(model, T)
+    assert [layer.name for layer in small.layers] == ["norm", "select_features", "d0", "d1"]
+    _assert_same_outputs(model, small, rng.normal(size=(5, 24)).astype("float32"))
+
+
+def test_normalization_and_rescaling_between_dense_layers_are_sliced_per_unit():
+    rng = np.random.default_rng(13)
+    inp = keras.Input((5,))
+    x = keras.layers.Dense(4, activation="relu", name="d0", **_ZEROS)(inp)
+    x = keras.layers.Normalization(name="norm")(x)
+    x = keras.layers.Rescaling(np.array([1.0, 2.0, 3.0, 4.0], "float32"), offset=0.5, name="scale")(x)
+    out = keras.layers.Dense(2, name="d1", **_ZEROS)(x)
+    model = keras.Model(inp, out)
+    w0 = rng.normal(size=(5, 4))
+    w0[:, 1] = 0.0  # constant unit: relu(b) normalized and rescaled, folded into d1's bias
+    w1 = rng.normal(size=(4, 2))
+    w1[3] = 0.0  # unused unit
+    model.get_layer("d0").set_weights([w0, rng.normal(size=4)])
+    model.get_layer("norm").set_weights([rng.normal(size=4), rng.uniform(0.5, 2.0, 4), np.array(10)])
+    _refresh_normalization(model)
+    model.get_layer("d1").set_weights([w1, rng.normal(size=2)])
+    small = prune_model(model, T)
+    assert small.pruning_report.layer_sizes == (5, 2)
+    np.testing.assert_array_equal(small.get_layer("scale").scale, [1.0, 3.0])
+    _assert_same_outputs(model, small, rng.normal(size=(6, 5)).astype("float32"))
+
+
+def test_rescaling_per_feature_under_channels_first_is_refused():
+    previous = keras.config.image_data_format()
+    keras.config.set_image_data_format("channels_first")
+    try:
+        model = _preprocessed([keras.layers.Rescaling([1.0] * 6, name="scale")])
+        with pytest.raises(UnsupportedModelError) as info:
+            prune_model(model, T)
+    finally:
+        keras.config.set_image_data_format(previous)
+    assert str(info.value).startswith(
+        "prune_model: cannot prune layer 'scale' (Rescaling): a Rescaling with a non-scalar scale or offset under channels_first."
+    )
+
+
+# ----------------------------------------------------------------------------- nested models
+
+
+def _block(kind, layers, input_shape=None):
+    if kind == "sequential":
+        return keras.Sequential(layers, name="block")
+    inp = keras.Input(input_shape, name="block_input")
+    x = inp
+    for layer in layers:
+        x = layer(x)
+    return keras.Model(inp, x, name="block")
+
+
+@pytest.mark.parametrize("outer", ["sequential", "functional"])
+@pytest.mark.parametrize("kind", ["sequential", "functional"])
+def test_nested_block_is_pruned_as_part_of_the_chain(outer, kind):
+    rng = np.random.default_rng(14)
+    head = _block(kind, [keras.layers.Rescaling(0.5, name="scale"), keras.layers.Dense(5, activation="relu", name="d0", **_ZEROS), keras.layers.Dropout(0.2, name="drop")], (6,))
+    inner = _block(kind, [keras.layers.Dense(4, activation="tanh", name="d1", **_ZEROS), keras.layers.BatchNormalization(name="bn")], (5,))
+    inner.name = "inner"
+    last = keras.layers.Dense(2, name="d2", **_ZEROS)
+    if outer == "sequential":
+        model = keras.Sequential([keras.Input((6,)), head, inner, last], name="outer")
+    else:
+        inp = keras.Input((6,), name="features")
+        model = keras.Model(inp, last(inner(head(inp))), name="outer")
+    w0 = rng.normal(size=(6, 5))
+    w0[2] = 0.0
+    w1 = rng.normal(size=(5, 4))
+    w1[:, 0] = 0.0  # constant unit
+    w1[3] = 0.0  # d0 unit 3 unused
+    analysis_names = ("block/d0", "inner/d1", "d2")
+    for name, weights in zip(analysis_names, ([w0, rng.normal(size=5)], [w1, rng.normal(size=4)], [rng.normal(size=(4, 2)), rng.normal(size=2)])):
+        get_layer(model, name).set_weights(weights)
+    get_layer(model, "inner/bn").set_weights([rng.uniform(0.5, 2, 4), rng.normal(size=4), rng.normal(size=4), rng.uniform(0.5, 2, 4)])
+    before = _weights(model)
+
+    report = sparsity_report(model, T)
+    assert tuple(layer.name for layer in report.layers) == analysis_names
+    assert [layer.role for layer in report.layers] == ["input", "hidden", "hidden"]
+    assert report.layer_sizes == (5, 4, 3)
+    x = rng.normal(size=(7, 6)).astype("float32")
+    for inputs in ("original", "selected"):
+        small = prune_model(model, T, inputs=inputs)
+        names = [layer.name for layer in small.layers if not isinstance(layer, keras.layers.InputLayer)]
+        assert names == ["scale", "d0", "drop", "d1", "bn", "d2"]
+        assert isinstance(small, keras.Sequential) == (outer == "sequential")
+        _assert_same_outputs(model, small, x, inputs)
+    for a, b in zip(before, model.get_weights()):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_nested_layer_names_that_clash_are_qualified():
+    inner = keras.Sequential([keras.layers.Dense(3, name="d", **_ZEROS)], name="block")
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(3, name="d", **_ZEROS), inner, keras.layers.Dense(2, name="out", **_ZEROS)])
+    rng = np.random.default_rng(15)
+    for w in model.weights:
+        w.assign(rng.normal(size=tuple(w.shape)))
+    assert dense_layers(model)[1] is inner.layers[0]
+    small = prune_model(model, T)
+    assert [layer.name for layer in small.layers] == ["d", "block_d", "out"]
+    _assert_same_outputs(model, small, rng.normal(size=(3, 4)).astype("float32"))
 
 
 # ----------------------------------------------------------------------------- saving
@@ -303,7 +537,7 @@ def test_saved_model_export(tmp_path, make):
     np.testing.assert_allclose(served.serve(x).numpy(), _numpy(small(x)), atol=1e-6)
 
 
-def test_select_features_layer():
+def test_select_features_layer_still_loads_for_files_saved_before():
     layer = SelectFeatures([2, 0])
     np.testing.assert_array_equal(_numpy(layer(np.array([[1.0, 2.0, 3.0]], "float32"))), [[3.0, 1.0]])
     clone = SelectFeatures.from_config(layer.get_config())
@@ -368,6 +602,17 @@ def _subclassed():
     return model
 
 
+def _nested_twice():
+    inner = keras.Sequential([keras.layers.Dense(4, name="d")], name="inner")
+    inp = keras.Input((4,))
+    return keras.Model(inp, keras.layers.Dense(2)(inner(inner(inp))))
+
+
+def _nested_subclassed():
+    inp = keras.Input((4,))
+    return keras.Model(inp, keras.layers.Dense(2)(_Subclassed()(inp)))
+
+
 def _seq(*middle):
     return keras.Sequential([keras.Input((4,)), keras.layers.Dense(4, name="d0"), *middle, keras.layers.Dense(2, name="out")])
 
@@ -382,7 +627,21 @@ def _seq(*middle):
         (lambda: _seq(keras.layers.LayerNormalization(name="ln")), "ln", "LayerNormalization"),
         (lambda: _seq(_Scale(name="scale")), "scale", "_Scale"),
         (lambda: _seq(keras.layers.Softmax(name="soft")), "soft", "Softmax"),
-        (lambda: _seq(keras.Sequential([keras.layers.Dense(4)], name="inner")), "inner", "Sequential"),
+        (_nested_twice, "inner", "Sequential"),
+        (_nested_subclassed, "sub", "_Subclassed"),
+        (lambda: _seq(keras.Sequential([keras.layers.LayerNormalization(name="ln")], name="inner")), "inner/ln", "LayerNormalization"),
+        (
+            lambda: keras.Sequential([keras.Input((3, 4)), keras.layers.LSTM(4, name="lstm"), keras.layers.Dense(2)]),
+            "lstm",
+            "LSTM",
+        ),
+        (
+            lambda: keras.Sequential(
+                [keras.Input((3,), dtype="int32"), keras.layers.Embedding(10, 4, name="emb"), keras.layers.Flatten(), keras.layers.Dense(2)]
+            ),
+            "emb",
+            "Embedding",
+        ),
         (
             lambda: keras.Sequential([keras.Input((5, 5, 1)), keras.layers.Conv2D(2, 3, name="conv"), keras.layers.Flatten(), keras.layers.Dense(2)]),
             "conv",
@@ -459,7 +718,7 @@ def test_bad_arguments():
 def test_every_per_unit_layer_the_analysis_accepts_has_a_slicer():
     from keras_group_lasso import analysis
 
-    assert set(analysis._ELEMENTWISE_LAYERS + analysis._PER_UNIT_WEIGHTED) <= set(SLICERS)
+    assert set(analysis._ELEMENTWISE_LAYERS + analysis._PER_UNIT_WEIGHTED + analysis._AFFINE_LAYERS) <= set(SLICERS)
 
 
 # ----------------------------------------------------------------------------- property
@@ -472,6 +731,21 @@ _BETWEEN = [
     lambda: keras.layers.Activation("tanh"),
     lambda: keras.layers.LeakyReLU(0.2),
     lambda: keras.layers.PReLU(),
+    lambda: keras.layers.Normalization(),
+    lambda: keras.layers.Rescaling(0.5, offset=0.25),
+]
+
+# Input preprocessing, given the per-sample shape it sees and a random generator.
+_PREPROCESS = [
+    None,
+    lambda shape, rng: keras.layers.Normalization(),  # statistics set with the other weights
+    lambda shape, rng: keras.layers.Normalization(axis=None),
+    lambda shape, rng: keras.layers.Normalization(axis=tuple(range(1, len(shape) + 1))),
+    lambda shape, rng: keras.layers.Normalization(
+        mean=rng.normal(size=shape[-1]), variance=rng.uniform(0.5, 2.0, shape[-1]), invert=bool(rng.integers(2))
+    ),
+    lambda shape, rng: keras.layers.Rescaling(1 / 255.0, offset=-1.0),
+    lambda shape, rng: keras.layers.Rescaling(rng.uniform(0.5, 2.0, shape[-1]).astype("float32"), offset=rng.normal()),
 ]
 
 
@@ -479,13 +753,19 @@ _BETWEEN = [
 def _architectures(draw):
     n_hidden = draw(st.integers(1, 4))
     sizes = [draw(st.integers(2, 7))] + [draw(st.integers(1, 6)) for _ in range(n_hidden)] + [draw(st.integers(1, 3))]
+    functional = draw(st.booleans())
     return {
         "sizes": sizes,
         "activations": [draw(st.sampled_from(["relu", "tanh", "sigmoid", "linear", "elu"])) for _ in range(n_hidden)],
         "between": [draw(st.integers(0, len(_BETWEEN) - 1)) for _ in range(n_hidden)],
         "use_bias": [draw(st.booleans()) or draw(st.booleans()) for _ in range(n_hidden + 1)],
-        "functional": draw(st.booleans()),
+        "functional": functional,
         "image": draw(st.booleans()),
+        "preprocess": draw(st.integers(0, len(_PREPROCESS) - 1)),
+        "preprocess_after_flatten": draw(st.booleans()),
+        # a nested block: layers [start, stop) of the chain, Sequential or (in a functional model) functional
+        "nest": draw(st.none() | st.tuples(st.integers(0, 99), st.integers(0, 99))),
+        "block": draw(st.sampled_from(["sequential", "functional"] if functional else ["sequential"])),
         "inputs": draw(st.sampled_from(["original", "selected"])),
         "seed": draw(st.integers(0, 2**16)),
     }
@@ -496,7 +776,12 @@ def _random_model(arch):
     sizes = arch["sizes"]
     n_features = sizes[0]
     image = arch["image"] and n_features % 2 == 0
+    shape = (2, n_features // 2) if image else (n_features,)
     layers = [keras.layers.Flatten()] if image else []
+    if _PREPROCESS[arch["preprocess"]] is not None:
+        after = arch["preprocess_after_flatten"] or not image
+        layer = _PREPROCESS[arch["preprocess"]]((n_features,) if after else shape, rng)
+        layers.insert(len(layers) if after else 0, layer)
     for i, units in enumerate(sizes[1:]):
         last = i == len(sizes) - 2
         layers.append(
@@ -510,32 +795,51 @@ def _random_model(arch):
         )
         if not last and _BETWEEN[arch["between"][i]] is not None:
             layers.append(_BETWEEN[arch["between"][i]]())
-    inp = keras.Input((2, n_features // 2) if image else (n_features,))
+    start, stop = len(layers), len(layers)
+    if arch["nest"] is not None:
+        start = arch["nest"][0] % len(layers)
+        stop = start + 1 + arch["nest"][1] % (len(layers) - start)
+    inp = keras.Input(shape)
     if arch["functional"]:
         x = inp
-        for layer in layers:
+        for layer in layers[:start]:
+            x = layer(x)
+        if start < stop:
+            if arch["block"] == "functional":
+                block_input = keras.Input(tuple(x.shape[1:]))
+                y = block_input
+                for layer in layers[start:stop]:
+                    y = layer(y)
+                x = keras.Model(block_input, y, name="block")(x)
+            else:
+                x = keras.Sequential(layers[start:stop], name="block")(x)
+        for layer in layers[stop:]:
             x = layer(x)
         model = keras.Model(inp, x)
     else:
-        model = keras.Sequential([inp] + layers)
+        block = [keras.Sequential(layers[start:stop], name="block")] if start < stop else []
+        model = keras.Sequential([inp] + layers[:start] + block + layers[stop:])
     weights = []
     for variable in model.weights:
-        shape = tuple(variable.shape)
+        shape_ = tuple(variable.shape)
         path = variable.path
-        if "variance" in path or "gamma" in path:
-            w = rng.uniform(0.5, 2.0, shape)
+        if "int" in str(variable.dtype):
+            w = np.zeros(shape_)  # Normalization's count
+        elif "variance" in path or "gamma" in path:
+            w = rng.uniform(0.5, 2.0, shape_)
         elif "kernel" in path:
-            w = rng.normal(size=shape) * (rng.random(shape) < 0.8)
-            w[rng.random(shape[0]) < 0.3] = rng.uniform(-T, T)  # dead rows (sub-threshold noise)
-            w[:, rng.random(shape[1]) < 0.2] = 0.0  # constant units
+            w = rng.normal(size=shape_) * (rng.random(shape_) < 0.8)
+            w[rng.random(shape_[0]) < 0.3] = rng.uniform(-T, T)  # dead rows (sub-threshold noise)
+            w[:, rng.random(shape_[1]) < 0.2] = 0.0  # constant units
         else:
-            w = rng.normal(size=shape)
-        weights.append(w.astype("float32"))
+            w = rng.normal(size=shape_)
+        weights.append(w.astype(variable.dtype))
     model.set_weights(weights)
-    return model, (2, n_features // 2) if image else (n_features,)
+    _refresh_normalization(model)
+    return model, shape
 
 
-@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(arch=_architectures())
 def test_pruned_model_equals_thresholded_original(arch):
     model, shape = _random_model(arch)
@@ -548,11 +852,14 @@ def test_pruned_model_equals_thresholded_original(arch):
     small = prune_model(model, T, inputs=arch["inputs"])
     x = np.random.default_rng(arch["seed"] + 1).normal(size=(5,) + shape).astype("float32")
     _assert_same_outputs(model, small, x, arch["inputs"])
-    dense = [layer for layer in small.layers if type(layer) is keras.layers.Dense]
+    dense = [layer for layer in small.layers if type(layer) is keras.layers.Dense and layer.trainable]
     assert (len(small.kept_features),) + tuple(d.units for d in dense[:-1]) == report.layer_sizes
+    n, k, u = report.n_features, len(report.selected_features), dense[0].units
+    selects = [layer for layer in small.layers if not layer.trainable]
+    assert len(selects) == (arch["inputs"] == "original" and k < n and k * (n + u) < n * u)
     extra = 0
-    if arch["inputs"] == "original":  # zero rows for the dropped features
-        extra = (report.n_features - len(report.selected_features)) * dense[0].units
+    if arch["inputs"] == "original" and not selects:  # zero rows for the dropped features
+        extra = (n - k) * u
     assert sum(d.count_params() for d in dense) == report.params_after + extra
     for a, b in zip(before, model.get_weights()):
         np.testing.assert_array_equal(a, b)

@@ -1,23 +1,18 @@
 """Build the smaller model: threshold a copy of the weights, fold constant units, slice, rebuild."""
 
+import collections
+
 import keras
 import numpy as np
 
 from keras_group_lasso import analysis
 from keras_group_lasso._validation import check_choice
 from keras_group_lasso.surgery import plan as planning
-from keras_group_lasso.surgery.layers import SelectFeatures
 from keras_group_lasso.surgery.slicers import slice_dense, slice_layer
 
 __all__ = ["prune_model"]
 
 _INPUTS = ("original", "selected")
-
-# With inputs="original", gather the kept features (SelectFeatures) only when fewer than
-# 1 / GATHER_BELOW of them survive; otherwise keep zero rows in the first Dense. Measured on
-# CPU (1024 x 784 inputs, 45 units): gather + matmul was slower than the full matmul for
-# 582 and 200 kept features and faster for 50, on TensorFlow and JAX.
-GATHER_BELOW = 8
 
 
 def prune_model(model, threshold=1e-3, inputs="original"):
@@ -36,8 +31,10 @@ def prune_model(model, threshold=1e-3, inputs="original"):
       through the per-unit layers after it (BatchNormalization, ...), is added
       to the next layer's bias: ``b' = b + c[folded] @ W[folded, :]``,
     * slices the per-unit layers in between (BatchNormalization's gamma, beta,
-      moving mean and variance; PReLU's alpha) and copies the others, keeping
-      names, activations, dtype policies, ``use_bias`` and regularizers.
+      moving mean and variance; PReLU's alpha) and the input preprocessing
+      before the first Dense (Normalization's mean and variance, a
+      per-feature Rescaling) and copies the others, keeping names,
+      activations, dtype policies and ``use_bias``.
 
     Output units are never removed. The result is a ``keras.Sequential`` when
     ``model`` is one, else a functional ``keras.Model``, uncompiled, with the
@@ -45,9 +42,18 @@ def prune_model(model, threshold=1e-3, inputs="original"):
     (the :class:`~keras_group_lasso.SparsityReport` of ``model`` at
     ``threshold``) and ``pruning_plan`` (the :class:`PruningPlan`). Those
     attributes are not saved in a ``.keras`` file. The report and plan count
-    parameters of the compact layers; with ``inputs="original"`` and zero rows
-    kept (see ``inputs``) the first Dense holds ``(n_features - kept) * units``
-    more.
+    parameters of the compact layers; with ``inputs="original"`` the first
+    Dense may hold zero rows or be preceded by a selection layer (see
+    ``inputs``).
+
+    The result is built from Keras's own layers only, so it saves to a
+    ``.keras`` file that plain Keras loads without this package: the
+    penalties of this package (``GroupLasso``, ``InputGroupLasso``, ...) are
+    not carried over (pass the result to
+    :func:`~keras_group_lasso.add_group_sparsity` to train it further with
+    them); other regularizers are kept. A nested Sequential or functional
+    block is flattened into the chain: its layers keep their own names when
+    those are unique in the result, else they are named ``<block>_<layer>``.
 
     Args:
         model: a built ``keras.Model`` (Sequential or functional) whose Dense
@@ -55,10 +61,13 @@ def prune_model(model, threshold=1e-3, inputs="original"):
         threshold: finite number >= 0 (default ``1e-3``, the paper's).
         inputs: ``"original"`` (default): the new model takes the original
             input (same shape), a drop-in replacement. Its first Dense keeps
-            an all-zero row for each dropped feature (faster than a gather),
-            unless fewer than 1/8 of the features survive: then a
-            :class:`SelectFeatures` layer gathers them first. ``"selected"``:
-            it takes only the kept features, a flat vector of
+            an all-zero row for each dropped feature, unless selecting the
+            kept features first costs fewer multiply-adds
+            (``k * (n + u) < n * u`` for ``k`` of ``n`` features kept and
+            ``u`` units): then a non-trainable, bias-free Dense layer named
+            ``select_features`` with a 0/1 kernel picks them, right before the
+            first Dense (exact: each output is one input times 1 plus zeros).
+            ``"selected"``: it takes only the kept features, a flat vector of
             ``len(kept_features)`` values in the order of ``kept_features``.
 
     Returns:
@@ -80,57 +89,45 @@ def prune_model(model, threshold=1e-3, inputs="original"):
     inputs = check_choice(owner, "inputs", inputs, _INPUTS)
     plan, _, kernels, biases = planning._plan(owner, model, threshold)
     structure = analysis._structure(model)
-    layers = {layer.name: layer for layer in model.layers}
+    layers = {step.name: analysis.get_layer(model, step.name) for step in plan.steps}
     kernels, biases = _threshold_and_fold(plan, structure, layers, kernels, biases)
 
     kept_features = np.asarray(plan.kept_features, dtype=int)
     dense_by_name = {d.name: d for d in plan.dense}
-    first_dense = next(d.name for d in plan.dense if structure.prev[d.name] == "<input>")
-    # inputs="original": a gather of the kept features costs more than the matmul rows it
-    # saves unless few features survive, so by default the first Dense keeps an all-zero
-    # row per dropped feature (exact: those rows are below the threshold in every kept unit).
-    gather = (
-        inputs == "original"
-        and len(kept_features) < plan.n_features
-        and len(kept_features) * GATHER_BELOW < plan.n_features
-    )
-    sliced_inputs = inputs == "selected" or gather
-    select_after = -1  # index in the head after which the kept features are gathered
-    head = [s for s in plan.steps if s.kind == "head"]
-    for i, step in enumerate(head):
-        if type(layers[step.name]).__name__ == "Flatten" and (analysis._input_rank(layers[step.name]) or 2) > 2:
-            select_after = i
+    first = next(d for d in plan.dense if structure.prev[d.name] == "<input>")
+    # inputs="original": the dropped features either meet all-zero rows of the first Dense
+    # (n * u multiply-adds) or are dropped by a 0/1 selection first (n * k + k * u).
+    n, k, u = plan.n_features, len(kept_features), first.units_after
+    select = inputs == "original" and k < n and k * (n + u) < n * u
+    names = _flat_names([step.name for step in plan.steps], reserved=(structure.input_name,))
 
     built = []  # (new layer, weights)
-    if gather and select_after < 0:
-        built.append((_select_layer(plan, layers), []))
-    head_index = 0
     for step in plan.steps:
         layer = layers[step.name]
         if step.kind == "head":
-            position, head_index = head_index, head_index + 1
-            is_flatten = type(layer).__name__ == "Flatten"
-            if inputs == "selected" and is_flatten:
+            if inputs == "selected" and type(layer).__name__ == "Flatten":
                 continue
-            if not sliced_inputs or (gather and position <= select_after):
-                config, weights = layer.get_config(), layer.get_weights()
-            else:
+            if inputs == "selected":
                 config, weights = slice_layer(layer, kept_features)
-            built.append((type(layer).from_config(config), weights))
-            if gather and position == select_after:
-                built.append((_select_layer(plan, layers), []))
+            else:
+                config, weights = layer.get_config(), layer.get_weights()
         elif step.kind == "dense":
             d = dense_by_name[step.name]
             rows = d.kept_inputs
-            if step.name == first_dense and not sliced_inputs:
+            if d is first and inputs == "original" and not select:
                 rows = tuple(range(d.inputs_before))
+            if d is first and select:
+                # Right before the first Dense, after the input preprocessing: that Dense
+                # rounds its inputs as the selection does (e.g. TF32 matmuls on a GPU).
+                built.append(_selection(kept_features, n, layer, {*names.values(), structure.input_name}))
             config, weights = slice_dense(layer, kernels[step.name], biases[step.name], rows, d.kept_units)
-            built.append((type(layer).from_config(config), weights))
         elif step.kind == "unit":
             config, weights = slice_layer(layer, dense_by_name[step.dense].kept_units)
-            built.append((type(layer).from_config(config), weights))
         else:  # tail: after the output layer, whose units all stay
-            built.append((type(layer).from_config(layer.get_config()), layer.get_weights()))
+            config, weights = layer.get_config(), layer.get_weights()
+        config["name"] = names[step.name]
+        _drop_package_penalties(layer, config)
+        built.append((type(layer).from_config(config), weights))
 
     source = model.inputs[0]
     shape = tuple(plan.input_shape) if inputs == "original" else (len(kept_features),)
@@ -145,7 +142,7 @@ def prune_model(model, threshold=1e-3, inputs="original"):
         small = keras.Model(inp, x, name=model.name)
     for layer, weights in built:
         if weights:
-            layer.set_weights(weights)
+            _set_weights(layer, weights)
 
     small.kept_features = plan.kept_features
     small.pruning_report = plan.report
@@ -153,12 +150,59 @@ def prune_model(model, threshold=1e-3, inputs="original"):
     return small
 
 
-def _select_layer(plan, layers):
-    name, k = "select_features", 0
-    while name in layers:
+def _set_weights(layer, weights):
+    if type(layer) is keras.layers.Normalization:
+        # set_weights leaves Normalization's cached mean and variance at their initial
+        # values; loading its variables (the saving API) also recomputes them.
+        layer.load_own_variables({str(i): w for i, w in enumerate(weights)})
+    else:
+        layer.set_weights(weights)
+
+
+def _flat_names(steps, reserved=()):
+    """A layer name per step: the layer's own name, or ``<block>_<layer>`` where that clashes."""
+    own = {step: step.rsplit("/", 1)[-1] for step in steps}
+    counts = collections.Counter(own.values())
+    used = {name for name in reserved if name}
+    names = {}
+    for step in steps:
+        name = own[step] if counts[own[step]] == 1 and own[step] not in used else step.replace("/", "_")
+        names[step] = _unique(name, used)
+    return names
+
+
+def _unique(name, used):
+    candidate, k = name, 0
+    while candidate in used:
         k += 1
-        name = f"select_features_{k}"
-    return SelectFeatures(plan.kept_features, name=name)
+        candidate = f"{name}_{k}"
+    used.add(candidate)
+    return candidate
+
+
+def _selection(kept_features, n_features, first, taken):
+    """``(layer, weights)``: a frozen bias-free Dense whose 0/1 kernel picks the kept features, in order.
+
+    Built-in Keras (loads anywhere, exports to SavedModel and TFLite as a
+    matmul) and exact for finite inputs; it computes in the first Dense's
+    dtype policy, so the kept values reach that Dense rounded as before.
+    """
+    kernel = np.zeros((n_features, len(kept_features)), dtype="float32")
+    kernel[kept_features, np.arange(len(kept_features))] = 1.0
+    name = _unique("select_features", set(taken))
+    layer = keras.layers.Dense(
+        len(kept_features), use_bias=False, trainable=False, name=name, dtype=first.dtype_policy
+    )
+    return layer, [kernel]
+
+
+def _drop_package_penalties(layer, config):
+    """Leave out this package's regularizers, so that plain Keras loads the saved result."""
+    for key in config:
+        if key.endswith("_regularizer"):
+            value = getattr(layer, key, None)
+            if value is not None and type(value).__module__.split(".")[0] == __name__.split(".")[0]:
+                config[key] = None
 
 
 def _threshold_and_fold(plan, structure, layers, kernels, biases):

@@ -1,4 +1,8 @@
-"""The one layer surgery adds: gather the kept input features from the original feature vector."""
+"""A layer that older versions of surgery inserted; kept so that the files they saved still load.
+
+Surgery now selects the kept features with a frozen built-in Dense layer (see
+:func:`keras_group_lasso.prune_model`), so what it returns loads with plain Keras.
+"""
 
 import keras
 import numpy as np
@@ -12,11 +16,11 @@ __all__ = ["SelectFeatures"]
 class SelectFeatures(keras.layers.Layer):
     """Keep the input features ``indices``, in that order: ``y = x[..., indices]``.
 
-    The first layer of a model pruned with ``inputs="original"``, so it takes
-    the full feature vector (a drop-in replacement). A gather on the last
-    axis (``keras.ops.take``): exact, no weights, and it exports to SavedModel
-    and TFLite (a GATHER op). Registered, so a ``.keras`` file that contains
-    it loads without ``custom_objects`` once ``keras_group_lasso`` is imported.
+    Older versions of :func:`~keras_group_lasso.prune_model` put it first in a
+    model pruned with ``inputs="original"``; it is no longer inserted (a
+    ``.keras`` file containing it needs this package to load). A gather on the
+    last axis (``keras.ops.take``): exact, no weights. Registered, so such a
+    file loads without ``custom_objects`` once ``keras_group_lasso`` is imported.
 
     Args:
         indices: non-empty sequence of distinct ints >= 0.

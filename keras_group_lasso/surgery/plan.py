@@ -18,8 +18,10 @@ SUPPORTED = (
     "Sequential or functional models with one input and one output whose Dense layers form one "
     "chain (each layer used once), with only per-unit layers between them (Dropout, "
     "GaussianDropout, GaussianNoise, AlphaDropout, Identity, Activation with an elementwise "
-    "function, ReLU, LeakyReLU, ELU, PReLU, BatchNormalization on the last axis), Flatten before "
-    "the first Dense, and Activation or Softmax after the last one"
+    "function, ReLU, LeakyReLU, ELU, PReLU, BatchNormalization on the last axis, Normalization, "
+    "Rescaling), input preprocessing before the first Dense (Normalization and Rescaling on any "
+    "axes, the per-unit layers, Flatten), Activation or Softmax after the last one, and nested "
+    "Sequential or functional blocks of these layers (called once, one input, one output)"
 )
 
 
