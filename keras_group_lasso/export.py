@@ -11,12 +11,13 @@ writes into one directory::
 
 Everything is built in a hidden temporary directory next to the target and
 renamed into place at the end, so a failure leaves nothing partial behind.
-TensorFlow is imported only for the SavedModel and TFLite formats.
+TensorFlow is imported only for the SavedModel and TFLite formats. The pruned
+model is made of Keras's own layers, so every artifact loads and runs with
+plain Keras / TensorFlow, without this package.
 """
 
 import dataclasses
 import json
-import math
 import os
 import shutil
 import tempfile
@@ -114,47 +115,32 @@ def _input_spec(tf, model):
     return tf.TensorSpec(shape, tf.float32, name=INPUT_NAME)
 
 
+# Layers that are the identity at inference. Left out of the serving formats: on JAX their
+# random seed state would be exported as a uint32 variable, which TFLite cannot convert.
+_TRAINING_ONLY = ("Dropout", "GaussianDropout", "GaussianNoise", "AlphaDropout")
+
+
+def _serving_model(small):
+    """``small`` without its training-only layers (the same outputs at inference), sharing its layers."""
+    layers = [layer for layer in small.layers if not isinstance(layer, keras.layers.InputLayer)]
+    training_only = tuple(getattr(keras.layers, name) for name in _TRAINING_ONLY)
+    if not any(type(layer) in training_only for layer in layers):
+        return small
+    source = small.inputs[0]
+    inputs = keras.Input(shape=tuple(source.shape[1:]), dtype=source.dtype)
+    x = inputs
+    for layer in layers:  # a pruned model is one chain
+        if type(layer) not in training_only:
+            x = layer(x)
+    return keras.Model(inputs, x, name=small.name)
+
+
 def _write_saved_model(tf, model, path):
     model.export(
         path,
         format="tf_saved_model",
         verbose=False,
         input_signature=[_input_spec(tf, model)],
-    )
-
-
-def _write_saved_model_with_tf_gather(tf, small, selected, path, scratch):
-    """SavedModel of ``small`` whose feature gather is a TensorFlow op (JAX backend).
-
-    jax2tf lowers the gather of the kept features with a dynamic batch size to
-    a StableHLO ``dynamic_gather`` that the TFLite converter rejects. So the
-    ``inputs="selected"`` model (no gather) is exported with jax2tf, and a
-    TensorFlow function around it flattens the original input and gathers the
-    kept features with ``tf.gather``: the same outputs, convertible to TFLite.
-    """
-    _write_saved_model(tf, selected, scratch)
-    inner = tf.saved_model.load(scratch)
-    spec = _input_spec(tf, small)
-    n_features = math.prod(spec.shape[1:])
-    kept = tf.constant(list(small.kept_features), dtype=tf.int32)
-
-    @tf.function(input_signature=[spec])
-    def serve(features):
-        flat = tf.reshape(features, [-1, n_features])
-        return inner.serve(tf.gather(flat, kept, axis=1))
-
-    module = tf.Module()
-    module.inner = inner
-    module.serve = serve
-    # The jax2tf functions carry custom gradients that cannot be saved again;
-    # the export is for inference only.
-    options = tf.saved_model.SaveOptions(experimental_custom_gradients=False)
-    tf.saved_model.save(module, path, signatures={SIGNATURE: serve}, options=options)
-
-
-def _gathers_in_jax(small):
-    return keras.backend.backend() == "jax" and any(
-        isinstance(layer, surgery.SelectFeatures) for layer in small.layers
     )
 
 
@@ -253,7 +239,8 @@ def export_pruned(
       feature vector with ``inputs="original"``, the kept features with
       ``inputs="selected"``) and returning ``output_0``.
     * ``"keras"``: ``<directory>/model.keras`` (loads with
-      ``keras.saving.load_model`` once ``keras_group_lasso`` is imported).
+      ``keras.saving.load_model``, without this package: the pruned model
+      holds no layer or penalty of ``keras_group_lasso``).
     * ``"tflite"``: ``<directory>/model.tflite``, converted from the SavedModel.
 
     ``manifest.json`` holds the kept feature indices, layer sizes and parameter
@@ -311,13 +298,7 @@ def export_pruned(
             saved_model = os.path.join(
                 staging, _FILENAMES["saved_model"] if "saved_model" in formats else ".saved_model"
             )
-            if _gathers_in_jax(small):
-                selected = surgery.prune_model(model, threshold=threshold, inputs="selected")
-                scratch = os.path.join(staging, ".jax_saved_model")
-                _write_saved_model_with_tf_gather(tf, small, selected, saved_model, scratch)
-                shutil.rmtree(scratch)
-            else:
-                _write_saved_model(tf, small, saved_model)
+            _write_saved_model(tf, _serving_model(small), saved_model)
             if "tflite" in formats:
                 _write_tflite(tf, saved_model, os.path.join(staging, _FILENAMES["tflite"]))
             if "saved_model" not in formats:

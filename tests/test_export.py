@@ -2,7 +2,9 @@
 
 import json
 import os
+import subprocess
 import sys
+import textwrap
 import warnings
 
 import keras
@@ -10,9 +12,9 @@ import numpy as np
 import pytest
 
 import keras_group_lasso
-from keras_group_lasso import InvalidParameterError, export_pruned, prune_model
+from keras_group_lasso import InvalidParameterError, add_group_sparsity, apply_threshold, export_pruned, prune_model
 from keras_group_lasso import export as export_module
-from keras_group_lasso.surgery import SelectFeatures, UnsupportedModelError
+from keras_group_lasso.surgery import UnsupportedModelError
 
 THRESHOLD = 1e-3
 N_FEATURES = 10
@@ -44,9 +46,11 @@ def _sparse_model(seed=0):
 
 def _thresholded(model, threshold=THRESHOLD):
     clone = keras.models.clone_model(model)
-    clone.set_weights(
-        [np.where(np.abs(w) <= threshold, 0.0, w).astype(w.dtype) for w in model.get_weights()]
-    )
+    clone.set_weights(model.get_weights())
+    apply_threshold(clone, threshold)
+    for layer in clone.layers:
+        if isinstance(layer, keras.layers.Normalization):
+            layer.finalize_state()  # set_weights leaves its cached mean and variance behind
     return clone
 
 
@@ -155,8 +159,8 @@ def test_selected_inputs_take_only_the_kept_features(tmp_path):
 
 
 def test_image_input_with_few_kept_features(tmp_path):
-    # Few survivors: surgery gathers them (SelectFeatures) instead of keeping zero rows;
-    # on JAX the export does that gather in TensorFlow so that TFLite can convert it.
+    # Few survivors: surgery selects them with a frozen 0/1 Dense instead of keeping zero rows,
+    # a plain matmul that SavedModel and TFLite export on both backends.
     tf = pytest.importorskip("tensorflow", reason="SavedModel and TFLite need TensorFlow")
     rng = np.random.default_rng(3)
     model = keras.Sequential(
@@ -167,7 +171,7 @@ def test_image_input_with_few_kept_features(tmp_path):
     keep[[7, 16]] = True
     kernel[~keep] = 0.0
     model.layers[1].set_weights([kernel, bias])
-    assert any(isinstance(layer, SelectFeatures) for layer in prune_model(model).layers)
+    assert [layer.name for layer in prune_model(model).layers if not layer.trainable] == ["select_features"]
     result = export_pruned(model, tmp_path / "out", formats=("saved_model", "tflite", "keras"))
     assert result.manifest["kept_features"] == [7, 16]
     assert result.manifest["serving"]["input_shape"] == [None, 4, 6]
@@ -209,6 +213,115 @@ def test_keras_format_alone(tmp_path):
     expected = keras.ops.convert_to_numpy(_thresholded(model)(_x()))
     reloaded = keras.saving.load_model(result.paths["keras"], safe_mode=True)
     np.testing.assert_allclose(keras.ops.convert_to_numpy(reloaded(_x())), expected, atol=1e-5)
+
+
+
+# ----------------------------------------------------------------------------- plain Keras
+
+PLAIN = textwrap.dedent(
+    """
+    import json, os, sys, warnings
+    sys.modules["keras_group_lasso"] = None  # any attempt to import the package fails
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    import numpy as np
+    import keras
+    import tensorflow as tf
+
+    def close(got, case, tag):
+        expected = np.load(os.path.join(case, "expected.npy"))
+        np.testing.assert_allclose(np.asarray(got), expected, rtol=1e-5, atol=1e-5, err_msg=f"{case} {tag}")
+
+    done = []
+    for case in sorted(json.loads(sys.argv[1])):
+        x = np.load(os.path.join(case, "x.npy"))
+        close(keras.ops.convert_to_numpy(keras.saving.load_model(os.path.join(case, "pruned.keras"))(x)), case, "pruned")
+        export = os.path.join(case, "export")
+        if not os.path.isdir(export):
+            continue
+        close(keras.ops.convert_to_numpy(keras.saving.load_model(os.path.join(export, "model.keras"))(x)), case, "keras")
+        serve = tf.saved_model.load(os.path.join(export, "saved_model")).signatures["serving_default"]
+        close(serve(features=tf.constant(x))["output_0"].numpy(), case, "saved_model")
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            interpreter = tf.lite.Interpreter(model_path=os.path.join(export, "model.tflite"))
+        index = interpreter.get_input_details()[0]["index"]
+        interpreter.resize_tensor_input(index, list(x.shape))
+        interpreter.allocate_tensors()
+        interpreter.set_tensor(index, x)
+        interpreter.invoke()
+        close(interpreter.get_tensor(interpreter.get_output_details()[0]["index"]), case, "tflite")
+        done.append(os.path.basename(case))
+    assert not [n for n, module in sys.modules.items() if n.startswith("keras_group_lasso") and module is not None]
+    print("CHECKED", " ".join(done))
+    """
+)
+
+
+def _few_features_image_model(seed=4):
+    """(4, 6) images, 2 of 24 pixels kept: surgery selects them with a frozen 0/1 Dense."""
+    rng = np.random.default_rng(seed)
+    model = keras.Sequential(
+        [keras.Input((4, 6)), keras.layers.Flatten(), keras.layers.Dense(5, activation="relu"), keras.layers.Dense(2)]
+    )
+    kernel, bias = model.layers[1].get_weights()
+    kernel[[i for i in range(24) if i not in (7, 16)]] = 0.0
+    model.layers[1].set_weights([kernel, rng.normal(size=5).astype("float32")])
+    return model
+
+
+def _normalized_nested_model(seed=5):
+    """Normalization at the input, then a nested Sequential block, then the output layer."""
+    rng = np.random.default_rng(seed)
+    norm = keras.layers.Normalization()
+    norm.adapt(rng.normal(3.0, 2.0, size=(50, N_FEATURES)).astype("float32"))
+    block = keras.Sequential([keras.layers.Dense(6, activation="relu"), keras.layers.Dropout(0.1)], name="block")
+    inputs = keras.Input((N_FEATURES,), name="features")
+    model = keras.Model(inputs, keras.layers.Dense(3, name="out")(block(norm(inputs))))
+    kernel, bias = block.layers[0].get_weights()
+    kernel[list(DEAD_FEATURES)] = 0.0
+    block.layers[0].set_weights([kernel, bias])
+    return model
+
+
+@pytest.mark.parametrize("penalised", [False, True])
+def test_every_artifact_loads_and_runs_with_plain_keras(tmp_path, penalised):
+    # A serving environment with Keras and TensorFlow but without this package.
+    pytest.importorskip("tensorflow", reason="SavedModel and TFLite need TensorFlow")
+    cases = {
+        "mlp": (_sparse_model(), _x(), "original"),
+        "mlp_selected": (_sparse_model(), _x(), "selected"),
+        "image_few_kept": (_few_features_image_model(), np.random.default_rng(2).normal(size=(5, 4, 6)).astype("float32"), "original"),
+        "normalized_nested": (_normalized_nested_model(), np.random.default_rng(3).normal(3.0, 2.0, size=(6, N_FEATURES)).astype("float32"), "original"),
+    }
+    directories = []
+    for name, (model, x, inputs) in cases.items():
+        if penalised:  # the penalties of this package on every Dense layer: not carried into the artifacts
+            model = add_group_sparsity(model, 1e-3)
+        case = tmp_path / name
+        case.mkdir()
+        expected = keras.ops.convert_to_numpy(_thresholded(model)(x))
+        small = prune_model(model, THRESHOLD, inputs=inputs)
+        if inputs == "selected":
+            x = x[:, list(small.kept_features)]
+        np.save(case / "x.npy", x)
+        np.save(case / "expected.npy", expected)
+        small.save(str(case / "pruned.keras"))
+        if name != "mlp_selected" or penalised:
+            export_pruned(model, case / "export", inputs=inputs, formats=("saved_model", "keras", "tflite"))
+        directories.append(str(case))
+    script = tmp_path / "plain.py"
+    script.write_text(PLAIN)
+    env = {key: value for key, value in os.environ.items() if key != "PYTHONPATH"}
+    env["KERAS_BACKEND"] = keras.backend.backend()
+    done = subprocess.run(
+        [sys.executable, str(script), json.dumps(directories)],
+        capture_output=True, text=True, timeout=600, cwd=str(tmp_path), env=env,
+    )
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
+    checked = [line for line in done.stdout.splitlines() if line.startswith("CHECKED")]
+    assert checked and set(checked[0].split()[1:]) == {"mlp", "image_few_kept", "normalized_nested"} | (
+        {"mlp_selected"} if penalised else set()
+    )
 
 
 # ----------------------------------------------------------------------------- directories
