@@ -432,3 +432,21 @@ def test_layer_sizes_equal_brute_force_fixed_point(sizes, density, seed):
     report = sparsity_report(model, threshold=T)
     assert report.layer_sizes == _reference_sizes(kernels, T)
     assert report.zero_weights == sum(int((k == 0).sum()) for k in kernels)
+
+
+def test_a_model_without_input_features_has_penalty_zero_and_a_sensible_report():
+    from keras_group_lasso import GroupLasso, SparseGroupLasso
+
+    model = keras.Sequential(
+        [
+            keras.Input((0,)),
+            keras.layers.Dense(3, kernel_regularizer=GroupLasso(0.1), bias_regularizer=SparseGroupLasso(0.1), name="d0"),
+            keras.layers.Dense(2, kernel_regularizer=GroupLasso(0.1), name="d1"),
+        ]
+    )
+    losses = [float(keras.ops.convert_to_numpy(loss)) for loss in model.losses]
+    assert losses[:2] == [0.0, 0.0] and np.isfinite(losses[2])
+    report = sparsity_report(model, threshold=T)
+    assert report.n_features == 0 and report.selected_features == ()
+    assert report.layers[0].weights == 0 and report.layers[0].sparsity == 0.0
+    assert report.layer_sizes == (0, 0) and report.original_layer_sizes == (0, 3)
