@@ -3,48 +3,41 @@
 Nothing here changes a model except :func:`apply_threshold`, whose name says
 so. Everything reads each weight once with numpy.
 
-Vocabulary (the paper's): a Dense kernel ``W`` of shape ``(inputs, units)``
-has one *group* per row ``W[i, :]`` (all outgoing weights of one input or
-hidden unit). A weight is *zero* when ``|w| <= threshold``; the paper sets
-weights "under 1e-3" to zero after training, and the two rules differ only for
-weights exactly equal to the threshold. With ``threshold=0`` exactly the
-stored zeros count.
+Vocabulary (the paper's): a *group* is all outgoing weights of one unit: the
+row ``W[i, :]`` of a Dense kernel, the slice ``K[..., i, :]`` of a
+convolution kernel (input channel ``i``), and for a Dense layer after
+``Flatten`` of a ``(..., C)`` map all rows of one channel. A weight is *zero*
+when ``|w| <= threshold``; the paper sets weights "under 1e-3" to zero after
+training, and the two rules differ only for weights exactly equal to the
+threshold. With ``threshold=0`` exactly the stored zeros count.
 
-Which units survive is decided in one place, :func:`unit_masks`, used by the
-report, the :class:`~keras_group_lasso.callbacks.SparsityMonitor` callback and
-the surgery in :mod:`keras_group_lasso.surgery`, so the reported sizes are the
-sizes of the pruned model. For a chain of Dense layers (with per-unit layers
-such as Dropout, activations or BatchNormalization in between) two passes
-reach the fixed point:
-
-* forward, *varying*: an input feature varies; a unit varies when some
-  varying input reaches it through a non-zero weight. A unit that does not
-  vary outputs a constant; surgery folds that constant into the next layer's
-  bias and removes the unit (when the next layer has a bias: otherwise the
-  unit is treated as varying and kept if it is used).
-* backward, *kept*: every output unit is kept; a hidden unit is kept when it
-  varies and has a non-zero weight into a kept unit of the next layer. An
-  input feature is *selected* when it has a non-zero weight into a kept unit
-  of the layer that reads the model input.
-
-So a unit whose only non-zero outgoing weights reach removed units is removed
-too, and a unit fed only by constant units is constant.
+The model is read as a graph (:func:`keras_group_lasso.graph.model_graph`):
+the layers that make units (Dense, convolutions) with the per-unit layers
+between them, classified by one registry. Which units survive is decided in
+one place, :func:`keras_group_lasso.graph.masks.compute_masks` (a forward
+*varying* and a backward *kept* pass; see that module), used by the report,
+the :class:`~keras_group_lasso.callbacks.SparsityMonitor` callback and the
+surgery in :mod:`keras_group_lasso.surgery`, so the reported sizes are the
+sizes of the pruned model.
 """
 
 import dataclasses
 import math
-import threading
-import weakref
 
 import keras
 import numpy as np
 
 from keras_group_lasso._validation import NonFiniteError, check_non_negative, fail
+from keras_group_lasso.graph import registry
+from keras_group_lasso.graph.build import is_graph_model, model_graph
+from keras_group_lasso.graph.masks import UnitMasks, compute_masks, threshold_array
 
 __all__ = [
     "SparsityReport",
     "LayerSparsity",
     "UnitMasks",
+    "Analysis",
+    "analyze",
     "sparsity_report",
     "unit_masks",
     "apply_threshold",
@@ -72,545 +65,9 @@ def is_zero(weights, threshold):
     return np.abs(weights) <= threshold
 
 
-def _nonzero(weights, threshold):
-    return np.abs(weights) > threshold
-
-
 def _to_numpy(variable):
     # `.value` skips the Variable wrapper: about 2x faster on both backends.
     return np.asarray(keras.ops.convert_to_numpy(getattr(variable, "value", variable)))
-
-
-# ----------------------------------------------------------------------------- layer kinds
-
-# Layers applied unit by unit on a rank-2 tensor: they neither mix units nor
-# change their number, so a unit can be removed across them. Exact types only:
-# a subclass may do anything.
-_ELEMENTWISE_LAYERS = (
-    "Dropout",
-    "GaussianDropout",
-    "GaussianNoise",
-    "AlphaDropout",
-    "Identity",
-    "ReLU",
-    "LeakyReLU",
-    "ELU",
-)
-# Per-unit layers with per-unit weights (sliced by surgery).
-_PER_UNIT_WEIGHTED = ("BatchNormalization", "PReLU")
-# Input preprocessing: an elementwise affine map whose parameters broadcast over the
-# input (Normalization: (x - mean) / sqrt(variance); Rescaling: x * scale + offset).
-# Any axis choice is one value per element, so it passes a feature (or a unit) through
-# unchanged in position, before or after Flatten, and is sliced by surgery.
-_AFFINE_LAYERS = ("Normalization", "Rescaling")
-
-# Keras activations that act on each scalar on its own (softmax, log_softmax,
-# sparsemax and glu mix units; a custom function is not trusted).
-_ELEMENTWISE_ACTIVATIONS = frozenset(
-    {
-        "linear", "relu", "relu6", "leaky_relu", "elu", "selu", "celu", "gelu", "sigmoid",
-        "hard_sigmoid", "log_sigmoid", "sparse_sigmoid", "tanh", "hard_tanh", "tanh_shrink",
-        "softplus", "softsign", "sparse_plus", "squareplus", "silu", "swish", "hard_silu",
-        "hard_swish", "mish", "exponential", "hard_shrink", "soft_shrink",
-    }
-)
-
-
-def _activation_name(function):
-    try:
-        name = keras.activations.serialize(function)
-    except Exception:  # noqa: BLE001 - an unserializable function is simply unknown
-        return None
-    return name if isinstance(name, str) else None
-
-
-def _elementwise_activation(function):
-    return _activation_name(function) in _ELEMENTWISE_ACTIVATIONS
-
-
-def _layer_by_type(name):
-    return getattr(keras.layers, name, None)
-
-
-def _is_exact(layer, *class_names):
-    return any(type(layer) is _layer_by_type(n) for n in class_names if _layer_by_type(n))
-
-
-def _classify(layer):
-    """``(kind, reason)`` of one layer; kind in input/dense/unit/flatten/tail/other."""
-    if _is_exact(layer, "InputLayer"):
-        return "input", None
-    if _is_exact(layer, "Dense"):
-        if getattr(layer, "lora_enabled", False):
-            return "other", "a LoRA-enabled Dense layer"
-        if getattr(layer, "quantization_mode", None):
-            return "other", "a quantized Dense layer"
-        return "dense", None
-    if _is_exact(layer, *_ELEMENTWISE_LAYERS, *_PER_UNIT_WEIGHTED):
-        if _is_exact(layer, "BatchNormalization") and getattr(layer, "axis", -1) not in (-1, 1):
-            return "other", "a BatchNormalization not on the last axis"
-        return "unit", None
-    if _is_exact(layer, "Activation"):
-        if _elementwise_activation(layer.activation):
-            return "unit", None
-        return "tail", "an activation that mixes units"
-    if _is_exact(layer, "Softmax"):
-        return "tail", "an activation that mixes units"
-    if _is_exact(layer, "Flatten"):
-        return "flatten", None
-    if _is_exact(layer, *_AFFINE_LAYERS):
-        reason = _affine_refusal(layer)
-        return ("other", reason) if reason else ("affine", None)
-    if isinstance(layer, keras.Model):
-        return "other", "a nested model"
-    return "other", "a layer that surgery cannot interpret"
-
-
-def _affine_refusal(layer):
-    """Why an exact Normalization / Rescaling cannot be sliced, or ``None``."""
-    if _is_exact(layer, "Rescaling"):
-        per_element = np.ndim(layer.scale) > 0 or np.ndim(layer.offset) > 0
-        if per_element and keras.config.image_data_format() == "channels_first":
-            # Rescaling reshapes a non-scalar scale to (C, 1, 1) there: not per feature.
-            return "a Rescaling with a non-scalar scale or offset under channels_first"
-        return None
-    if getattr(layer, "mean", None) is None:
-        return "a Normalization that is not built"
-    return None
-
-
-def _has_weights(layer):
-    return bool(layer.weights)
-
-
-# ----------------------------------------------------------------------------- the graph
-
-
-@dataclasses.dataclass
-class _Structure:
-    """How the Dense layers of a model are linked; depends on the architecture, not the weights.
-
-    Layer references are names, so the cached structure keeps no model alive.
-    """
-
-    signature: tuple
-    dense: tuple  # Dense layer names ("block/name" inside a nested model), in graph order
-    prev: dict  # dense name -> previous Dense name, "<input>" or None (unknown)
-    next: dict  # dense name -> next Dense name, "<output>" or None (unknown)
-    between: dict  # dense name -> names of the per-unit layers after it (up to next Dense)
-    head: tuple  # layers from the model input to the first Dense (input path)
-    tail: tuple  # layers after the output Dense
-    input_shape: tuple  # non-batch shape of the model input (single input), else None
-    input_name: str
-    n_features: int
-    uninterpreted: tuple  # ((name, class name, reason), ...)
-    supported: bool
-    sequential: bool
-    all_dense: tuple = ()  # every Dense layer of the graph, also those surgery cannot interpret
-    input_readers: tuple = ()  # those whose kernel rows are the input features
-
-
-_CACHE = weakref.WeakKeyDictionary()
-_CACHE_LOCK = threading.Lock()
-
-
-def _signature(model):
-    ids = []
-
-    def walk(parent):
-        for layer in parent.layers:
-            ids.append(id(layer))
-            if isinstance(layer, keras.Model):
-                walk(layer)
-
-    walk(model)
-    return tuple(ids) + (model.built,)
-
-
-def _structure(model):
-    """The cached :class:`_Structure` of ``model`` (rebuilt when its layers change)."""
-    signature = _signature(model)
-    with _CACHE_LOCK:
-        cached = _CACHE.get(model)
-    if cached is not None and cached.signature == signature:
-        return cached
-    structure = _build_structure(model, signature)
-    with _CACHE_LOCK:
-        try:
-            _CACHE[model] = structure
-        except TypeError:  # pragma: no cover - not weak-referenceable
-            pass
-    return structure
-
-
-def _keras_histories(value):
-    """Every ``keras_history`` ``[name, node, tensor]`` inside a serialized call argument."""
-    found = []
-    if isinstance(value, dict):
-        if value.get("class_name") == "__keras_tensor__":
-            found.append(tuple(value["config"]["keras_history"]))
-        else:
-            for item in value.values():
-                found.extend(_keras_histories(item))
-    elif isinstance(value, (list, tuple)):
-        for item in value:
-            found.extend(_keras_histories(item))
-    return found
-
-
-def _io_names(entry):
-    # A single endpoint is serialized as [name, node, tensor]; several as a list of those.
-    if entry and isinstance(entry[0], str):
-        return [entry[0]]
-    return [e[0] for e in entry]
-
-
-def _graph(model):
-    """``(order, layers, producers, consumers, inputs, outputs, problems)`` of the model's call graph.
-
-    Built from public information only: ``Sequential.layers`` and the
-    functional ``get_config()`` (its ``inbound_nodes``). A nested Sequential or
-    functional model used once as a block with one input and one output is
-    inlined: its layers join the graph as ``"<block>/<layer>"`` (Keras forbids
-    ``/`` in layer names, so these never clash), so the Dense layers inside it
-    are seen, penalised and pruned like any other. A nested model that cannot
-    be inlined stays one opaque node with the reason in ``problems``.
-    """
-    graph = _flat_graph(model)
-    if graph is None:
-        return None
-    order, layers, producers, consumers, input_names, output_names, problems = graph
-    shared = {name for name, _ in problems}
-    for block in list(order):
-        layer = layers.get(block)
-        if block in input_names or not isinstance(layer, keras.Model) or block in shared:
-            continue
-        inner = _graph(layer) if _is_graph_model(layer) else None
-        reason = _inline_refusal(layer, inner, producers.get(block, []))
-        if reason:
-            problems.append((block, reason))
-            continue
-        _inline(block, inner, order, layers, producers, consumers, output_names, problems)
-    return order, layers, producers, consumers, input_names, output_names, problems
-
-
-def _is_graph_model(model):
-    return isinstance(model, keras.Sequential) or any(cls.__name__ == "Functional" for cls in type(model).__mro__)
-
-
-def _inline_refusal(model, inner, producers):
-    if inner is None:
-        return "a nested subclassed model (no layer graph)"
-    _, _, _, _, inputs, outputs, _ = inner
-    if len(inputs) != 1 or len(outputs) != 1 or len(producers) != 1:
-        return f"a nested model with {len(inputs)} inputs and {len(outputs)} outputs"
-    if outputs[0] in inputs:
-        return "a nested model without layers"
-    return None
-
-
-def _inline(block, inner, order, layers, producers, consumers, output_names, problems):
-    """Replace the node ``block`` by the nodes of its own graph ``inner``, in place."""
-    i_order, i_layers, i_producers, i_consumers, (i_input,), (i_output,), i_problems = inner
-    (source,) = producers[block]
-
-    def qualified(name):
-        return source if name == i_input else f"{block}/{name}"
-
-    names = [qualified(n) for n in i_order if n != i_input]
-    at = order.index(block)
-    order[at : at + 1] = names
-    for name in i_order:
-        if name == i_input:
-            continue
-        layers[qualified(name)] = i_layers[name]
-        producers[qualified(name)] = [qualified(p) for p in i_producers.get(name, [])]
-        consumers[qualified(name)] = [qualified(c) for c in i_consumers.get(name, [])]
-    last = qualified(i_output)
-    outer_consumers = consumers.pop(block, [])
-    consumers[last] = consumers[last] + outer_consumers
-    for consumer in outer_consumers:
-        producers[consumer] = [last if p == block else p for p in producers[consumer]]
-    entry = consumers[source]
-    at = entry.index(block)
-    entry[at : at + 1] = [qualified(c) for c in i_consumers.get(i_input, [])]
-    output_names[:] = [last if o == block else o for o in output_names]
-    problems.extend((qualified(name), reason) for name, reason in i_problems)
-    del layers[block], producers[block]
-
-
-def _flat_graph(model):
-    """The call graph of ``model``'s own layers (a nested model is one node)."""
-    problems = []
-    if isinstance(model, keras.Sequential):
-        layers = {layer.name: layer for layer in model.layers}
-        order = [layer.name for layer in model.layers]
-        producers = {name: ([order[i - 1]] if i else ["<input>"]) for i, name in enumerate(order)}
-        consumers = {name: ([order[i + 1]] if i + 1 < len(order) else []) for i, name in enumerate(order)}
-        consumers["<input>"] = order[:1]
-        layers["<input>"] = None
-        return ["<input>"] + order, layers, producers, consumers, ["<input>"], order[-1:], problems
-
-    try:
-        config = model.get_config()
-        layer_configs = config["layers"]
-        input_names = _io_names(config["input_layers"])
-        output_names = _io_names(config["output_layers"])
-    except Exception:  # noqa: BLE001 - a subclassed model has no readable graph
-        return None
-    layers = {layer.name: layer for layer in model.layers}
-    order, producers, consumers = [], {}, {}
-    for layer_config in layer_configs:
-        name = layer_config["name"]
-        order.append(name)
-        consumers.setdefault(name, [])
-        if name not in layers:
-            try:
-                layers[name] = model.get_layer(name)
-            except ValueError:
-                layers[name] = None
-        nodes = layer_config.get("inbound_nodes") or []
-        if len(nodes) > 1:
-            problems.append((name, f"a layer called {len(nodes)} times (shared)"))
-        histories = _keras_histories(nodes)
-        if any(node_index or tensor_index for _, node_index, tensor_index in histories):
-            problems.append((name, "a layer reading a shared or multi-output layer"))
-        producers[name] = [h[0] for h in histories]
-        for producer in producers[name]:
-            consumers.setdefault(producer, []).append(name)
-    return order, layers, producers, consumers, input_names, output_names, problems
-
-
-def _build_structure(model, signature):
-    sequential = isinstance(model, keras.Sequential)
-    uninterpreted = []
-    input_shape = None
-    input_name = None
-    try:
-        if len(model.inputs) == 1:
-            input_shape = tuple(model.inputs[0].shape[1:])
-    except (AttributeError, ValueError, TypeError):
-        input_shape = None
-
-    graph = _graph(model)
-    if graph is None:
-        # Subclassed model: the Dense layers are known, their links are not.
-        dense = tuple(layer.name for layer in model.layers if _is_exact(layer, "Dense"))
-        uninterpreted.append((model.name, type(model).__name__, "a subclassed model (no layer graph)"))
-        n_features = _n_features(input_shape)
-        return _Structure(
-            signature, dense, {d: None for d in dense}, {d: None for d in dense}, {d: () for d in dense},
-            (), (), input_shape, None, n_features, tuple(uninterpreted), False, sequential,
-        )
-
-    order, layers, producers, consumers, input_names, output_names, problems = graph
-    input_name = input_names[0] if len(input_names) == 1 else None
-    flagged = {}
-    for name, reason in problems:
-        flagged.setdefault(name, reason)
-
-    kinds = {}
-    for name in order:
-        layer = layers.get(name)
-        if name == "<input>" or name in input_names:
-            kinds[name] = "input"
-            continue
-        if layer is None:
-            kinds[name] = "other"
-            flagged.setdefault(name, "a layer that could not be found")
-            continue
-        kind, reason = _classify(layer)
-        kinds[name] = kind
-        if kind == "other":
-            flagged.setdefault(name, reason)
-        elif kind == "dense":
-            rank = _input_rank(layer)
-            if rank is not None and rank != 2:
-                kinds[name] = "other"
-                flagged.setdefault(name, f"a Dense layer applied to a rank-{rank} tensor")
-        elif kind == "flatten":
-            if getattr(layer, "data_format", "channels_last") == "channels_first" and (
-                _input_rank(layer) or 2
-            ) > 2:
-                kinds[name] = "other"
-                flagged.setdefault(name, "a channels_first Flatten")
-
-    dense = tuple(n for n in order if kinds[n] == "dense")
-
-    def single_consumer(name):
-        cons = consumers.get(name, [])
-        if name in output_names:
-            return None if cons else "<output>"
-        if len(cons) != 1:
-            return None
-        return cons[0]
-
-    # Forward walk from each Dense: through per-unit layers to the next Dense or the output.
-    nxt, between, prev = {}, {}, {d: None for d in dense}
-    tail = ()
-    for d in dense:
-        path, cur, seen_tail, target = [], d, None, None
-        while True:
-            if len(consumers.get(cur, [])) > 1 or (cur in output_names and consumers.get(cur)):
-                flagged.setdefault(cur, f"a layer whose output feeds {len(consumers[cur])} layers")
-                break
-            c = single_consumer(cur)
-            if c is None:
-                break
-            if c == "<output>":
-                target = "<output>" if len(output_names) == 1 else None
-                break
-            kind = kinds[c]
-            if kind == "dense":
-                if seen_tail is not None:
-                    flagged.setdefault(seen_tail, "an activation that mixes units between Dense layers")
-                else:
-                    target = c
-                break
-            if kind == "flatten" and (_input_rank(layers[c]) or 2) == 2:
-                kind = "unit"  # Flatten of a rank-2 tensor is the identity
-            if kind == "affine":
-                kind = "unit"
-            if kind == "tail":
-                seen_tail = seen_tail or c
-            elif kind != "unit":
-                break
-            path.append(c)
-            cur = c
-        nxt[d] = target
-        between[d] = tuple(path)
-        if target not in (None, "<output>"):
-            prev[target] = d
-        if target == "<output>":
-            tail = tuple(path)
-
-    # Forward walk from the model input to the first Dense (feature selection happens there).
-    head = []
-    first = None
-    n_features = _n_features(input_shape)
-    if input_name is not None and len(input_names) == 1:
-        cur, ok = input_name, True
-        rank = len(input_shape) + 1 if input_shape is not None else None
-        while True:
-            cons = consumers.get(cur, [])
-            if len(cons) != 1 or cur in output_names:
-                if len(cons) > 1:
-                    flagged.setdefault(cur, f"a layer whose output feeds {len(cons)} layers")
-                break
-            c = cons[0]
-            kind = kinds[c]
-            if kind == "dense":
-                first = c
-                break
-            if kind == "flatten":
-                rank = 2
-            elif kind == "affine":
-                pass  # one value per element: sliced by feature at any rank
-            elif kind != "unit":
-                break
-            elif rank is not None and rank > 2 and _has_weights(layers[c]):
-                flagged.setdefault(c, "a per-unit layer with weights before Flatten (per channel, not per feature)")
-                break
-            head.append(c)
-            cur = c
-        if first is not None:
-            if rank is not None and rank != 2:
-                first = None
-            else:
-                prev[first] = "<input>"
-
-    # A hidden Dense whose activation mixes units cannot lose units.
-    for d in dense:
-        if nxt[d] not in (None, "<output>") and not _elementwise_activation(layers[d].activation):
-            flagged.setdefault(d, "a hidden Dense layer whose activation mixes units")
-            prev[nxt[d]] = None
-            nxt[d] = None
-
-    # Layers after the output Dense that do something other than per-unit or final activations.
-    uninterpreted = [
-        (name, type(layers[name]).__name__ if layers.get(name) is not None else "?", reason)
-        for name, reason in flagged.items()
-    ]
-    for name in order:
-        if kinds[name] == "tail" and name not in flagged and name not in tail:
-            uninterpreted.append((name, type(layers[name]).__name__, "an activation that mixes units"))
-    uninterpreted.sort(key=lambda item: order.index(item[0]) if item[0] in order else -1)
-
-    chain_ok = False
-    if first is not None and not uninterpreted and len(input_names) == 1 and len(output_names) == 1:
-        cur, count = first, 0
-        while cur not in (None, "<output>"):
-            count += 1
-            last = cur
-            cur = nxt[cur]
-        chain_ok = cur == "<output>" and count == len(dense) and nxt.get(last) == "<output>"
-        covered = {"<input>", input_name, *head, *dense, *tail}
-        for d in dense:
-            covered.update(between[d])
-        chain_ok = chain_ok and set(order) <= covered
-    all_dense = tuple(name for name in order if isinstance(layers.get(name), keras.layers.Dense))
-    input_readers = tuple(name for name in all_dense if _reads_input(name, producers, kinds, input_names))
-
-    if not uninterpreted and not chain_ok:
-        if len(input_names) != 1 or len(output_names) != 1:
-            reason = f"a model with {len(input_names)} inputs and {len(output_names)} outputs"
-        else:
-            reason = "a model whose Dense layers do not form one chain from input to output"
-        uninterpreted.append((model.name, type(model).__name__, reason))
-
-    return _Structure(
-        signature=signature,
-        dense=dense,
-        prev=prev,
-        next=nxt,
-        between=between,
-        head=tuple(head),
-        tail=tail,
-        input_shape=input_shape,
-        input_name=input_name,
-        n_features=n_features,
-        uninterpreted=tuple(uninterpreted),
-        supported=chain_ok,
-        sequential=sequential,
-        all_dense=all_dense,
-        input_readers=input_readers,
-    )
-
-
-# Layers that pass each input feature on unchanged in meaning (one value per feature).
-_PASSES_FEATURES = ("unit", "affine", "flatten")
-
-
-def _reads_input(name, producers, kinds, input_names):
-    """The one definition of "a Dense layer that reads the model input".
-
-    Its kernel rows are the input features: walking back from it, every
-    layer has one producer and passes features through one by one (per-unit
-    layers, Normalization, Rescaling, Flatten) up to a model input.
-    """
-    cur = name
-    while True:
-        found = producers.get(cur, [])
-        if len(found) != 1:
-            return False
-        (cur,) = found
-        if cur in input_names:
-            return True
-        if kinds.get(cur) not in _PASSES_FEATURES:
-            return False
-
-
-def _input_rank(layer):
-    try:
-        return len(layer.input.shape)
-    except Exception:  # noqa: BLE001 - unknown rank
-        return None
-
-
-def _n_features(input_shape):
-    if input_shape is None or any(d is None for d in input_shape):
-        return None
-    return int(math.prod(input_shape)) if input_shape else 1
 
 
 # ----------------------------------------------------------------------------- validation
@@ -620,6 +77,7 @@ _NO_THRESHOLD = object()  # for the functions without a threshold (None is a bad
 
 
 def _check_model(owner, model, threshold=_NO_THRESHOLD):
+    """``(graph, threshold)`` after checking the arguments every public function here takes."""
     if threshold is _NO_THRESHOLD:
         threshold = None
     else:
@@ -628,14 +86,10 @@ def _check_model(owner, model, threshold=_NO_THRESHOLD):
         fail(owner, "model", "a keras.Model", model)
     if not model.built:
         fail(owner, "model", "a built keras.Model (give it an Input or call it on data first)", model)
-    structure = _structure(model)
-    if not structure.dense:
-        fail(owner, "model", "a model with at least one Dense layer", model)
-    return structure, threshold
-
-
-def _layers_by_name(model, structure):
-    return {name: get_layer(model, name) for name in structure.dense}
+    graph = model_graph(model)
+    if not graph.units:
+        fail(owner, "model", "a model with at least one Dense or convolution layer", model)
+    return graph, threshold
 
 
 def get_layer(model, name):
@@ -708,147 +162,48 @@ def input_dense_layers(model):
 
 
 def _dense_roles(owner, model):
-    if not isinstance(model, keras.Model) or not _is_graph_model(model):
+    if not isinstance(model, keras.Model) or not is_graph_model(model):
         fail(owner, "model", "a Sequential or Functional keras.Model", model)
     if not model.built:
         fail(owner, "model", "a built keras.Model (give it an Input or call it on data first)", model)
-    structure = _structure(model)
-    return {name: ("input" if name in structure.input_readers else "hidden") for name in structure.all_dense}
+    graph = model_graph(model)
+    return {name: ("input" if name in graph.input_readers else "hidden") for name in graph.all_units}
 
 
 def dense_layers(model):
-    """The Dense layers of ``model`` in graph order (those every function here reads).
+    """The layers that make units (Dense, convolutions) of ``model``, input to output.
 
     Raises:
-        InvalidParameterError: ``model`` is not a built ``keras.Model`` with a Dense layer.
+        InvalidParameterError: ``model`` is not a built ``keras.Model`` with such a layer.
     """
-    structure, _ = _check_model("dense_layers", model)
-    found = _layers_by_name(model, structure)
-    return [found[name] for name in structure.dense]
+    graph, _ = _check_model("dense_layers", model)
+    return [graph.layers[node.name] for node in graph.units]
 
 
-# ----------------------------------------------------------------------------- masks
+# ----------------------------------------------------------------------------- weights
 
 
-@dataclasses.dataclass(frozen=True, eq=False)
-class UnitMasks:
-    """What survives, per Dense layer, at one threshold (read-only numpy arrays).
-
-    Attributes:
-        threshold: weights with ``|w| <= threshold`` count as zero.
-        layer_names: the Dense layer names, in graph order.
-        features: bool ``(n_features,)``, the selected input features (all True
-            when no Dense layer reads the model input directly).
-        inputs: ``{name: bool (inputs,)}``, the kept rows of each kernel (the
-            kept units of the layer before, the selected features, or all).
-        units: ``{name: bool (units,)}``, the kept units (all True for an
-            output layer, or a layer feeding something not interpreted).
-        constant: ``{name: bool (units,)}``, units whose output is a constant
-            (no non-zero weight from a varying input).
-        folded: ``{name: bool (units,)}``, constant units that surgery removes
-            and folds into the next layer's bias.
-        roles: ``{name: "input" | "hidden"}``.
-        is_output: ``{name: bool}``.
-    """
-
-    threshold: float
-    layer_names: tuple
-    features: np.ndarray
-    inputs: dict
-    units: dict
-    constant: dict
-    folded: dict
-    roles: dict
-    is_output: dict
-
-
-def _readonly(array):
-    array.setflags(write=False)
-    return array
-
-
-def _masks_from(structure, kernels, biases, threshold):
-    nonzero = {name: _nonzero(kernels[name], threshold) for name in structure.dense}
-    varying, const_raw = {}, {}
-    # Forward pass, in graph order (a previous Dense always comes first).
-    for name in structure.dense:
-        a = nonzero[name]
-        p = structure.prev[name]
-        if p in (None, "<input>"):
-            v = a.any(axis=0)
-        else:
-            v = a[varying[p]].any(axis=0)
-        const_raw[name] = ~v
-        n = structure.next[name]
-        if n not in (None, "<output>") and biases[n] is None:
-            v = np.ones_like(v)  # no bias to fold a constant into: keep treating it as varying
-        varying[name] = v
-    # Backward pass.
-    kept = {}
-    for name in reversed(structure.dense):
-        n = structure.next[name]
-        if n is None or n == "<output>":
-            kept[name] = np.ones(kernels[name].shape[1], dtype=bool)
-        else:
-            kept[name] = varying[name] & nonzero[n][:, kept[n]].any(axis=1)
-    inputs = {}
-    features = None
-    for name in structure.dense:
-        p = structure.prev[name]
-        if p is None:
-            inputs[name] = np.ones(kernels[name].shape[0], dtype=bool)
-        elif p == "<input>":
-            features = nonzero[name][:, kept[name]].any(axis=1)
-            inputs[name] = features
-        else:
-            inputs[name] = kept[p]
-    if features is None:
-        n = structure.n_features
-        if n is None:
-            n = kernels[structure.dense[0]].shape[0]
-        features = np.ones(n, dtype=bool)
-    folded = {}
-    for name in structure.dense:
-        n = structure.next[name]
-        if n is None or n == "<output>":
-            folded[name] = np.zeros_like(kept[name])
-        else:
-            folded[name] = ~varying[name]
-    roles = {name: ("input" if name in structure.input_readers else "hidden") for name in structure.dense}
-    outputs = {name: structure.next[name] == "<output>" for name in structure.dense}
-    for d in (inputs, kept, const_raw, folded):
-        for value in d.values():
-            _readonly(value)
-    return UnitMasks(
-        threshold=threshold,
-        layer_names=structure.dense,
-        features=_readonly(features),
-        inputs=inputs,
-        units=kept,
-        constant=const_raw,
-        folded=folded,
-        roles=roles,
-        is_output=outputs,
-    ), nonzero
-
-
-def _read_weights(model, structure, owner):
-    """``(layers, kernels, biases)`` as numpy; raises :class:`NonFiniteError` for NaN or inf weights.
+def _read_weights(graph, owner):
+    """``{name: thresholdable weights}`` of every units layer (raw numpy); refuses NaN or inf.
 
     A NaN weight is neither zero nor alive (``|NaN| <= t`` is False, and so is
     ``|NaN| > t``), so every count made from it would be wrong: refuse it here,
     where every report, mask and pruning plan reads the weights.
     """
-    layers = _layers_by_name(model, structure)
-    kernels, biases = {}, {}
+    weights = {}
     broken = []
-    for name in structure.dense:
-        layer = layers[name]
-        kernels[name] = _to_numpy(layer.kernel)
-        biases[name] = _to_numpy(layer.bias) if layer.use_bias and layer.bias is not None else None
-        for kind, values in (("kernel", kernels[name]), ("bias", biases[name])):
+    names = [node.name for node in graph.units]
+    for name in names:
+        weights[name] = registry.units_weights(graph.layers[name])
+    extra = [name for name in _depthwise_names(graph)]
+    for name in names:
+        for kind, values in weights[name].items():
             if values is not None and not np.all(np.isfinite(values)):
                 broken.append((f"{name}/{kind}", values))
+    for name in extra:
+        for i, values in enumerate(graph.layers[name].get_weights()):
+            if not np.all(np.isfinite(values)):
+                broken.append((f"{name}/{('kernel', 'bias')[min(i, 1)]}", values))
     if broken:
         raise NonFiniteError(
             f"{owner}: the weights of the model are not finite, so no weight can be counted as zero or "
@@ -858,7 +213,23 @@ def _read_weights(model, structure, owner):
             "scikit-learn's StandardScaler) or lower the learning rate, then train again.",
             names=[label for label, _ in broken],
         )
-    return layers, kernels, biases
+    return weights
+
+
+def _depthwise_names(graph):
+    return [
+        name
+        for node in graph.units
+        for name in node.between
+        if type(graph.layers[name]) in (keras.layers.DepthwiseConv1D, keras.layers.DepthwiseConv2D)
+    ]
+
+
+def _thresholded(weights, threshold):
+    return {
+        name: {kind: (None if values is None else threshold_array(values, threshold)) for kind, values in w.items()}
+        for name, w in weights.items()
+    }
 
 
 def _non_finite_counts(values):
@@ -869,13 +240,14 @@ def _non_finite_counts(values):
 
 
 def unit_masks(model, threshold=1e-3):
-    """Decide which input features and hidden units survive pruning at ``threshold``.
+    """Decide which input features, hidden units and channels survive pruning at ``threshold``.
 
-    The one place that decides what is dead (see the module docstring for the
-    fixed point): the report counts these masks and surgery cuts them.
+    The one place that decides what is dead (see
+    :mod:`keras_group_lasso.graph.masks` for the fixed point): the report
+    counts these masks and surgery cuts them.
 
     Args:
-        model: a built ``keras.Model`` with at least one Dense layer.
+        model: a built ``keras.Model`` with at least one Dense or convolution layer.
         threshold: finite number >= 0; weights with ``|w| <= threshold`` are zero.
 
     Returns:
@@ -883,38 +255,37 @@ def unit_masks(model, threshold=1e-3):
 
     Raises:
         InvalidParameterError: for a bad ``threshold`` or ``model``.
-        NonFiniteError: a Dense kernel or bias holds NaN or inf (the message names them).
+        NonFiniteError: a kernel or bias holds NaN or inf (the message names them).
 
     Example:
-        >>> masks = unit_masks(model, 1e-3)
-        >>> masks.features.sum(), {k: v.sum() for k, v in masks.units.items()}
+        >>> model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2, name="d")])
+        >>> model.layers[0].kernel.assign(np.array([[1.0, 0.0], [0.0, 0.0], [0.0, 2.0]]))
+        >>> unit_masks(model, 1e-3).features
+        array([ True, False,  True])
     """
-    structure, threshold = _check_model("unit_masks", model, threshold)
-    _, kernels, biases = _read_weights(model, structure, "unit_masks")
-    masks, _ = _masks_from(structure, kernels, biases, threshold)
-    return masks
-
-
-# ----------------------------------------------------------------------------- the report
+    return analyze(model, threshold, owner="unit_masks").masks
 
 
 @dataclasses.dataclass(frozen=True)
 class LayerSparsity:
-    """Sparsity of one Dense layer at one threshold.
+    """Sparsity of one layer that makes units (Dense, convolution) at one threshold.
 
     Attributes:
         name: layer name.
         role: ``"input"`` (reads the model input) or ``"hidden"``.
-        weights: kernel size ``inputs * units`` (biases are not counted).
+        weights: kernel size (biases are not counted; both kernels of a SeparableConv).
         zero_weights: kernel weights with ``|w| <= threshold``.
         sparsity: ``zero_weights / weights``.
-        groups: kernel rows (one group per input of the layer).
-        groups_alive: rows with at least one ``|w| > threshold``.
-        units: output units.
+        groups: input units (kernel rows of a Dense layer, input channels of a convolution).
+        groups_alive: groups with at least one ``|w| > threshold``.
+        units: output units (neurons, or channels of a convolution).
         units_alive: units kept by pruning (all of them for an output layer).
         constant_units: units with no non-zero weight from a varying input:
             they output a constant, which surgery folds into the next bias.
         is_output: the layer produces the model output.
+        kind: the layer's class name.
+        flops_before: multiply-adds per sample of the layer.
+        flops_after: the same with only the kept input and output units.
     """
 
     name: str
@@ -928,6 +299,9 @@ class LayerSparsity:
     units_alive: int
     constant_units: int
     is_output: bool
+    kind: str = "Dense"
+    flops_before: int = 0
+    flops_after: int = 0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -936,18 +310,22 @@ class SparsityReport:
 
     Attributes:
         threshold: weights with ``|w| <= threshold`` count as zero.
-        n_features: input features of the model (flattened).
+        n_features: input features of the model: the input units of the
+            first layer that makes units (the flattened elements of the input
+            for an MLP, the input channels for a convolution).
         selected_features: indices of the input features that survive.
-        layers: one :class:`LayerSparsity` per Dense layer, in graph order.
+        layers: one :class:`LayerSparsity` per layer that makes units, input to output.
         layer_sizes: compact sizes, input layer included, output layer
             excluded (the paper's Table 3), e.g. ``(582, 45, 41, 61)``.
         original_layer_sizes: the same before pruning, e.g. ``(784, 400, 300, 100)``.
-        total_weights: Dense kernel weights (connections; biases excluded, as in the paper).
+        total_weights: kernel weights (connections; biases excluded, as in the paper).
         zero_weights: of those, how many have ``|w| <= threshold``.
         sparsity: ``zero_weights / total_weights``.
         live_neurons: hidden units kept, summed over the hidden layers.
-        params_before: parameters (kernels and biases) of the Dense layers.
+        params_before: parameters (kernels and biases) of the layers that make units.
         params_after: the same after removing the dead features and units.
+        flops_before: multiply-adds per sample of those layers.
+        flops_after: the same after removing the dead features and units.
         uninterpreted_layers: ``"name (Class)"`` for each layer the analysis
             could not see through; when not empty the unit counts are
             conservative and :func:`~keras_group_lasso.prune_model` refuses the model.
@@ -966,11 +344,18 @@ class SparsityReport:
     params_before: int
     params_after: int
     uninterpreted_layers: tuple
+    flops_before: int = 0
+    flops_after: int = 0
 
     @property
     def n_selected_features(self):
         """``len(selected_features)``."""
         return len(self.selected_features)
+
+    @property
+    def flops_ratio(self):
+        """``flops_after / flops_before`` (1.0 when nothing is removed)."""
+        return self.flops_after / self.flops_before if self.flops_before else 1.0
 
     @property
     def compression(self):
@@ -1020,6 +405,8 @@ class SparsityReport:
             f"  sparsity:          {100 * self.sparsity:.2f}% of {self.total_weights:,} kernel weights",
             f"  params:            {self.params_before:,} -> {self.params_after:,}"
             f" ({100 * self.compression:.1f}%)",
+            f"  FLOPs:             {self.flops_before:,} -> {self.flops_after:,} multiply-adds per sample"
+            f" ({100 * self.flops_ratio:.1f}%)",
         ]
         if self.uninterpreted_layers:
             lines.append("  uninterpreted:     " + ", ".join(self.uninterpreted_layers))
@@ -1027,16 +414,16 @@ class SparsityReport:
 
 
 def sparsity_report(model, threshold=1e-3):
-    """Describe the sparsity of ``model``'s Dense layers at ``threshold`` (the model is not changed).
+    """Describe the sparsity of ``model``'s Dense and convolution layers at ``threshold`` (the model is not changed).
 
-    ``sparsity = #{|w| <= threshold} / #weights`` over every Dense kernel (the
+    ``sparsity = #{|w| <= threshold} / #weights`` over every kernel (the
     paper's "percentage of zero weights with respect to the total number of
     connections"; biases excluded). Selected features, live neurons and
-    layer sizes come from :func:`unit_masks`, so they equal the sizes
-    :func:`~keras_group_lasso.prune_model` produces.
+    channels, layer sizes, parameters and FLOPs after pruning come from
+    :func:`unit_masks`, so they are those of :func:`~keras_group_lasso.prune_model`.
 
     Args:
-        model: a built ``keras.Model`` with at least one Dense layer.
+        model: a built ``keras.Model`` with at least one Dense or convolution layer.
         threshold: finite number >= 0 (default ``1e-3``, the paper's).
 
     Returns:
@@ -1045,65 +432,115 @@ def sparsity_report(model, threshold=1e-3):
 
     Raises:
         InvalidParameterError: ``threshold`` is negative, NaN, infinite or not
-            a number; ``model`` is not a built ``keras.Model`` or has no Dense layer.
-        NonFiniteError: a Dense kernel or bias holds NaN or inf (the message names them).
+            a number; ``model`` is not a built ``keras.Model`` or has no Dense
+            or convolution layer.
+        NonFiniteError: a kernel or bias holds NaN or inf (the message names them).
 
     Example:
+        >>> model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(3), keras.layers.Dense(2)])
+        >>> kernel = np.ones((4, 3))
+        >>> kernel[0] = 0.0  # input feature 0 is dead
+        >>> model.layers[0].kernel.assign(kernel)
         >>> report = sparsity_report(model, threshold=1e-3)
-        >>> report.layer_sizes, f"{report.sparsity:.1%}"
-        ((582, 45, 41, 61), '95.1%')
+        >>> report.selected_features, report.layer_sizes
+        ((1, 2, 3), (3, 3))
     """
-    structure, threshold = _check_model("sparsity_report", model, threshold)
-    _, kernels, biases = _read_weights(model, structure, "sparsity_report")
-    masks, nonzero = _masks_from(structure, kernels, biases, threshold)
-    return _report_from(structure, biases, masks, nonzero, threshold)
+    return analyze(model, threshold, owner="sparsity_report").report
 
 
-def _analyze(owner, model, threshold):
-    """Everything at once, reading each weight once: ``(structure, layers, kernels, biases, masks, report)``."""
-    structure, threshold = _check_model(owner, model, threshold)
-    layers, kernels, biases = _read_weights(model, structure, owner)
-    masks, nonzero = _masks_from(structure, kernels, biases, threshold)
-    report = _report_from(structure, biases, masks, nonzero, threshold)
-    return structure, layers, kernels, biases, masks, report
+@dataclasses.dataclass(frozen=True, eq=False)
+class Analysis:
+    """Everything known about a model at one threshold, from one read of its weights.
+
+    Attributes:
+        graph: the :class:`~keras_group_lasso.graph.ModelGraph`.
+        weights: ``{units layer name: {"kernel", "pointwise", "bias"}}``, thresholded numpy arrays.
+        masks: the :class:`UnitMasks`.
+        report: the :class:`SparsityReport`.
+    """
+
+    graph: object
+    weights: dict
+    masks: UnitMasks
+    report: "SparsityReport"
+
+    @property
+    def threshold(self):
+        return self.report.threshold
 
 
-def _report_from(structure, biases, masks, nonzero, threshold):
+def analyze(model, threshold=1e-3, owner="analyze"):
+    """The :class:`Analysis` of ``model`` at ``threshold``: graph, thresholded weights, masks, report.
+
+    What surgery builds on; the report and masks are the ones
+    :func:`sparsity_report` and :func:`unit_masks` return.
+
+    Raises:
+        InvalidParameterError: for a bad ``threshold`` or ``model``.
+        NonFiniteError: a kernel or bias holds NaN or inf.
+    """
+    graph, threshold = _check_model(owner, model, threshold)
+    weights = _thresholded(_read_weights(graph, owner), threshold)
+    masks = compute_masks(graph, weights, threshold)
+    report = _report_from(graph, weights, masks, threshold)
+    return Analysis(graph, weights, masks, report)
+
+
+def _kernel_size(weights):
+    return sum(w.size for kind, w in weights.items() if kind != "bias" and w is not None)
+
+
+def _report_from(graph, weights, masks, threshold):
     per_layer = []
-    total = zero = params_before = params_after = live = 0
-    for name in structure.dense:
-        a = nonzero[name]
-        n_in, n_units = a.shape
-        nz = int(np.count_nonzero(a))
+    total = zero = params_before = params_after = live = flops_before = flops_after = 0
+    for node in graph.units:
+        name = node.name
+        layer = graph.layers[name]
+        w = weights[name]
+        size = _kernel_size(w)
+        nz = sum(int(np.count_nonzero(v)) for kind, v in w.items() if kind != "bias" and v is not None)
         kept_in = int(masks.inputs[name].sum())
         kept_out = int(masks.units[name].sum())
-        has_bias = biases[name] is not None
+        has_bias = w["bias"] is not None
         is_output = masks.is_output[name]
+        try:
+            output_shape = tuple(layer.output.shape)
+        except Exception:  # noqa: BLE001 - a layer inside a model the graph cannot see into
+            output_shape = (None, node.out_units)
+        before = registry.units_flops(layer, node.positions, node.in_units, node.out_units, output_shape)
+        after = registry.units_flops(layer, node.positions, kept_in, kept_out, output_shape)
+        params = registry.units_params(layer, node.positions, node.in_units, node.out_units, has_bias)
+        params_kept = registry.units_params(layer, node.positions, kept_in, kept_out, has_bias)
         per_layer.append(
             LayerSparsity(
                 name=name,
                 role=masks.roles[name],
-                weights=int(a.size),
-                zero_weights=int(a.size - nz),
-                sparsity=float((a.size - nz) / a.size) if a.size else 0.0,
-                groups=int(n_in),
-                groups_alive=int(np.count_nonzero(a.any(axis=1))),
-                units=int(n_units),
+                weights=int(size),
+                zero_weights=int(size - nz),
+                sparsity=float((size - nz) / size) if size else 0.0,
+                groups=int(node.in_units),
+                groups_alive=int(np.count_nonzero(masks.connections[name].any(axis=1))),
+                units=int(node.out_units),
                 units_alive=kept_out,
                 constant_units=int(masks.constant[name].sum()),
                 is_output=bool(is_output),
+                kind=type(layer).__name__,
+                flops_before=int(before),
+                flops_after=int(after),
             )
         )
-        total += a.size
-        zero += a.size - nz
-        params_before += a.size + (n_units if has_bias else 0)
-        params_after += kept_in * kept_out + (kept_out if has_bias else 0)
+        total += size
+        zero += size - nz
+        params_before += params
+        params_after += params_kept
+        flops_before += before
+        flops_after += after
         if not is_output:
             live += kept_out
 
     hidden = [layer for layer in per_layer if not layer.is_output]
     n_features = int(masks.features.size)
-    report = SparsityReport(
+    return SparsityReport(
         threshold=float(threshold),
         n_features=n_features,
         selected_features=tuple(int(i) for i in np.flatnonzero(masks.features)),
@@ -1116,25 +553,59 @@ def _report_from(structure, biases, masks, nonzero, threshold):
         live_neurons=int(live),
         params_before=int(params_before),
         params_after=int(params_after),
-        uninterpreted_layers=tuple(f"{name} ({cls})" for name, cls, _ in structure.uninterpreted),
+        uninterpreted_layers=tuple(f"{name} ({cls})" for name, cls, _ in graph.problems),
+        flops_before=int(flops_before),
+        flops_after=int(flops_after),
     )
-    return report
 
 
 # ----------------------------------------------------------------------------- in place
 
 
+def _thresholdable_layers(model, graph):
+    """Every Dense and convolution layer (also those outside the chain), with their kernel and bias variables."""
+    layers = list(graph.layers.values()) if graph.layers else _all_layers(model)
+    out = []
+    for layer in layers:
+        if layer is None or isinstance(layer, keras.Model):
+            continue
+        if registry.is_separable(layer):
+            variables = [layer.depthwise_kernel, layer.pointwise_kernel]
+        elif type(layer) is keras.layers.Dense or _is_convolution(layer):
+            variables = [layer.kernel]
+        else:
+            continue
+        if getattr(layer, "use_bias", False) and layer.bias is not None:
+            variables.append(layer.bias)
+        out.append((layer, variables))
+    return out
+
+
+def _is_convolution(layer):
+    names = ("Conv1D", "Conv2D", "Conv3D", "DepthwiseConv1D", "DepthwiseConv2D")
+    return any(type(layer) is getattr(keras.layers, n) for n in names)
+
+
+def _all_layers(model):
+    found = []
+    for layer in model.layers:
+        found.extend(_all_layers(layer) if isinstance(layer, keras.Model) else [layer])
+    return found
+
+
 def apply_threshold(model, threshold=1e-3):
-    """Set every Dense kernel and bias weight with ``|w| <= threshold`` to exactly 0, IN PLACE.
+    """Set every Dense and convolution kernel and bias weight with ``|w| <= threshold`` to exactly 0, IN PLACE.
 
     The paper's final step ("all weights under 1e-3 in absolute value are set
     to 0"), with the same ``<=`` rule as :func:`sparsity_report`, so afterwards
-    the report's zero weights are stored zeros. This is the one function here
-    that changes the model; :func:`~keras_group_lasso.prune_model` does the
-    same on a copy.
+    the report's zero weights are stored zeros. Dense, Conv1D/2D/3D,
+    DepthwiseConv and SeparableConv layers are thresholded (both kernels of
+    a SeparableConv), BatchNormalization and other layers are not. This is the
+    one function here that changes the model; :func:`~keras_group_lasso.prune_model`
+    does the same on a copy.
 
     Args:
-        model: a built ``keras.Model`` with at least one Dense layer.
+        model: a built ``keras.Model`` with at least one Dense or convolution layer.
         threshold: finite number >= 0.
 
     Returns:
@@ -1142,22 +613,21 @@ def apply_threshold(model, threshold=1e-3):
 
     Raises:
         InvalidParameterError: for a bad ``threshold`` or ``model``.
-        NonFiniteError: a Dense kernel or bias holds NaN or inf (the message names
+        NonFiniteError: a kernel or bias holds NaN or inf (the message names
             them); no weight is changed then.
 
     Example:
+        >>> model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(2)])
+        >>> model.layers[0].kernel.assign(np.array([[5e-4, 1.0], [-2e-4, 3.0]]))
         >>> apply_threshold(model, 1e-3)
-        41205
+        2
     """
-    structure, threshold = _check_model("apply_threshold", model, threshold)
-    # Every weight is read (and a NaN or inf refused) before any is changed.
-    layers, kernels, biases = _read_weights(model, structure, "apply_threshold")
+    graph, threshold = _check_model("apply_threshold", model, threshold)
+    _read_weights(graph, "apply_threshold")  # refuse NaN or inf before changing anything
     changed = 0
-    for name in structure.dense:
-        layer = layers[name]
-        for variable, values in ((layer.kernel, kernels[name]), (layer.bias, biases[name])):
-            if values is None:
-                continue
+    for layer, variables in _thresholdable_layers(model, graph):
+        for variable in variables:
+            values = _to_numpy(variable)
             cut = is_zero(values, threshold) & (values != 0)
             count = int(np.count_nonzero(cut))
             if count:
@@ -1169,47 +639,53 @@ def apply_threshold(model, threshold=1e-3):
 # ----------------------------------------------------------------------------- for pictures
 
 
+def _group_norms(graph, node):
+    layer = graph.layers[node.name]
+    w = registry.units_weights(layer)["kernel"].astype("float32")
+    view = registry.kernel_view(w, node.in_units)
+    return np.sqrt(np.sum(np.square(view), axis=(0, 2)))
+
+
 def input_feature_strength(model):
-    """Per input feature, the L2 norm of its outgoing weights in the Dense layer reading the input.
+    """Per input feature, the L2 norm of its outgoing weights in the layer that reads the input.
 
     ``s_i = ||W[i, :]||_2`` of the first kernel (the paper's "overall strength
-    of outgoing weights", Figs. 3 and 5). Raw weights, no threshold.
+    of outgoing weights", Figs. 3 and 5); for a convolution, the norm of input
+    channel ``i``'s kernel slice. Raw weights, no threshold.
 
     Returns:
         float32 array ``(n_features,)``.
 
     Raises:
-        InvalidParameterError: ``model`` has no Dense layer reading its input.
+        InvalidParameterError: ``model`` has no Dense or convolution layer reading its input.
 
     Example:
-        >>> input_feature_strength(model).reshape(28, 28)
+        >>> model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(2)])
+        >>> model.layers[0].kernel.assign(np.array([[3.0, 4.0], [0.0, 0.0]]))
+        >>> input_feature_strength(model)
+        array([5., 0.], dtype=float32)
     """
-    structure, _ = _check_model("input_feature_strength", model)
-    first = [name for name in structure.dense if structure.prev[name] == "<input>"]
-    if not first:
+    graph, _ = _check_model("input_feature_strength", model)
+    if not graph.supported:
         fail(
             "input_feature_strength",
             "model",
-            "a model whose input is read by a Dense layer (through Flatten or per-unit layers only)",
+            "a model whose input is read by a Dense or convolution layer (through per-feature layers only)",
             model,
         )
-    kernel = _to_numpy(_layers_by_name(model, structure)[first[0]].kernel)
-    return np.sqrt(np.sum(np.square(kernel.astype("float32")), axis=1))
+    return _group_norms(graph, graph.first)
 
 
 def layer_group_norms(model):
-    """``{Dense layer name: ||W[i, :]||_2 for each kernel row}`` (raw weights), in graph order.
+    """``{layer name: ||group||_2 for each input unit}`` of every Dense and convolution layer (raw weights).
 
     Example:
+        >>> model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2, name="d")])
         >>> {name: norms.shape for name, norms in layer_group_norms(model).items()}
+        {'d': (3,)}
     """
-    structure, _ = _check_model("layer_group_norms", model)
-    layers = _layers_by_name(model, structure)
-    out = {}
-    for name in structure.dense:
-        kernel = _to_numpy(layers[name].kernel).astype("float32")
-        out[name] = np.sqrt(np.sum(np.square(kernel), axis=1))
-    return out
+    graph, _ = _check_model("layer_group_norms", model)
+    return {node.name: _group_norms(graph, node) for node in graph.units}
 
 
 def image_shape(model):
@@ -1221,11 +697,12 @@ def image_shape(model):
     784 -> 28x28); otherwise ``None``.
 
     Example:
-        >>> image_shape(mnist_mlp)
+        >>> mlp = keras.Sequential([keras.Input((28, 28)), keras.layers.Flatten(), keras.layers.Dense(10)])
+        >>> image_shape(mlp)
         (28, 28)
     """
-    structure, _ = _check_model("image_shape", model)
-    shape = structure.input_shape
+    graph, _ = _check_model("image_shape", model)
+    shape = graph.input_shape
     if shape is None or any(d is None for d in shape):
         return None
     if len(shape) in (2, 3):

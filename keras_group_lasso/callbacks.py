@@ -187,7 +187,7 @@ class SparsityMonitor(keras.callbacks.Callback):
             fail(
                 _OWNER,
                 "model",
-                "a keras.Model with at least one Dense layer (the layers whose sparsity it reports)",
+                "a keras.Model with at least one Dense or convolution layer (the layers whose sparsity it reports)",
                 self.model,
             )
         self._model_checked = True

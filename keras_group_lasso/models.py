@@ -4,6 +4,8 @@ import keras
 
 from keras_group_lasso._validation import check_choice, check_non_negative, fail
 from keras_group_lasso.analysis import dense_roles, input_dense_layers
+from keras_group_lasso.graph import registry
+from keras_group_lasso.graph.build import model_graph
 from keras_group_lasso.regularizers import (
     GroupLasso,
     HiddenGroupLasso,
@@ -32,19 +34,29 @@ def _check_graph_model(owner, model):
         fail(owner, "model", "a built model with a known input (start it with keras.Input)", model)
 
 
+def _makes_units(layer):
+    rule = registry.rule_of(layer)
+    return rule is not None and rule.kind == "units"
+
+
 def _dense_inside(model, prefix="", parents=()):
-    """``(qualified name, Dense layer, enclosing nested models)`` for every Dense layer, at any depth."""
+    """``(qualified name, layer, enclosing nested models)`` for every Dense and convolution layer, at any depth."""
     for layer in model.layers:
         name = prefix + layer.name
         if isinstance(layer, keras.Model):
             yield from _dense_inside(layer, name + "/", parents + ((name, layer),))
-        elif isinstance(layer, keras.layers.Dense):
+        elif _makes_units(layer):
             yield name, layer, parents
 
 
 def _roles_by_layer(owner, model):
-    """``{id(Dense layer): role}`` for every Dense layer; refuses one the graph cannot reach."""
+    """``{id(layer): (role, channels)}`` for every Dense and convolution layer; refuses one the graph cannot reach.
+
+    ``channels`` is ``C`` for a Dense layer that reads a flattened ``(..., C)``
+    map made by an earlier layer (its groups are whole channels), else ``None``.
+    """
     roles = dense_roles(model)
+    channels = model_graph(model).flatten_channels
     by_layer = {}
     for name, layer, parents in _dense_inside(model):
         if name not in roles:
@@ -56,7 +68,7 @@ def _roles_by_layer(owner, model):
                 f"and one output (the Dense layer '{name}' is inside {inside}, whose graph cannot be read)",
                 model,
             )
-        by_layer[id(layer)] = roles[name]
+        by_layer[id(layer)] = (roles[name], channels.get(name))
     return by_layer
 
 
@@ -71,11 +83,16 @@ def _refresh_normalization(model):
 
 
 def add_group_sparsity(model, factor=1e-3, *, l1=None, input_factor=None, penalty="sgl", bias=True):
-    """Return a copy of ``model`` with group-sparse penalties on every Dense layer.
+    """Return a copy of ``model`` with group-sparse penalties on every Dense and convolution layer.
 
-    Dense layers that read the model input get :class:`InputGroupLasso`
-    (feature selection); every other Dense kernel gets
-    :class:`HiddenGroupLasso` (neuron pruning); biases get bias groups. With
+    Layers that read the model input get :class:`InputGroupLasso` (feature
+    selection; for a convolution, input channels); every other kernel gets
+    :class:`HiddenGroupLasso` (neuron and channel pruning); biases get bias
+    groups. The groups are all outgoing weights of one unit: a kernel row of a
+    Dense layer, ``kernel[..., c, :]`` of a convolution (Conv1D/2D/3D; both
+    kernels of a SeparableConv), and for a Dense layer after ``Flatten`` of a
+    ``(..., C)`` map all rows of channel ``c`` (``channels=C``), so whole
+    channels go. DepthwiseConv layers are left without a penalty. With
     ``penalty="sgl"`` (default) each term also has ``l1 * sum |w|``, the sparse
     group Lasso of the paper. Which layers read the input is
     :func:`keras_group_lasso.analysis.dense_roles`, the graph the report and
@@ -107,8 +124,13 @@ def add_group_sparsity(model, factor=1e-3, *, l1=None, input_factor=None, penalt
             (the message names both).
 
     Example:
+        >>> model = keras.Sequential([keras.Input((8, 8, 1)), keras.layers.Conv2D(4, 3, name="conv"),
+        ...                           keras.layers.Flatten(), keras.layers.Dense(3, name="head")])
         >>> sparse = add_group_sparsity(model, 1e-3)
-        >>> sparse.compile("adam", "sparse_categorical_crossentropy")
+        >>> sparse.get_layer("conv").kernel_regularizer
+        InputGroupLasso(factor=0.001, l1=0.001)
+        >>> sparse.get_layer("head").kernel_regularizer
+        HiddenGroupLasso(factor=0.001, l1=0.001, channels=4)
     """
     owner = "add_group_sparsity"
     factor = check_non_negative(owner, "factor", factor)
@@ -127,12 +149,19 @@ def add_group_sparsity(model, factor=1e-3, *, l1=None, input_factor=None, penalt
 
     def clone(layer):
         config = layer.get_config()
-        role = roles.get(id(layer))
-        if role is not None:
+        found = roles.get(id(layer))
+        if found is not None:
+            role, channels = found
             if role == "input":
-                config["kernel_regularizer"] = InputGroupLasso(input_factor, l1=input_l1)
+                penalty_of = lambda: InputGroupLasso(input_factor, l1=input_l1, channels=channels)  # noqa: E731
             else:
-                config["kernel_regularizer"] = HiddenGroupLasso(factor, l1=l1)
+                penalty_of = lambda: HiddenGroupLasso(factor, l1=l1, channels=channels)  # noqa: E731
+            if registry.is_separable(layer):
+                # Input channel c's outgoing weights: depthwise[..., c, :] and pointwise[..., c, :].
+                config["depthwise_regularizer"] = penalty_of()
+                config["pointwise_regularizer"] = penalty_of()
+            else:
+                config["kernel_regularizer"] = penalty_of()
             if bias and layer.use_bias:
                 config["bias_regularizer"] = (
                     SparseGroupLasso(factor, l1=l1) if penalty == "sgl" else GroupLasso(factor)

@@ -91,10 +91,11 @@ def test_report_known_answer():
     assert report.params_before == (24 + 4) + (12 + 3) + (6 + 2)
     assert report.params_after == (4 * 3 + 3) + (3 * 2 + 2) + (2 * 2 + 2)
     assert report.uninterpreted_layers == ()
+    assert (report.flops_before, report.flops_after) == (24 + 12 + 6, 12 + 6 + 4)
     assert report.layers == (
-        LayerSparsity("d0", "input", 24, 9, 9 / 24, 6, 4, 4, 3, 0, False),
-        LayerSparsity("d1", "hidden", 12, 3, 3 / 12, 4, 3, 3, 2, 0, False),
-        LayerSparsity("d2", "hidden", 6, 2, 2 / 6, 3, 2, 2, 2, 0, True),
+        LayerSparsity("d0", "input", 24, 9, 9 / 24, 6, 4, 4, 3, 0, False, "Dense", 24, 4 * 3),
+        LayerSparsity("d1", "hidden", 12, 3, 3 / 12, 4, 3, 3, 2, 0, False, "Dense", 12, 3 * 2),
+        LayerSparsity("d2", "hidden", 6, 2, 2 / 6, 3, 2, 2, 2, 0, True, "Dense", 6, 2 * 2),
     )
 
 
@@ -267,10 +268,11 @@ def test_uninterpreted_layers_are_named():
     cnn = keras.Sequential(
         [keras.Input((5, 5, 1)), keras.layers.Conv2D(2, 3, name="conv"), keras.layers.Flatten(), keras.layers.Dense(2)]
     )
-    report = sparsity_report(cnn, threshold=T)
-    assert report.uninterpreted_layers == ("conv (Conv2D)",)
-    assert report.n_features == 25 and len(report.selected_features) == 25
-    assert report.layers[0].role == "hidden"
+    report = sparsity_report(cnn, threshold=T)  # a chain of a convolution and a Dense head: understood
+    assert report.uninterpreted_layers == ()
+    assert report.n_features == 1 and report.selected_features == (0,)  # the input channel
+    assert [layer.role for layer in report.layers] == ["input", "hidden"]
+    assert report.layers[0].flops_before == 3 * 3 * 9 * 1 * 2 and report.layers[1].flops_before == 9 * 2 * 2
 
     softmax_hidden = keras.Sequential(
         [keras.Input((6,)), keras.layers.Dense(4, activation="softmax", name="soft"), keras.layers.Dense(2)]
@@ -323,7 +325,7 @@ def test_bad_model():
         sparsity_report("model")
     assert str(info.value) == "sparsity_report: argument `model` must be a keras.Model; received 'model'."
     no_dense = keras.Sequential([keras.Input((4,)), keras.layers.Dropout(0.1)])
-    with pytest.raises(InvalidParameterError, match=r"apply_threshold: argument `model` must be a model with at least one Dense layer"):
+    with pytest.raises(InvalidParameterError, match=r"apply_threshold: argument `model` must be a model with at least one Dense or convolution layer"):
         apply_threshold(no_dense)
     with pytest.raises(InvalidParameterError, match=r"unit_masks: argument `model` must be a built keras.Model"):
         unit_masks(keras.Sequential([keras.layers.Dense(2)]))

@@ -154,14 +154,14 @@ def test_log_dir_without_write_permission_is_refused(tmp_path):
 
 def test_model_without_dense_layer_fails_at_train_begin():
     model = keras.Sequential(
-        [keras.Input((6, 6, 1)), keras.layers.Conv2D(2, 3), keras.layers.GlobalAveragePooling2D()]
+        [keras.Input((6, 6, 1)), keras.layers.MaxPooling2D(), keras.layers.GlobalAveragePooling2D()]
     )
     monitor = SparsityMonitor()
     monitor.set_model(model)
     with pytest.raises(InvalidParameterError) as info:
         monitor.on_train_begin()
     assert str(info.value).startswith(
-        "SparsityMonitor: argument `model` must be a keras.Model with at least one Dense "
+        "SparsityMonitor: argument `model` must be a keras.Model with at least one Dense or convolution "
         "layer (the layers whose sparsity it reports); received <Sequential"
     )
 

@@ -261,9 +261,9 @@ def test_one_definition_of_the_input_dense_layer():
     assert models.input_dense_layers is analysis.input_dense_layers
     # Features pass through per-unit layers and preprocessing; a convolution makes new ones.
     conv = keras.Sequential(
-        [keras.Input((5, 5, 1)), keras.layers.Conv2D(2, 3), keras.layers.Flatten(), keras.layers.Dense(3, name="d")]
+        [keras.Input((5, 5, 1)), keras.layers.Conv2D(2, 3, name="c"), keras.layers.Flatten(), keras.layers.Dense(3, name="d")]
     )
-    assert input_dense_layers(conv) == []
+    assert input_dense_layers(conv) == ["c"]  # the convolution reads the input (its channels)
     assert add_group_sparsity(conv).get_layer("d").kernel_regularizer.role == "hidden"
     through = keras.Sequential(
         [keras.Input((6,)), keras.layers.BatchNormalization(), keras.layers.GaussianNoise(0.1), keras.layers.Dense(3, name="d")]

@@ -19,7 +19,6 @@ from keras_group_lasso import (
 )
 from keras_group_lasso.analysis import dense_layers, get_layer
 from keras_group_lasso.surgery import SelectFeatures
-from keras_group_lasso.surgery.slicers import SLICERS
 
 requires_tensorflow_backend = pytest.mark.skipif(
     keras.backend.backend() != "tensorflow", reason="SavedModel export needs the TensorFlow backend"
@@ -643,9 +642,9 @@ def _seq(*middle):
             "Embedding",
         ),
         (
-            lambda: keras.Sequential([keras.Input((5, 5, 1)), keras.layers.Conv2D(2, 3, name="conv"), keras.layers.Flatten(), keras.layers.Dense(2)]),
+            lambda: keras.Sequential([keras.Input((5, 5, 1)), keras.layers.Conv2DTranspose(2, 3, name="conv"), keras.layers.Flatten(), keras.layers.Dense(2)]),
             "conv",
-            "Conv2D",
+            "Conv2DTranspose",
         ),
         (
             lambda: keras.Sequential([keras.Input((4,)), keras.layers.Dense(3, activation="softmax", name="mix"), keras.layers.Dense(2)]),
@@ -715,10 +714,12 @@ def test_bad_arguments():
     assert str(info.value).startswith("prune_model: argument `model` must be a keras.Model; received [")
 
 
-def test_every_per_unit_layer_the_analysis_accepts_has_a_slicer():
-    from keras_group_lasso import analysis
+def test_every_layer_with_per_unit_weights_in_the_registry_has_a_slicer():
+    from keras_group_lasso.graph import registry
 
-    assert set(analysis._ELEMENTWISE_LAYERS + analysis._PER_UNIT_WEIGHTED + analysis._AFFINE_LAYERS) <= set(SLICERS)
+    for layer_class in (keras.layers.BatchNormalization, keras.layers.PReLU, keras.layers.Normalization,
+                        keras.layers.Rescaling, keras.layers.DepthwiseConv2D, keras.layers.DepthwiseConv1D):
+        assert registry.rule_of(layer_class.__new__(layer_class)).slicer is not None, layer_class
 
 
 # ----------------------------------------------------------------------------- property

@@ -2,19 +2,20 @@
 
 Three parts, as in Torch-Pruning: :mod:`~keras_group_lasso.analysis` decides
 what is dead (one place), :mod:`.plan` plans what to cut across coupled layers
-and refuses what it cannot plan, :mod:`.slicers` knows how to slice each layer
+and refuses what it cannot plan, the one registry (:mod:`keras_group_lasso.graph.registry`) knows how to slice each layer
 type, and :mod:`.build` builds the new model.
 """
 
 from keras_group_lasso.surgery.build import prune_model
 from keras_group_lasso.surgery.layers import SelectFeatures
-from keras_group_lasso.surgery.plan import DensePlan, PruningPlan, UnsupportedModelError, plan_pruning
+from keras_group_lasso.surgery.plan import DensePlan, LayerPlan, PruningPlan, UnsupportedModelError, plan_pruning
 
 __all__ = [
     "prune_model",
     "plan_pruning",
     "PruningPlan",
     "DensePlan",
+    "LayerPlan",
     "UnsupportedModelError",
     "SelectFeatures",
 ]

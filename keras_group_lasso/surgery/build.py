@@ -5,10 +5,10 @@ import collections
 import keras
 import numpy as np
 
-from keras_group_lasso import analysis
 from keras_group_lasso._validation import check_choice
+from keras_group_lasso.graph import registry
+from keras_group_lasso.graph.masks import threshold_array
 from keras_group_lasso.surgery import plan as planning
-from keras_group_lasso.surgery.slicers import slice_dense, slice_layer
 
 __all__ = ["prune_model"]
 
@@ -87,67 +87,100 @@ def prune_model(model, threshold=1e-3, inputs="original"):
     """
     owner = "prune_model"
     inputs = check_choice(owner, "inputs", inputs, _INPUTS)
-    plan, _, kernels, biases = planning._plan(owner, model, threshold)
-    structure = analysis._structure(model)
-    layers = {step.name: analysis.get_layer(model, step.name) for step in plan.steps}
-    kernels, biases = _threshold_and_fold(plan, structure, layers, kernels, biases)
+    plan = planning.build_plan(owner, model, threshold)
+    result = plan.analysis
+    graph = result.graph
+    layers = graph.layers
+    weights = _folded(result)
 
     kept_features = np.asarray(plan.kept_features, dtype=int)
-    dense_by_name = {d.name: d for d in plan.dense}
-    first = next(d for d in plan.dense if structure.prev[d.name] == "<input>")
+    layer_plans = {d.name: d for d in plan.dense}
+    first = layer_plans[graph.first.name]
     # inputs="original": the dropped features either meet all-zero rows of the first Dense
     # (n * u multiply-adds) or are dropped by a 0/1 selection first (n * k + k * u).
     n, k, u = plan.n_features, len(kept_features), first.units_after
-    select = inputs == "original" and k < n and k * (n + u) < n * u
-    names = _flat_names([step.name for step in plan.steps], reserved=(structure.input_name,))
+    select = (
+        inputs == "original"
+        and graph.flat_features
+        and graph.first.positions == 1
+        and k < n
+        and k * (n + u) < n * u
+    )
+    sliced_features = inputs == "selected" and graph.flat_features
+    names = _flat_names([step.name for step in plan.steps], reserved=(graph.input_name,))
 
     built = []  # (new layer, weights)
     for step in plan.steps:
         layer = layers[step.name]
         if step.kind == "head":
-            if inputs == "selected" and type(layer).__name__ == "Flatten":
+            if sliced_features and type(layer) is keras.layers.Flatten:
                 continue
-            if inputs == "selected":
-                config, weights = slice_layer(layer, kept_features)
+            if sliced_features:
+                config, new = registry.slice_layer(layer, kept_features)
             else:
-                config, weights = layer.get_config(), layer.get_weights()
-        elif step.kind == "dense":
-            d = dense_by_name[step.name]
+                config, new = layer.get_config(), layer.get_weights()
+            if registry.is_thresholded(layer):  # a DepthwiseConv on the input
+                new = [threshold_array(w, plan.threshold) for w in new]
+        elif step.kind == "units":
+            d = layer_plans[step.name]
+            node = graph.node(step.name)
             rows = d.kept_inputs
-            if d is first and inputs == "original" and not select:
+            if d is first and not sliced_features and not select:
                 rows = tuple(range(d.inputs_before))
             if d is first and select:
                 # Right before the first Dense, after the input preprocessing: that Dense
                 # rounds its inputs as the selection does (e.g. TF32 matmuls on a GPU).
-                built.append(_selection(kept_features, n, layer, {*names.values(), structure.input_name}))
-            config, weights = slice_dense(layer, kernels[step.name], biases[step.name], rows, d.kept_units)
+                built.append(_selection(kept_features, n, layer, {*names.values(), graph.input_name}))
+            config, new = registry.slice_units(layer, weights[step.name], node.in_units, rows, d.kept_units)
         elif step.kind == "unit":
-            config, weights = slice_layer(layer, dense_by_name[step.dense].kept_units)
+            config, new = registry.slice_layer(layer, layer_plans[step.dense].kept_units)
+            if registry.is_thresholded(layer):
+                new = [threshold_array(w, plan.threshold) for w in new]
         else:  # tail: after the output layer, whose units all stay
-            config, weights = layer.get_config(), layer.get_weights()
+            config, new = layer.get_config(), layer.get_weights()
+            if registry.is_thresholded(layer):
+                new = [threshold_array(w, plan.threshold) for w in new]
         config["name"] = names[step.name]
         _drop_package_penalties(layer, config)
-        built.append((type(layer).from_config(config), weights))
+        built.append((type(layer).from_config(config), new))
 
     source = model.inputs[0]
-    shape = tuple(plan.input_shape) if inputs == "original" else (len(kept_features),)
-    if structure.sequential:
+    shape = (len(kept_features),) if sliced_features else tuple(plan.input_shape)
+    if graph.sequential:
         inp = keras.Input(shape=shape, dtype=source.dtype)
         small = keras.Sequential([inp] + [layer for layer, _ in built], name=model.name)
     else:
-        inp = keras.Input(shape=shape, dtype=source.dtype, name=structure.input_name)
+        inp = keras.Input(shape=shape, dtype=source.dtype, name=graph.input_name)
         x = inp
         for layer, _ in built:
             x = layer(x)
         small = keras.Model(inp, x, name=model.name)
-    for layer, weights in built:
-        if weights:
-            _set_weights(layer, weights)
+    for layer, new in built:
+        if new:
+            _set_weights(layer, new)
 
     small.kept_features = plan.kept_features
     small.pruning_report = plan.report
     small.pruning_plan = plan
     return small
+
+
+def _folded(result):
+    """The thresholded weights of every units layer, with the folded constants added to its bias.
+
+    A constant unit ``j`` (no non-zero weight from a varying input) outputs
+    ``c_j`` everywhere (its activation of its bias, through the per-unit layers
+    after it); the next layer reads it through all of its kernel rows, so
+    ``b' = b + sum_j c_j * sum_p K[p, j, :]`` (:attr:`UnitMasks.fold_in`).
+    """
+    out = {}
+    for name, w in result.weights.items():
+        w = dict(w)
+        fold = result.masks.fold_in[name]
+        if w["bias"] is not None and np.any(fold != 0):
+            w["bias"] = (w["bias"].astype("float64") + fold).astype(w["bias"].dtype)
+        out[name] = w
+    return out
 
 
 def _set_weights(layer, weights):
@@ -203,45 +236,3 @@ def _drop_package_penalties(layer, config):
             value = getattr(layer, key, None)
             if value is not None and type(value).__module__.split(".")[0] == __name__.split(".")[0]:
                 config[key] = None
-
-
-def _threshold_and_fold(plan, structure, layers, kernels, biases):
-    """Thresholded kernels and biases, with constant units folded into the next bias.
-
-    A constant unit ``j`` of a layer (no non-zero weight from a varying input)
-    has pre-activation ``b_j`` (its bias after its own fold), so its output is
-    ``c_j = tail(act(b_j))`` (the per-unit layers after it, in inference mode),
-    and the next layer gets ``b' = b + c[folded] @ W[folded, :]``.
-    """
-    t = plan.threshold
-    masks = plan.masks
-    new_kernels, new_biases, fold_in = {}, {}, {}
-    for name in structure.dense:
-        kernel = kernels[name]
-        new_kernels[name] = np.where(analysis.is_zero(kernel, t), np.zeros((), kernel.dtype), kernel)
-        bias = biases[name]
-        if bias is not None:
-            bias = np.where(analysis.is_zero(bias, t), np.zeros((), bias.dtype), bias)
-        new_biases[name] = bias
-    for name in structure.dense:
-        bias = new_biases[name]
-        if name in fold_in:
-            bias = (bias.astype("float64") + fold_in[name]).astype(bias.dtype)
-            new_biases[name] = bias
-        folded = np.asarray(masks.folded[name])
-        if not folded.any():
-            continue
-        nxt = structure.next[name]
-        layer = layers[name]
-        pre = bias if bias is not None else np.zeros(kernels[name].shape[1], kernels[name].dtype)
-        constants = _constant_outputs(layer, pre, [layers[n] for n in structure.between[name]])
-        fold_in[nxt] = constants[folded].astype("float64") @ new_kernels[nxt][folded].astype("float64")
-    return new_kernels, new_biases
-
-
-def _constant_outputs(layer, pre_activation, between):
-    x = keras.ops.convert_to_tensor(pre_activation[None, :])
-    x = layer.activation(x)
-    for per_unit in between:
-        x = per_unit(x, training=False)
-    return np.asarray(keras.ops.convert_to_numpy(x), dtype="float64")[0]

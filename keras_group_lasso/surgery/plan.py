@@ -11,18 +11,21 @@ import numpy as np
 
 from keras_group_lasso import analysis
 from keras_group_lasso._validation import fail
+from keras_group_lasso.graph import registry
+from keras_group_lasso.graph.build import model_graph
 
-__all__ = ["UnsupportedModelError", "DensePlan", "PruningPlan", "plan_pruning", "SUPPORTED"]
+__all__ = ["UnsupportedModelError", "LayerPlan", "DensePlan", "PruningPlan", "plan_pruning", "SUPPORTED"]
 
-SUPPORTED = (
-    "Sequential or functional models with one input and one output whose Dense layers form one "
-    "chain (each layer used once), with only per-unit layers between them (Dropout, "
-    "GaussianDropout, GaussianNoise, AlphaDropout, Identity, Activation with an elementwise "
-    "function, ReLU, LeakyReLU, ELU, PReLU, BatchNormalization on the last axis, Normalization, "
-    "Rescaling), input preprocessing before the first Dense (Normalization and Rescaling on any "
-    "axes, the per-unit layers, Flatten), Activation or Softmax after the last one, and nested "
-    "Sequential or functional blocks of these layers (called once, one input, one output)"
-)
+def supported_text():
+    """What surgery supports, in words, from the one registry of layer classes."""
+    return (
+        "Sequential or functional models with one input and one output whose layers form one chain "
+        "(each layer called once; nested Sequential or functional blocks of these layers are opened): "
+        + registry.supported_text()
+    )
+
+
+SUPPORTED = supported_text()
 
 
 class UnsupportedModelError(ValueError):
@@ -41,17 +44,17 @@ class UnsupportedModelError(ValueError):
         message = f"{owner}: cannot prune layer '{layer_name}' ({layer_class}): {reason}."
         if others:
             message += " Also not supported: " + ", ".join(others) + "."
-        message += f" Supported: {SUPPORTED}."
+        message += f" Supported: {supported_text()}."
         super().__init__(message)
 
 
 @dataclasses.dataclass(frozen=True)
-class DensePlan:
-    """What one Dense layer keeps.
+class LayerPlan:
+    """What one layer that makes units (Dense, convolution) keeps.
 
     Attributes:
         name: layer name.
-        kept_inputs: indices of the kernel rows kept (the kept units of the
+        kept_inputs: indices of the input units kept (the kept units of the
             layer before, or the kept input features).
         kept_units: indices of the units (kernel columns) kept.
         folded_units: indices of removed constant units whose output is
@@ -74,11 +77,14 @@ class DensePlan:
     is_output: bool
 
 
+DensePlan = LayerPlan  # the name of version 0.1
+
+
 @dataclasses.dataclass(frozen=True)
 class _Step:
     name: str
-    kind: str  # "head" (before the first Dense), "dense", "unit" (after a Dense), "tail", "flatten"
-    dense: str = None  # for "unit": the Dense whose units it carries
+    kind: str  # "head" (before the first units layer), "units", "unit" (after a units layer), "tail"
+    dense: str = None  # for "unit": the units layer whose units it carries
 
 
 @dataclasses.dataclass(frozen=True)
@@ -90,10 +96,10 @@ class PruningPlan:
         input_shape: the model's input shape (without the batch axis).
         n_features: input features (flattened).
         kept_features: indices of the input features kept.
-        dense: one :class:`DensePlan` per Dense layer, input to output.
+        dense: one :class:`LayerPlan` per layer that makes units, input to output.
         layer_sizes_before / layer_sizes_after: sizes with the input layer,
             without the output layer (as in the report).
-        params_before / params_after: parameters of the Dense layers.
+        params_before / params_after: parameters of the layers that make units.
         report: the :class:`~keras_group_lasso.analysis.SparsityReport` at this threshold.
     """
 
@@ -109,6 +115,7 @@ class PruningPlan:
     report: object = dataclasses.field(repr=False, compare=False)
     steps: tuple = dataclasses.field(repr=False, compare=False, default=())
     masks: object = dataclasses.field(repr=False, compare=False, default=None)
+    analysis: object = dataclasses.field(repr=False, compare=False, default=None)
 
     def to_dict(self):
         """A JSON-serializable dict (for a manifest)."""
@@ -133,8 +140,9 @@ class PruningPlan:
 
 def _no_live_path(owner, model, threshold):
     """Raise for a model with no input feature left: blame the threshold only when it is the cause."""
-    exact = analysis.sparsity_report(model, threshold=0.0)
-    if threshold > 0 and exact.selected_features:
+    exact_analysis = analysis.analyze(model, 0.0, owner=owner)
+    exact = exact_analysis.report
+    if threshold > 0 and exact_analysis.masks.live_path:
         fail(
             owner,
             "threshold",
@@ -163,26 +171,26 @@ def _indices(mask):
 
 
 def check_supported(owner, model):
-    """Return the analysis structure of ``model`` or raise :class:`UnsupportedModelError`."""
-    structure = analysis._structure(model)
-    if not structure.supported:
-        problems = structure.uninterpreted or (
-            (model.name, type(model).__name__, "a model whose Dense layers do not form one chain"),
+    """Return the graph of ``model`` or raise :class:`UnsupportedModelError`."""
+    graph = model_graph(model)
+    if not graph.supported:
+        problems = graph.problems or (
+            (model.name, type(model).__name__, "a model whose layers do not form one chain"),
         )
         # Name a layer that is itself not understood before a layer that merely branches.
         problems = sorted(problems, key=lambda p: p[2].startswith("a layer whose output feeds"))
         name, cls, reason = problems[0]
         others = tuple(f"'{n}' ({c}): {r}" for n, c, r in problems[1:])
         raise UnsupportedModelError(owner, name, cls, reason, others)
-    return structure
+    return graph
 
 
 def plan_pruning(model, threshold=1e-3):
     """Plan the surgery of ``model`` at ``threshold`` without building anything.
 
-    The kept rows and units of every Dense layer come from
-    :func:`keras_group_lasso.analysis.unit_masks` (the same fixed point as the
-    report), so ``plan.layer_sizes_after == sparsity_report(model, threshold).layer_sizes``.
+    The kept input units and units of every Dense and convolution layer come
+    from :func:`keras_group_lasso.analysis.unit_masks` (the same fixed point as
+    the report), so ``plan.layer_sizes_after == sparsity_report(model, threshold).layer_sizes``.
 
     Args:
         model: a built ``keras.Model``.
@@ -195,34 +203,37 @@ def plan_pruning(model, threshold=1e-3):
         InvalidParameterError: for a bad ``threshold`` or ``model``, a
             threshold at which no input feature survives, or a model in which
             no path of non-zero weights leads from an input feature to the output.
-        NonFiniteError: a Dense kernel or bias holds NaN or inf.
-        UnsupportedModelError: the model is not a chain of Dense layers that
-            surgery understands (the message names the layer and its class).
+        NonFiniteError: a kernel or bias holds NaN or inf.
+        UnsupportedModelError: the model is not a chain that surgery
+            understands (the message names the layer and its class).
 
     Example:
+        >>> model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(4), keras.layers.Dense(2)])
         >>> plan = plan_pruning(model, 1e-3)
-        >>> plan.layer_sizes_after, plan.params_after
+        >>> plan.layer_sizes_after
+        (3, 4)
     """
-    return _plan("plan_pruning", model, threshold)[0]
+    return build_plan("plan_pruning", model, threshold)
 
 
-def _plan(owner, model, threshold):
-    """``(plan, layers, kernels, biases)``: the plan plus the weights it was made from."""
-    analysis._check_model(owner, model, threshold)
+def build_plan(owner, model, threshold):
+    """The :class:`PruningPlan` of ``model``, its :class:`~keras_group_lasso.analysis.Analysis` attached."""
+    result = analysis.analyze(model, threshold, owner=owner)
     check_supported(owner, model)
-    structure, layers, kernels, biases, masks, report = analysis._analyze(owner, model, threshold)
+    graph, masks, report = result.graph, result.masks, result.report
     threshold = report.threshold
-    if not masks.features.any():
+    if not masks.live_path:
         _no_live_path(owner, model, threshold)
 
-    dense_plans = []
+    plans = []
     for layer in report.layers:
         name = layer.name
         kept_in = _indices(masks.inputs[name])
         kept_out = _indices(masks.units[name])
-        bias = 1 if layers[name].use_bias else 0
-        dense_plans.append(
-            DensePlan(
+        node = graph.node(name)
+        has_bias = result.weights[name]["bias"] is not None
+        plans.append(
+            LayerPlan(
                 name=name,
                 kept_inputs=kept_in,
                 kept_units=kept_out,
@@ -231,27 +242,28 @@ def _plan(owner, model, threshold):
                 inputs_after=len(kept_in),
                 units_before=layer.units,
                 units_after=len(kept_out),
-                params_before=(layer.groups + bias) * layer.units,
-                params_after=(len(kept_in) + bias) * len(kept_out),
+                params_before=registry.units_params(graph.layers[name], node.positions, layer.groups, layer.units,
+                                                    has_bias),
+                params_after=registry.units_params(graph.layers[name], node.positions, len(kept_in), len(kept_out),
+                                                   has_bias),
                 is_output=layer.is_output,
             )
         )
 
-    steps = []
-    for name in structure.head:
-        steps.append(_Step(name, "head"))
-    for name in structure.dense:
-        steps.append(_Step(name, "dense"))
-        kind = "tail" if structure.next[name] == "<output>" else "unit"
-        for between in structure.between[name]:
-            steps.append(_Step(between, kind, name))
+    steps = [_Step(name, "head") for name in graph.head]
+    for node in graph.units:
+        steps.append(_Step(node.name, "units"))
+        kind = "tail" if node.is_output else "unit"
+        for between in node.between:
+            steps.append(_Step(between, kind, node.name))
+    steps.extend(_Step(name, "tail", graph.units[-1].name) for name in graph.tail)
 
-    plan = PruningPlan(
+    return PruningPlan(
         threshold=float(threshold),
-        input_shape=tuple(structure.input_shape),
+        input_shape=tuple(graph.input_shape),
         n_features=report.n_features,
         kept_features=report.selected_features,
-        dense=tuple(dense_plans),
+        dense=tuple(plans),
         layer_sizes_before=report.original_layer_sizes,
         layer_sizes_after=report.layer_sizes,
         params_before=report.params_before,
@@ -259,6 +271,5 @@ def _plan(owner, model, threshold):
         report=report,
         steps=tuple(steps),
         masks=masks,
+        analysis=result,
     )
-    return plan, layers, kernels, biases
-

@@ -1,0 +1,248 @@
+"""Which units survive: one fixed point over a :class:`~keras_group_lasso.graph.build.ModelGraph`.
+
+Two passes over the chain of units layers, on thresholded weights (a weight
+``|w| <= threshold`` is an exact zero):
+
+* forward, *varying*: an input feature varies; a unit varies when a varying
+  input unit reaches it through a non-zero weight. A unit that does not vary
+  outputs a constant, ``act(b + folded)`` passed through the per-unit layers
+  after it. It is removed and its value added to the next layer's bias
+  (``b' = b + sum_i c_i * sum_p K[p, i, :]``) where that is exact: the next
+  layer has a bias (or the constant is exactly 0), every layer in between
+  passes the constant on (zero padding does not, unless it is 0), and the
+  next layer does not pad with zeros itself (``padding="same"``) unless the
+  constant is 0. Otherwise the unit is treated as varying (kept if used).
+* backward, *kept*: every output unit is kept; a unit is kept when it varies
+  and has a non-zero weight into a kept unit of the next layer. An input
+  feature is *selected* when it has a non-zero weight into a kept unit of the
+  layer that reads the model input.
+"""
+
+import dataclasses
+
+import keras
+import numpy as np
+
+from keras_group_lasso.graph import registry
+
+__all__ = ["UnitMasks", "compute_masks", "pass_constants"]
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class UnitMasks:
+    """What survives, per units layer, at one threshold (read-only numpy arrays).
+
+    Attributes:
+        threshold: weights with ``|w| <= threshold`` count as zero.
+        layer_names: the units layers, input to output.
+        features: bool ``(n_features,)``, the selected input features (input units of the first layer).
+        inputs: ``{name: bool (in_units,)}``, the kept input units of each layer.
+        units: ``{name: bool (out_units,)}``, the kept units (all of the output layer's).
+        constant: ``{name: bool (out_units,)}``, units whose output is a constant
+            (no non-zero weight from a varying input).
+        folded: ``{name: bool (out_units,)}``, constant units removed by surgery,
+            their value added to the next layer's bias.
+        fold_values: ``{name: float64 (out_units,)}``: the value of each folded
+            unit as the next layer reads it (0 elsewhere).
+        fold_in: ``{name: float64 (out_units,)}``: what the folded units of the
+            layer before add to this layer's bias.
+        connections: ``{name: bool (in_units, out_units)}``: non-zero paths.
+        roles: ``{name: "input" | "hidden"}``.
+        is_output: ``{name: bool}``.
+        live_path: some input feature reaches the output through non-zero
+            weights (otherwise the output is a constant).
+    """
+
+    threshold: float
+    layer_names: tuple
+    features: np.ndarray
+    inputs: dict
+    units: dict
+    constant: dict
+    folded: dict
+    fold_values: dict
+    fold_in: dict
+    connections: dict
+    roles: dict
+    is_output: dict
+    live_path: bool = True
+
+
+def _readonly(array):
+    array.setflags(write=False)
+    return array
+
+
+def threshold_array(values, threshold):
+    """``values`` with every ``|w| <= threshold`` set to an exact 0 (a new array)."""
+    values = np.asarray(values)
+    return np.where(np.abs(values) <= threshold, np.zeros((), values.dtype), values)
+
+
+def _call(layer, values):
+    """``layer`` (inference mode) on a one-position tensor holding ``values`` on its last axis."""
+    try:
+        rank = len(layer.input.shape)
+    except Exception:  # noqa: BLE001 - a layer seen on a flat vector
+        rank = 2
+    x = np.zeros((1,) * (rank - 1) + (values.size,), dtype="float32")
+    x.reshape(-1)[:] = values
+    kwargs = {"training": False} if "training" in _call_arguments(layer) else {}
+    out = layer(keras.ops.convert_to_tensor(x), **kwargs)
+    return np.asarray(keras.ops.convert_to_numpy(out), dtype=np.float64).reshape(-1)[-values.size:]
+
+
+def _call_arguments(layer):
+    import inspect
+
+    try:
+        return inspect.signature(layer.call).parameters
+    except (TypeError, ValueError):
+        return {}
+
+
+def _depthwise_constants(layer, values, threshold):
+    """DepthwiseConv on constant channels: ``c * sum_p K[p, c] + b`` without padding; only 0 passes padding."""
+    kernel = threshold_array(registry.units_weights(layer)["kernel"], threshold)
+    weights = layer.get_weights()
+    bias = threshold_array(weights[1], threshold).astype(np.float64) if len(weights) > 1 else 0.0
+    channels = kernel.shape[-2]
+    total = kernel.reshape(-1, channels).astype(np.float64).sum(axis=0)
+    out = values * total + bias
+    if registry.same_padding(layer):
+        out = np.where(values == 0, bias + np.zeros_like(values), np.nan)
+    out = np.where(np.isnan(values), np.nan, out)
+    return _call_activation(layer, out)
+
+
+def _call_activation(layer, values):
+    activation = getattr(layer, "activation", None)
+    if activation is None:
+        return values
+    finite = np.where(np.isnan(values), 0.0, values)
+    out = np.asarray(keras.ops.convert_to_numpy(activation(keras.ops.convert_to_tensor(finite[None, :].astype("float32")))),
+                     dtype=np.float64)[0]
+    return np.where(np.isnan(values), np.nan, out)
+
+
+def pass_constants(layer, values, threshold=0.0):
+    """Constants ``values`` (NaN: not constant) after ``layer``; NaN where a constant stops being one."""
+    values = np.asarray(values, np.float64)
+    if type(layer) in (keras.layers.DepthwiseConv1D, keras.layers.DepthwiseConv2D):
+        return _depthwise_constants(layer, values, threshold)
+    rule = registry.rule_of(layer)
+    how = rule.constants if rule is not None else None
+    if how == "identity":
+        return values.copy()
+    if how == "zero_only":
+        return np.where(values == 0, 0.0, np.nan)
+    if how is None:
+        return np.full_like(values, np.nan)
+    if callable(how):
+        return np.asarray(how(layer, values, threshold), np.float64)
+    if np.all(np.isnan(values)):
+        return values.copy()
+    out = _call(layer, np.where(np.isnan(values), 0.0, values))
+    return np.where(np.isnan(values), np.nan, out)
+
+
+def compute_masks(graph, weights, threshold):
+    """The :class:`UnitMasks` of ``graph`` with the thresholded ``weights`` (``{name: units_weights}``)."""
+    nodes = graph.units
+    layers = graph.layers
+    conn = {n.name: registry.connections(layers[n.name], weights[n.name], n.in_units) for n in nodes}
+    if not graph.supported:
+        return _all_kept(graph, conn, threshold)
+    varying, constant, folded, fold_values, fold_in = {}, {}, {}, {}, {}
+    for node in nodes:
+        fold_in.setdefault(node.name, np.zeros(node.out_units))
+    for node in nodes:
+        name = node.name
+        a = conn[name]
+        v = a.any(axis=0) if node.prev is None else a[varying[node.prev]].any(axis=0)
+        constant[name] = ~v
+        if node.next is None:
+            varying[name] = v
+            folded[name] = np.zeros_like(v)
+            fold_values[name] = np.zeros(node.out_units)
+            continue
+        bias = weights[name]["bias"]
+        pre = (np.zeros(node.out_units) if bias is None else bias.astype(np.float64)) + fold_in[name]
+        values = np.where(v, np.nan, pre)
+        if (~v).any():
+            values = _call_activation(layers[name], values)
+            for between in node.between:
+                values = pass_constants(layers[between], values, threshold)
+        nxt = graph.node(node.next)
+        nxt_layer = layers[node.next]
+        can_fold = ~v & np.isfinite(values)
+        if weights[node.next]["bias"] is None or registry.same_padding(nxt_layer):
+            can_fold &= values == 0
+        folded[name] = can_fold
+        fold_values[name] = np.where(can_fold, values, 0.0)
+        varying[name] = ~can_fold
+        if can_fold.any():
+            fold_in[node.next] = fold_in[node.next] + registry.constant_contribution(
+                nxt_layer, weights[node.next], nxt.in_units, fold_values[name]
+            )
+    kept = {}
+    for node in reversed(nodes):
+        if node.next is None:
+            kept[node.name] = np.ones(node.out_units, dtype=bool)
+        else:
+            kept[node.name] = varying[node.name] & conn[node.next][:, kept[node.next]].any(axis=1)
+    inputs = {}
+    features = None
+    for node in nodes:
+        if node.prev is None:
+            if graph.flat_features:
+                features = conn[node.name][:, kept[node.name]].any(axis=1)
+            else:  # the channels of an input map: all kept (the input shape stays)
+                features = np.ones(node.in_units, dtype=bool)
+            inputs[node.name] = features
+        else:
+            inputs[node.name] = kept[node.prev]
+    for d in (inputs, kept, constant, folded, fold_values, fold_in, conn):
+        for value in d.values():
+            _readonly(value)
+    return UnitMasks(
+        threshold=threshold,
+        layer_names=tuple(n.name for n in nodes),
+        features=_readonly(features),
+        inputs=inputs,
+        units=kept,
+        constant=constant,
+        folded=folded,
+        fold_values=fold_values,
+        fold_in=fold_in,
+        connections=conn,
+        roles={n.name: "input" if n.name in graph.input_readers else "hidden" for n in nodes},
+        is_output={n.name: n.next is None for n in nodes},
+        live_path=bool(conn[nodes[0].name][:, kept[nodes[0].name]].any()),
+    )
+
+
+def _all_kept(graph, conn, threshold):
+    """Masks of a model the graph cannot follow: every unit of every layer kept (conservative)."""
+    nodes = graph.units
+    n = graph.n_features if graph.n_features is not None else nodes[0].in_units
+    ones = {node.name: _readonly(np.ones(node.out_units, dtype=bool)) for node in nodes}
+    none = {node.name: _readonly(np.zeros(node.out_units, dtype=bool)) for node in nodes}
+    zeros = {node.name: _readonly(np.zeros(node.out_units)) for node in nodes}
+    for value in conn.values():
+        _readonly(value)
+    readers = set(graph.input_readers)
+    return UnitMasks(
+        threshold=threshold,
+        layer_names=tuple(node.name for node in nodes),
+        features=_readonly(np.ones(int(n), dtype=bool)),
+        inputs={node.name: _readonly(np.ones(node.in_units, dtype=bool)) for node in nodes},
+        units=ones,
+        constant=none,
+        folded=none,
+        fold_values=zeros,
+        fold_in=zeros,
+        connections=conn,
+        roles={node.name: "input" if node.name in readers else "hidden" for node in nodes},
+        is_output={node.name: False for node in nodes},
+    )

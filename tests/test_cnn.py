@@ -1,0 +1,252 @@
+"""Convolutional networks: channel groups, the report's channels and FLOPs, and exact surgery.
+
+The property test builds random CNN chains (convolution types, kernel sizes,
+strides, padding, BatchNormalization, pooling, zero padding, Flatten or global
+pooling heads), kills and freezes random channels, and checks that the pruned
+model computes what the thresholded original computes.
+"""
+
+from functools import partial
+
+import keras
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from keras_group_lasso import (
+    InvalidParameterError,
+    Proximal,
+    add_group_sparsity,
+    apply_threshold,
+    prune_model,
+    sparsity_report,
+)
+from keras_group_lasso.analysis import unit_masks
+from keras_group_lasso.graph import registry
+from keras_group_lasso.graph.build import model_graph
+
+T = 1e-3
+L = keras.layers
+
+
+def thresholded_copy(model):
+    copy = keras.models.clone_model(model)
+    copy.set_weights(model.get_weights())
+    apply_threshold(copy, T)
+    return copy
+
+
+def outputs(model, x):
+    return np.asarray(keras.ops.convert_to_numpy(model(x, training=False)), dtype=np.float64)
+
+
+def assert_same_outputs(small, model, x):
+    want = outputs(thresholded_copy(model), x)
+    got = outputs(small, x)
+    scale = max(1.0, float(np.max(np.abs(want))))
+    np.testing.assert_allclose(got, want, rtol=0, atol=1e-5 * scale)
+
+
+def kill_channels(model, rng, dead=0.3, constant=0.2):
+    """Zero random input-channel groups, and all incoming weights of random units (constants)."""
+    graph = model_graph(model)
+    for node in graph.units:
+        layer = graph.layers[node.name]
+        weights = layer.get_weights()
+        kernel = weights[0]
+        view = registry.kernel_view(kernel, node.in_units).copy()
+        view[:, rng.random(node.in_units) < dead, :] = 0.0  # dead inputs of this layer
+        view[np.abs(view) < 0.05] *= 1e-4  # some weights below the threshold
+        if registry.is_separable(layer):
+            pointwise = weights[1]
+            pointwise[..., np.all(view == 0, axis=(0, 2)), :] = 0.0  # a dead depthwise channel reaches nothing
+            if node.next is not None:
+                pointwise[..., rng.random(node.out_units) < constant] = 0.0  # units that output act(b)
+            weights[1] = pointwise
+        elif node.next is not None:
+            view[:, :, rng.random(node.out_units) < constant] = 0.0  # units that output act(b)
+        weights[0] = view.reshape(kernel.shape)
+        if len(weights) > (2 if registry.is_separable(layer) else 1):
+            bias = weights[-1]
+            bias[:] = rng.normal(size=bias.shape) * (rng.random(bias.shape) < 0.7)
+            weights[-1] = bias
+        layer.set_weights(weights)
+    for layer in model.layers:
+        if type(layer) is L.BatchNormalization:
+            gamma, beta, mean, var = layer.get_weights()
+            layer.set_weights([rng.uniform(0.5, 1.5, gamma.shape), rng.normal(size=beta.shape),
+                               rng.normal(size=mean.shape), rng.uniform(0.5, 2.0, var.shape)])
+
+
+ACTIVATIONS = ["relu", "tanh", "linear", "sigmoid"]
+
+
+@st.composite
+def cnns(draw):
+    dims = draw(st.sampled_from([1, 2]))
+    size = draw(st.integers(6, 9))
+    channels = draw(st.integers(1, 3))
+    shape = (size,) * dims + (channels,)
+    conv = L.Conv1D if dims == 1 else L.Conv2D
+    separable = L.SeparableConv1D if dims == 1 else L.SeparableConv2D
+    depthwise = L.DepthwiseConv1D if dims == 1 else L.DepthwiseConv2D
+    pool = draw(st.sampled_from([L.MaxPooling1D, L.AveragePooling1D] if dims == 1
+                                else [L.MaxPooling2D, L.AveragePooling2D]))
+    padding_layer = L.ZeroPadding1D if dims == 1 else L.ZeroPadding2D
+    layers = [partial(keras.Input, shape)]
+    spatial = size
+    for block in range(draw(st.integers(1, 3))):
+        kind = draw(st.sampled_from(["conv", "conv", "separable", "depthwise"]))
+        kernel = draw(st.integers(1, 3))
+        padding = draw(st.sampled_from(["valid", "same"]))
+        if padding == "valid" and spatial - kernel + 1 < 2:
+            padding = "same"
+        activation = draw(st.sampled_from(ACTIVATIONS))
+        filters = draw(st.integers(2, 6))
+        if kind == "depthwise":
+            layers.append(partial(depthwise, kernel, padding=padding, activation=activation))
+            kind = "conv"
+            kernel = 1
+        make = conv if kind == "conv" else separable
+        layers.append(partial(make, filters, kernel, padding=padding, activation=activation))
+        if padding == "valid":
+            spatial = spatial - kernel + 1
+        if draw(st.booleans()):
+            layers.append(L.BatchNormalization)
+        if draw(st.booleans()) and spatial >= 4:
+            pool_padding = draw(st.sampled_from(["valid", "same"]))
+            layers.append(partial(pool, 2, padding=pool_padding))
+            spatial = spatial // 2 if pool_padding == "valid" else -(-spatial // 2)
+        if draw(st.booleans()):
+            layers.append(partial(padding_layer, 1))
+            spatial += 2
+    head = draw(st.sampled_from(["flatten", "gap", "gmp"]))
+    layers.append({"flatten": L.Flatten, "gap": (L.GlobalAveragePooling1D if dims == 1 else L.GlobalAveragePooling2D),
+                   "gmp": (L.GlobalMaxPooling1D if dims == 1 else L.GlobalMaxPooling2D)}[head])
+    if draw(st.booleans()):
+        layers.append(partial(L.Dense, draw(st.integers(2, 6)), activation=draw(st.sampled_from(ACTIVATIONS))))
+        if draw(st.booleans()):
+            layers.append(L.BatchNormalization)
+    layers.append(partial(L.Dense, 3, activation=draw(st.sampled_from(["linear", "softmax"]))))
+    seed = draw(st.integers(0, 10_000))
+    return layers, seed
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(cnns())
+def test_pruned_cnn_equals_thresholded_original(case):
+    makers, seed = case
+    keras.utils.set_random_seed(seed)
+    model = keras.Sequential([make() for make in makers])
+    rng = np.random.default_rng(seed)
+    kill_channels(model, rng)
+    x = rng.normal(size=(5,) + tuple(model.inputs[0].shape[1:])).astype("float32")
+    before = [w.copy() for w in model.get_weights()]
+    report = sparsity_report(model, T)
+    assert report.uninterpreted_layers == ()
+    if not unit_masks(model, T).live_path:  # every path is dead: a clear error, nothing to prune to
+        with pytest.raises(InvalidParameterError, match="path of"):
+            prune_model(model, T)
+        return
+    small = prune_model(model, T)
+    assert_same_outputs(small, model, x)
+    for a, b in zip(before, model.get_weights()):
+        np.testing.assert_array_equal(a, b)  # the model is not changed
+    # The pruned model has the reported sizes.
+    assert [node.in_units for node in model_graph(small).units] == [report.layers[0].groups] + [
+        layer.units_alive for layer in report.layers[:-1]]
+    assert [node.out_units for node in model_graph(small).units] == [layer.units_alive for layer in report.layers]
+    assert sparsity_report(small, 0.0).flops_before == report.flops_after
+
+
+def vgg(channels=(8, 16), dense=32, classes=10, batchnorm=True):
+    layers = [keras.Input((28, 28, 1))]
+    for c in channels:
+        layers.append(L.Conv2D(c, 3, padding="same"))
+        if batchnorm:
+            layers.append(L.BatchNormalization())
+        layers += [L.ReLU(), L.MaxPooling2D()]
+    layers += [L.Flatten(), L.Dense(dense, activation="relu"), L.Dense(classes, activation="softmax")]
+    return keras.Sequential(layers)
+
+
+def test_add_group_sparsity_gives_channel_groups_to_the_cnn():
+    sparse = add_group_sparsity(vgg(), 1e-4)
+    convs = [layer for layer in sparse.layers if type(layer) is L.Conv2D]
+    dense = [layer for layer in sparse.layers if type(layer) is L.Dense]
+    assert convs[0].kernel_regularizer.role == "input" and convs[1].kernel_regularizer.role == "hidden"
+    assert convs[1].kernel_regularizer.channels is None
+    assert dense[0].kernel_regularizer.channels == 16  # Flatten of a (7, 7, 16) map: whole channels
+    assert dense[1].kernel_regularizer.channels is None
+
+
+def test_report_counts_live_channels_and_flops():
+    model = vgg(channels=(4, 6), dense=5, classes=3, batchnorm=False)
+    conv2 = model.layers[3]
+    kernel = conv2.get_weights()
+    kernel[0][..., [1, 3], :] = 0.0  # channels 1 and 3 of the first convolution are read by nobody
+    conv2.set_weights(kernel)
+    report = sparsity_report(model, T)
+    first, second, head, out = report.layers
+    assert (first.units, first.units_alive) == (4, 2)
+    assert (second.groups, second.groups_alive) == (4, 2)
+    assert first.flops_before == 28 * 28 * 9 * 1 * 4 and first.flops_after == 28 * 28 * 9 * 1 * 2
+    assert second.flops_before == 14 * 14 * 9 * 4 * 6 and second.flops_after == 14 * 14 * 9 * 2 * 6
+    assert head.flops_before == 7 * 7 * 6 * 5
+    assert report.flops_before == sum(layer.flops_before for layer in report.layers)
+    assert "FLOPs:" in str(report)
+    small = prune_model(model, T)
+    assert small.layers[0].filters == 2
+    assert_same_outputs(small, model, np.random.default_rng(0).normal(size=(2, 28, 28, 1)).astype("float32"))
+
+
+def test_constant_channel_before_same_padding_is_kept_unless_it_is_zero():
+    def model_with(bias):
+        model = keras.Sequential([keras.Input((6, 6, 1)), L.Conv2D(2, 3, padding="same", name="a"),
+                                  L.Conv2D(2, 3, padding="same", name="b"), L.Flatten(), L.Dense(2)])
+        kernel, b = model.layers[0].get_weights()
+        kernel[..., 1] = 0.0  # channel 1 of "a" is the constant relu(bias)
+        model.layers[0].set_weights([kernel, np.array([0.5, bias], np.float32)])
+        return model
+
+    x = np.random.default_rng(1).normal(size=(3, 6, 6, 1)).astype("float32")
+    nonzero = model_with(2.0)  # constant 2.0: "b" sees zeros at the border, not 2.0 -> keep it
+    assert sparsity_report(nonzero, T).layers[0].units_alive == 2
+    assert_same_outputs(prune_model(nonzero, T), nonzero, x)
+    zero = model_with(0.0)  # constant 0: padding changes nothing -> removed
+    assert sparsity_report(zero, T).layers[0].units_alive == 1
+    assert_same_outputs(prune_model(zero, T), zero, x)
+
+
+def test_constant_channel_is_folded_into_a_valid_convolution_and_a_dense_head():
+    model = keras.Sequential([keras.Input((6, 6, 1)), L.Conv2D(3, 3, activation="relu", name="a"),
+                              L.BatchNormalization(), L.Conv2D(2, 2, name="b"), L.Flatten(), L.Dense(2)])
+    rng = np.random.default_rng(2)
+    kill = model.layers[0].get_weights()
+    kill[0][..., 2] = 0.0
+    kill[1][:] = [0.1, 0.2, 0.7]
+    model.layers[0].set_weights(kill)
+    bn = model.layers[1]
+    bn.set_weights([rng.uniform(0.5, 1.5, 3), rng.normal(size=3), rng.normal(size=3), rng.uniform(0.5, 2, 3)])
+    report = sparsity_report(model, T)
+    assert report.layers[0].constant_units == 1 and report.layers[0].units_alive == 2
+    small = prune_model(model, T)
+    assert small.get_layer("a").filters == 2 and small.get_layer("b").kernel.shape[-2] == 2
+    assert_same_outputs(small, model, rng.normal(size=(3, 6, 6, 1)).astype("float32"))
+
+
+@pytest.mark.parametrize("proximal", [False, True])
+def test_group_sparse_training_of_a_small_cnn_prunes_exactly(proximal):
+    keras.utils.set_random_seed(0)
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(256, 28, 28, 1)).astype("float32")
+    y = (x[:, 10:18, 10:18, 0].mean(axis=(1, 2)) > 0).astype("int32")
+    model = add_group_sparsity(vgg(channels=(6, 8), dense=12, classes=2), 3e-3 if proximal else 2e-2)
+    optimizer = Proximal(keras.optimizers.SGD(0.05, momentum=0.9)) if proximal else keras.optimizers.Adam(3e-3)
+    model.compile(optimizer, "sparse_categorical_crossentropy")
+    model.fit(x, y, epochs=3, batch_size=64, verbose=0)
+    report = sparsity_report(model, T)
+    assert report.flops_after <= report.flops_before and report.uninterpreted_layers == ()
+    small = prune_model(model, T)  # trained weights (BatchNormalization statistics included): still exact
+    assert_same_outputs(small, model, x[:8])
