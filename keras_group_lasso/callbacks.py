@@ -118,11 +118,17 @@ class SparsityMonitor(keras.callbacks.Callback):
     * ``logs["sparsity"] = report.sparsity`` (fraction of Dense weights with
       ``|w| <= threshold``),
     * ``logs["selected_features"] = len(report.selected_features)``,
-    * ``logs["live_neurons"] = report.live_neurons`` (hidden units alive),
+    * ``logs["live_neurons"] = report.live_neurons`` (hidden units and
+      channels alive),
+    * ``logs["flops"] = report.flops_ratio`` (the fraction of the dense
+      model's multiply-adds per sample that pruning at ``threshold`` would
+      keep),
 
     and, with ``log_dir``, writes these TensorBoard summaries at step ``epoch``:
     scalars ``sparsity/total``, ``selected_features``, ``live_neurons``,
-    ``sparsity/<layer>`` and ``live_units/<layer>``; histograms
+    ``flops/after`` (multiply-adds per sample), ``flops/ratio``,
+    ``sparsity/<layer>`` and ``live_units/<layer>`` (neurons, or channels of a
+    convolution); histograms
     ``group_norms/<layer>`` (the L2 norm of each unit's outgoing weights); and,
     when the input is an image, the image ``input_feature_strength`` (see
     :func:`feature_strength_image`).
@@ -132,7 +138,7 @@ class SparsityMonitor(keras.callbacks.Callback):
 
     When the weights are not finite (the training diverged), the callback does
     not stop the training and does not count NaN as zero: it warns once per
-    training (a ``RuntimeWarning`` naming the weights), sets the three values
+    training (a ``RuntimeWarning`` naming the weights), sets the four values
     to NaN, writes no summary for that epoch and sets ``last_report`` to
     ``None``. To stop such a training, add ``keras.callbacks.TerminateOnNaN()``.
 
@@ -215,19 +221,20 @@ class SparsityMonitor(keras.callbacks.Callback):
             logs["sparsity"] = float(report.sparsity)
             logs["selected_features"] = len(report.selected_features)
             logs["live_neurons"] = int(report.live_neurons)
+            logs["flops"] = float(report.flops_ratio)
         if self.log_dir is not None:
             self._write_summaries(report, epoch)
 
     def _non_finite(self, epoch, error, logs):
         self.last_report = None
         if logs is not None:
-            for key in ("sparsity", "selected_features", "live_neurons"):
+            for key in ("sparsity", "selected_features", "live_neurons", "flops"):
                 logs[key] = float("nan")
         if not self._warned_non_finite:
             self._warned_non_finite = True
             warnings.warn(
                 f"{_OWNER}: at the end of epoch {epoch + 1} the weights are not finite "
-                f"({', '.join(error.names)}): sparsity, selected_features and live_neurons are NaN "
+                f"({', '.join(error.names)}): sparsity, selected_features, live_neurons and flops are NaN "
                 "while they stay so. The training diverged: scale the inputs or lower the learning "
                 "rate; keras.callbacks.TerminateOnNaN() stops such a training.",
                 RuntimeWarning,
@@ -247,6 +254,8 @@ class SparsityMonitor(keras.callbacks.Callback):
             ("sparsity/total", report.sparsity),
             ("selected_features", len(report.selected_features)),
             ("live_neurons", report.live_neurons),
+            ("flops/after", report.flops_after),
+            ("flops/ratio", report.flops_ratio),
         ]
         for layer in report.layers:
             scalars.append((f"sparsity/{layer.name}", layer.sparsity))

@@ -212,11 +212,11 @@ def test_non_finite_weights_warn_once_and_log_nan_instead_of_counting_zeros(tmp_
     messages = [str(w.message) for w in caught if issubclass(w.category, RuntimeWarning)]
     assert messages == [
         "SparsityMonitor: at the end of epoch 2 the weights are not finite (hidden_2/kernel): sparsity, "
-        "selected_features and live_neurons are NaN while they stay so. The training diverged: scale the "
+        "selected_features, live_neurons and flops are NaN while they stay so. The training diverged: scale the "
         "inputs or lower the learning rate; keras.callbacks.TerminateOnNaN() stops such a training."
     ]
     assert history.history["selected_features"][0] == 12
-    for key in ("sparsity", "selected_features", "live_neurons"):
+    for key in ("sparsity", "selected_features", "live_neurons", "flops"):
         assert [math.isnan(v) for v in history.history[key]] == [False, True, True]
         assert math.isnan(recorder.seen[2][key])
     assert monitor.last_report is None
@@ -247,6 +247,7 @@ def test_logs_history_and_csv_logger_see_the_values(tmp_path):
         ("sparsity", report.sparsity),
         ("selected_features", 12),
         ("live_neurons", 6),
+        ("flops", report.flops_after / report.flops_before),
     ]:
         assert history.history[key] == [pytest.approx(value)] * 2
         assert all(recorder.seen[e][key] == pytest.approx(value) for e in (0, 1))
@@ -332,6 +333,9 @@ def test_tensorboard_scalars_histograms_and_image(tmp_path):
     assert scalar("sparsity/total") == [(0, pytest.approx(report.sparsity)), (1, pytest.approx(report.sparsity))]
     assert scalar("selected_features") == [(0, 12.0), (1, 12.0)]
     assert scalar("live_neurons") == [(0, 6.0), (1, 6.0)]
+    assert scalar("flops/after") == [(0, float(report.flops_after)), (1, float(report.flops_after))]
+    assert scalar("flops/ratio")[-1] == (1, pytest.approx(report.flops_ratio))
+    assert report.flops_after < report.flops_before
     for layer in report.layers:
         assert scalar(f"sparsity/{layer.name}")[-1] == (1, pytest.approx(layer.sparsity))
         assert scalar(f"live_units/{layer.name}")[-1] == (1, float(layer.units_alive))
@@ -400,3 +404,27 @@ def test_feature_strength_image_matches_numpy_reference():
     assert image.shape == (1, 2, 3, 1) and image.dtype == np.float32
     np.testing.assert_allclose(image[0, :, :, 0], merged / merged.max(), rtol=1e-6)
     assert feature_strength_image(np.zeros(4), [], (2, 2)).max() == 0.0
+
+
+def test_monitor_reports_live_channels_and_flops_of_a_cnn(tmp_path):
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential([
+        keras.Input((8, 8, 1)),
+        keras.layers.Conv2D(4, 3, padding="same", name="conv"),
+        keras.layers.BatchNormalization(),
+        keras.layers.ReLU(),
+        keras.layers.GlobalAveragePooling2D(),
+        keras.layers.Dense(2, name="out"),
+    ])
+    head = model.get_layer("out")
+    kernel, bias = head.get_weights()
+    kernel[[0, 2]] = 0.0  # channels 0 and 2 reach nothing
+    head.set_weights([kernel, bias])
+    model.compile(keras.optimizers.SGD(0.0), "mse")  # the weights stay as set
+    monitor = SparsityMonitor(threshold=THRESHOLD, log_dir=str(tmp_path / "cnn"))
+    x = np.random.default_rng(0).normal(size=(8, 8, 8, 1)).astype("float32")
+    history = model.fit(x, np.zeros((8, 2)), epochs=1, verbose=0, callbacks=[monitor])
+    assert history.history["live_neurons"] == [2]
+    assert history.history["flops"] == [pytest.approx((64 * 9 * 2 + 2 * 2) / (64 * 9 * 4 + 4 * 2))]
+    events = _read_events(str(tmp_path / "cnn"))
+    assert [float(v) for _, v in events["live_units/conv"]] == [2.0]
