@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 
 from keras_group_lasso import (
     InvalidParameterError,
+    UnsupportedModelError,
     Proximal,
     add_group_sparsity,
     apply_threshold,
@@ -250,3 +251,56 @@ def test_group_sparse_training_of_a_small_cnn_prunes_exactly(proximal):
     assert report.flops_after <= report.flops_before and report.uninterpreted_layers == ()
     small = prune_model(model, T)  # trained weights (BatchNormalization statistics included): still exact
     assert_same_outputs(small, model, x[:8])
+
+
+class ChannelScale(keras.layers.Layer):
+    """A user's per-channel layer: y = x * scale[c]."""
+
+    def build(self, input_shape):
+        self.scale = self.add_weight(shape=(input_shape[-1],), initializer="ones", name="scale")
+
+    def call(self, x):
+        return x * self.scale
+
+    def compute_output_shape(self, input_shape):
+        return input_shape
+
+
+def test_a_registered_per_channel_layer_is_sliced_and_pruned_exactly():
+    def model():
+        m = keras.Sequential([keras.Input((6, 6, 2)), L.Conv2D(4, 3, name="a"), ChannelScale(name="scale"),
+                              L.Conv2D(3, 3, name="b"), L.Flatten(), L.Dense(2)])
+        m.get_layer("scale").set_weights([np.array([0.5, 2.0, -1.0, 3.0], np.float32)])
+        kernel = m.get_layer("b").get_weights()
+        kernel[0][..., 1, :] = 0.0  # channel 1 of "a" is read by nobody
+        m.get_layer("b").set_weights(kernel)
+        return m
+
+    with pytest.raises(UnsupportedModelError, match=r"cannot prune layer 'scale' \(ChannelScale\)"):
+        prune_model(model(), T)
+    rule = registry.register_layer(ChannelScale, slicer=lambda layer, kept: (layer.get_config(),
+                                                                          [layer.get_weights()[0][kept]]))
+    try:
+        assert rule.kind == "per_unit" and "ChannelScale" in registry.supported_text()
+        m = model()
+        small = prune_model(m, T)
+        np.testing.assert_array_equal(small.get_layer("scale").get_weights()[0], [0.5, -1.0, 3.0])
+        assert_same_outputs(small, m, np.random.default_rng(0).normal(size=(2, 6, 6, 2)).astype("float32"))
+    finally:
+        registry.unregister_layer(ChannelScale)
+    with pytest.raises(InvalidParameterError, match=r"register_layer: argument `cls` must be a "
+                                                    r"keras.layers.Layer subclass; received 3\."):
+        registry.register_layer(3)
+
+
+def test_refusals_name_the_layer_and_list_what_the_registry_supports():
+    grouped = keras.Sequential([keras.Input((6, 6, 4)), L.Conv2D(4, 3, groups=2, name="g"), L.Flatten(), L.Dense(2)])
+    with pytest.raises(UnsupportedModelError) as info:
+        prune_model(grouped, T)
+    message = str(info.value)
+    assert message.startswith("prune_model: cannot prune layer 'g' (Conv2D): a grouped convolution (groups > 1).")
+    assert "layers that make units: Conv1D, Conv2D, Conv3D, SeparableConv1D, SeparableConv2D, Dense" in message
+    many = keras.Sequential([keras.Input((6, 6, 2)), L.DepthwiseConv2D(3, depth_multiplier=2, name="dw"),
+                             L.Flatten(), L.Dense(2)])
+    with pytest.raises(UnsupportedModelError, match=r"'dw' \(DepthwiseConv2D\): a DepthwiseConv with depth_multiplier > 1"):
+        prune_model(many, T)

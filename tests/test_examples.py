@@ -50,3 +50,10 @@ def test_prune_and_export(tmp_path):
         assert (target / "saved_model" / "saved_model.pb").is_file()
     gap = float(out.rsplit("original ", 1)[1].split()[0])
     assert gap <= 1e-5
+
+
+def test_cnn_digits(tmp_path):
+    out = run_example("cnn_digits.py", cwd=tmp_path)
+    assert "SparsityReport" in out and "FLOPs:" in out
+    gap = float(out.split("largest output difference vs the thresholded model: ")[1].split()[0])
+    assert gap <= 1e-5

@@ -864,3 +864,14 @@ def test_pruned_model_equals_thresholded_original(arch):
     assert sum(d.count_params() for d in dense) == report.params_after + extra
     for a, b in zip(before, model.get_weights()):
         np.testing.assert_array_equal(a, b)
+
+
+def test_pruned_layers_keep_the_users_initializers_in_their_config():
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(3, kernel_initializer="he_normal", name="a"),
+                              keras.layers.Dense(2, bias_initializer="ones", name="b")])
+    small = prune_model(model, T)
+    for name in ("a", "b"):
+        assert small.get_layer(name).get_config()["kernel_initializer"] == model.get_layer(name).get_config()[
+            "kernel_initializer"]
+        assert small.get_layer(name).get_config()["bias_initializer"] == model.get_layer(name).get_config()[
+            "bias_initializer"]

@@ -1,5 +1,15 @@
 """The Keras model as a graph of layers and the units (channels) that flow between them."""
 
-from keras_group_lasso.graph.registry import LayerRule, register_layer, rule_of, supported_text
+from keras_group_lasso.graph.build import ModelGraph, UnitsNode, model_graph
+from keras_group_lasso.graph.registry import LayerRule, register_layer, rule_of, supported_text, unregister_layer
 
-__all__ = ["LayerRule", "register_layer", "rule_of", "supported_text"]
+__all__ = [
+    "LayerRule",
+    "ModelGraph",
+    "UnitsNode",
+    "model_graph",
+    "register_layer",
+    "unregister_layer",
+    "rule_of",
+    "supported_text",
+]

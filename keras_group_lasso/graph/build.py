@@ -136,7 +136,7 @@ def _signature(model):
                 walk(layer)
 
     walk(model)
-    return tuple(ids) + (model.built,)
+    return tuple(ids) + (model.built, registry.table_version())
 
 
 def model_graph(model):

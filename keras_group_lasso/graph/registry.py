@@ -43,6 +43,7 @@ import numpy as np
 __all__ = [
     "LayerRule",
     "register_layer",
+    "unregister_layer",
     "rule_of",
     "supported_text",
     "kernel_view",
@@ -89,6 +90,12 @@ class LayerRule:
 
 
 _RULES = {}
+_CHANGES = [0]  # bumped by every (un)registration: a cached graph from before is stale
+
+
+def table_version():
+    """A number that changes whenever the table changes."""
+    return _CHANGES[0]
 
 
 def register_layer(cls, kind="per_unit", *, slicer=None, constants="call", description=None, refusal=None):
@@ -130,7 +137,14 @@ def register_layer(cls, kind="per_unit", *, slicer=None, constants="call", descr
         fail("register_layer", "slicer", "a callable (layer, kept) -> (config, weights) or None", slicer)
     rule = LayerRule(cls, kind, description or cls.__name__, slicer, constants, refusal)
     _RULES[cls] = rule
+    _CHANGES[0] += 1
     return rule
+
+
+def unregister_layer(cls):
+    """Remove ``cls`` from the table (a class registered with :func:`register_layer`)."""
+    _RULES.pop(cls, None)
+    _CHANGES[0] += 1
 
 
 def rule_of(layer):

@@ -80,9 +80,15 @@ def prune_model(model, threshold=1e-3, inputs="original"):
             cannot interpret, its class, and what is supported.
 
     Example:
+        >>> model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(3, name="hidden"),
+        ...                           keras.layers.Dense(2, name="out")])
+        >>> kernel = np.ones((4, 3), dtype="float32")
+        >>> kernel[[1, 3]] = 0.0   # input features 1 and 3 are dead
+        >>> model.get_layer("hidden").set_weights([kernel, np.zeros(3, dtype="float32")])
         >>> small = prune_model(model, threshold=1e-3)
-        >>> small.pruning_report.layer_sizes, small.count_params()
-        >>> np.allclose(small(x), model_after_apply_threshold(x), atol=1e-5)
+        >>> small.kept_features, small.pruning_report.layer_sizes, small.count_params()
+        >>> x = np.random.default_rng(0).normal(size=(5, 4)).astype("float32")
+        >>> np.allclose(ops.convert_to_numpy(small(x)), ops.convert_to_numpy(model(x)), atol=1e-5)
         True
     """
     owner = "prune_model"
@@ -110,6 +116,7 @@ def prune_model(model, threshold=1e-3, inputs="original"):
     names = _flat_names([step.name for step in plan.steps], reserved=(graph.input_name,))
 
     built = []  # (new layer, weights)
+    initializers = {}  # id(new layer) -> the user's initializers, put back once it is built
     for step in plan.steps:
         layer = layers[step.name]
         if step.kind == "head":
@@ -142,7 +149,7 @@ def prune_model(model, threshold=1e-3, inputs="original"):
                 new = [threshold_array(w, plan.threshold) for w in new]
         config["name"] = names[step.name]
         _drop_package_penalties(layer, config)
-        built.append((type(layer).from_config(config), new))
+        built.append(_new_layer(layer, config, new, initializers))
 
     source = model.inputs[0]
     shape = (len(kept_features),) if sliced_features else tuple(plan.input_shape)
@@ -158,6 +165,7 @@ def prune_model(model, threshold=1e-3, inputs="original"):
     for layer, new in built:
         if new:
             _set_weights(layer, new)
+        _restore_initializers(layer, initializers)
 
     small.kept_features = plan.kept_features
     small.pruning_report = plan.report
@@ -181,6 +189,32 @@ def _folded(result):
             w["bias"] = (w["bias"].astype("float64") + fold).astype(w["bias"].dtype)
         out[name] = w
     return out
+
+
+def _new_layer(layer, config, weights, initializers):
+    """``(new layer, weights)`` from ``config``; its variables start at zero, not at random values.
+
+    The weights are set right after the model is built, so drawing random
+    initial values is wasted work, and on JAX each draw compiles a random
+    kernel per shape (seconds for a CNN). The layer keeps the user's
+    initializers in its config (:func:`_restore_initializers`).
+    """
+    if not weights:
+        return type(layer).from_config(config), weights
+    originals = {key: value for key, value in config.items() if key.endswith("_initializer") and value is not None}
+    config = dict(config, **{key: "zeros" for key in originals})
+    new = type(layer).from_config(config)
+    initializers[id(new)] = originals
+    return new, weights
+
+
+def _restore_initializers(layer, initializers):
+    originals = initializers.pop(id(layer), None)
+    if not originals:
+        return
+    for key, value in originals.items():
+        if hasattr(layer, key):
+            setattr(layer, key, keras.initializers.get(value))
 
 
 def _set_weights(layer, weights):
@@ -224,7 +258,8 @@ def _selection(kept_features, n_features, first, taken):
     kernel[kept_features, np.arange(len(kept_features))] = 1.0
     name = _unique("select_features", set(taken))
     layer = keras.layers.Dense(
-        len(kept_features), use_bias=False, trainable=False, name=name, dtype=first.dtype_policy
+        len(kept_features), use_bias=False, trainable=False, name=name, dtype=first.dtype_policy,
+        kernel_initializer="zeros",  # its 0/1 kernel is set right after; no random draw
     )
     return layer, [kernel]
 
