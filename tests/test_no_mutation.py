@@ -17,25 +17,44 @@ from keras_group_lasso import analysis
 BACKEND = keras.backend.backend()
 
 
-def trained_model():
+def trained_model(kind="mlp"):
     keras.utils.set_random_seed(0)
-    model = keras.Sequential(
-        [
-            keras.Input((6,)),
-            keras.layers.Dense(5, activation="relu", kernel_constraint=keras.constraints.MaxNorm(3.0)),
-            keras.layers.Dropout(0.1),
-            keras.layers.Dense(4, activation="relu"),
-            keras.layers.Dense(3, activation="softmax"),
-        ]
-    )
+    if kind == "mlp":
+        model = keras.Sequential(
+            [
+                keras.Input((6,)),
+                keras.layers.Dense(5, activation="relu", kernel_constraint=keras.constraints.MaxNorm(3.0)),
+                keras.layers.Dropout(0.1),
+                keras.layers.Dense(4, activation="relu"),
+                keras.layers.Dense(3, activation="softmax"),
+            ]
+        )
+        x = np.random.default_rng(0).normal(size=(64, 6)).astype("float32")
+    else:
+        model = keras.Sequential(
+            [
+                keras.Input((6, 6, 1)),
+                keras.layers.Conv2D(4, 3, padding="same", kernel_constraint=keras.constraints.MaxNorm(3.0)),
+                keras.layers.BatchNormalization(),
+                keras.layers.ReLU(),
+                keras.layers.MaxPooling2D(),
+                keras.layers.Flatten(),
+                keras.layers.Dense(3, activation="softmax"),
+            ]
+        )
+        x = np.random.default_rng(0).normal(size=(64, 6, 6, 1)).astype("float32")
     model = kgl.add_group_sparsity(model, 1e-2)
     model.compile(kgl.Proximal(keras.optimizers.SGD(0.1, momentum=0.9)), "sparse_categorical_crossentropy")
-    x = np.random.default_rng(0).normal(size=(64, 6)).astype("float32")
-    y = (x[:, 0] > 0).astype("int32")
+    y = (x.reshape(64, -1)[:, 0] > 0).astype("int32")
     model.fit(x, y, epochs=2, batch_size=16, verbose=0)
-    kernel = ops.convert_to_numpy(model.layers[0].kernel).copy()
-    kernel[4:] = 0.0  # two dead input features, so surgery has something to cut
-    model.layers[0].kernel.assign(kernel)
+    if kind == "mlp":
+        kernel = ops.convert_to_numpy(model.layers[0].kernel).copy()
+        kernel[4:] = 0.0  # two dead input features, so surgery has something to cut
+        model.layers[0].kernel.assign(kernel)
+    else:
+        kernel = ops.convert_to_numpy(model.layers[0].kernel).copy()
+        kernel[..., 1] = 0.0  # a constant channel, folded or kept by surgery
+        model.layers[0].kernel.assign(kernel)
     return model, x
 
 
@@ -117,9 +136,10 @@ def monitor_epoch(model, tmp):
     assert "sparsity" in logs
 
 
+@pytest.mark.parametrize("kind", ["mlp", "cnn"])
 @pytest.mark.parametrize("name", sorted(PUBLIC))
-def test_public_function_leaves_the_model_as_it_was(name, tmp_path):
-    model, x = trained_model()
+def test_public_function_leaves_the_model_as_it_was(name, kind, tmp_path):
+    model, x = trained_model(kind)
     before = snapshot(model)
     outputs = model.predict(x, verbose=0)
     PUBLIC[name](model, x, tmp_path)
