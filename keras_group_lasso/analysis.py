@@ -259,7 +259,7 @@ def unit_masks(model, threshold=1e-3):
 
     Example:
         >>> model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2, name="d")])
-        >>> model.layers[0].kernel.assign(np.array([[1.0, 0.0], [0.0, 0.0], [0.0, 2.0]]))
+        >>> model.layers[0].set_weights([np.array([[1.0, 0.0], [0.0, 0.0], [0.0, 2.0]]), np.zeros(2)])
         >>> unit_masks(model, 1e-3).features
         array([ True, False,  True])
     """
@@ -440,7 +440,7 @@ def sparsity_report(model, threshold=1e-3):
         >>> model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(3), keras.layers.Dense(2)])
         >>> kernel = np.ones((4, 3))
         >>> kernel[0] = 0.0  # input feature 0 is dead
-        >>> model.layers[0].kernel.assign(kernel)
+        >>> model.layers[0].set_weights([kernel, np.zeros(3)])
         >>> report = sparsity_report(model, threshold=1e-3)
         >>> report.selected_features, report.layer_sizes
         ((1, 2, 3), (3, 3))
@@ -618,7 +618,7 @@ def apply_threshold(model, threshold=1e-3):
 
     Example:
         >>> model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(2)])
-        >>> model.layers[0].kernel.assign(np.array([[5e-4, 1.0], [-2e-4, 3.0]]))
+        >>> model.layers[0].set_weights([np.array([[5e-4, 1.0], [-2e-4, 3.0]]), np.zeros(2)])
         >>> apply_threshold(model, 1e-3)
         2
     """
@@ -661,7 +661,7 @@ def input_feature_strength(model):
 
     Example:
         >>> model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(2)])
-        >>> model.layers[0].kernel.assign(np.array([[3.0, 4.0], [0.0, 0.0]]))
+        >>> model.layers[0].set_weights([np.array([[3.0, 4.0], [0.0, 0.0]]), np.zeros(2)])
         >>> input_feature_strength(model)
         array([5., 0.], dtype=float32)
     """

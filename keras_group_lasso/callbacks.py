@@ -163,10 +163,22 @@ class SparsityMonitor(keras.callbacks.Callback):
             not installed.
 
     Example:
-        >>> monitor = SparsityMonitor(threshold=1e-3, log_dir="logs/run1")
-        >>> model.fit(x, y, epochs=50, callbacks=[monitor])  # doctest: +SKIP
-        >>> monitor.last_report.layer_sizes  # doctest: +SKIP
-        (582, 45, 41, 61)
+        >>> import os, tempfile
+        >>> from keras_group_lasso import Proximal, SparseGroupLasso
+        >>> model = keras.Sequential([keras.Input((4,)),
+        ...                           keras.layers.Dense(3, kernel_regularizer=SparseGroupLasso(0.05)),
+        ...                           keras.layers.Dense(2, activation="softmax")])
+        >>> model.compile(optimizer=Proximal(keras.optimizers.SGD(0.1, momentum=0.9)),
+        ...               loss="sparse_categorical_crossentropy")
+        >>> x = np.random.default_rng(0).normal(size=(256, 4)).astype("float32")
+        >>> y = (x[:, 0] > 0).astype("int32")   # only feature 0 matters
+        >>> with tempfile.TemporaryDirectory() as log_dir:
+        ...     monitor = SparsityMonitor(threshold=1e-3, log_dir=log_dir, every=5)
+        ...     history = model.fit(x, y, epochs=20, batch_size=64, verbose=0, callbacks=[monitor])
+        ...     os.listdir(log_dir)   # TensorBoard event file
+        ['events.out.tfevents...']
+        >>> history.history["selected_features"][-1], monitor.last_report.selected_features
+        (1, (0,))
     """
 
     def __init__(self, threshold=1e-3, log_dir=None, every=1):

@@ -191,8 +191,11 @@ def get_data_home():
         A ``pathlib.Path`` with ``~`` expanded.
 
     Example:
-        >>> get_data_home() / "sdd"  # doctest: +SKIP
-        PosixPath('/home/me/.keras_group_lasso/datasets/sdd')
+        >>> import os, pathlib
+        >>> from unittest import mock
+        >>> with mock.patch.dict(os.environ, {"KERAS_GROUP_LASSO_DATA": "~/data"}):
+        ...     get_data_home() / "sdd" == pathlib.Path.home() / "data" / "sdd"
+        True
     """
     env = os.environ.get(DATA_HOME_ENV, "")
     return pathlib.Path(env if env else _DEFAULT_DATA_HOME).expanduser()
@@ -238,9 +241,17 @@ def read_idx(file):
             the data is wrong; the message names the file.
 
     Example:
-        >>> images = read_idx("/usr/share/datasets/fashion-mnist/t10k-images-idx3-ubyte.gz")
-        >>> images.shape, images.dtype
-        ((10000, 28, 28), dtype('uint8'))
+        >>> import gzip, os, tempfile
+        >>> sizes = (2).to_bytes(4, "big") + (3).to_bytes(4, "big")
+        >>> raw = bytes([0, 0, 0x08, 2]) + sizes + bytes(range(6))   # uint8, 2 dimensions: 2 x 3
+        >>> with tempfile.TemporaryDirectory() as tmp:
+        ...     file = os.path.join(tmp, "tiny-idx2-ubyte.gz")
+        ...     with gzip.open(file, "wb") as handle:
+        ...         _ = handle.write(raw)
+        ...     images = read_idx(file)
+        >>> images
+        array([[0, 1, 2],
+               [3, 4, 5]], dtype=uint8)
     """
     file = pathlib.Path(file)
     with open(file, "rb") as handle:

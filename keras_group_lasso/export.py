@@ -271,9 +271,17 @@ def export_pruned(
         ImportError: if a format needs TensorFlow and it is not installed.
 
     Example:
-        >>> result = export_pruned(model, "export/digits", threshold=1e-3)  # doctest: +SKIP
-        >>> result.manifest["layer_sizes_after"]  # doctest: +SKIP
-        [40, 24, 19, 10]
+        >>> import os, tempfile
+        >>> model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(3), keras.layers.Dense(2)])
+        >>> kernel = np.ones((4, 3), dtype="float32")
+        >>> kernel[[1, 3], :] = 0.0   # input features 1 and 3 are dead
+        >>> model.layers[0].set_weights([kernel, np.zeros(3, dtype="float32")])
+        >>> with tempfile.TemporaryDirectory() as tmp:
+        ...     result = export_pruned(model, os.path.join(tmp, "export"), formats=("keras",))
+        ...     sorted(os.listdir(result.directory))
+        ['manifest.json', 'model.keras']
+        >>> result.manifest["kept_features"], result.manifest["layer_sizes_after"]
+        ([0, 2], [2, 3, 2])
     """
     if not isinstance(model, keras.Model):
         fail(_OWNER, "model", "a keras.Model", model)

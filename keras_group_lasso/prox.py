@@ -80,7 +80,9 @@ def group_norms(x):
     ``sqrt(sum(x**2))`` gives NaN there).
 
     Example:
-        >>> group_norms(np.array([[3.0, 4.0], [0.0, 0.0]]))   # -> [5., 0.]
+        >>> x = np.array([[3.0, 4.0], [0.0, 0.0]], dtype="float32")
+        >>> ops.convert_to_numpy(group_norms(x))
+        array([5., 0.], dtype=float32)
     """
     x = _as_tensor(x)
     axes = group_axes(tuple(x.shape))
@@ -125,7 +127,8 @@ def group_sparse_penalty(x, group_factor, l1_factor=0.0):
         A scalar tensor.
 
     Example:
-        >>> group_sparse_penalty(np.ones((4, 9)), 0.1)   # 0.1 * 4 * 3 * 3 = 3.6
+        >>> round(float(group_sparse_penalty(np.ones((4, 9)), 0.1)), 6)   # 0.1 * 4 groups * sqrt(9) * 3
+        3.6
     """
     x = _as_tensor(x)
     shape = tuple(x.shape)
@@ -210,9 +213,10 @@ def group_sparse_gradient(x, group_factor, l1_factor=0.0):
         A tensor of the shape and dtype of ``x``.
 
     Example:
-        >>> np.asarray(group_sparse_gradient(np.array([[3.0, 4.0], [0.0, 0.0]]), 0.5))
-        array([[0.42426407, 0.56568542],
-               [0.        , 0.        ]])
+        >>> x = np.array([[3.0, 4.0], [0.0, 0.0]], dtype="float32")
+        >>> ops.convert_to_numpy(group_sparse_gradient(x, 0.5))
+        array([[0.42426407, 0.56568545],
+               [0.        , 0.        ]], dtype=float32)
     """
     x = _as_tensor(x)
     shape = tuple(x.shape)
@@ -238,7 +242,8 @@ def soft_threshold(x, threshold):
         threshold: ``t >= 0`` (a Python float or a scalar tensor).
 
     Example:
-        >>> soft_threshold(np.array([-2.0, 0.5, 3.0]), 1.0)   # -> [-1., 0., 2.]
+        >>> ops.convert_to_numpy(soft_threshold(np.array([-2.0, 0.5, 3.0], dtype="float32"), 1.0))
+        array([-1.,  0.,  2.], dtype=float32)
     """
     x = ops.convert_to_tensor(x)
     t = ops.cast(threshold, x.dtype)
@@ -257,8 +262,11 @@ def group_soft_threshold(x, threshold):
         threshold: ``t >= 0``.
 
     Example:
-        >>> group_soft_threshold(np.array([[3.0, 4.0], [0.1, 0.1]]), 1.0 / math.sqrt(2))
-        # row 0 has norm 5 -> scaled by 0.8; row 1 has norm 0.14 < 1 -> zeroed
+        >>> x = np.array([[3.0, 4.0], [0.1, 0.1]], dtype="float32")
+        >>> # t * sqrt(|g|) = 1: row 0 (norm 5) is scaled by 0.8, row 1 (norm 0.14) is zeroed
+        >>> ops.convert_to_numpy(group_soft_threshold(x, 1.0 / math.sqrt(2)))
+        array([[2.4, 3.2],
+               [0. , 0. ]], dtype=float32)
     """
     x = _as_tensor(x)
     shape = tuple(x.shape)
@@ -290,6 +298,9 @@ def sparse_group_soft_threshold(x, group_threshold, l1_threshold):
         l1_threshold: ``b >= 0`` (step size times the l1 factor).
 
     Example:
-        >>> sparse_group_soft_threshold(w, lr * factor, lr * l1)
+        >>> x = np.array([[3.0, 4.0], [0.1, 0.1]], dtype="float32")
+        >>> ops.convert_to_numpy(sparse_group_soft_threshold(x, 0.5, 0.1))   # S_0.1, then G_0.5
+        array([[2.4780676, 3.3325737],
+               [0.       , 0.       ]], dtype=float32)
     """
     return group_soft_threshold(soft_threshold(x, l1_threshold), group_threshold)

@@ -209,6 +209,9 @@ class GroupLasso(GroupSparseRegularizer):
             non-numeric ``factor``.
 
     Example:
+        >>> kernel = np.array([[3.0, 4.0], [0.0, 0.0]], dtype="float32")   # unit 1 is already off
+        >>> round(float(GroupLasso(0.1)(kernel)), 4)   # 0.1 * sqrt(2) * 5
+        0.7071
         >>> layer = keras.layers.Dense(20, kernel_regularizer=GroupLasso(1e-3))
     """
 
@@ -233,7 +236,12 @@ class SparseGroupLasso(GroupSparseRegularizer):
             uses ``factor``, the paper's single-coefficient choice.
 
     Example:
-        >>> keras.layers.Dense(40, kernel_regularizer=SparseGroupLasso(1e-3))
+        >>> SparseGroupLasso(1e-3)
+        SparseGroupLasso(factor=0.001, l1=0.001)
+        >>> kernel = np.array([[3.0, 4.0], [0.0, 0.0]], dtype="float32")
+        >>> round(float(SparseGroupLasso(0.1)(kernel)), 4)   # 0.1 * sqrt(2) * 5 + 0.1 * (3 + 4)
+        1.4071
+        >>> layer = keras.layers.Dense(40, kernel_regularizer=SparseGroupLasso(1e-3))
     """
 
     def __init__(self, factor=DEFAULT_FACTOR, l1=None, channels=None):
@@ -257,7 +265,11 @@ class InputGroupLasso(GroupSparseRegularizer):
         l1: finite number >= 0 (default 0: pure group Lasso).
 
     Example:
-        >>> keras.layers.Dense(40, kernel_regularizer=InputGroupLasso(1e-3, l1=1e-3))
+        >>> model = keras.Sequential([keras.Input((8,)),
+        ...                           keras.layers.Dense(4, kernel_regularizer=InputGroupLasso(1e-3, l1=1e-3)),
+        ...                           keras.layers.Dense(2, kernel_regularizer=HiddenGroupLasso(1e-3))])
+        >>> model.layers[0].kernel_regularizer.role, len(model.losses)
+        ('input', 2)
     """
 
     role = "input"
@@ -275,7 +287,9 @@ class HiddenGroupLasso(GroupSparseRegularizer):
         l1: finite number >= 0 (default 0: pure group Lasso).
 
     Example:
-        >>> keras.layers.Dense(10, kernel_regularizer=HiddenGroupLasso(1e-3))
+        >>> HiddenGroupLasso(1e-3).role
+        'hidden'
+        >>> layer = keras.layers.Dense(10, kernel_regularizer=HiddenGroupLasso(1e-3))
     """
 
     role = "hidden"

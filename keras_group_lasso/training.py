@@ -33,7 +33,15 @@ class EpochBatches(keras.utils.PyDataset):
         seed: seed of the permutations.
 
     Example:
-        >>> model.fit(EpochBatches(x, y, epochs=200, batch_size=300), epochs=1)
+        >>> x, y = np.arange(20.0).reshape(10, 2), np.arange(10)
+        >>> data = EpochBatches(x, y, epochs=3, batch_size=4)
+        >>> len(data), [len(data[i][1]) for i in range(data.batches_per_epoch)]
+        (9, [4, 4, 2])
+        >>> np.sort(np.concatenate([data[i][1] for i in range(3)]))   # a pass sees every row once
+        array([0, 1, 2, 3, 4, 5, 6, 7, 8, 9])
+
+        ``model.fit(data, epochs=1)`` then trains the 3 passes as one Keras epoch
+        (see :func:`fit_epochs`).
     """
 
     def __init__(self, x, y, epochs, batch_size, seed=0):
@@ -69,7 +77,12 @@ def fit_epochs(model, x, y, epochs, batch_size, seed=0, verbose=0, **fit_kwargs)
         The ``keras.callbacks.History`` of the single Keras epoch.
 
     Example:
-        >>> fit_epochs(model, x_train, y_train, epochs=200, batch_size=300)
+        >>> model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
+        >>> model.compile(optimizer="sgd", loss="mse")
+        >>> x = np.random.default_rng(0).normal(size=(30, 2)).astype("float32")
+        >>> history = fit_epochs(model, x, x @ np.array([1.0, -1.0], "float32"), epochs=20, batch_size=8)
+        >>> len(history.history["loss"])   # 20 passes of 4 batches, one Keras epoch
+        1
     """
     data = EpochBatches(x, y, epochs=epochs, batch_size=batch_size, seed=seed)
     return model.fit(data, epochs=1, verbose=verbose, shuffle=False, **fit_kwargs)

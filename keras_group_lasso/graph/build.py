@@ -143,7 +143,6 @@ def model_graph(model):
     """The :class:`ModelGraph` of a built ``model`` (cached until its layers change).
 
     Example:
-        >>> import keras
         >>> model = keras.Sequential([keras.Input((8, 8, 1)), keras.layers.Conv2D(4, 3, name="conv"),
         ...                           keras.layers.Flatten(), keras.layers.Dense(2, name="out")])
         >>> graph = model_graph(model)

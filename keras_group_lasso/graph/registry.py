@@ -118,12 +118,12 @@ def register_layer(cls, kind="per_unit", *, slicer=None, constants="call", descr
         The :class:`LayerRule` now in the table.
 
     Example:
-        >>> import keras
         >>> class Scale(keras.layers.Layer):
         ...     def call(self, x):
         ...         return 2.0 * x
         >>> register_layer(Scale).kind
         'per_unit'
+        >>> unregister_layer(Scale)
     """
     from keras_group_lasso._validation import fail
 

@@ -10,9 +10,15 @@ parameters, ``feature_importances_``, a plot).
 
 Example:
     >>> from keras_group_lasso.sklearn import GroupSparseMLPClassifier
-    >>> clf = GroupSparseMLPClassifier(hidden_layer_sizes=(40, 20), alpha=1e-3, random_state=0)
-    >>> clf.fit(X_train, y_train).get_support().sum()
-    >>> path = clf.path(X_train, y_train)
+    >>> rng = np.random.default_rng(0)
+    >>> X = rng.uniform(size=(200, 8))
+    >>> y = (X[:, 0] + X[:, 1] > 1).astype(int)   # only features 0 and 1 matter
+    >>> clf = GroupSparseMLPClassifier((16,), alpha=1e-3, input_alpha=0.02, learning_rate=3e-3,
+    ...                                proximal=True, epochs=100, batch_size=20, random_state=0)
+    >>> clf.fit(X, y).get_support()
+    array([ True,  True, False, False, False, False, False, False])
+    >>> clf.transform(X).shape
+    (200, 2)
 """
 
 from keras_group_lasso.sklearn._base import (

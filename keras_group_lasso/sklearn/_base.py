@@ -391,9 +391,18 @@ class _GroupSparseMLP(SelectorMixin, BaseEstimator):
             NonFiniteError: the training of a point diverged (see :meth:`fit`).
 
         Example:
-            >>> path = GroupSparseMLPClassifier(random_state=0).path(X_train, y_train)
-            >>> point = path.best(max_features=30)
-            >>> path.estimator(point).score(X_test, y_test)
+            >>> rng = np.random.default_rng(0)
+            >>> X, X_val = rng.uniform(size=(200, 8)), rng.uniform(size=(100, 8))
+            >>> y = (X[:, 0] + X[:, 1] > 1).astype(int)   # only features 0 and 1 matter
+            >>> y_val = (X_val[:, 0] + X_val[:, 1] > 1).astype(int)
+            >>> clf = GroupSparseMLPClassifier((16,), alpha=1e-3, learning_rate=3e-3, proximal=True,
+            ...                                epochs=100, batch_size=20, random_state=0)
+            >>> path = clf.path(X, y, alphas=[0.0, 0.01, 0.02], validation_data=(X_val, y_val))
+            >>> point = path.best(max_features=2)
+            >>> point.alpha, point.selected_features
+            (0.02, (0, 1))
+            >>> path.estimator(point).score(X_val, y_val)
+            0.97
         """
         from keras_group_lasso.sklearn._path import run_path
 
@@ -539,9 +548,15 @@ class GroupSparseMLPClassifier(ClassifierMixin, _GroupSparseMLP):
     Example:
         >>> from sklearn.pipeline import make_pipeline
         >>> from sklearn.preprocessing import MinMaxScaler
-        >>> clf = GroupSparseMLPClassifier(alpha=1e-3, random_state=0)
+        >>> rng = np.random.default_rng(0)
+        >>> X_train, X_test = rng.uniform(size=(200, 8)), rng.uniform(size=(100, 8))
+        >>> y_train = (X_train[:, 0] + X_train[:, 1] > 1).astype(int)   # only features 0 and 1 matter
+        >>> y_test = (X_test[:, 0] + X_test[:, 1] > 1).astype(int)
+        >>> clf = GroupSparseMLPClassifier((16,), alpha=1e-3, input_alpha=0.02, learning_rate=3e-3,
+        ...                                proximal=True, epochs=100, batch_size=20, random_state=0)
         >>> pipe = make_pipeline(MinMaxScaler(), clf).fit(X_train, y_train)
-        >>> pipe.score(X_test, y_test), clf.get_support().sum()
+        >>> pipe.score(X_test, y_test), int(clf.get_support().sum())
+        (0.95, 2)
     """
 
     _task = "classification"
@@ -607,8 +622,15 @@ class GroupSparseMLPRegressor(RegressorMixin, _GroupSparseMLP):
         (the rest as for the classifier, without ``classes_``)
 
     Example:
-        >>> reg = GroupSparseMLPRegressor(hidden_layer_sizes=(32,), alpha=1e-3, random_state=0)
+        >>> rng = np.random.default_rng(0)
+        >>> X = rng.uniform(size=(200, 8))
+        >>> y = X[:, 0] - 2 * X[:, 1] ** 2   # only features 0 and 1 matter
+        >>> reg = GroupSparseMLPRegressor((16,), alpha=1e-3, input_alpha=0.01, learning_rate=1e-2,
+        ...                               proximal=True, epochs=100, batch_size=20, random_state=0)
         >>> reg.fit(X, y).get_support()
+        array([ True,  True, False, False, False, False, False, False])
+        >>> round(reg.score(X, y), 2)
+        0.99
     """
 
     _task = "regression"

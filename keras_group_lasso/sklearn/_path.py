@@ -95,12 +95,30 @@ class RegularizationPath:
         elapsed_s: wall time of the whole path, in seconds.
 
     Example:
-        >>> path = clf.path(X_train, y_train)
-        >>> best = path.best(max_features=30)
+        >>> from keras_group_lasso.sklearn import GroupSparseMLPClassifier
+        >>> rng = np.random.default_rng(0)
+        >>> X, X_val = rng.uniform(size=(200, 8)), rng.uniform(size=(100, 8))
+        >>> y = (X[:, 0] + X[:, 1] > 1).astype(int)   # only features 0 and 1 matter
+        >>> y_val = (X_val[:, 0] + X_val[:, 1] > 1).astype(int)
+        >>> clf = GroupSparseMLPClassifier((16,), alpha=1e-3, learning_rate=3e-3, proximal=True,
+        ...                                epochs=100, batch_size=20, random_state=0)
+        >>> path = clf.path(X, y, alphas=[0.0, 0.01, 0.02], validation_data=(X_val, y_val))
+        >>> print(path)
+        RegularizationPath: 3 points, ... s
+               alpha  features  neurons  accuracy  penalized
+                   0         8       10    0.9200     0.8900
+                0.01         3        9    0.9600     0.9600
+                0.02         2        8    0.9700     0.9400
+        >>> best = path.best(max_features=2)
         >>> best.alpha, best.n_features, best.score
-        >>> path.estimator(best).score(X_test, y_test)
-        >>> path.plot()                      # score vs number of features
-        >>> np.argsort(-path.feature_importances_)[:10]   # the 10 features that stay longest
+        (0.02, 2, 0.97)
+        >>> path.estimator(best).score(X_val, y_val)
+        0.97
+        >>> ax = path.plot()   # validation score against the number of selected features
+        >>> ax.get_xlabel()
+        'selected features'
+        >>> path.feature_importances_   # the strength at which each feature left the path
+        array([ inf,  inf, 0.01, 0.01, 0.01, 0.01, 0.01, 0.02])
     """
 
     points: tuple
@@ -299,7 +317,16 @@ def input_group_strengths(weights, x, y, task, penalty="sgl", l1_ratio=1.0):
         float array ``(n_features,)``, >= 0 (0 for a feature the loss ignores).
 
     Example:
-        >>> lam = input_group_strengths(model.get_weights(), x[:1000], y[:1000], "classification")
+        >>> from keras_group_lasso.sklearn import GroupSparseMLPClassifier
+        >>> rng = np.random.default_rng(0)
+        >>> X = rng.uniform(size=(200, 8))
+        >>> y = (X[:, 0] + X[:, 1] > 1).astype(int)   # only features 0 and 1 matter
+        >>> clf = GroupSparseMLPClassifier((16,), alpha=1e-3, input_alpha=0.02, learning_rate=3e-3,
+        ...                                proximal=True, epochs=100, batch_size=20, random_state=0)
+        >>> weights = [w for layer in zip(clf.fit(X, y).coefs_, clf.intercepts_) for w in layer]
+        >>> lam = input_group_strengths(weights, X, y, "classification")
+        >>> lam.round(2)   # features 0 and 1 resist a 10x stronger penalty than the others
+        array([0.26, 0.26, 0.01, 0.01, 0.02, 0.01, 0.01, 0.  ])
     """
     kernels = [np.asarray(w, dtype=np.float64) for w in weights[0::2]]
     biases = [np.asarray(b, dtype=np.float64) for b in weights[1::2]]

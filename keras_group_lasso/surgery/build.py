@@ -83,10 +83,14 @@ def prune_model(model, threshold=1e-3, inputs="original"):
         >>> model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(3, name="hidden"),
         ...                           keras.layers.Dense(2, name="out")])
         >>> kernel = np.ones((4, 3), dtype="float32")
-        >>> kernel[[1, 3]] = 0.0   # input features 1 and 3 are dead
+        >>> kernel[[1, 3], :] = 0.0   # input features 1 and 3 are dead
+        >>> kernel[:, 2] = 0.0        # so is hidden unit 2
         >>> model.get_layer("hidden").set_weights([kernel, np.zeros(3, dtype="float32")])
         >>> small = prune_model(model, threshold=1e-3)
-        >>> small.kept_features, small.pruning_report.layer_sizes, small.count_params()
+        >>> small.kept_features, small.pruning_report.layer_sizes
+        ((0, 2), (2, 2))
+        >>> model.count_params(), small.count_params()
+        (23, 16)
         >>> x = np.random.default_rng(0).normal(size=(5, 4)).astype("float32")
         >>> np.allclose(ops.convert_to_numpy(small(x)), ops.convert_to_numpy(model(x)), atol=1e-5)
         True

@@ -26,7 +26,8 @@ class SelectFeatures(keras.layers.Layer):
         indices: non-empty sequence of distinct ints >= 0.
 
     Example:
-        >>> SelectFeatures([0, 2])(np.array([[1.0, 2.0, 3.0]]))   # -> [[1., 3.]]
+        >>> ops.convert_to_numpy(SelectFeatures([0, 2])(np.array([[1.0, 2.0, 3.0]], dtype="float32")))
+        array([[1., 3.]], dtype=float32)
     """
 
     def __init__(self, indices, **kwargs):
