@@ -218,10 +218,9 @@ def _read_weights(graph, owner):
 
 def _depthwise_names(graph):
     return [
-        name
-        for node in graph.units
-        for name in node.between
-        if type(graph.layers[name]) in (keras.layers.DepthwiseConv1D, keras.layers.DepthwiseConv2D)
+        node.name
+        for node in graph.nodes
+        if type(graph.layers[node.name]) in (keras.layers.DepthwiseConv1D, keras.layers.DepthwiseConv2D)
     ]
 
 

@@ -256,9 +256,12 @@ def test_uninterpreted_layers_are_named():
     inp = keras.Input((6,))
     a = keras.layers.Dense(4, name="a")(inp)
     b = keras.layers.Dense(4, name="b")(inp)
-    s = keras.layers.Add(name="sum")([a, b])
+    s = keras.layers.Dot(axes=1, name="dot")([a, b])
     out = keras.layers.Dense(2, name="out")(s)
-    assert "sum (Add)" in _uninterpreted(keras.Model(inp, out))
+    assert "dot (Dot)" in _uninterpreted(keras.Model(inp, out))
+    # a merge of coupled units is understood
+    out = keras.layers.Dense(2, name="out")(keras.layers.Add(name="sum")([a, b]))
+    assert _uninterpreted(keras.Model(inp, out)) == ()
 
     norm = keras.Sequential(
         [keras.Input((6,)), keras.layers.Dense(4), keras.layers.LayerNormalization(name="ln"), keras.layers.Dense(2)]

@@ -62,10 +62,10 @@ def kill_channels(model, rng, dead=0.3, constant=0.2):
         if registry.is_separable(layer):
             pointwise = weights[1]
             pointwise[..., np.all(view == 0, axis=(0, 2)), :] = 0.0  # a dead depthwise channel reaches nothing
-            if node.next is not None:
+            if not node.is_output:
                 pointwise[..., rng.random(node.out_units) < constant] = 0.0  # units that output act(b)
             weights[1] = pointwise
-        elif node.next is not None:
+        elif not node.is_output:
             view[:, :, rng.random(node.out_units) < constant] = 0.0  # units that output act(b)
         weights[0] = view.reshape(kernel.shape)
         if len(weights) > (2 if registry.is_separable(layer) else 1):

@@ -378,7 +378,7 @@ def test_a_failure_while_overwriting_keeps_the_old_export(tmp_path, monkeypatch)
 def test_unsupported_model_writes_nothing(tmp_path):
     inputs = keras.Input((4,))
     hidden = keras.layers.Dense(4, name="d1")(inputs)
-    outputs = keras.layers.Dense(2, name="d2")(keras.layers.Add(name="residual")([inputs, hidden]))
+    outputs = keras.layers.Dense(2, name="d2")(keras.layers.LayerNormalization(name="residual")(hidden))
     model = keras.Model(inputs, outputs)
     with pytest.raises(UnsupportedModelError):
         export_pruned(model, tmp_path / "out", formats=("keras",))

@@ -1,19 +1,23 @@
-"""A Keras model as a typed chain of layers and the units that flow between them.
+"""A Keras model as a typed graph of layers and of the units that flow between them.
 
 :func:`model_graph` reads a Sequential or functional model (nested blocks
-inlined) and returns a frozen :class:`ModelGraph`: the layers from the input
-to the first layer that makes units (the *head*), each layer that makes units
-(:class:`UnitsNode`: Dense, convolutions) with the per-unit layers after it,
-and the layers after the output layer (the *tail*). Every layer is classified
-by the one registry (:mod:`keras_group_lasso.graph.registry`); what cannot be
-interpreted is listed in ``problems`` with the reason, and
-``supported`` says whether the masks, the report and surgery can treat the
-model exactly.
+inlined) and returns a frozen :class:`ModelGraph`: every layer as a
+:class:`Node` in call order, each layer that makes units (Dense,
+convolutions) as a :class:`UnitsNode`, and the units on the last axis of every
+tensor. Every layer is classified by the one registry
+(:mod:`keras_group_lasso.graph.registry`); what cannot be interpreted is
+listed in ``problems`` with the reason, and ``supported`` says whether the
+masks, the report and surgery can treat the model exactly.
 
-Units: a units layer reads ``in_units`` units of its producer (features of
-the input, neurons, channels of a feature map), each through ``positions``
-kernel rows (a convolution's window; for a Dense layer after ``Flatten`` of an
-``(..., C)`` map, the map's positions), and makes ``out_units`` units.
+Units: every entry of a tensor's last axis (a feature of the input, a neuron,
+a channel of a feature map) carries a *unit id*. A layer that makes units
+gives its outputs new ids; a per-unit layer (BatchNormalization, pooling, ...)
+passes them on; ``Flatten`` of an ``(..., C)`` map repeats the ``C`` ids at
+every position; ``Concatenate`` puts its operands' ids side by side; a merge
+(``Add``, ``Multiply``, ...) makes channel ``c`` of all its operands one unit
+(their ids are united). A unit is therefore *coupled* across every tensor it
+lives in: it can go only when no layer reads it anywhere, and then every layer
+that makes it drops it.
 """
 
 import dataclasses
@@ -23,67 +27,106 @@ import types
 import weakref
 
 import keras
+import numpy as np
 
 from keras_group_lasso.graph import registry
 
-__all__ = ["UnitsNode", "ModelGraph", "model_graph", "flat_graph", "is_graph_model"]
+__all__ = ["Node", "UnitsNode", "ModelGraph", "model_graph", "flat_graph", "is_graph_model"]
 
 
-@dataclasses.dataclass(frozen=True)
-class UnitsNode:
-    """One layer that makes units, with what lies around it.
+def _frozen(values):
+    array = np.asarray(values, dtype=np.int64)
+    array.setflags(write=False)
+    return array
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Node:
+    """One layer of the model, with the units on its output's last axis.
 
     Attributes:
-        name: the layer's name in the graph (``"block/name"`` inside a nested model).
-        prev: the units layer it reads from, or ``None`` when it reads the model input.
-        next: the units layer that reads it, or ``None`` for the output layer.
-        between: the per-unit / reshaping layers after it, up to ``next`` (or the tail).
-        in_units: units it reads (kernel groups).
-        positions: kernel rows per input unit (:func:`registry.kernel_view`).
-        out_units: units it makes.
-        flattened: a ``Flatten`` lies between ``prev`` and this layer.
+        name: the layer's name in the graph (``"block/name"`` inside a nested
+            model); the model input is a node too (kind ``"input"``).
+        kind: ``"input"`` or the layer's registry kind (``"units"``,
+            ``"per_unit"``, ``"per_element"``, ``"flatten"``, ``"global_pool"``,
+            ``"merge"``, ``"concat"``, ``"tail"``).
+        inputs: the nodes it reads, in call order.
+        ids: int array, the unit id of each channel of its output (after
+            ``Flatten`` of an ``(..., C)`` map: of each of the ``C`` channels).
+        positions: its output's last axis holds ``positions`` copies of
+            ``ids`` (position-major, as ``Flatten`` lays a map out); else 1.
+        elements: the model input's elements, before the ``Flatten`` that
+            makes them features (``ids`` then number all elements).
     """
 
     name: str
-    prev: object
-    next: object
-    between: tuple
+    kind: str
+    inputs: tuple
+    ids: np.ndarray
+    positions: int = 1
+    elements: bool = False
+
+    @property
+    def width(self):
+        """Entries of the output's last axis (``positions * len(ids)``; all elements for ``elements``)."""
+        return int(self.positions * self.ids.size)
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class UnitsNode:
+    """One layer that makes units, and how it reads the units of its input.
+
+    Attributes:
+        name: the layer's name in the graph.
+        source: the node it reads.
+        in_units: units it reads (kernel groups).
+        positions: kernel rows per input unit (:func:`registry.kernel_view`):
+            a convolution's window; for a Dense layer after ``Flatten`` of an
+            ``(..., C)`` map, the map's positions.
+        out_units: units it makes.
+        in_ids: int array ``(in_units,)``, the (coupled) unit id of each input unit.
+        out_ids: int array ``(out_units,)``, the (coupled) unit id of each output unit.
+        flattened: it reads a flattened map made by an earlier layer.
+        reads_input: it reads the model input through per-feature layers
+            only (its groups are input groups).
+        is_output: every unit it makes reaches a model output (none is ever removed).
+    """
+
+    name: str
+    source: str
     in_units: int
     positions: int
     out_units: int
+    in_ids: np.ndarray
+    out_ids: np.ndarray
     flattened: bool = False
-
-    @property
-    def reads_input(self):
-        return self.prev is None
-
-    @property
-    def is_output(self):
-        return self.next is None
+    reads_input: bool = False
+    is_output: bool = False
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, eq=False)
 class ModelGraph:
-    """The chain of a model, as the masks, the report and surgery read it.
+    """The graph of a model, as the masks, the report and surgery read it.
 
     Attributes:
         model_name: the model's name.
         sequential: the model is a ``keras.Sequential``.
         input_name: the name of its input (functional) or ``None``.
         input_shape: the input shape without the batch axis (single input).
-        head: names of the layers from the input to the first units layer.
-        units: one :class:`UnitsNode` per units layer, input to output
-            (empty when the model is not a chain).
-        tail: names of the layers after the output layer.
-        feature_shape: shape of the input features: ``(n,)`` when the first
-            units layer reads a flat vector (after ``Flatten`` for images),
-            else the input shape (a convolution reads its last axis, channels).
+        nodes: every :class:`Node`, in an order where each comes after what it reads
+            (empty when the model is not supported).
+        outputs: names of the nodes whose outputs are the model's outputs.
+        units: one :class:`UnitsNode` per units layer, in that order.
+        feature_shape: shape of the input features: ``(n,)`` when they are the
+            elements of a flat vector (a flat input, or an input read through
+            ``Flatten``), else the input shape (its channels are the features).
         flat_features: the input features are the elements of a flat vector
             (they can be selected one by one); otherwise they are the channels
             of the input's last axis, and all are kept.
-        n_features: the number of input units of the first units layer.
+        n_features: the number of input features.
+        n_ids: unit ids run from 0 to ``n_ids - 1``; the input features are ``0 .. n_features - 1``.
         layers: read-only ``{name: layer}`` of every node.
-        all_units: names of every units layer found, also when the chain is broken.
+        all_units: names of every units layer found, also when the graph is not supported.
         input_readers: those of ``all_units`` that read the model input
             through per-feature layers only (their groups are input groups).
         flatten_channels: ``{units layer name: C}`` for layers that read a
@@ -96,12 +139,13 @@ class ModelGraph:
     sequential: bool
     input_name: object
     input_shape: object
-    head: tuple
+    nodes: tuple
+    outputs: tuple
     units: tuple
-    tail: tuple
     feature_shape: object
     n_features: object
     flat_features: bool
+    n_ids: int
     layers: types.MappingProxyType
     all_units: tuple
     input_readers: tuple
@@ -116,11 +160,29 @@ class ModelGraph:
                 return node
         raise KeyError(name)
 
+    def tensor(self, name):
+        """The :class:`Node` called ``name``."""
+        for node in self.nodes:
+            if node.name == name:
+                return node
+        raise KeyError(name)
+
     @property
     def first(self):
-        """The units layer that reads the model input (``None`` when unsupported)."""
+        """The first units layer that reads the model input (``None`` when there is none)."""
+        for node in self.units:
+            if node.reads_input:
+                return node
         return self.units[0] if self.units else None
 
+    @property
+    def is_chain(self):
+        """Every node reads one node and is read by at most one."""
+        readers = {}
+        for node in self.nodes:
+            for name in node.inputs:
+                readers[name] = readers.get(name, 0) + 1
+        return all(len(node.inputs) <= 1 for node in self.nodes) and all(n <= 1 for n in readers.values())
 
 _CACHE = weakref.WeakKeyDictionary()
 _CACHE_LOCK = threading.Lock()
@@ -355,10 +417,7 @@ def _classify(name, layer, input_names):
     return rule.kind, None
 
 
-_CONVS = tuple(
-    getattr(keras.layers, n)
-    for n in ("Conv1D", "Conv2D", "Conv3D", "SeparableConv1D", "SeparableConv2D")
-)
+
 
 
 def _model_graph(model, flat):
@@ -377,15 +436,8 @@ def _model_graph(model, flat):
         # A subclassed model: its units layers are known, their links are not.
         found = {layer.name: layer for layer in model.layers
                  if registry.rule_of(layer) is not None and registry.rule_of(layer).kind == "units"}
-        units = tuple(_isolated(name, layer) for name, layer in found.items())
-        n = _n_features(input_shape) if input_shape is not None else None
-        if n is None and units:
-            n = units[0].in_units
-        return ModelGraph(
-            model.name, sequential, None, input_shape, (), units, (), (n,) if n else None, n, True,
-            types.MappingProxyType(found), tuple(found), (), types.MappingProxyType({}),
-            ((model.name, type(model).__name__, "a subclassed model (no layer graph)"),), False,
-        )
+        problems = ((model.name, type(model).__name__, "a subclassed model (no layer graph)"),)
+        return _unsupported(model, sequential, None, input_shape, found, tuple(found), (), problems)
     order, layers, producers, consumers, input_names, output_names, flat_problems = flat
     flagged = {}
     for name, reason in flat_problems:
@@ -398,56 +450,278 @@ def _model_graph(model, flat):
             flagged.setdefault(name, reason)
     all_units = tuple(n for n in order if kinds[n] in ("units", "units_mixing"))
     input_readers = tuple(n for n in all_units if _reads_input(n, producers, kinds, input_names))
+    input_name = input_names[0] if len(input_names) == 1 and not sequential else None
 
-    chain, chain_problem = _walk(order, consumers, input_names, output_names)
-    head, units, tail, feature_shape, n_features, flatten_channels = (), (), (), None, None, {}
-    if chain_problem:
-        flagged.setdefault(*chain_problem)
-    elif chain is not None:
-        parsed = _parse_chain(chain, kinds, layers, input_shape, flagged)
-        if parsed is not None:
-            head, units, tail, feature_shape, n_features, flatten_channels = parsed
+    built = None
+    if not flagged:
+        if len(input_names) != 1:
+            flagged[model.name] = f"a model with {len(input_names)} inputs"
+        elif not all_units:
+            flagged[model.name] = "a model without a layer that makes units (Dense or a convolution)"
+        else:
+            built = _units_graph(_topological(order, producers), layers, producers, consumers, kinds,
+                                 input_names[0], output_names, input_shape, input_readers, flagged)
     problems = [
-        (name, type(layers[name]).__name__ if layers.get(name) is not None else "?", reason)
+        (name, type(layers[name]).__name__ if layers.get(name) is not None else type(model).__name__, reason)
         for name, reason in flagged.items()
     ]
     problems.sort(key=lambda item: order.index(item[0]) if item[0] in order else -1)
-    supported = bool(units) and not problems
-    if not problems and not units:
-        reason = (
-            f"a model with {len(input_names)} inputs and {len(output_names)} outputs"
-            if len(input_names) != 1 or len(output_names) != 1
-            else "a model without a layer that makes units (Dense or a convolution) on its path"
-        )
-        problems.append((model.name, type(model).__name__, reason))
-    if problems:
-        # Not one chain that the masks understand: every units layer on its own, all units kept.
-        units = tuple(_isolated(name, layers[name]) for name in all_units)
-        head, tail = (), ()
-        first_layer = layers[all_units[0]] if all_units else None
-        n_features = _n_features(input_shape) if input_shape is not None else None
-        if first_layer is not None and n_features is None:
-            n_features = units[0].in_units
-        feature_shape = (n_features,) if n_features is not None else None
-    input_name = input_names[0] if len(input_names) == 1 and not sequential else None
+    if problems or built is None:
+        return _unsupported(model, sequential, input_name, input_shape, layers, all_units, input_readers,
+                            tuple(problems))
+    nodes, units, flat_features, n_features, n_ids, flatten_channels = built
     return ModelGraph(
         model_name=model.name,
         sequential=sequential,
         input_name=input_name,
         input_shape=input_shape,
-        head=tuple(head),
-        units=tuple(units),
-        tail=tuple(tail),
-        feature_shape=feature_shape,
+        nodes=nodes,
+        outputs=tuple(output_names),
+        units=units,
+        feature_shape=(n_features,) if flat_features else input_shape,
         n_features=n_features,
-        flat_features=feature_shape is not None and len(feature_shape) == 1,
+        flat_features=flat_features,
+        n_ids=n_ids,
         layers=types.MappingProxyType(dict(layers)),
         all_units=all_units,
         input_readers=input_readers,
-        flatten_channels=types.MappingProxyType(dict(flatten_channels)),
-        problems=tuple(problems),
-        supported=supported,
+        flatten_channels=types.MappingProxyType(flatten_channels),
+        problems=(),
+        supported=True,
     )
+
+
+def _unsupported(model, sequential, input_name, input_shape, layers, all_units, input_readers, problems):
+    """A graph the masks cannot follow: every units layer on its own, all its units kept."""
+    units = tuple(_isolated(name, layers[name], name in input_readers) for name in all_units)
+    n_features = _n_features(input_shape) if input_shape is not None else None
+    if n_features is None and units:
+        n_features = units[0].in_units
+    return ModelGraph(
+        model_name=model.name,
+        sequential=sequential,
+        input_name=input_name,
+        input_shape=input_shape,
+        nodes=(),
+        outputs=(),
+        units=units,
+        feature_shape=(n_features,) if n_features is not None else None,
+        n_features=n_features,
+        flat_features=True,
+        n_ids=0,
+        layers=types.MappingProxyType(dict(layers)),
+        all_units=tuple(all_units),
+        input_readers=tuple(input_readers),
+        flatten_channels=types.MappingProxyType({}),
+        problems=tuple(problems),
+        supported=False,
+    )
+
+
+def _topological(order, producers):
+    """``order`` rearranged so that every node comes after its producers (stable)."""
+    placed, result = set(), []
+    pending = list(order)
+    while pending:
+        rest = []
+        for name in pending:
+            if all(p in placed for p in producers.get(name, [])):
+                placed.add(name)
+                result.append(name)
+            else:
+                rest.append(name)
+        if len(rest) == len(pending):  # pragma: no cover - a cycle cannot come from Keras
+            result.extend(rest)
+            break
+        pending = rest
+    return result
+
+
+class _Ids:
+    """Union-find over unit ids: coupled units end with one representative."""
+
+    def __init__(self):
+        self.parent = []
+
+    def new(self, n):
+        start = len(self.parent)
+        self.parent.extend(range(start, start + n))
+        return np.arange(start, start + n)
+
+    def find(self, i):
+        root = i
+        while self.parent[root] != root:
+            root = self.parent[root]
+        while self.parent[i] != root:
+            self.parent[i], i = root, self.parent[i]
+        return root
+
+    def union(self, a, b):
+        ra, rb = self.find(int(a)), self.find(int(b))
+        if ra != rb:
+            self.parent[max(ra, rb)] = min(ra, rb)  # the smaller id leads: input features stay features
+
+    def canonical(self, ids):
+        return _frozen([self.find(int(i)) for i in ids])
+
+
+# Layers that pass each element of the input on unchanged in meaning, before the Flatten that makes them features.
+def _passes_elements(kind, layer):
+    if kind == "per_element":
+        return True
+    if kind != "per_unit" or registry.rule_of(layer).slicer is not None:
+        return False
+    try:  # an activation or dropout: same shape, each element on its own (pooling and padding change the shape)
+        return tuple(layer.input.shape) == tuple(layer.output.shape)
+    except Exception:  # noqa: BLE001 - unknown shapes
+        return False
+
+
+def _elements_mode(input_name, consumers, kinds, layers, input_shape):
+    """The input's features are its elements: every path from it meets ``Flatten`` through element-wise layers."""
+    if input_shape is None or len(input_shape) <= 1 or any(d is None for d in input_shape):
+        return False
+    stack, seen = [input_name], set()
+    while stack:
+        name = stack.pop()
+        for consumer in consumers.get(name, []):
+            if consumer in seen:
+                continue
+            seen.add(consumer)
+            kind = kinds[consumer]
+            if kind == "flatten":
+                continue
+            if not _passes_elements(kind, layers[consumer]):
+                return False
+            stack.append(consumer)
+    return True
+
+
+def _units_graph(order, layers, producers, consumers, kinds, input_name, output_names, input_shape,
+                 input_readers, flagged):
+    """``(nodes, units, flat_features, n_features, n_ids, flatten_channels)``, or ``None`` (reasons in ``flagged``)."""
+    ids = _Ids()
+    elements = _elements_mode(input_name, consumers, kinds, layers, input_shape)
+    if input_shape is None or not input_shape or input_shape[-1] is None:
+        flagged[input_name] = "a model input of unknown size"
+        return None
+    if elements:
+        n_features = _n_features(input_shape)
+    else:
+        n_features = int(input_shape[-1])
+    flat_features = elements or len(input_shape) == 1
+    info = {input_name: dict(ids=ids.new(n_features), positions=1, elements=elements)}
+    units_info = {}
+    flatten_channels = {}
+    for name in order:
+        if name == input_name:
+            continue
+        kind = kinds[name]
+        layer = layers[name]
+        sources = producers.get(name, [])
+        if not sources or any(s not in info for s in sources):
+            flagged.setdefault(name, "a layer that does not read the model input")
+            return None
+        src = [info[s] for s in sources]
+        if kind not in ("merge", "concat") and len(src) != 1:
+            flagged.setdefault(name, f"a layer reading {len(src)} tensors")
+            return None
+        first = src[0]
+        if kind in ("units", "units_mixing"):
+            if first["elements"]:
+                flagged.setdefault(name, "a layer that reads the input's elements before Flatten")
+                return None
+            shape = _unit_shape(layer, first["ids"].size, first["positions"])
+            if shape is None:
+                flagged.setdefault(name, "a layer whose input units could not be matched to its producer's")
+                return None
+            in_units, positions = shape
+            out = ids.new(_out_units(layer))
+            units_info[name] = dict(source=sources[0], in_units=in_units, positions=positions, in_ids=first["ids"],
+                                    out_ids=out, flattened=first["positions"] > 1)
+            if first["positions"] > 1:
+                flatten_channels[name] = in_units
+            info[name] = dict(ids=out, positions=1, elements=False)
+        elif kind in ("per_unit", "per_element", "tail", "activation_tail", "global_pool"):
+            if kind == "per_element" and not first["elements"] and not _per_element_between_ok(layer):
+                flagged.setdefault(name, "a Normalization or Rescaling with one value per element of a feature map "
+                                         "(not one value per channel)")
+                return None
+            if kind == "per_unit" and first["positions"] > 1 and registry.rule_of(layer).slicer is not None:
+                flagged.setdefault(name, "a per-unit layer with weights on a flattened map (one weight per element, "
+                                         "not per channel)")
+                return None
+            info[name] = dict(first, positions=1 if kind == "global_pool" else first["positions"])
+        elif kind == "flatten":
+            if first["elements"]:
+                info[name] = dict(ids=first["ids"], positions=1, elements=False)
+            else:
+                shape = _input_shape(layer)
+                spatial = math.prod(int(d) for d in shape[:-1]) if shape and len(shape) > 1 else 1
+                info[name] = dict(ids=first["ids"], positions=first["positions"] * spatial, elements=False)
+        elif kind == "merge":
+            if any(s["elements"] or s["positions"] != first["positions"] or s["ids"].size != first["ids"].size
+                   for s in src):
+                flagged.setdefault(name, "a merge of tensors whose units do not line up")
+                return None
+            for s in src[1:]:
+                for a, b in zip(first["ids"], s["ids"]):
+                    ids.union(a, b)
+            info[name] = dict(first)
+        elif kind == "concat":
+            if any(s["elements"] or s["positions"] != 1 for s in src):
+                flagged.setdefault(name, "a Concatenate of flattened maps or of the input's elements")
+                return None
+            info[name] = dict(ids=np.concatenate([s["ids"] for s in src]), positions=1, elements=False)
+        else:  # pragma: no cover - every other kind is flagged by _classify
+            flagged.setdefault(name, "a layer that surgery cannot interpret")
+            return None
+    for name in output_names:
+        if info[name]["elements"]:
+            flagged.setdefault(name, "a model output made of the input's elements")
+            return None
+    # Only the output layer may mix its units: nothing after it may make units.
+    for name in order:
+        if kinds[name] == "units_mixing" and _reaches_units(name, consumers, kinds):
+            flagged.setdefault(name, "a hidden layer whose activation mixes units")
+            return None
+    output_ids = set()
+    for name in output_names:
+        output_ids.update(int(ids.find(int(i))) for i in info[name]["ids"])
+    nodes = tuple(
+        Node(name, "input" if name == input_name else ("tail" if kinds[name] in ("activation_tail",) else
+                                                         ("units" if kinds[name] == "units_mixing" else kinds[name])),
+             tuple(producers.get(name, [])), ids.canonical(info[name]["ids"]), int(info[name]["positions"]),
+             bool(info[name]["elements"]))
+        for name in order
+    )
+    readers = set(input_readers)
+    units = []
+    for name in order:
+        if name not in units_info:
+            continue
+        u = units_info[name]
+        out_ids = ids.canonical(u["out_ids"])
+        units.append(UnitsNode(
+            name=name, source=u["source"], in_units=int(u["in_units"]), positions=int(u["positions"]),
+            out_units=int(out_ids.size), in_ids=ids.canonical(u["in_ids"]), out_ids=out_ids,
+            flattened=bool(u["flattened"]), reads_input=name in readers,
+            is_output=bool(out_ids.size) and all(int(i) in output_ids for i in out_ids),
+        ))
+    return nodes, tuple(units), flat_features, int(n_features), len(ids.parent), flatten_channels
+
+
+def _reaches_units(name, consumers, kinds):
+    stack, seen = list(consumers.get(name, [])), set()
+    while stack:
+        cur = stack.pop()
+        if cur in seen:
+            continue
+        seen.add(cur)
+        if kinds[cur] in ("units", "units_mixing"):
+            return True
+        stack.extend(consumers.get(cur, []))
+    return False
 
 
 # Layers that pass each input feature on unchanged in meaning (one value per feature).
@@ -473,135 +747,19 @@ def _reads_input(name, producers, kinds, input_names):
             return False
 
 
-def _walk(order, consumers, input_names, output_names):
-    """The node names from the input to the output, or ``(None, (name, reason))`` if not one chain."""
-    if len(input_names) != 1:
-        return None, None
-    chain = [input_names[0]]
-    while True:
-        cons = consumers.get(chain[-1], [])
-        if len(cons) > 1:
-            return None, (chain[-1], f"a layer whose output feeds {len(cons)} layers")
-        if chain[-1] in output_names and cons:
-            return None, (chain[-1], f"a layer whose output feeds {len(cons) + 1} layers")
-        if not cons:
-            break
-        chain.append(cons[0])
-    if len(output_names) != 1 or chain[-1] != output_names[0] or set(chain) != set(order):
-        return None, None
-    return chain, None
-
-
-def _parse_chain(chain, kinds, layers, input_shape, flagged):
-    """Split the chain into head, units nodes and tail; record what does not fit in ``flagged``."""
-    positions_of_units = [i for i, name in enumerate(chain) if kinds[name] in ("units", "units_mixing")]
-    if not positions_of_units:
-        return None
-    for i in positions_of_units[:-1]:  # only the output layer may mix its units
-        if kinds[chain[i]] == "units_mixing":
-            flagged.setdefault(chain[i], "a hidden layer whose activation mixes units")
-    first, last = positions_of_units[0], positions_of_units[-1]
-    head = chain[1:first]
-    tail = chain[last + 1 :]
-    ok = True
-
-    # The head: per-feature preprocessing. Features are the elements of the flattened input when a
-    # Flatten lies in the head; otherwise the units of the input's last axis (channels).
-    flat = any(kinds[n] == "flatten" for n in head) or (input_shape is not None and len(input_shape) == 1)
-    seen_flatten = input_shape is not None and len(input_shape) == 1
-    for name in head:
-        kind = kinds[name]
-        if kind == "flatten":
-            seen_flatten = True
-            continue
-        if kind == "per_element":
-            continue
-        if kind == "per_unit":
-            rule = registry.rule_of(layers[name])
-            if flat and not seen_flatten and rule.slicer is not None:
-                flagged.setdefault(name, "a per-unit layer with weights before Flatten (per channel, not per feature)")
-                ok = False
-            continue
-        if kind not in ("other",):
-            flagged.setdefault(name, "a layer that cannot sit between the input and the first layer that makes units")
-        ok = False
-
-    for name in tail:
-        if kinds[name] not in ("per_unit", "tail", "activation_tail", "flatten", "global_pool"):
-            if kinds[name] != "other":
-                flagged.setdefault(name, "a layer after the output layer that changes its units")
-            ok = False
-
-    units = []
-    feature_shape = input_shape
-    channels = None  # units of the current tensor (None before the first units layer)
-    spatial_positions = 1
-    flatten_channels = {}
-    prev = None
-    flattened = False
-    for k, i in enumerate(positions_of_units):
-        name = chain[i]
-        layer = layers[name]
-        end = positions_of_units[k + 1] if k + 1 < len(positions_of_units) else len(chain)
-        between = chain[i + 1 : end] if k + 1 < len(positions_of_units) else ()
-        for b in between:
-            if kinds[b] == "per_element" and not _per_element_between_ok(layers[b]):
-                flagged.setdefault(b, "a Normalization or Rescaling with one value per element of a feature map "
-                                      "between layers that make units (not one value per channel)")
-                ok = False
-                continue
-            if kinds[b] not in ("per_unit", "per_element", "flatten", "global_pool"):
-                if kinds[b] in ("tail", "activation_tail"):
-                    flagged.setdefault(b, "an activation that mixes units between layers that make units")
-                elif kinds[b] != "other":
-                    flagged.setdefault(b, "a layer that cannot sit between two layers that make units")
-                ok = False
-        in_units, positions = _unit_shape(layer, channels, flat if prev is None else flattened,
-                                          spatial_positions)
-        if in_units is None:
-            flagged.setdefault(name, "a layer whose input units could not be matched to its producer's")
-            ok = False
-            in_units, positions = 0, 0
-        if prev is not None and flattened:
-            flatten_channels[name] = channels
-        out_units = _out_units(layer)
-        nxt = chain[positions_of_units[k + 1]] if k + 1 < len(positions_of_units) else None
-        units.append(UnitsNode(name, prev, nxt, tuple(between), in_units, positions, out_units,
-                               flattened and prev is not None))
-        # What the next units layer reads.
-        channels = out_units
-        flattened = False
-        spatial_positions = 1
-        for b in between:
-            if kinds[b] == "flatten":
-                shape = _input_shape(layers[b])
-                if shape is not None and len(shape) > 1:
-                    flattened = True
-                    spatial_positions = math.prod(int(d) for d in shape[:-1])
-            elif kinds[b] == "global_pool":
-                flattened = False
-        prev = name
-    if not ok:
-        return None
-    n_features = units[0].in_units
-    if flat:
-        feature_shape = (n_features,)
-    return head, units, tail, feature_shape, n_features, flatten_channels
-
-
-def _isolated(name, layer):
+def _isolated(name, layer, reads_input=False):
     if registry.is_separable(layer):
         kernel = layer.depthwise_kernel
     else:
         kernel = layer.kernel
     in_units = int(kernel.shape[-2])
     positions = math.prod(int(d) for d in kernel.shape[:-2]) if len(kernel.shape) > 2 else 1
-    return UnitsNode(name, None, None, (), in_units, positions, _out_units(layer))
+    out_units = _out_units(layer)
+    return UnitsNode(name, None, in_units, positions, out_units, _frozen(np.arange(in_units)),
+                     _frozen(np.arange(out_units)), reads_input=reads_input)
 
 
 def _per_element_between_ok(layer):
-    import numpy as np
-
     if type(layer) is keras.layers.Rescaling and np.ndim(layer.scale) == 0 and np.ndim(layer.offset) == 0:
         return True
     return _rank(layer) == 2
@@ -619,8 +777,8 @@ def _out_units(layer):
     return int(layer.kernel.shape[-1])
 
 
-def _unit_shape(layer, channels, flattened, spatial_positions):
-    """``(in_units, positions)`` of a units layer reading ``channels`` units (``None``: the input)."""
+def _unit_shape(layer, channels, positions):
+    """``(in_units, positions)`` of a units layer reading ``channels`` ids laid out ``positions`` times."""
     if registry.is_separable(layer):
         kernel_in = int(layer.depthwise_kernel.shape[-2])
         window = math.prod(int(d) for d in layer.depthwise_kernel.shape[:-2])
@@ -628,23 +786,9 @@ def _unit_shape(layer, channels, flattened, spatial_positions):
         kernel_in = int(layer.kernel.shape[-2])
         window = math.prod(int(d) for d in layer.kernel.shape[:-2])
     if type(layer) is keras.layers.Dense:
-        rank = _rank(layer)
-        if rank is not None and rank > 2 and not _dense_on_last_axis_ok(layer):
-            return None, None
-        if channels is None:  # reads the input (or its flattened elements)
-            return kernel_in, 1
-        if flattened:
-            if kernel_in != channels * spatial_positions:
-                return None, None
-            return channels, spatial_positions
-        return (kernel_in, 1) if kernel_in == channels else (None, None)
-    if channels is None:
-        return kernel_in, window
-    if flattened or kernel_in != channels:
-        return None, None
-    return kernel_in, window
-
-
-def _dense_on_last_axis_ok(layer):
-    # A Dense layer on a rank > 2 tensor acts on its last axis at every position, like a 1x1 convolution.
-    return True
+        if kernel_in != channels * positions:
+            return None
+        return channels, positions
+    if positions != 1 or kernel_in != channels:
+        return None
+    return channels, window

@@ -148,67 +148,95 @@ def pass_constants(layer, values, threshold=0.0):
 
 def compute_masks(graph, weights, threshold):
     """The :class:`UnitMasks` of ``graph`` with the thresholded ``weights`` (``{name: units_weights}``)."""
-    nodes = graph.units
     layers = graph.layers
-    conn = {n.name: registry.connections(layers[n.name], weights[n.name], n.in_units) for n in nodes}
+    conn = {n.name: registry.connections(layers[n.name], weights[n.name], n.in_units) for n in graph.units}
     if not graph.supported:
         return _all_kept(graph, conn, threshold)
-    varying, constant, folded, fold_values, fold_in = {}, {}, {}, {}, {}
-    for node in nodes:
-        fold_in.setdefault(node.name, np.zeros(node.out_units))
-    for node in nodes:
+    units = {n.name: n for n in graph.units}
+
+    # Forward: the constant on every channel of every tensor (NaN: it varies), and whether it depends on the input.
+    const, depends = {}, {}
+    for node in graph.nodes:
+        if node.kind == "input":
+            depends[node.name] = np.ones(node.ids.size, dtype=bool)
+        elif node.kind == "units":
+            depends[node.name] = conn[node.name][depends[node.inputs[0]]].any(axis=0)
+        elif node.kind == "merge":
+            depends[node.name] = np.any([depends[i] for i in node.inputs], axis=0)
+        elif node.kind == "concat":
+            depends[node.name] = np.concatenate([depends[i] for i in node.inputs])
+        elif node.kind == "tail":
+            depends[node.name] = np.full(node.ids.size, depends[node.inputs[0]].any())
+        else:
+            depends[node.name] = depends[node.inputs[0]].copy()
+        if node.kind == "input":
+            const[node.name] = np.full(node.ids.size, np.nan)
+        elif node.kind == "units":
+            const[node.name] = _units_constants(layers[node.name], units[node.name], weights[node.name],
+                                                const[node.inputs[0]], conn[node.name])
+        elif node.kind == "merge":
+            const[node.name] = registry.merge_constants(layers[node.name], [const[i] for i in node.inputs])
+        elif node.kind == "concat":
+            const[node.name] = np.concatenate([const[i] for i in node.inputs])
+        elif node.kind == "tail":  # mixes units: constant only when everything it reads is
+            values = const[node.inputs[0]]
+            const[node.name] = np.full(values.size, np.nan) if np.isnan(values).any() else _call(layers[node.name], values)
+        elif node.kind in ("flatten", "global_pool") or node.elements:
+            const[node.name] = const[node.inputs[0]].copy()
+        else:
+            const[node.name] = pass_constants(layers[node.name], const[node.inputs[0]], threshold)
+
+    # Backward: a unit is needed when a model output or a unit-mixing layer holds it, or a needed
+    # unit reads it through a non-zero weight and its constant cannot be folded into that reader's bias.
+    needed = np.zeros(graph.n_ids, dtype=bool)
+    for name in graph.outputs:
+        needed[graph.tensor(name).ids] = True
+    for node in graph.nodes:
+        if node.kind == "tail":
+            needed[graph.tensor(node.inputs[0]).ids] = True
+        if node.kind == "units" and not registry.activation_is_elementwise(getattr(layers[node.name], "activation", None)):
+            needed[units[node.name].out_ids] = True
+    if not graph.flat_features:  # the channels of an input map all stay (the input shape stays)
+        needed[: graph.n_features] = True
+    live_path = any(depends[name].any() for name in graph.outputs)
+    foldable = {n.name: _foldable(layers[n.name], weights[n.name], const[n.source]) for n in graph.units}
+    changed = True
+    while changed:
+        changed = False
+        for node in graph.units:
+            out = needed[node.out_ids]
+            if not out.any():
+                continue
+            reads = conn[node.name][:, out].any(axis=1) & ~foldable[node.name]
+            new = reads & ~needed[node.in_ids]
+            if live_path and not reads.any() and not needed[node.in_ids].any() and node.in_units:
+                # Everything it reads is folded, but a layer cannot read nothing: keep one unit
+                # (its constant is then computed, not folded: the same outputs).
+                new = np.arange(node.in_units) == 0
+            if new.any():
+                needed[node.in_ids[new]] = True
+                changed = True
+
+    inputs, kept, constant, folded, fold_values, fold_in = {}, {}, {}, {}, {}, {}
+    for node in graph.units:
         name = node.name
-        a = conn[name]
-        v = a.any(axis=0) if node.prev is None else a[varying[node.prev]].any(axis=0)
-        constant[name] = ~v
-        if node.next is None:
-            varying[name] = v
-            folded[name] = np.zeros_like(v)
-            fold_values[name] = np.zeros(node.out_units)
-            continue
-        bias = weights[name]["bias"]
-        pre = (np.zeros(node.out_units) if bias is None else bias.astype(np.float64)) + fold_in[name]
-        values = np.where(v, np.nan, pre)
-        if (~v).any():
-            values = _call_activation(layers[name], values)
-            for between in node.between:
-                values = pass_constants(layers[between], values, threshold)
-        nxt = graph.node(node.next)
-        nxt_layer = layers[node.next]
-        can_fold = ~v & np.isfinite(values)
-        if weights[node.next]["bias"] is None or registry.same_padding(nxt_layer):
-            can_fold &= values == 0
-        folded[name] = can_fold
-        fold_values[name] = np.where(can_fold, values, 0.0)
-        varying[name] = ~can_fold
-        if can_fold.any():
-            fold_in[node.next] = fold_in[node.next] + registry.constant_contribution(
-                nxt_layer, weights[node.next], nxt.in_units, fold_values[name]
-            )
-    kept = {}
-    for node in reversed(nodes):
-        if node.next is None:
-            kept[node.name] = np.ones(node.out_units, dtype=bool)
-        else:
-            kept[node.name] = varying[node.name] & conn[node.next][:, kept[node.next]].any(axis=1)
-    inputs = {}
-    features = None
-    for node in nodes:
-        if node.prev is None:
-            if graph.flat_features:
-                features = conn[node.name][:, kept[node.name]].any(axis=1)
-            else:  # the channels of an input map: all kept (the input shape stays)
-                features = np.ones(node.in_units, dtype=bool)
-            inputs[node.name] = features
-        else:
-            inputs[node.name] = kept[node.prev]
+        source = const[node.source]
+        inputs[name] = needed[node.in_ids]
+        kept[name] = needed[node.out_ids]
+        values = np.where(~inputs[name] & foldable[name], source, 0.0)
+        fold_in[name] = registry.constant_contribution(layers[name], weights[name], node.in_units, values)
+        out = const[name]
+        constant[name] = np.isfinite(out)
+        folded[name] = constant[name] & ~kept[name]
+        fold_values[name] = np.where(folded[name], out, 0.0)
+    features = needed[: graph.n_features] if graph.flat_features else np.ones(graph.n_features, dtype=bool)
     for d in (inputs, kept, constant, folded, fold_values, fold_in, conn):
         for value in d.values():
             _readonly(value)
     return UnitMasks(
         threshold=threshold,
-        layer_names=tuple(n.name for n in nodes),
-        features=_readonly(features),
+        layer_names=tuple(n.name for n in graph.units),
+        features=_readonly(np.array(features)),
         inputs=inputs,
         units=kept,
         constant=constant,
@@ -216,10 +244,35 @@ def compute_masks(graph, weights, threshold):
         fold_values=fold_values,
         fold_in=fold_in,
         connections=conn,
-        roles={n.name: "input" if n.name in graph.input_readers else "hidden" for n in nodes},
-        is_output={n.name: n.next is None for n in nodes},
-        live_path=bool(conn[nodes[0].name][:, kept[nodes[0].name]].any()),
+        roles={n.name: "input" if n.reads_input else "hidden" for n in graph.units},
+        is_output={n.name: n.is_output for n in graph.units},
+        live_path=bool(live_path),
     )
+
+
+def _units_constants(layer, node, weights, source, conn):
+    """The constant of each unit a layer makes (NaN: it varies), given the constants it reads.
+
+    An input unit contributes a constant when it is one and no zero padding
+    of this layer changes it at the border (unless it is 0); an output unit is
+    constant when every input unit with a non-zero weight into it contributes one.
+    """
+    contributes = np.isfinite(source) & (~np.bool_(registry.same_padding(layer)) | (source == 0))
+    varies = conn[~contributes].any(axis=0)
+    bias = weights["bias"]
+    pre = np.zeros(node.out_units) if bias is None else bias.astype(np.float64)
+    pre = pre + registry.constant_contribution(layer, weights, node.in_units, np.where(contributes, source, 0.0))
+    if not registry.activation_is_elementwise(getattr(layer, "activation", None)):  # softmax: all or nothing
+        return np.full(node.out_units, np.nan) if varies.any() else _call_activation(layer, pre)
+    return _call_activation(layer, np.where(varies, np.nan, pre))
+
+
+def _foldable(layer, weights, source):
+    """bool per input unit: its constant can be added to this layer's bias (so the unit can go)."""
+    finite = np.isfinite(source)
+    if weights["bias"] is None or registry.same_padding(layer):
+        return finite & (source == 0)
+    return finite
 
 
 def _all_kept(graph, conn, threshold):

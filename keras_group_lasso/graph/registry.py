@@ -22,8 +22,13 @@ Kinds:
 * ``"flatten"``, ``"global_pool"``: change the spatial shape; channel ``c`` of
   a ``(..., C)`` map becomes the features ``c, C + c, 2C + c, ...`` (Flatten)
   or feature ``c`` (global pooling).
-* ``"tail"``: allowed only after the output layer (an activation that mixes
-  units, such as softmax).
+* ``"merge"``: combines tensors of the same shape element by element (Add,
+  Subtract, Average, Maximum, Minimum, Multiply): channel ``c`` of every
+  operand and of the output is one unit, kept or removed together.
+* ``"concat"``: Concatenate on the last axis: the output's channels are the
+  operands' channels, one after the other.
+* ``"tail"``: an activation that mixes units, such as softmax: every unit it
+  reads is kept.
 
 A constant channel (a unit whose incoming weights are all zero outputs
 ``act(b)`` everywhere) is removed and its value folded into the next units
@@ -50,7 +55,7 @@ __all__ = [
     "ELEMENTWISE_ACTIVATIONS",
 ]
 
-KINDS = ("units", "per_unit", "per_element", "flatten", "global_pool", "tail")
+KINDS = ("units", "per_unit", "per_element", "flatten", "global_pool", "merge", "concat", "tail")
 CONSTANTS = ("call", "identity", "zero_only", None)
 
 # Keras activations that act on each scalar on its own (softmax, log_softmax,
@@ -163,7 +168,9 @@ def supported_text():
         "per_element": "per-element preprocessing (before the first of them, or between Dense layers)",
         "flatten": "reshaping",
         "global_pool": "global pooling",
-        "tail": "after the output layer only",
+        "merge": "merges of same-shape tensors (their channels are coupled)",
+        "concat": "concatenation",
+        "tail": "activations that mix units (every unit they read is kept)",
     }
     return "; ".join(f"{titles[k]}: {', '.join(groups[k])}" for k in KINDS if k in groups)
 
@@ -454,6 +461,52 @@ def slice_layer(layer, kept):
     return rule.slicer(layer, kept)
 
 
+# ----------------------------------------------------------------------------- merges
+
+_MERGE_OPS = {
+    keras.layers.Add: lambda values: np.sum(values, axis=0),
+    keras.layers.Subtract: lambda values: values[0] - values[1],
+    keras.layers.Average: lambda values: np.mean(values, axis=0),
+    keras.layers.Maximum: lambda values: np.max(values, axis=0),
+    keras.layers.Minimum: lambda values: np.min(values, axis=0),
+    keras.layers.Multiply: lambda values: np.prod(values, axis=0),
+}
+
+
+def merge_constants(layer, operands):
+    """The constants after a merge of ``operands`` (one array per operand; NaN: not constant)."""
+    values = np.stack([np.asarray(v, np.float64) for v in operands])
+    with np.errstate(invalid="ignore", over="ignore"):
+        return _MERGE_OPS[type(layer)](values)  # NaN in any operand stays NaN
+
+
+def _shapes(layer):
+    try:
+        tensors = layer.input if isinstance(layer.input, (list, tuple)) else [layer.input]
+        return [tuple(t.shape[1:]) for t in tensors]
+    except Exception:  # noqa: BLE001 - unknown shapes: refuse
+        return None
+
+
+def _merge_refusal(layer):
+    shapes = _shapes(layer)
+    if not shapes or any(None in s for s in shapes):
+        return "a merge whose operand shapes are unknown"
+    if len(set(shapes)) != 1:
+        return f"a merge of tensors of different shapes {', '.join(str(s) for s in shapes)} (broadcasting)"
+    return None
+
+
+def _concat_refusal(layer):
+    shapes = _shapes(layer)
+    if not shapes:
+        return "a Concatenate whose operand shapes are unknown"
+    rank = len(shapes[0]) + 1
+    if layer.axis % rank != rank - 1:
+        return "a Concatenate on an axis other than the last (channels)"
+    return None
+
+
 def _register_builtin():
     L = keras.layers
     for name in ("Conv1D", "Conv2D", "Conv3D"):
@@ -489,6 +542,10 @@ def _register_builtin():
                  "GlobalMaxPooling1D", "GlobalMaxPooling2D", "GlobalMaxPooling3D"):
         register_layer(getattr(L, name), "global_pool", constants="identity", description=name)
     register_layer(L.Softmax, "tail", constants=None, description="Softmax")
+    for cls in _MERGE_OPS:
+        register_layer(cls, "merge", constants=None, description=cls.__name__, refusal=_merge_refusal)
+    register_layer(L.Concatenate, "concat", constants=None, description="Concatenate (last axis)",
+                   refusal=_concat_refusal)
 
 
 _register_builtin()

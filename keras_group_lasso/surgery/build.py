@@ -100,72 +100,114 @@ def prune_model(model, threshold=1e-3, inputs="original"):
     plan = planning.build_plan(owner, model, threshold)
     result = plan.analysis
     graph = result.graph
+    masks = result.masks
     layers = graph.layers
     weights = _folded(result)
+    needed = planning.needed_units(graph, masks)
 
-    kept_features = np.asarray(plan.kept_features, dtype=int)
-    layer_plans = {d.name: d for d in plan.dense}
-    first = layer_plans[graph.first.name]
-    # inputs="original": the dropped features either meet all-zero rows of the first Dense
-    # (n * u multiply-adds) or are dropped by a 0/1 selection first (n * k + k * u).
-    n, k, u = plan.n_features, len(kept_features), first.units_after
-    select = (
-        inputs == "original"
-        and graph.flat_features
-        and graph.first.positions == 1
-        and k < n
-        and k * (n + u) < n * u
-    )
     sliced_features = inputs == "selected" and graph.flat_features
-    names = _flat_names([step.name for step in plan.steps], reserved=(graph.input_name,))
-
-    built = []  # (new layer, weights)
-    initializers = {}  # id(new layer) -> the user's initializers, put back once it is built
-    for step in plan.steps:
-        layer = layers[step.name]
-        if step.kind == "head":
-            if sliced_features and type(layer) is keras.layers.Flatten:
-                continue
-            if sliced_features:
-                config, new = registry.slice_layer(layer, kept_features)
-            else:
-                config, new = layer.get_config(), layer.get_weights()
-            if registry.is_thresholded(layer):  # a DepthwiseConv on the input
-                new = [threshold_array(w, plan.threshold) for w in new]
-        elif step.kind == "units":
-            d = layer_plans[step.name]
-            node = graph.node(step.name)
-            rows = d.kept_inputs
-            if d is first and not sliced_features and not select:
-                rows = tuple(range(d.inputs_before))
-            if d is first and select:
-                # Right before the first Dense, after the input preprocessing: that Dense
-                # rounds its inputs as the selection does (e.g. TF32 matmuls on a GPU).
-                built.append(_selection(kept_features, n, layer, {*names.values(), graph.input_name}))
-            config, new = registry.slice_units(layer, weights[step.name], node.in_units, rows, d.kept_units)
-        elif step.kind == "unit":
-            config, new = registry.slice_layer(layer, layer_plans[step.dense].kept_units)
-            if registry.is_thresholded(layer):
-                new = [threshold_array(w, plan.threshold) for w in new]
-        else:  # tail: after the output layer, whose units all stay
-            config, new = layer.get_config(), layer.get_weights()
-            if registry.is_thresholded(layer):
-                new = [threshold_array(w, plan.threshold) for w in new]
-        config["name"] = names[step.name]
-        _drop_package_penalties(layer, config)
-        built.append(_new_layer(layer, config, new, initializers))
-
+    input_node = graph.nodes[0]
+    names = _flat_names([node.name for node in graph.nodes[1:]], reserved=(graph.input_name,))
+    taken = {*names.values(), graph.input_name}
     source = model.inputs[0]
-    shape = (len(kept_features),) if sliced_features else tuple(plan.input_shape)
-    if graph.sequential:
-        inp = keras.Input(shape=shape, dtype=source.dtype)
-        small = keras.Sequential([inp] + [layer for layer, _ in built], name=model.name)
+    if sliced_features:
+        shape = (len(plan.kept_features),)
     else:
-        inp = keras.Input(shape=shape, dtype=source.dtype, name=graph.input_name)
-        x = inp
-        for layer, _ in built:
-            x = layer(x)
-        small = keras.Model(inp, x, name=model.name)
+        shape = tuple(plan.input_shape)
+    inp = keras.Input(shape=shape, dtype=source.dtype, name=None if graph.sequential else graph.input_name)
+
+    tensors = {input_node.name: inp}
+    present = {input_node.name: needed[input_node.ids] if sliced_features else np.ones(input_node.ids.size, bool)}
+    built = []  # (new layer, weights), in call order
+    initializers = {}  # id(new layer) -> the user's initializers, put back once it is built
+
+    def call(layer, weights_, x):
+        built.append((layer, weights_))
+        return layer(x)
+
+    def select(x, have, want, like):
+        """``x`` (rank 2, holding the units ``have``) reduced to the units ``want`` by a 0/1 Dense."""
+        kept = np.flatnonzero(want[have])
+        layer, w = _selection(kept, int(have.sum()), like, taken)
+        return call(layer, w, x)
+
+    for node in graph.nodes[1:]:
+        layer = layers[node.name]
+        src = node.inputs
+        if node.kind == "units":
+            unode = graph.node(node.name)
+            x, have = tensors[unode.source], present[unode.source]
+            rows = have
+            want = masks.inputs[node.name]
+            kept_out = masks.units[node.name]
+            n, k, u = int(have.sum()), int((have & want).sum()), int(kept_out.sum())
+            if k < n and unode.positions == 1 and type(layer) is keras.layers.Dense and len(x.shape) == 2 and (
+                k * (n + u) < n * u
+            ):
+                # Right before the Dense, after the input preprocessing: that Dense rounds its inputs as
+                # the selection does (e.g. TF32 matmuls on a GPU).
+                x = select(x, have, want, layer)
+                rows = have & want
+            config, new = registry.slice_units(layer, weights[node.name], unode.in_units, np.flatnonzero(rows),
+                                               np.flatnonzero(kept_out))
+            out_present = kept_out
+        elif node.kind == "merge":
+            want = needed[node.ids]
+            xs = []
+            for name in src:
+                x = tensors[name]
+                if not np.array_equal(present[name], want):
+                    x = select(x, present[name], want, layer)
+                xs.append(x)
+            config, new = layer.get_config(), layer.get_weights()
+            config["name"] = names[node.name]
+            new_layer, new = _new_layer(layer, config, new, initializers)
+            tensors[node.name] = call(new_layer, new, xs)
+            present[node.name] = want
+            continue
+        elif node.kind == "concat":
+            config, new = layer.get_config(), layer.get_weights()
+            config["name"] = names[node.name]
+            new_layer, new = _new_layer(layer, config, new, initializers)
+            tensors[node.name] = call(new_layer, new, [tensors[name] for name in src])
+            present[node.name] = np.concatenate([present[name] for name in src])
+            continue
+        else:
+            (name,) = src
+            x, have = tensors[name], present[name]
+            if node.kind == "flatten" and graph.tensor(name).elements and sliced_features:
+                tensors[node.name], present[node.name] = x, have  # the selected features are already flat
+                continue
+            if have.all():
+                config, new = layer.get_config(), layer.get_weights()
+            else:
+                config, new = registry.slice_layer(layer, _entries(have, graph.tensor(name)))
+            if registry.is_thresholded(layer):  # a DepthwiseConv
+                new = [threshold_array(w, plan.threshold) for w in new]
+            out_present = have
+        config["name"] = names[node.name]
+        _drop_package_penalties(layer, config)
+        new_layer, new = _new_layer(layer, config, new, initializers)
+        tensors[node.name] = call(new_layer, new, x)
+        present[node.name] = out_present
+
+    for name in graph.outputs:
+        if not present[name].all():  # pragma: no cover - the masks keep every output unit
+            raise RuntimeError(f"prune_model: the output of '{name}' lost units; please report this")
+    outputs = [tensors[name] for name in graph.outputs]
+    if graph.sequential:
+        # Fresh layers: those above were called on a functional input already.
+        fresh = []
+        for layer, new in built:
+            clone = type(layer).from_config(layer.get_config())
+            if id(layer) in initializers:
+                initializers[id(clone)] = initializers.pop(id(layer))
+            fresh.append((clone, new))
+        built = fresh
+        small = keras.Sequential([keras.Input(shape=shape, dtype=source.dtype)] + [layer for layer, _ in built],
+                                 name=model.name)
+    else:
+        small = keras.Model(inp, outputs[0] if len(outputs) == 1 else outputs, name=model.name)
     for layer, new in built:
         if new:
             _set_weights(layer, new)
@@ -175,6 +217,14 @@ def prune_model(model, threshold=1e-3, inputs="original"):
     small.pruning_report = plan.report
     small.pruning_plan = plan
     return small
+
+
+def _entries(have, node):
+    """Indices of the kept entries of ``node``'s last axis (``have``: kept ids; repeated over its positions)."""
+    kept = np.flatnonzero(have)
+    if node.positions == 1:
+        return kept
+    return (np.arange(node.positions)[:, None] * have.size + kept[None, :]).reshape(-1)
 
 
 def _folded(result):
@@ -251,18 +301,19 @@ def _unique(name, used):
     return candidate
 
 
-def _selection(kept_features, n_features, first, taken):
-    """``(layer, weights)``: a frozen bias-free Dense whose 0/1 kernel picks the kept features, in order.
+def _selection(kept, n, like, taken):
+    """``(layer, weights)``: a frozen bias-free Dense whose 0/1 kernel picks the entries ``kept`` of ``n``, in order.
 
     Built-in Keras (loads anywhere, exports to SavedModel and TFLite as a
-    matmul) and exact for finite inputs; it computes in the first Dense's
-    dtype policy, so the kept values reach that Dense rounded as before.
+    matmul) and exact for finite inputs; it computes in the dtype policy of
+    the layer ``like`` that reads the result, so the kept values reach that
+    layer rounded as before.
     """
-    kernel = np.zeros((n_features, len(kept_features)), dtype="float32")
-    kernel[kept_features, np.arange(len(kept_features))] = 1.0
-    name = _unique("select_features", set(taken))
+    kernel = np.zeros((n, len(kept)), dtype="float32")
+    kernel[kept, np.arange(len(kept))] = 1.0
+    name = _unique("select_features", taken)
     layer = keras.layers.Dense(
-        len(kept_features), use_bias=False, trainable=False, name=name, dtype=first.dtype_policy,
+        len(kept), use_bias=False, trainable=False, name=name, dtype=like.dtype_policy,
         kernel_initializer="zeros",  # its 0/1 kernel is set right after; no random draw
     )
     return layer, [kernel]

@@ -14,13 +14,13 @@ from keras_group_lasso._validation import fail
 from keras_group_lasso.graph import registry
 from keras_group_lasso.graph.build import model_graph
 
-__all__ = ["UnsupportedModelError", "LayerPlan", "DensePlan", "PruningPlan", "plan_pruning", "SUPPORTED"]
+__all__ = ["UnsupportedModelError", "LayerPlan", "DensePlan", "PruningPlan", "plan_pruning", "needed_units", "SUPPORTED"]
 
 def supported_text():
     """What surgery supports, in words, from the one registry of layer classes."""
     return (
-        "Sequential or functional models with one input and one output whose layers form one chain "
-        "(each layer called once; nested Sequential or functional blocks of these layers are opened): "
+        "Sequential or functional models with one input (each layer called once; nested Sequential or "
+        "functional blocks of these layers are opened): "
         + registry.supported_text()
     )
 
@@ -81,13 +81,6 @@ DensePlan = LayerPlan  # the name of version 0.1
 
 
 @dataclasses.dataclass(frozen=True)
-class _Step:
-    name: str
-    kind: str  # "head" (before the first units layer), "units", "unit" (after a units layer), "tail"
-    dense: str = None  # for "unit": the units layer whose units it carries
-
-
-@dataclasses.dataclass(frozen=True)
 class PruningPlan:
     """Everything surgery will cut, decided before any layer is built.
 
@@ -113,7 +106,6 @@ class PruningPlan:
     params_before: int
     params_after: int
     report: object = dataclasses.field(repr=False, compare=False)
-    steps: tuple = dataclasses.field(repr=False, compare=False, default=())
     masks: object = dataclasses.field(repr=False, compare=False, default=None)
     analysis: object = dataclasses.field(repr=False, compare=False, default=None)
 
@@ -175,10 +167,8 @@ def check_supported(owner, model):
     graph = model_graph(model)
     if not graph.supported:
         problems = graph.problems or (
-            (model.name, type(model).__name__, "a model whose layers do not form one chain"),
+            (model.name, type(model).__name__, "a model whose layers the analysis cannot follow"),
         )
-        # Name a layer that is itself not understood before a layer that merely branches.
-        problems = sorted(problems, key=lambda p: p[2].startswith("a layer whose output feeds"))
         name, cls, reason = problems[0]
         others = tuple(f"'{n}' ({c}): {r}" for n, c, r in problems[1:])
         raise UnsupportedModelError(owner, name, cls, reason, others)
@@ -250,14 +240,6 @@ def build_plan(owner, model, threshold):
             )
         )
 
-    steps = [_Step(name, "head") for name in graph.head]
-    for node in graph.units:
-        steps.append(_Step(node.name, "units"))
-        kind = "tail" if node.is_output else "unit"
-        for between in node.between:
-            steps.append(_Step(between, kind, node.name))
-    steps.extend(_Step(name, "tail", graph.units[-1].name) for name in graph.tail)
-
     return PruningPlan(
         threshold=float(threshold),
         input_shape=tuple(graph.input_shape),
@@ -269,7 +251,19 @@ def build_plan(owner, model, threshold):
         params_before=report.params_before,
         params_after=report.params_after,
         report=report,
-        steps=tuple(steps),
         masks=masks,
         analysis=result,
     )
+
+
+def needed_units(graph, masks):
+    """bool over the unit ids of ``graph``: the units that stay (coupled units decided once)."""
+    needed = np.zeros(graph.n_ids, dtype=bool)
+    if graph.flat_features:
+        needed[: graph.n_features] = masks.features
+    else:
+        needed[: graph.n_features] = True
+    for node in graph.units:
+        needed[node.in_ids] |= masks.inputs[node.name]
+        needed[node.out_ids] |= masks.units[node.name]
+    return needed
