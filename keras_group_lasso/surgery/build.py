@@ -134,6 +134,13 @@ def prune_model(model, threshold=1e-3, inputs="original"):
     for node in graph.nodes[1:]:
         layer = layers[node.name]
         src = node.inputs
+        if any(tensors[name] is None for name in src) and node.kind != "concat" or all(
+            tensors[name] is None for name in src
+        ) or (
+            node.kind == "units" and not masks.units[node.name].any()
+        ):  # a branch that lost every unit: nothing reads it
+            tensors[node.name], present[node.name] = None, np.zeros(node.ids.size, bool)
+            continue
         if node.kind == "units":
             unode = graph.node(node.name)
             x, have = tensors[unode.source], present[unode.source]
@@ -166,11 +173,15 @@ def prune_model(model, threshold=1e-3, inputs="original"):
             present[node.name] = want
             continue
         elif node.kind == "concat":
+            present[node.name] = np.concatenate([present[name] for name in src])
+            operands = [tensors[name] for name in src if tensors[name] is not None]
+            if len(operands) == 1:  # the other operands lost every unit
+                tensors[node.name] = operands[0]
+                continue
             config, new = layer.get_config(), layer.get_weights()
             config["name"] = names[node.name]
             new_layer, new = _new_layer(layer, config, new, initializers)
-            tensors[node.name] = call(new_layer, new, [tensors[name] for name in src])
-            present[node.name] = np.concatenate([present[name] for name in src])
+            tensors[node.name] = call(new_layer, new, operands)
             continue
         else:
             (name,) = src

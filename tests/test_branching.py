@@ -1,0 +1,220 @@
+"""Residual and branching networks: coupled units, found by the graph and pruned exactly."""
+
+import keras
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from keras_group_lasso import apply_threshold, prune_model, sparsity_report
+from keras_group_lasso.analysis import unit_masks
+from keras_group_lasso.graph import model_graph, registry
+
+L = keras.layers
+T = 1e-3
+MERGES = [L.Add, L.Subtract, L.Average, L.Maximum, L.Minimum, L.Multiply]
+ACTIVATIONS = ["relu", "tanh", "linear", "sigmoid"]
+
+
+def thresholded_copy(model):
+    copy = keras.models.clone_model(model)
+    copy.set_weights(model.get_weights())
+    apply_threshold(copy, T)
+    return copy
+
+
+def outputs(model, x):
+    return [np.asarray(keras.ops.convert_to_numpy(y), np.float64) for y in keras.tree.flatten(model(x, training=False))]
+
+
+def assert_same_outputs(small, model, x):
+    want = outputs(thresholded_copy(model), x)
+    got = outputs(small, x)
+    assert len(got) == len(want)
+    for a, b in zip(got, want):
+        scale = max(1.0, float(np.max(np.abs(b))))
+        np.testing.assert_allclose(a, b, rtol=0, atol=1e-5 * scale)
+
+
+def kill_units(model, rng, dead=0.3, constant=0.25):
+    """Zero random input groups and all incoming weights of random units, with random biases."""
+    graph = model_graph(model)
+    for node in graph.units:
+        layer = graph.layers[node.name]
+        weights = layer.get_weights()
+        view = registry.kernel_view(weights[0], node.in_units).copy()
+        view[:, rng.random(node.in_units) < dead, :] = 0.0
+        view[np.abs(view) < 0.05] *= 1e-4  # below the threshold
+        if not node.is_output:
+            view[:, :, rng.random(node.out_units) < constant] = 0.0  # these output act(b) everywhere
+        weights[0] = view.reshape(weights[0].shape)
+        if len(weights) > 1:
+            weights[1] = rng.normal(size=weights[1].shape) * (rng.random(weights[1].shape) < 0.7)
+        layer.set_weights(weights)
+    for layer in model.layers:
+        if type(layer) is L.BatchNormalization:
+            gamma, beta, mean, var = layer.get_weights()
+            layer.set_weights([rng.uniform(0.5, 1.5, gamma.shape), rng.normal(size=beta.shape),
+                               rng.normal(size=mean.shape), rng.uniform(0.5, 2.0, var.shape)])
+
+
+@st.composite
+def branching(draw):
+    """A random functional model: a stream of width ``w`` through residual, projection, concatenation
+    and gating blocks (Dense for flat inputs, convolutions for maps), with BatchNormalization."""
+    image = draw(st.booleans())
+    if image:
+        spatial = draw(st.integers(5, 7))
+        width = draw(st.integers(1, 3))
+        shape = (spatial, spatial, width)
+    else:
+        width = draw(st.integers(2, 6))
+        shape = (width,)
+    blocks = []
+    for _ in range(draw(st.integers(1, 4))):
+        kind = draw(st.sampled_from(["identity", "projection", "concat", "merge", "input_shortcut"]))
+        blocks.append(dict(
+            kind=kind,
+            merge=draw(st.sampled_from(MERGES)),
+            units=draw(st.integers(2, 5)),
+            activation=draw(st.sampled_from(ACTIVATIONS)),
+            batchnorm=draw(st.booleans()),
+            kernel=draw(st.integers(1, 3)),
+            relu_after=draw(st.booleans()),
+        ))
+    head = draw(st.sampled_from(["flatten", "gap"])) if image else "none"
+    outputs = draw(st.sampled_from([1, 1, 2]))
+    return shape, image, blocks, head, outputs, draw(st.integers(0, 10_000))
+
+
+def build(shape, image, blocks, head, n_outputs):
+    inp = keras.Input(shape, name="features")
+    x = inp
+    width = shape[-1]
+
+    def make(units, block, kernel=None, activation=None):
+        activation = block["activation"] if activation is None else activation
+        if image:
+            return L.Conv2D(units, kernel or block["kernel"], padding="same", activation=activation)
+        return L.Dense(units, activation=activation)
+
+    def norm(y, block):
+        return L.BatchNormalization()(y) if block["batchnorm"] else y
+
+    for block in blocks:
+        kind = block["kind"]
+        if kind == "input_shortcut" and x is not inp:
+            kind = "identity"
+        if kind in ("identity", "input_shortcut"):  # x + f(x), the stream keeps its width
+            y = norm(make(block["units"], block)(x), block)
+            y = make(width, block)(y)
+            x = block["merge"]()([x, y]) if block["merge"] is not L.Subtract else L.Subtract()([x, y])
+        elif kind == "projection":  # proj(x) + f(x): a new width
+            y = norm(make(block["units"], block)(x), block)
+            y = make(block["units"], block)(y)
+            shortcut = make(block["units"], block, kernel=1, activation="linear")(x)
+            x = L.Add()([shortcut, y])
+            width = block["units"]
+        elif kind == "concat":  # [f(x), g(x)] or [x, f(x)]
+            a = norm(make(block["units"], block)(x), block)
+            b = make(2, block)(x) if block["batchnorm"] else x
+            x = L.Concatenate()([a, b])
+            width = block["units"] + (2 if block["batchnorm"] else width)
+        else:  # a gate: x * sigmoid(f(x)), or another merge of two branches
+            gate = make(width, block, activation="sigmoid")(x)
+            x = block["merge"]()([norm(x, block), gate])
+        if block["relu_after"]:
+            x = L.ReLU()(x)
+    if head == "flatten":
+        x = L.Flatten()(x)
+    elif head == "gap":
+        x = L.GlobalAveragePooling2D()(x)
+    outs = [L.Dense(3, name=f"out{i}")(x) for i in range(n_outputs)]
+    return keras.Model(inp, outs if n_outputs > 1 else outs[0])
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(branching())
+def test_pruned_branching_model_equals_thresholded_original(case):
+    shape, image, blocks, head, n_outputs, seed = case
+    keras.utils.set_random_seed(seed)
+    model = build(shape, image, blocks, head, n_outputs)
+    rng = np.random.default_rng(seed)
+    kill_units(model, rng)
+    before = [w.copy() for w in model.get_weights()]
+    report = sparsity_report(model, T)
+    assert report.uninterpreted_layers == ()
+    masks = unit_masks(model, T)
+    if not masks.live_path:
+        return
+    small = prune_model(model, T)
+    x = rng.normal(size=(4,) + shape).astype("float32")
+    assert_same_outputs(small, model, x)
+    for a, b in zip(before, model.get_weights()):
+        np.testing.assert_array_equal(a, b)  # the model is not changed
+    if image:  # the input channels all stay: the pruned model costs what the report says
+        assert sparsity_report(small, 0.0).flops_before == report.flops_after
+        assert small.count_params() <= model.count_params()
+    else:  # with the input reduced to the selected features, too
+        selected = prune_model(model, T, inputs="selected")
+        xs = x[:, list(selected.kept_features)]
+        for a, b in zip(outputs(selected, xs), outputs(thresholded_copy(model), x)):
+            np.testing.assert_allclose(a, b, rtol=0, atol=1e-5 * max(1.0, float(np.max(np.abs(b)))))
+        assert sparsity_report(selected, 0.0).flops_before == report.flops_after
+        assert selected.count_params() <= model.count_params()
+
+
+def _residual_mlp():
+    inp = keras.Input((4,), name="features")
+    h = L.Dense(3, activation="relu", name="inner")(inp)
+    h = L.Dense(4, name="back")(h)
+    x = L.Add(name="add")([inp, h])
+    return keras.Model(inp, L.Dense(2, name="out")(x))
+
+
+def test_a_unit_of_a_residual_stream_goes_only_when_no_layer_reads_it():
+    model = _residual_mlp()
+    inner = np.ones((4, 3), "float32")
+    back = np.ones((3, 4), "float32")
+    out = np.ones((4, 2), "float32")
+    inner[3] = 0.0  # feature 3 is not read by 'inner' ...
+    back[:, 3] = 0.0  # ... nor made by 'back' ...
+    out[3] = 0.0  # ... nor read by 'out': the coupled unit 3 goes everywhere
+    out[2] = 0.0  # unit 2 is read by 'inner' only: it stays in 'back' and the input
+    model.get_layer("inner").set_weights([inner, np.zeros(3, "float32")])
+    model.get_layer("back").set_weights([back, np.zeros(4, "float32")])
+    model.get_layer("out").set_weights([out, np.zeros(2, "float32")])
+    masks = unit_masks(model, T)
+    np.testing.assert_array_equal(masks.features, [True, True, True, False])
+    np.testing.assert_array_equal(masks.units["back"], [True, True, True, False])
+    np.testing.assert_array_equal(masks.inputs["out"], [True, True, True, False])
+    small = prune_model(model, T)
+    assert small.get_layer("back").kernel.shape == (3, 3)
+    x = np.random.default_rng(0).normal(size=(5, 4)).astype("float32")
+    assert_same_outputs(small, model, x)
+    selected = prune_model(model, T, inputs="selected")
+    assert selected.inputs[0].shape == (None, 3)
+
+
+def test_constant_operand_of_a_merge_keeps_its_channel_when_the_other_varies():
+    model = _residual_mlp()
+    rng = np.random.default_rng(1)
+    back = rng.normal(size=(3, 4)).astype("float32")
+    back[:, 1] = 0.0  # 'back' unit 1 is constant (its bias), the input's feature 1 varies
+    model.get_layer("inner").set_weights([rng.normal(size=(4, 3)), rng.normal(size=3)])
+    model.get_layer("back").set_weights([back, rng.normal(size=4)])
+    model.get_layer("out").set_weights([rng.normal(size=(4, 2)), rng.normal(size=2)])
+    masks = unit_masks(model, T)
+    assert masks.constant["back"][1] and masks.units["back"][1]
+    assert_same_outputs(prune_model(model, T), model, rng.normal(size=(5, 4)).astype("float32"))
+
+
+def test_merges_with_broadcasting_are_refused_naming_the_layer():
+    inp = keras.Input((4,))
+    a = L.Dense(4, name="a")(inp)
+    b = L.Dense(1, name="b")(inp)
+    model = keras.Model(inp, L.Dense(2)(L.Multiply(name="gate")([a, b])))
+    report = sparsity_report(model, T)
+    assert report.uninterpreted_layers == ("gate (Multiply)",)
+    with pytest.raises(ValueError, match=r"cannot prune layer 'gate' \(Multiply\): a merge of tensors of different shapes"):
+        prune_model(model, T)
