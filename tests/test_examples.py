@@ -57,3 +57,10 @@ def test_cnn_digits(tmp_path):
     assert "SparsityReport" in out and "FLOPs:" in out
     gap = float(out.split("largest output difference vs the thresholded model: ")[1].split()[0])
     assert gap <= 1e-5
+
+
+def test_residual_digits(tmp_path):
+    out = run_example("residual_digits.py", cwd=tmp_path)
+    assert "SparsityReport" in out and "pixels read:" in out
+    gap = float(out.split("largest output difference vs the thresholded model: ")[1].split()[0])
+    assert gap <= 1e-5

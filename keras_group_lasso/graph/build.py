@@ -175,14 +175,6 @@ class ModelGraph:
                 return node
         return self.units[0] if self.units else None
 
-    @property
-    def is_chain(self):
-        """Every node reads one node and is read by at most one."""
-        readers = {}
-        for node in self.nodes:
-            for name in node.inputs:
-                readers[name] = readers.get(name, 0) + 1
-        return all(len(node.inputs) <= 1 for node in self.nodes) and all(n <= 1 for n in readers.values())
 
 _CACHE = weakref.WeakKeyDictionary()
 _CACHE_LOCK = threading.Lock()

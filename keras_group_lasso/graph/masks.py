@@ -1,21 +1,29 @@
 """Which units survive: one fixed point over a :class:`~keras_group_lasso.graph.build.ModelGraph`.
 
-Two passes over the chain of units layers, on thresholded weights (a weight
-``|w| <= threshold`` is an exact zero):
+On thresholded weights (a weight ``|w| <= threshold`` is an exact zero), over
+the units of every tensor (:attr:`Node.ids`, coupled across merges):
 
-* forward, *varying*: an input feature varies; a unit varies when a varying
-  input unit reaches it through a non-zero weight. A unit that does not vary
-  outputs a constant, ``act(b + folded)`` passed through the per-unit layers
-  after it. It is removed and its value added to the next layer's bias
-  (``b' = b + sum_i c_i * sum_p K[p, i, :]``) where that is exact: the next
-  layer has a bias (or the constant is exactly 0), every layer in between
-  passes the constant on (zero padding does not, unless it is 0), and the
-  next layer does not pad with zeros itself (``padding="same"``) unless the
-  constant is 0. Otherwise the unit is treated as varying (kept if used).
-* backward, *kept*: every output unit is kept; a unit is kept when it varies
-  and has a non-zero weight into a kept unit of the next layer. An input
-  feature is *selected* when it has a non-zero weight into a kept unit of the
-  layer that reads the model input.
+* forward, *constants*: an input feature varies. A unit that a layer makes is
+  a constant when every input unit with a non-zero weight into it
+  contributes a constant (a constant input unit does, unless this layer pads
+  with zeros and the constant is not 0): it outputs ``act(b + sum_i c_i *
+  sum_p K[p, i, :])`` everywhere. Constants pass through per-unit layers
+  (zero padding stops all but 0) and merges (an operand that varies makes the
+  result vary); a layer that mixes units (softmax) is constant only when
+  everything it reads is. Apart from that, *depends*: which units an input
+  feature reaches through non-zero weights (``live_path``: some output does).
+* backward, *needed*: every unit of a model output and every unit read by a
+  unit-mixing layer is needed; a unit is needed when a layer reads it through
+  a non-zero weight into a needed unit and its constant cannot be added to
+  that layer's bias (it varies, the layer has no bias, or the layer pads with
+  zeros and the constant is not 0). Repeated to a fixed point. A unit that is
+  not needed goes from every layer that makes it and every tensor it lives
+  in; its constant is folded into its readers' biases
+  (``b' = b + sum_i c_i * sum_p K[p, i, :]``). A layer whose needed units read
+  only folded constants keeps one input unit (a layer cannot read nothing).
+
+An input feature is *selected* when it is needed; the channels of an input
+map (a CNN's input) are all kept.
 """
 
 import dataclasses

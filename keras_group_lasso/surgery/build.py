@@ -23,7 +23,7 @@ def prune_model(model, threshold=1e-3, inputs="original"):
     float rounding, inference mode), but ``model`` itself is never changed:
     the surgery works on numpy copies of its weights. It
 
-    * sets every Dense weight with ``|w| <= threshold`` to 0 (in the copy),
+    * sets every Dense and convolution weight with ``|w| <= threshold`` to 0 (in the copy),
     * removes the input features, hidden units and constant units that
       :func:`~keras_group_lasso.analysis.unit_masks` finds dead (the same fixed
       point as :func:`~keras_group_lasso.sparsity_report`, so the new layer sizes
@@ -35,6 +35,13 @@ def prune_model(model, threshold=1e-3, inputs="original"):
       before the first Dense (Normalization's mean and variance, a
       per-feature Rescaling) and copies the others, keeping names,
       activations, dtype policies and ``use_bias``.
+
+    In a residual or branching model a unit lives in several tensors (every
+    operand of an ``Add``, a ``Concatenate``'s slice): it goes from all of
+    them, and from every layer that makes it, only when no layer reads it;
+    a branch that loses every unit is left out. With ``inputs="original"``,
+    where an operand that comes from the input still holds dropped features,
+    a ``select_features`` layer (below) picks the kept ones before the merge.
 
     Output units are never removed. The result is a ``keras.Sequential`` when
     ``model`` is one, else a functional ``keras.Model``, uncompiled, with the
@@ -52,12 +59,12 @@ def prune_model(model, threshold=1e-3, inputs="original"):
     not carried over (pass the result to
     :func:`~keras_group_lasso.add_group_sparsity` to train it further with
     them); other regularizers are kept. A nested Sequential or functional
-    block is flattened into the chain: its layers keep their own names when
+    block is flattened into the graph: its layers keep their own names when
     those are unique in the result, else they are named ``<block>_<layer>``.
 
     Args:
-        model: a built ``keras.Model`` (Sequential or functional) whose Dense
-            layers form one chain; see :class:`UnsupportedModelError`.
+        model: a built ``keras.Model`` (Sequential or functional, one input);
+            see :class:`UnsupportedModelError` for what is refused.
         threshold: finite number >= 0 (default ``1e-3``, the paper's).
         inputs: ``"original"`` (default): the new model takes the original
             input (same shape), a drop-in replacement. Its first Dense keeps

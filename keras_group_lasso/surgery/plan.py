@@ -194,8 +194,8 @@ def plan_pruning(model, threshold=1e-3):
             threshold at which no input feature survives, or a model in which
             no path of non-zero weights leads from an input feature to the output.
         NonFiniteError: a kernel or bias holds NaN or inf.
-        UnsupportedModelError: the model is not a chain that surgery
-            understands (the message names the layer and its class).
+        UnsupportedModelError: the model holds a layer or a graph that surgery
+            cannot interpret (the message names the layer and its class).
 
     Example:
         >>> model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(4), keras.layers.Dense(2)])
