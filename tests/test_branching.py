@@ -218,3 +218,42 @@ def test_merges_with_broadcasting_are_refused_naming_the_layer():
     assert report.uninterpreted_layers == ("gate (Multiply)",)
     with pytest.raises(ValueError, match=r"cannot prune layer 'gate' \(Multiply\): a merge of tensors of different shapes"):
         prune_model(model, T)
+
+
+def _resnet(classes=3):
+    inp = keras.Input((6, 6, 2), name="image")
+    x = L.Conv2D(4, 3, padding="same", name="stem")(inp)
+    y = L.ReLU()(L.BatchNormalization(name="bn1")(L.Conv2D(4, 3, padding="same", name="c1")(x)))
+    y = L.BatchNormalization(name="bn2")(L.Conv2D(4, 3, padding="same", name="c2")(y))
+    x = L.ReLU()(L.Add(name="identity")([x, y]))
+    y = L.ReLU()(L.Conv2D(6, 3, strides=2, padding="same", name="c3")(x))
+    y = L.Conv2D(6, 3, padding="same", name="c4")(y)
+    shortcut = L.Conv2D(6, 1, strides=2, name="projection")(x)
+    x = L.ReLU()(L.Add(name="projected")([shortcut, y]))
+    x = L.GlobalAveragePooling2D()(x)
+    return keras.Model(inp, L.Dense(classes, activation="softmax", name="out")(x))
+
+
+def test_a_group_sparse_resnet_trains_saves_reports_and_prunes(tmp_path):
+    from keras_group_lasso import (
+        HiddenGroupLasso, InputGroupLasso, Proximal, SparsityMonitor, add_group_sparsity,
+    )
+
+    model = add_group_sparsity(_resnet(), 2e-3)
+    assert isinstance(model.get_layer("stem").kernel.regularizer, InputGroupLasso)
+    for name in ("c1", "c2", "c3", "c4", "projection", "out"):
+        assert isinstance(model.get_layer(name).kernel.regularizer, HiddenGroupLasso)
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(32, 6, 6, 2)).astype("float32")
+    y = rng.integers(0, 3, 32)
+    model.compile(optimizer=Proximal(keras.optimizers.SGD(0.1, momentum=0.9)), loss="sparse_categorical_crossentropy")
+    history = model.fit(x, y, epochs=3, batch_size=16, verbose=0, callbacks=[SparsityMonitor(threshold=T)])
+    assert len(history.history["flops"]) == 3 and history.history["flops"][-1] <= 1.0
+    path = tmp_path / "resnet.keras"
+    model.save(path)
+    loaded = keras.saving.load_model(path)
+    assert isinstance(loaded.get_layer("c1").kernel.regularizer, HiddenGroupLasso)
+    report = sparsity_report(loaded, T)
+    assert report.uninterpreted_layers == () and report.flops_before == sparsity_report(model, T).flops_before
+    small = prune_model(loaded, T)
+    assert_same_outputs(small, loaded, x[:4])

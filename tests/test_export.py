@@ -283,6 +283,25 @@ def _normalized_nested_model(seed=5):
     return model
 
 
+def _residual_model(seed=6):
+    """A shortcut from the input: features 0, 3, 7 are read by no layer, so they go from the whole stream."""
+    rng = np.random.default_rng(seed)
+    inputs = keras.Input((N_FEATURES,), name="features")
+    g = keras.layers.Dense(4, activation="relu", name="g_in")(inputs)
+    g = keras.layers.Dense(N_FEATURES, name="g_out")(g)
+    x = keras.layers.Add(name="shortcut")([inputs, g])
+    model = keras.Model(inputs, keras.layers.Dense(3, name="out")(x))
+    for name, dead_axis in (("g_in", 0), ("g_out", 1), ("out", 0)):
+        layer = model.get_layer(name)
+        kernel = rng.normal(size=layer.kernel.shape).astype("float32")
+        if dead_axis == 0:
+            kernel[list(DEAD_FEATURES)] = 0.0
+        else:
+            kernel[:, list(DEAD_FEATURES)] = 0.0
+        layer.set_weights([kernel, rng.normal(size=layer.bias.shape).astype("float32")])
+    return model
+
+
 @pytest.mark.parametrize("penalised", [False, True])
 def test_every_artifact_loads_and_runs_with_plain_keras(tmp_path, penalised):
     # A serving environment with Keras and TensorFlow but without this package.
@@ -292,6 +311,7 @@ def test_every_artifact_loads_and_runs_with_plain_keras(tmp_path, penalised):
         "mlp_selected": (_sparse_model(), _x(), "selected"),
         "image_few_kept": (_few_features_image_model(), np.random.default_rng(2).normal(size=(5, 4, 6)).astype("float32"), "original"),
         "normalized_nested": (_normalized_nested_model(), np.random.default_rng(3).normal(3.0, 2.0, size=(6, N_FEATURES)).astype("float32"), "original"),
+        "residual": (_residual_model(), _x(), "original"),
     }
     directories = []
     for name, (model, x, inputs) in cases.items():
@@ -319,7 +339,7 @@ def test_every_artifact_loads_and_runs_with_plain_keras(tmp_path, penalised):
     )
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
     checked = [line for line in done.stdout.splitlines() if line.startswith("CHECKED")]
-    assert checked and set(checked[0].split()[1:]) == {"mlp", "image_few_kept", "normalized_nested"} | (
+    assert checked and set(checked[0].split()[1:]) == {"mlp", "image_few_kept", "normalized_nested", "residual"} | (
         {"mlp_selected"} if penalised else set()
     )
 
@@ -373,6 +393,20 @@ def test_a_failure_while_overwriting_keeps_the_old_export(tmp_path, monkeypatch)
         export_pruned(_sparse_model(), target, formats=("keras",), overwrite=True)
     assert os.listdir(tmp_path) == ["out"]
     assert os.listdir(target) == ["old.txt"]
+
+
+def test_residual_model_loses_its_dead_features_everywhere():
+    model = _residual_model()
+    small = prune_model(model, THRESHOLD, inputs="selected")
+    assert small.kept_features == tuple(i for i in range(N_FEATURES) if i not in DEAD_FEATURES)
+    assert small.get_layer("g_out").kernel.shape == (4, N_FEATURES - len(DEAD_FEATURES))
+    assert small.get_layer("out").kernel.shape == (N_FEATURES - len(DEAD_FEATURES), 3)
+    x = _x()
+    np.testing.assert_allclose(keras.ops.convert_to_numpy(small(x[:, list(small.kept_features)])),
+                               keras.ops.convert_to_numpy(_thresholded(model)(x)), rtol=1e-5, atol=1e-5)
+    original = prune_model(model, THRESHOLD)  # the input keeps its shape: the kept features are picked before the Add
+    assert original.inputs[0].shape == (None, N_FEATURES)
+    assert "select_features" in [layer.name for layer in original.layers]
 
 
 def test_unsupported_model_writes_nothing(tmp_path):
