@@ -30,11 +30,12 @@ import numpy as np
 from keras_group_lasso._validation import NonFiniteError, check_non_negative, fail
 from keras_group_lasso.graph import registry
 from keras_group_lasso.graph.build import is_graph_model, model_graph
-from keras_group_lasso.graph.masks import UnitMasks, compute_masks, threshold_array
+from keras_group_lasso.graph.masks import UnitMasks, compute_masks, needed_units, threshold_array
 
 __all__ = [
     "SparsityReport",
     "LayerSparsity",
+    "StreamSparsity",
     "UnitMasks",
     "Analysis",
     "analyze",
@@ -266,6 +267,25 @@ def unit_masks(model, threshold=1e-3):
 
 
 @dataclasses.dataclass(frozen=True)
+class StreamSparsity:
+    """Live channels of a stream of units coupled by merges (a residual stream), each channel counted once.
+
+    Attributes:
+        name: the stream's first merge layer.
+        merges: every merge layer on it.
+        makers: the layers that make its channels (``"<input>"``: a shortcut from the input).
+        channels: channels of the stream.
+        channels_alive: channels that stay.
+    """
+
+    name: str
+    merges: tuple
+    makers: tuple
+    channels: int
+    channels_alive: int
+
+
+@dataclasses.dataclass(frozen=True)
 class LayerSparsity:
     """Sparsity of one layer that makes units (Dense, convolution) at one threshold.
 
@@ -320,7 +340,8 @@ class SparsityReport:
         total_weights: kernel weights (connections; biases excluded, as in the paper).
         zero_weights: of those, how many have ``|w| <= threshold``.
         sparsity: ``zero_weights / total_weights``.
-        live_neurons: hidden units kept, summed over the hidden layers.
+        live_neurons: hidden units kept; a unit that several layers make (a
+            channel of a residual stream) counts once.
         params_before: parameters (kernels and biases) of the layers that make units.
         params_after: the same after removing the dead features and units.
         flops_before: multiply-adds per sample of those layers.
@@ -328,6 +349,8 @@ class SparsityReport:
         uninterpreted_layers: ``"name (Class)"`` for each layer the analysis
             could not see through; when not empty the unit counts are
             conservative and :func:`~keras_group_lasso.prune_model` refuses the model.
+        neurons: hidden units before pruning, counted as ``live_neurons`` is.
+        streams: one :class:`StreamSparsity` per stream of coupled units.
     """
 
     threshold: float
@@ -345,6 +368,8 @@ class SparsityReport:
     uninterpreted_layers: tuple
     flops_before: int = 0
     flops_after: int = 0
+    neurons: int = None
+    streams: tuple = ()
 
     @property
     def n_selected_features(self):
@@ -369,6 +394,8 @@ class SparsityReport:
         out["original_layer_sizes"] = list(self.original_layer_sizes)
         out["uninterpreted_layers"] = list(self.uninterpreted_layers)
         out["layers"] = [dataclasses.asdict(layer) for layer in self.layers]
+        out["streams"] = [dict(dataclasses.asdict(stream), merges=list(stream.merges), makers=list(stream.makers))
+                          for stream in self.streams]
         return out
 
     def __str__(self):
@@ -393,7 +420,7 @@ class SparsityReport:
         for i, row in enumerate(rows):
             cells = [c.ljust(w) if j < 2 else c.rjust(w) for j, (c, w) in enumerate(zip(row, widths))]
             lines.append("  " + "  ".join(cells).rstrip())
-        hidden = sum(self.original_layer_sizes[1:])
+        hidden = self.neurons if self.neurons is not None else sum(self.original_layer_sizes[1:])
         lines += [
             f"  selected features: {len(self.selected_features)}/{self.n_features}",
             f"  live neurons:      {self.live_neurons}/{hidden}",
@@ -407,6 +434,9 @@ class SparsityReport:
             f"  FLOPs:             {self.flops_before:,} -> {self.flops_after:,} multiply-adds per sample"
             f" ({100 * self.flops_ratio:.1f}%)",
         ]
+        for stream in self.streams:
+            lines.append(f"  stream {stream.name}: {stream.channels_alive}/{stream.channels} channels "
+                         f"(made by {', '.join(stream.makers)})")
         if self.uninterpreted_layers:
             lines.append("  uninterpreted:     " + ", ".join(self.uninterpreted_layers))
         return "\n".join(lines)
@@ -539,6 +569,7 @@ def _report_from(graph, weights, masks, threshold):
 
     hidden = [layer for layer in per_layer if not layer.is_output]
     n_features = int(masks.features.size)
+    neurons, live, streams = _counted_once(graph, masks, live)
     return SparsityReport(
         threshold=float(threshold),
         n_features=n_features,
@@ -555,7 +586,25 @@ def _report_from(graph, weights, masks, threshold):
         uninterpreted_layers=tuple(f"{name} ({cls})" for name, cls, _ in graph.problems),
         flops_before=int(flops_before),
         flops_after=int(flops_after),
+        neurons=neurons,
+        streams=streams,
     )
+
+
+def _counted_once(graph, masks, live):
+    """``(neurons, live neurons, streams)``: a unit that several layers make (a residual channel) counts once."""
+    if not graph.supported:
+        return None, live, ()
+    needed = needed_units(graph, masks)
+    hidden = set()
+    outputs = set()
+    for node in graph.units:
+        (outputs if node.is_output else hidden).update(int(i) for i in node.out_ids)
+    hidden = np.array(sorted(i for i in hidden - outputs if i >= graph.n_features), dtype=int)
+    streams = tuple(
+        StreamSparsity(s.name, s.merges, s.makers, int(s.ids.size), int(needed[s.ids].sum())) for s in graph.streams
+    )
+    return int(hidden.size), int(needed[hidden].sum()), streams
 
 
 # ----------------------------------------------------------------------------- in place

@@ -127,7 +127,8 @@ class SparsityMonitor(keras.callbacks.Callback):
     and, with ``log_dir``, writes these TensorBoard summaries at step ``epoch``:
     scalars ``sparsity/total``, ``selected_features``, ``live_neurons``,
     ``flops/after`` (multiply-adds per sample), ``flops/ratio``,
-    ``sparsity/<layer>`` and ``live_units/<layer>`` (neurons, or channels of a
+    ``sparsity/<layer>``, ``live_units/stream/<merge>`` (live channels of a
+    residual stream, each once) and ``live_units/<layer>`` (neurons, or channels of a
     convolution); histograms
     ``group_norms/<layer>`` (the L2 norm of each unit's outgoing weights); and,
     when the input is an image, the image ``input_feature_strength`` (see
@@ -272,6 +273,8 @@ class SparsityMonitor(keras.callbacks.Callback):
         for layer in report.layers:
             scalars.append((f"sparsity/{layer.name}", layer.sparsity))
             scalars.append((f"live_units/{layer.name}", layer.units_alive))
+        for stream in report.streams:  # a residual stream's channels, each counted once
+            scalars.append((f"live_units/stream/{stream.name}", stream.channels_alive))
         norms = analysis.layer_group_norms(self.model)
         image_shape = analysis.image_shape(self.model)
         if image_shape is not None and math.prod(image_shape) != report.n_features:

@@ -257,3 +257,32 @@ def test_a_group_sparse_resnet_trains_saves_reports_and_prunes(tmp_path):
     assert report.uninterpreted_layers == () and report.flops_before == sparsity_report(model, T).flops_before
     small = prune_model(loaded, T)
     assert_same_outputs(small, loaded, x[:4])
+
+
+def test_report_counts_a_residual_channel_once_and_shows_each_stream():
+    model = _residual_mlp()
+    inner = np.ones((4, 3), "float32")
+    back = np.ones((3, 4), "float32")
+    out = np.ones((4, 2), "float32")
+    inner[3], back[:, 3], out[3] = 0.0, 0.0, 0.0  # unit 3 of the stream goes
+    model.get_layer("inner").set_weights([inner, np.zeros(3, "float32")])
+    model.get_layer("back").set_weights([back, np.zeros(4, "float32")])
+    model.get_layer("out").set_weights([out, np.zeros(2, "float32")])
+    report = sparsity_report(model, T)
+    # the stream's channels are input features (a shortcut from the input): not hidden neurons
+    assert report.neurons == 3 and report.live_neurons == 3
+    (stream,) = report.streams
+    assert (stream.name, stream.merges, stream.makers, stream.channels, stream.channels_alive) == (
+        "add", ("add",), ("<input>", "back"), 4, 3)
+    assert "stream add: 3/4 channels (made by <input>, back)" in str(report)
+    assert report.to_dict()["streams"][0]["channels_alive"] == 3
+
+
+def test_a_channel_made_by_two_layers_is_one_neuron():
+    inp = keras.Input((3,))
+    h = L.Dense(4, name="h")(inp)
+    f = L.Dense(4, name="f")(L.Dense(2, activation="relu", name="f_in")(h))
+    out = L.Dense(2, name="out")(L.Add(name="res")([h, f]))
+    report = sparsity_report(keras.Model(inp, out), T)
+    assert report.neurons == 4 + 2 and report.live_neurons == 6  # h and f make the same 4 channels
+    assert [s.makers for s in report.streams] == [("h", "f")]

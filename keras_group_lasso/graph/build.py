@@ -31,7 +31,7 @@ import numpy as np
 
 from keras_group_lasso.graph import registry
 
-__all__ = ["Node", "UnitsNode", "ModelGraph", "model_graph", "flat_graph", "is_graph_model"]
+__all__ = ["Node", "UnitsNode", "Stream", "ModelGraph", "model_graph", "flat_graph", "is_graph_model"]
 
 
 def _frozen(values):
@@ -105,6 +105,24 @@ class UnitsNode:
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
+class Stream:
+    """Units that merges couple: the channels of a residual stream, one unit each across all its tensors.
+
+    Attributes:
+        name: the first merge layer of the stream.
+        merges: every merge layer whose output holds exactly these units.
+        ids: int array, the unit ids of the stream's channels.
+        makers: the units layers that make some of them, and ``"<input>"``
+            when input features are among them (a shortcut from the input).
+    """
+
+    name: str
+    merges: tuple
+    ids: np.ndarray
+    makers: tuple
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
 class ModelGraph:
     """The graph of a model, as the masks, the report and surgery read it.
 
@@ -133,6 +151,7 @@ class ModelGraph:
             flattened ``(..., C)`` map produced by an earlier units layer.
         problems: ``((name, class name, reason), ...)`` of what is not understood.
         supported: the masks and surgery can treat the model exactly.
+        streams: one :class:`Stream` per set of units coupled by merges.
     """
 
     model_name: str
@@ -152,6 +171,7 @@ class ModelGraph:
     flatten_channels: types.MappingProxyType
     problems: tuple
     supported: bool
+    streams: tuple = ()
 
     def node(self, name):
         """The :class:`UnitsNode` called ``name``."""
@@ -462,6 +482,7 @@ def _model_graph(model, flat):
         return _unsupported(model, sequential, input_name, input_shape, layers, all_units, input_readers,
                             tuple(problems))
     nodes, units, flat_features, n_features, n_ids, flatten_channels = built
+    streams = _streams(nodes, units, n_features)
     return ModelGraph(
         model_name=model.name,
         sequential=sequential,
@@ -480,6 +501,7 @@ def _model_graph(model, flat):
         flatten_channels=types.MappingProxyType(flatten_channels),
         problems=(),
         supported=True,
+        streams=streams,
     )
 
 
@@ -701,6 +723,26 @@ def _units_graph(order, layers, producers, consumers, kinds, input_name, output_
             is_output=bool(out_ids.size) and all(int(i) in output_ids for i in out_ids),
         ))
     return nodes, tuple(units), flat_features, int(n_features), len(ids.parent), flatten_channels
+
+
+def _streams(nodes, units, n_features):
+    """The :class:`Stream` of every set of units that merges couple, in call order."""
+    found = {}
+    for node in nodes:
+        if node.kind != "merge":
+            continue
+        key = tuple(int(i) for i in node.ids)
+        if key in found:
+            found[key][1].append(node.name)
+        else:
+            found[key] = (node.name, [node.name])
+    streams = []
+    for key, (name, merges) in found.items():
+        ids = set(key)
+        makers = (("<input>",) if any(i < n_features for i in key) else ()) + tuple(
+            u.name for u in units if ids & set(int(i) for i in u.out_ids))
+        streams.append(Stream(name, tuple(merges), _frozen(key), makers))
+    return tuple(streams)
 
 
 def _reaches_units(name, consumers, kinds):

@@ -33,7 +33,7 @@ import numpy as np
 
 from keras_group_lasso.graph import registry
 
-__all__ = ["UnitMasks", "compute_masks", "pass_constants"]
+__all__ = ["UnitMasks", "compute_masks", "pass_constants", "needed_units"]
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -307,3 +307,16 @@ def _all_kept(graph, conn, threshold):
         roles={node.name: "input" if node.name in readers else "hidden" for node in nodes},
         is_output={node.name: False for node in nodes},
     )
+
+
+def needed_units(graph, masks):
+    """bool over the unit ids of ``graph`` (:attr:`Node.ids`): the units that stay, each coupled unit once."""
+    needed = np.zeros(graph.n_ids, dtype=bool)
+    if graph.flat_features:
+        needed[: graph.n_features] = masks.features
+    else:
+        needed[: graph.n_features] = True
+    for node in graph.units:
+        needed[node.in_ids] |= masks.inputs[node.name]
+        needed[node.out_ids] |= masks.units[node.name]
+    return needed

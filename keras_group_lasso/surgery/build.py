@@ -7,7 +7,7 @@ import numpy as np
 
 from keras_group_lasso._validation import check_choice
 from keras_group_lasso.graph import registry
-from keras_group_lasso.graph.masks import threshold_array
+from keras_group_lasso.graph.masks import needed_units, threshold_array
 from keras_group_lasso.surgery import plan as planning
 
 __all__ = ["prune_model"]
@@ -110,7 +110,7 @@ def prune_model(model, threshold=1e-3, inputs="original"):
     masks = result.masks
     layers = graph.layers
     weights = _folded(result)
-    needed = planning.needed_units(graph, masks)
+    needed = needed_units(graph, masks)
 
     sliced_features = inputs == "selected" and graph.flat_features
     input_node = graph.nodes[0]

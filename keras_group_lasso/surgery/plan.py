@@ -14,7 +14,7 @@ from keras_group_lasso._validation import fail
 from keras_group_lasso.graph import registry
 from keras_group_lasso.graph.build import model_graph
 
-__all__ = ["UnsupportedModelError", "LayerPlan", "DensePlan", "PruningPlan", "plan_pruning", "needed_units", "SUPPORTED"]
+__all__ = ["UnsupportedModelError", "LayerPlan", "DensePlan", "PruningPlan", "plan_pruning", "SUPPORTED"]
 
 def supported_text():
     """What surgery supports, in words, from the one registry of layer classes."""
@@ -255,15 +255,3 @@ def build_plan(owner, model, threshold):
         analysis=result,
     )
 
-
-def needed_units(graph, masks):
-    """bool over the unit ids of ``graph``: the units that stay (coupled units decided once)."""
-    needed = np.zeros(graph.n_ids, dtype=bool)
-    if graph.flat_features:
-        needed[: graph.n_features] = masks.features
-    else:
-        needed[: graph.n_features] = True
-    for node in graph.units:
-        needed[node.in_ids] |= masks.inputs[node.name]
-        needed[node.out_ids] |= masks.units[node.name]
-    return needed
