@@ -36,12 +36,10 @@ How the pieces fit (Keras 3, TensorFlow and JAX):
   silently apply the first model's penalties).
 """
 
-import math
 import sys
 import warnings
 
 import keras
-import numpy as np
 from keras import ops
 
 from keras_group_lasso import prox
@@ -52,103 +50,8 @@ __all__ = ["Proximal", "weighted_sparse_group_soft_threshold"]
 
 _PACKAGE = "keras_group_lasso"
 METRICS = ("auto", "optimizer", "euclidean")
-# Lower bound on a metric entry: keeps lr * lambda / d finite if a user
-# sets epsilon=0 and a coordinate never saw a gradient.
-_MIN_PRECONDITIONER = 1e-12
-
-
-def weighted_sparse_group_soft_threshold(x, weights, group_threshold, l1_threshold=0.0):
-    """Sparse-group-Lasso proximal step in a diagonal metric ``d`` (the group part in its scalar form).
-
-    Targets ``argmin_z 0.5 * sum_i d_i (z_i - x_i)^2 + a * sum_g sqrt(|g|) ||z_g||_2 + b * ||z||_1``
-    with ``d = weights > 0``, ``a = group_threshold``, ``b = l1_threshold``:
-
-    1. L1 part, exact: ``s_i = sign(x_i) * max(|x_i| - b / d_i, 0)``.
-    2. Group part, ``c = a * sqrt(|g|)``: ``z_g = s_g * max(0, 1 - c / ||d * s_g||_2)``.
-
-    Step 2 is the exact group proximal step in the group's own scalar metric
-    ``d_g = ||d * s_g|| / ||s_g||``. Compared with the exact diagonal-metric
-    operator (which needs a one-dimensional root search per group):
-
-    * the zero test is the same, ``||d * s_g|| <= c`` (the exact optimality
-      condition at ``z_g = 0``), so exactly the same groups become 0;
-    * it is the same when ``d`` is constant inside each group;
-    * a surviving group keeps the same balance at a fixed point of
-      gradient step + proximal step: the data gradient on the group has norm
-      ``a * sqrt(|g|) / step``; only its direction inside the group is weighted
-      by ``d`` (``∝ d_i z_i`` instead of ``∝ z_i``).
-
-    It costs one extra elementwise product over :func:`keras_group_lasso.prox.sparse_group_soft_threshold`
-    (with ``d = 1`` it *is* that function). On a rank-1 tensor every scalar is
-    a group and the result is exact: ``sign(x) * max(|x| - (a + b) / d, 0)``.
-
-    Args:
-        x: weight tensor of rank >= 1, groups along axis -2 (see :mod:`keras_group_lasso.prox`).
-        weights: tensor of the shape of ``x``, the metric ``d > 0`` (values
-            below 1e-12 are raised to 1e-12).
-        group_threshold: ``a >= 0``.
-        l1_threshold: ``b >= 0``.
-
-    Returns:
-        A tensor of the shape and dtype of ``x``.
-
-    Example:
-        >>> x = np.array([[3.0, 4.0], [0.1, 0.1]], dtype="float32")
-        >>> d = np.full_like(x, 2.0)   # a constant metric divides both thresholds by d
-        >>> ops.convert_to_numpy(weighted_sparse_group_soft_threshold(x, d, 1.0, 0.2))
-        array([[2.4780676, 3.3325737],
-               [0.       , 0.       ]], dtype=float32)
-    """
-    x = ops.convert_to_tensor(x)
-    dtype = _compute_dtype(x.dtype)
-    d = ops.maximum(ops.cast(weights, dtype), _MIN_PRECONDITIONER)
-    return ops.cast(_weighted_prox(ops.cast(x, dtype), d, group_threshold, l1_threshold), x.dtype)
-
-
-def _weighted_prox(x, d, a, b, use_l1=True):
-    """:func:`weighted_sparse_group_soft_threshold` with ``d`` already floored; ``use_l1=False`` skips ``b``.
-
-    Works on ``q = d * x`` (gradient units), where both thresholds are plain
-    soft thresholds, ``d * S_{b/d}(x) = S_b(d * x)``, and divides once at the end.
-    """
-    return ops.divide(_sgl_step(ops.multiply(d, x), a, b, use_l1), d)
-
-
-def _sgl_step(x, a, b, use_l1=True):
-    """``prox.sparse_group_soft_threshold(x, a, b)`` in few ops (it runs every step, op by op without XLA).
-
-    ``S_t(x) = x - clip(x, -t, t)`` (exactly 0 inside); the group factor
-    ``max(0, 1 - c / ||g||)`` with ``||g||^2`` floored at the dtype's smallest
-    normal number, so an all-zero group, or one whose squares underflow, gets
-    factor 0 (1 when ``c == 0``) without a ``where``. ``x`` is float32 or
-    float64 (:func:`_compute_dtype`).
-    """
-    dtype = x.dtype
-    a = ops.cast(a, dtype)
-    shape = tuple(x.shape)
-    if len(shape) < 2:  # every scalar is a group: one soft threshold by a + b
-        t = a + ops.cast(b, dtype) if use_l1 else a
-        return x - ops.clip(x, -t, t)
-    if use_l1:
-        t = ops.cast(b, dtype)
-        x = x - ops.clip(x, -t, t)
-    c = a * math.sqrt(prox.group_size(shape))
-    sq = ops.sum(ops.square(x), axis=prox.group_axes(shape), keepdims=True)
-    return x * ops.maximum(1.0 - c * ops.rsqrt(ops.maximum(sq, _TINY[keras.backend.standardize_dtype(dtype)])), 0.0)
-
-
-# Smallest normal number of the dtypes the proximal step is computed in.
-_TINY = {name: float(np.finfo(name).tiny) for name in ("float32", "float64")}
-
-
-def _compute_dtype(dtype):
-    """float64 stays float64; float16, bfloat16 and float32 weights are stepped in float32.
-
-    A half-precision group norm floored at float16's smallest normal number
-    (6e-5) would shrink small groups by the wrong amount, and numpy has no
-    ``finfo`` for bfloat16: the step is taken in float32 and cast back.
-    """
-    return "float64" if keras.backend.standardize_dtype(dtype) == "float64" else "float32"
+_MIN_PRECONDITIONER = prox.MIN_METRIC
+weighted_sparse_group_soft_threshold = prox.weighted_sparse_group_soft_threshold  # its home before 0.3
 
 
 # The metric d of each Keras optimizer's own step, which is "lr * direction / d"
@@ -507,16 +410,16 @@ class Proximal(keras.optimizers.Optimizer):
         value = ops.convert_to_tensor(value)
         shape = tuple(value.shape)
         view = penalty.group_shape(shape)  # groups along axis -2 (whole channels for channels=C)
-        dtype = _compute_dtype(value.dtype)
+        dtype = prox.compute_dtype(value.dtype)
         x = ops.reshape(ops.cast(value, dtype), view)
         lr = ops.cast(learning_rate, dtype)
         d = 1.0 if self._metric is None else self._metric(self.inner_optimizer, index, dtype)
         if isinstance(d, float):  # a constant metric: the Euclidean closed form, thresholds lr * λ / d
             step = lr / d
-            z = _sgl_step(x, step * penalty.factor, step * penalty.l1, use_l1=bool(penalty.l1))
+            z = prox.sgl_step(x, step * penalty.factor, step * penalty.l1, use_l1=bool(penalty.l1))
         else:
             d = ops.maximum(ops.reshape(d, view), _MIN_PRECONDITIONER)
-            z = _weighted_prox(x, d, lr * penalty.factor, lr * penalty.l1, use_l1=bool(penalty.l1))
+            z = prox.weighted_sgl_step(x, d, lr * penalty.factor, lr * penalty.l1, use_l1=bool(penalty.l1))
         return ops.cast(ops.reshape(z, shape), value.dtype)
 
     def _apply_proximal_steps(self, penalties, learning_rate):
