@@ -5,8 +5,9 @@ so pixel ``j`` and output ``j`` of ``g`` are one unit of the residual stream:
 it can only go when no layer reads it anywhere (neither ``g``'s first layer
 nor the layer after the block) -- then ``g`` stops making it too, and the
 pixel is not selected. A second, projected block carries a 48-wide stream
-through another ``Add``. ``add_group_sparsity`` gives every Dense layer its
-groups, ``Proximal`` makes them exact zeros, ``prune_model`` removes the
+through another ``Add``. ``add_group_sparsity`` penalises each coupled unit
+as one group (its outgoing weights in every layer that reads it, one norm),
+``Proximal`` makes whole groups exact zeros, ``prune_model`` removes the
 coupled units from every layer they live in; its outputs equal the
 thresholded model's.
 

@@ -11,9 +11,10 @@ from keras_group_lasso._validation import InvalidParameterError, NonFiniteError
 from keras_group_lasso.analysis import SparsityReport, apply_threshold, sparsity_report
 from keras_group_lasso.callbacks import SparsityMonitor
 from keras_group_lasso.export import export_pruned
-from keras_group_lasso.models import add_group_sparsity
+from keras_group_lasso.models import GroupSparseModel, add_group_sparsity, coupled_groups
 from keras_group_lasso.optimizers import Proximal
 from keras_group_lasso.regularizers import (
+    CoupledGroupLasso,
     GroupLasso,
     HiddenGroupLasso,
     InputGroupLasso,
@@ -29,7 +30,10 @@ __all__ = [
     "SparseGroupLasso",
     "InputGroupLasso",
     "HiddenGroupLasso",
+    "CoupledGroupLasso",
     "add_group_sparsity",
+    "GroupSparseModel",
+    "coupled_groups",
     "sparsity_report",
     "SparsityReport",
     "apply_threshold",

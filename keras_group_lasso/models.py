@@ -1,5 +1,8 @@
 """Attach group-sparse penalties to an existing model."""
 
+import dataclasses
+import math
+
 import keras
 
 from keras_group_lasso._validation import check_choice, check_non_negative, fail
@@ -7,13 +10,40 @@ from keras_group_lasso.analysis import dense_roles, input_dense_layers
 from keras_group_lasso.graph import registry
 from keras_group_lasso.graph.build import model_graph
 from keras_group_lasso.regularizers import (
+    CoupledGroupLasso,
     GroupLasso,
     HiddenGroupLasso,
     InputGroupLasso,
     SparseGroupLasso,
+    link_coupled_penalties,
 )
 
-__all__ = ["add_group_sparsity", "input_dense_layers"]
+__all__ = ["add_group_sparsity", "input_dense_layers", "GroupSparseModel", "coupled_groups"]
+
+
+@keras.saving.register_keras_serializable(package="keras_group_lasso", name="GroupSparseModel")
+class GroupSparseModel(keras.Model):
+    """A functional model whose coupled group penalties see each other (what ``add_group_sparsity`` returns
+    for a model with coupled units).
+
+    A :class:`~keras_group_lasso.CoupledGroupLasso` on one kernel needs the
+    other kernels of its coupled groups; this model links them whenever it is
+    built: by :func:`add_group_sparsity`, by ``keras.saving.load_model`` and by
+    ``keras.models.clone_model``. Otherwise it is a plain functional
+    ``keras.Model`` (same call, same config).
+
+    Example:
+        >>> inputs = keras.Input((3,))
+        >>> h = keras.layers.Dense(3, name="h")(inputs)
+        >>> out = keras.layers.Dense(2, name="out")(keras.layers.Add()([inputs, h]))
+        >>> model = add_group_sparsity(keras.Model(inputs, out), 1e-3)
+        >>> type(model).__name__, [g.size for g in coupled_groups(model)]
+        ('GroupSparseModel', [5, 5, 5])
+    """
+
+    def __init__(self, inputs, outputs, name=None, **kwargs):
+        super().__init__(inputs=inputs, outputs=outputs, name=name, **kwargs)
+        link_coupled_penalties(self)
 
 _PENALTIES = ("sgl", "group")
 
@@ -68,7 +98,7 @@ def _roles_by_layer(owner, model):
                 f"and one output (the Dense layer '{name}' is inside {inside}, whose graph cannot be read)",
                 model,
             )
-        by_layer[id(layer)] = (roles[name], channels.get(name))
+        by_layer[id(layer)] = (roles[name], channels.get(name), name)
     return by_layer
 
 
@@ -101,6 +131,13 @@ def add_group_sparsity(model, factor=1e-3, *, l1=None, input_factor=None, penalt
     layers are replaced; other layers are copied as they are. Weights are
     copied; the original model is not changed. The copy is not compiled.
 
+    In a residual or branching model a unit can be read by several layers
+    (:func:`coupled_groups`): its group is then its outgoing weights in all
+    of them, penalised as one (``lambda * sqrt(|U|) * ||U||_2``, with
+    ``input_factor`` when the unit is an input feature): the readers' kernels
+    get a :class:`~keras_group_lasso.CoupledGroupLasso` and the copy is a
+    :class:`GroupSparseModel`, which links them.
+
     Args:
         model: a built Sequential or Functional ``keras.Model``; a nested
             model must be a Sequential or Functional block called once with one
@@ -115,7 +152,8 @@ def add_group_sparsity(model, factor=1e-3, *, l1=None, input_factor=None, penalt
         bias: also penalize the biases (the paper's bias groups).
 
     Returns:
-        A new, uncompiled ``keras.Model`` of the same class with the same weights.
+        A new, uncompiled ``keras.Model`` with the same weights: of the same
+        class, or a :class:`GroupSparseModel` when some units are coupled.
 
     Raises:
         InvalidParameterError: bad arguments, or a model that is not
@@ -147,12 +185,20 @@ def add_group_sparsity(model, factor=1e-3, *, l1=None, input_factor=None, penalt
     roles = _roles_by_layer(owner, model)
     input_l1 = l1 if penalty == "sgl" else 0.0
 
+    coupled = _coupling(model_graph(model), factor, input_factor)
+
     def clone(layer):
         config = layer.get_config()
         found = roles.get(id(layer))
         if found is not None:
-            role, channels = found
-            if role == "input":
+            role, channels, name = found
+            own = input_factor if role == "input" else factor
+            own_l1 = input_l1 if role == "input" else l1
+            if name in coupled.members:
+                keys, anchor = coupled.members[name]
+                penalty_of = lambda: CoupledGroupLasso(  # noqa: E731
+                    own, l1=own_l1, channels=channels, coupled=keys, scales=coupled.scales, anchor=anchor, role=role)
+            elif role == "input":
                 penalty_of = lambda: InputGroupLasso(input_factor, l1=input_l1, channels=channels)  # noqa: E731
             else:
                 penalty_of = lambda: HiddenGroupLasso(factor, l1=l1, channels=channels)  # noqa: E731
@@ -169,6 +215,74 @@ def add_group_sparsity(model, factor=1e-3, *, l1=None, input_factor=None, penalt
         return type(layer).from_config(config)
 
     copy = keras.models.clone_model(model, clone_function=clone, recursive=True)
+    if coupled.members:
+        inputs = copy.inputs[0] if len(copy.inputs) == 1 else copy.inputs
+        outputs = copy.outputs[0] if len(copy.outputs) == 1 else copy.outputs
+        copy = GroupSparseModel(inputs, outputs, name=copy.name)
     copy.set_weights(model.get_weights())
     _refresh_normalization(copy)
     return copy
+
+
+class _Coupling:
+    def __init__(self, members, scales, groups):
+        self.members = members  # {layer name: (coupled index of each of its groups or -1, anchor)}
+        self.scales = scales  # s_k = lambda_k * sqrt(|U_k|)
+        self.groups = groups  # (unit id, ((layer name, group index), ...), size) of each coupled group
+
+
+def _coupling(graph, factor, input_factor):
+    """The coupled groups of ``graph``: units that more than one layer reads, with the layers' group indices."""
+    if not graph.supported:
+        return _Coupling({}, (), ())
+    readers = {}
+    separable = set()
+    for node in graph.units:
+        for i, unit in enumerate(node.in_ids):
+            readers.setdefault(int(unit), []).append((node.name, i))
+            if registry.is_separable(graph.layers[node.name]):
+                separable.add(int(unit))
+    units = {node.name: node for node in graph.units}
+    keys, scales, groups = {}, [], []
+    for unit, found in readers.items():
+        # One layer reading a unit through several rows (Concatenate of a tensor with itself) keeps its own
+        # groups; SeparableConv's two kernels keep their own penalties.
+        if len({name for name, _ in found}) < 2 or unit in separable:
+            continue
+        size = sum(units[name].positions * units[name].out_units for name, _ in found)
+        strength = input_factor if unit < graph.n_features else factor
+        keys[unit] = len(scales)
+        scales.append(strength * math.sqrt(size))
+        groups.append((unit, tuple(found), size))
+    members = {}
+    for node in graph.units:
+        row = [keys.get(int(unit), -1) for unit in node.in_ids]
+        if any(k >= 0 for k in row):
+            members[node.name] = (row, not members)
+    return _Coupling(members, tuple(scales), tuple(groups))
+
+
+@dataclasses.dataclass(frozen=True)
+class CoupledGroup:
+    """A unit that several layers read: its group is its outgoing weights in all of them.
+
+    Attributes:
+        unit: the unit id in the model graph (an input feature when ``< n_features``).
+        readers: ``((layer name, group index), ...)``: where its weights lie.
+        size: weights in the union, ``|U|``.
+    """
+
+    unit: int
+    readers: tuple
+    size: int
+
+
+def coupled_groups(model):
+    """The coupled groups of ``model``: units read by more than one layer (residual and branching models).
+
+    Raises:
+        InvalidParameterError: ``model`` is not a built Sequential or functional ``keras.Model``.
+    """
+    _check_graph_model("coupled_groups", model)
+    coupling = _coupling(model_graph(model), 1.0, 1.0)
+    return tuple(CoupledGroup(unit, readers, size) for unit, readers, size in coupling.groups)

@@ -36,6 +36,7 @@ How the pieces fit (Keras 3, TensorFlow and JAX):
   silently apply the first model's penalties).
 """
 
+import math
 import sys
 import warnings
 
@@ -44,7 +45,7 @@ from keras import ops
 
 from keras_group_lasso import prox
 from keras_group_lasso._validation import check_choice, fail
-from keras_group_lasso.regularizers import GroupSparseRegularizer
+from keras_group_lasso.regularizers import CoupledGroupLasso, GroupSparseRegularizer
 
 __all__ = ["Proximal", "weighted_sparse_group_soft_threshold"]
 
@@ -422,22 +423,76 @@ class Proximal(keras.optimizers.Optimizer):
             z = prox.weighted_sgl_step(x, d, lr * penalty.factor, lr * penalty.l1, use_l1=bool(penalty.l1))
         return ops.cast(ops.reshape(z, shape), value.dtype)
 
+    def _coupled_points(self, coupled, learning_rate):
+        """Proximal points of the weights that share coupled groups, all read before any is written.
+
+        In gradient units ``q = d * x`` (``d``: the metric), as
+        :func:`keras_group_lasso.prox.weighted_sgl_step`: ``q`` soft-thresholded by
+        ``lr * l1``; an own group ``g`` scaled by ``max(0, 1 - lr * factor *
+        sqrt(|g|) / ||q_g||)``; every part of a coupled group ``k`` by the one
+        factor ``max(0, 1 - lr * s_k / ||q_U||)`` of the whole union; then ``z = q / d``.
+        """
+        prepared, total = [], None
+        for index, penalty in coupled:
+            value = ops.convert_to_tensor(self._trainable_variables[index])
+            shape = tuple(value.shape)
+            view = penalty.group_shape(shape)
+            dtype = prox.compute_dtype(value.dtype)
+            lr = ops.cast(learning_rate, dtype)
+            x = ops.reshape(ops.cast(value, dtype), view)
+            d = 1.0 if self._metric is None else self._metric(self.inner_optimizer, index, dtype)
+            d = ops.cast(d, dtype) if isinstance(d, float) else ops.maximum(ops.reshape(d, view), _MIN_PRECONDITIONER)
+            q = ops.multiply(d, x)
+            if penalty.l1:
+                t = lr * penalty.l1
+                q = q - ops.clip(q, -t, t)
+            axes = prox.group_axes(view)
+            sq = ops.reshape(ops.sum(ops.square(q), axis=axes), (-1,))
+            own, onehot = penalty._masks(int(sq.shape[0]))
+            onehot = ops.cast(onehot, dtype)
+            part = ops.matmul(ops.reshape(sq, (1, -1)), onehot)[0]
+            total = part if total is None else total + ops.cast(part, total.dtype)
+            prepared.append((index, value, shape, view, dtype, lr, d, q, sq, own, onehot, penalty))
+        points = []
+        for index, value, shape, view, dtype, lr, d, q, sq, own, onehot, penalty in prepared:
+            tiny = prox._TINY[dtype]
+            union = ops.cast(total, dtype)
+            scales = ops.convert_to_tensor(penalty.scales, dtype)
+            per_key = ops.maximum(1.0 - lr * scales * ops.rsqrt(ops.maximum(union, tiny)), 0.0)
+            c = lr * penalty.factor * math.sqrt(prox.group_size(view))
+            own_factor = ops.maximum(1.0 - c * ops.rsqrt(ops.maximum(sq, tiny)), 0.0) * ops.cast(own, dtype)
+            factor = own_factor + ops.matmul(onehot, ops.reshape(per_key, (-1, 1)))[:, 0]
+            axis_shape = [1] * len(view)
+            axis_shape[-2] = -1
+            z = ops.divide(q * ops.reshape(factor, axis_shape), d)
+            points.append((index, ops.cast(ops.reshape(z, shape), value.dtype)))
+        return points
+
     def _apply_proximal_steps(self, penalties, learning_rate):
+        coupled = [(i, p) for i, p in penalties if isinstance(p, CoupledGroupLasso)]
+        penalties = [(i, p) for i, p in penalties if not isinstance(p, CoupledGroupLasso)]
         if keras.backend.backend() == "tensorflow":
             import tensorflow as tf
 
             context = tf.distribute.get_replica_context()
             if context is None:  # cross-replica context: no merge needed
-                self._distributed_proximal_steps(tf.distribute.get_strategy(), penalties, learning_rate)
+                self._distributed_proximal_steps(tf.distribute.get_strategy(), penalties, learning_rate, coupled)
             else:
-                context.merge_call(self._distributed_proximal_steps, args=(penalties, learning_rate))
+                context.merge_call(self._distributed_proximal_steps, args=(penalties, learning_rate, coupled))
             return
+        points = self._coupled_points(coupled, learning_rate) if coupled else []
         for index, penalty in penalties:
             variable = self._trainable_variables[index]
             variable.assign(self._proximal_point(index, penalty, variable, learning_rate))
+        for index, z in points:
+            self._trainable_variables[index].assign(z)
 
-    def _distributed_proximal_steps(self, strategy, penalties, learning_rate):
+    def _distributed_proximal_steps(self, strategy, penalties, learning_rate, coupled=()):
         # Like Keras's own weight decay: one update per variable, on every replica.
+        for index, z in self._coupled_points(coupled, learning_rate) if coupled else []:
+            strategy.extended.update(
+                self._trainable_variables[index].value, lambda var, z: var.assign(z), args=(z,), group=False
+            )
         for index, penalty in penalties:
 
             def step(var, lr, index=index, penalty=penalty):

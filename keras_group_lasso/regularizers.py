@@ -15,6 +15,7 @@ model that uses them saves to ``.keras`` and loads back without
 ``custom_objects`` once this package is imported.
 """
 
+import math
 import sys
 
 import keras
@@ -27,7 +28,9 @@ __all__ = [
     "SparseGroupLasso",
     "InputGroupLasso",
     "HiddenGroupLasso",
+    "CoupledGroupLasso",
     "GroupSparseRegularizer",
+    "link_coupled_penalties",
     "get",
     "ALIASES",
 ]
@@ -137,6 +140,11 @@ class GroupSparseRegularizer(keras.regularizers.Regularizer):
         return x if view == shape else keras.ops.reshape(x, view)
 
     def __call__(self, x):
+        self._check_weight(x, sys._getframe(1))
+        return prox.group_sparse_penalty(self._grouped(x), self.factor, self.l1)
+
+    def _check_weight(self, x, frame):
+        """Refuse a scalar, an unknown dimension, or a layer's output (``frame``: the caller's)."""
         shape = tuple(getattr(x, "shape", ()))
         if len(shape) == 0:
             fail(
@@ -145,7 +153,7 @@ class GroupSparseRegularizer(keras.regularizers.Regularizer):
                 "a weight tensor of rank >= 1 (a bias or a kernel), not a scalar",
                 x,
             )
-        layer = _layer_calling_for_activity(self, sys._getframe(1))
+        layer = _layer_calling_for_activity(self, frame)
         if layer is not None or any(d is None for d in shape):
             received = (
                 f"the output of layer '{layer.name}' ({type(layer).__name__}), shape {shape}"
@@ -153,7 +161,6 @@ class GroupSparseRegularizer(keras.regularizers.Regularizer):
                 else f"a tensor of shape {shape}, which no weight has"
             )
             fail(type(self).__name__, "x", _WEIGHT_ONLY, _Described(received))
-        return prox.group_sparse_penalty(self._grouped(x), self.factor, self.l1)
 
     def prox(self, x, step):
         """Proximal step of this penalty with step size ``step`` (e.g. the learning rate).
@@ -293,6 +300,190 @@ class HiddenGroupLasso(GroupSparseRegularizer):
     """
 
     role = "hidden"
+
+
+@keras.saving.register_keras_serializable(package=_PACKAGE, name="CoupledGroupLasso")
+class CoupledGroupLasso(GroupSparseRegularizer):
+    """One kernel's share of group penalties whose groups span several layers (coupled units).
+
+    A channel of a residual stream is read by several layers; the paper's
+    group of that unit is all its outgoing weights, in all of them, and it is
+    penalised as one: ``s_k * ||U_k||_2`` over the union ``U_k`` (with
+    ``s_k = lambda_k * sqrt(|U_k|)``). A Keras regularizer sees one weight, so
+    every kernel that holds part of a coupled group carries a
+    ``CoupledGroupLasso`` that says which of its groups belong to which
+    coupled group; :func:`link_coupled_penalties` (run by
+    :func:`~keras_group_lasso.add_group_sparsity` and by
+    :class:`~keras_group_lasso.GroupSparseModel` when it is built or loaded)
+    lets them see each other's weights, and the *anchor* adds the value of
+    every coupled group to the loss. Its other groups are ordinary groups
+    (``factor * sqrt(|g|) * ||g||_2``), and ``l1 * sum |w|`` covers all weights.
+
+    Args:
+        factor: strength of this kernel's own (uncoupled) groups.
+        l1: elementwise strength.
+        channels: as for :class:`GroupLasso`.
+        coupled: for each group of this kernel (axis -2 of the group view),
+            the index of its coupled group, or -1 for an own group.
+        scales: ``s_k`` of each coupled group ``k`` (the same list in every member).
+        anchor: this member adds the coupled groups' value to the loss (exactly one per model).
+        role: ``"input"`` or ``"hidden"``.
+
+    Example:
+        >>> a = CoupledGroupLasso(0.1, coupled=[0, -1], scales=[1.0], anchor=True)
+        >>> b = CoupledGroupLasso(0.1, coupled=[0], scales=[1.0])
+        >>> ka = keras.Variable(np.array([[3.0, 0.0], [1.0, 1.0]], dtype="float32"))
+        >>> kb = keras.Variable(np.array([[4.0]], dtype="float32"))
+        >>> link_coupled_penalties([(ka, a), (kb, b)])
+        >>> round(float(a(ka)), 4)   # 1.0 * ||(3, 0, 4)|| + 0.1 * sqrt(2) * ||(1, 1)||
+        5.2
+        >>> float(b(kb))   # its only group is coupled: the anchor counts it
+        0.0
+    """
+
+    def __init__(self, factor=DEFAULT_FACTOR, l1=0.0, channels=None, coupled=(), scales=(), anchor=False,
+                 role="hidden"):
+        super().__init__(factor=factor, l1=l1, channels=channels)
+        owner = type(self).__name__
+        try:
+            self.coupled = tuple(int(k) for k in coupled)
+            self.scales = tuple(float(v) for v in scales)
+        except (TypeError, ValueError):
+            fail(owner, "coupled", "a list of group indices and `scales` a list of numbers", (coupled, scales))
+        if any(k < -1 or k >= len(self.scales) for k in self.coupled):
+            fail(owner, "coupled", f"indices in [-1, {len(self.scales)}) (one scale per coupled group)",
+                 list(self.coupled))
+        if any(not (v >= 0.0 and v < float("inf")) for v in self.scales):
+            fail(owner, "scales", "finite numbers >= 0", list(self.scales))
+        if role not in ("input", "hidden"):
+            fail(owner, "role", "'input' or 'hidden'", role)
+        self.anchor = bool(anchor)
+        self.role = role
+        self._members = None
+
+    def link(self, members):
+        """Let this penalty read the weights of the others: ``members`` is ``[(variable, penalty)]`` of all of them."""
+        self._members = list(members)
+
+    def _masks(self, groups):
+        import numpy as np
+
+        if len(self.coupled) != groups:
+            fail(type(self).__name__, "coupled", f"one entry per group of the weight ({groups} groups)",
+                 len(self.coupled))
+        keys = np.asarray(self.coupled, dtype=np.int64)
+        onehot = np.zeros((groups, max(len(self.scales), 1)), dtype="float32")
+        rows = np.flatnonzero(keys >= 0)
+        onehot[rows, keys[rows]] = 1.0
+        return (keys < 0).astype("float32"), onehot
+
+    def _group_squares(self, x):
+        """``(view, squares of each group (G,))`` of weight ``x``."""
+        view = self._grouped(keras.ops.convert_to_tensor(x))
+        axes = prox.group_axes(tuple(view.shape))
+        sq = keras.ops.sum(keras.ops.square(view), axis=axes) if axes else keras.ops.square(view)
+        return view, keras.ops.reshape(sq, (-1,))
+
+    def coupled_squares(self, x):
+        """``(K,)``: the squared norm of this weight's part of each coupled group."""
+        _, sq = self._group_squares(x)
+        _, onehot = self._masks(int(sq.shape[0]))
+        return keras.ops.matmul(keras.ops.reshape(sq, (1, -1)), keras.ops.cast(onehot, sq.dtype))[0]
+
+    def union_squares(self, own=None, dtype=None):
+        """``(K,)``: squared norm of every coupled group, over all linked members (``own``: this member's value)."""
+        if self._members is None:
+            raise ValueError(
+                "CoupledGroupLasso: the penalty is not linked to the other layers of its coupled groups. "
+                "Build the model with keras_group_lasso.add_group_sparsity or keras_group_lasso.GroupSparseModel "
+                "(or call keras_group_lasso.regularizers.link_coupled_penalties(model))."
+            )
+        total = None
+        for variable, penalty in self._members:
+            value = own if (penalty is self and own is not None) else variable.value
+            if dtype is not None:
+                value = keras.ops.cast(value, dtype)
+            part = penalty.coupled_squares(value)
+            total = part if total is None else total + keras.ops.cast(part, total.dtype)
+        return total
+
+    def __call__(self, x):
+        self._check_weight(x, sys._getframe(1))
+        view, sq = self._group_squares(x)
+        own, _ = self._masks(int(sq.shape[0]))
+        size = prox.group_size(tuple(view.shape))
+        value = self.factor * math.sqrt(size) * keras.ops.sum(keras.ops.cast(own, sq.dtype) * _safe_sqrt(sq))
+        if self.l1:
+            value = value + self.l1 * keras.ops.sum(prox.safe_abs(x))
+        if self.anchor and self.scales:
+            union = self.union_squares(own=x)
+            value = value + keras.ops.sum(keras.ops.convert_to_tensor(self.scales, union.dtype) * _safe_sqrt(union))
+        return value
+
+    def gradient(self, x):
+        """The gradient of every coupled group and own group at ``x`` (the other members at their current values)."""
+        x = keras.ops.convert_to_tensor(x)
+        view, sq = self._group_squares(x)
+        own, onehot = self._masks(int(sq.shape[0]))
+        size = prox.group_size(tuple(view.shape))
+        scale = self.factor * math.sqrt(size) * keras.ops.cast(own, sq.dtype) * _safe_rsqrt(sq)
+        if self.scales:
+            union = self.union_squares(own=x, dtype=sq.dtype)
+            per_key = keras.ops.convert_to_tensor(self.scales, sq.dtype) * _safe_rsqrt(union)
+            scale = scale + keras.ops.matmul(keras.ops.cast(onehot, sq.dtype), keras.ops.reshape(per_key, (-1, 1)))[:, 0]
+        shape = [1] * len(view.shape)
+        shape[-2 if len(view.shape) > 1 else 0] = -1
+        g = view * keras.ops.reshape(scale, shape)
+        if self.l1:
+            g = g + self.l1 * keras.ops.sign(view)
+        return keras.ops.reshape(g, tuple(x.shape))
+
+    def prox(self, x, step):
+        raise NotImplementedError(
+            "CoupledGroupLasso: the proximal step of a coupled group needs all its members at once; "
+            "keras_group_lasso.Proximal takes it jointly."
+        )
+
+    def get_config(self):
+        return self._with_channels({"factor": self.factor, "l1": self.l1, "coupled": list(self.coupled),
+                                    "scales": list(self.scales), "anchor": self.anchor, "role": self.role})
+
+
+def _safe_sqrt(sq):
+    positive = keras.ops.greater(sq, 0)
+    return keras.ops.where(positive, keras.ops.sqrt(keras.ops.where(positive, sq, keras.ops.ones_like(sq))), 0.0)
+
+
+def _safe_rsqrt(sq):
+    positive = keras.ops.greater(sq, 0)
+    return keras.ops.where(positive, keras.ops.rsqrt(keras.ops.where(positive, sq, keras.ops.ones_like(sq))), 0.0)
+
+
+def link_coupled_penalties(model_or_members):
+    """Link the :class:`CoupledGroupLasso` penalties of a model (or ``[(variable, penalty)]``) to each other.
+
+    Returns nothing; every member then reads the others' weights. A model
+    with coupled penalties must have exactly one anchor among them.
+
+    Raises:
+        ValueError: the penalties disagree on the coupled groups, or there is not exactly one anchor.
+    """
+    if isinstance(model_or_members, (list, tuple)):
+        members = list(model_or_members)
+    else:
+        members = [(v, v.regularizer) for v in model_or_members.weights
+                   if isinstance(getattr(v, "regularizer", None), CoupledGroupLasso)]
+    if not members:
+        return
+    anchors = sum(1 for _, penalty in members if penalty.anchor)
+    scales = {penalty.scales for _, penalty in members}
+    if anchors != 1 or len(scales) != 1:
+        raise ValueError(
+            f"link_coupled_penalties: the CoupledGroupLasso penalties must share one list of scales and have "
+            f"exactly one anchor; received {anchors} anchors and {len(scales)} different lists of scales."
+        )
+    for _, penalty in members:
+        penalty.link(members)
 
 
 ALIASES = {

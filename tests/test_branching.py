@@ -236,13 +236,18 @@ def _resnet(classes=3):
 
 def test_a_group_sparse_resnet_trains_saves_reports_and_prunes(tmp_path):
     from keras_group_lasso import (
-        HiddenGroupLasso, InputGroupLasso, Proximal, SparsityMonitor, add_group_sparsity,
+        CoupledGroupLasso, GroupSparseModel, HiddenGroupLasso, InputGroupLasso, Proximal, SparsityMonitor,
+        add_group_sparsity, coupled_groups,
     )
 
     model = add_group_sparsity(_resnet(), 2e-3)
+    assert isinstance(model, GroupSparseModel)
     assert isinstance(model.get_layer("stem").kernel.regularizer, InputGroupLasso)
-    for name in ("c1", "c2", "c3", "c4", "projection", "out"):
-        assert isinstance(model.get_layer(name).kernel.regularizer, HiddenGroupLasso)
+    assert isinstance(model.get_layer("c2").kernel.regularizer, HiddenGroupLasso)  # reads c1 alone
+    # the first stream's channels are read by c1 and by the projection and c3 of the next block: one group each
+    for name in ("c1", "c3", "projection"):
+        assert isinstance(model.get_layer(name).kernel.regularizer, CoupledGroupLasso)
+    assert {g.readers for g in coupled_groups(model)} >= {(("c1", c), ("c3", c), ("projection", c)) for c in range(4)}
     rng = np.random.default_rng(0)
     x = rng.normal(size=(32, 6, 6, 2)).astype("float32")
     y = rng.integers(0, 3, 32)
@@ -252,7 +257,7 @@ def test_a_group_sparse_resnet_trains_saves_reports_and_prunes(tmp_path):
     path = tmp_path / "resnet.keras"
     model.save(path)
     loaded = keras.saving.load_model(path)
-    assert isinstance(loaded.get_layer("c1").kernel.regularizer, HiddenGroupLasso)
+    assert isinstance(loaded.get_layer("c1").kernel.regularizer, CoupledGroupLasso)
     report = sparsity_report(loaded, T)
     assert report.uninterpreted_layers == () and report.flops_before == sparsity_report(model, T).flops_before
     small = prune_model(loaded, T)

@@ -1,0 +1,159 @@
+"""Coupled group penalties: one norm over a unit's outgoing weights in every layer that reads it."""
+
+import math
+
+import keras
+import numpy as np
+import pytest
+
+from keras_group_lasso import (
+    CoupledGroupLasso,
+    GroupSparseModel,
+    HiddenGroupLasso,
+    Proximal,
+    add_group_sparsity,
+    coupled_groups,
+    prune_model,
+)
+
+L = keras.layers
+LAM = 0.05
+
+
+def residual(n=4, hidden=3):
+    """x + g(x) read by 'out': feature j lives in the input, in g's output j and in the sum."""
+    inputs = keras.Input((n,), name="x")
+    g = L.Dense(hidden, activation="relu", name="g_in")(inputs)
+    g = L.Dense(n, name="g_out")(g)
+    s = L.Add(name="sum")([inputs, g])
+    return keras.Model(inputs, L.Dense(2, name="out")(s))
+
+
+def sparse_residual(seed=0):
+    model = add_group_sparsity(residual(), LAM, penalty="group", bias=False)
+    rng = np.random.default_rng(seed)
+    model.set_weights([rng.normal(size=w.shape).astype("float32") for w in model.get_weights()])
+    return model
+
+
+def kernels(model):
+    return {name: keras.ops.convert_to_numpy(model.get_layer(name).kernel) for name in ("g_in", "g_out", "out")}
+
+
+def reference_penalty(k):
+    # Feature j: row j of g_in (3 weights) and row j of out (2 weights), one group of 5.
+    # g_out reads g_in's 3 hidden units (own groups of 4 weights).
+    coupled = sum(LAM * math.sqrt(5) * math.sqrt(np.sum(k["g_in"][j] ** 2) + np.sum(k["out"][j] ** 2)) for j in range(4))
+    own = sum(LAM * math.sqrt(4) * np.linalg.norm(k["g_out"][i]) for i in range(3))
+    return coupled + own
+
+
+def test_add_group_sparsity_couples_the_readers_of_a_residual_stream():
+    model = sparse_residual()
+    assert isinstance(model, GroupSparseModel)
+    assert [(g.readers, g.size) for g in coupled_groups(model)] == [
+        ((("g_in", j), ("out", j)), 5) for j in range(4)]
+    g_in, out = model.get_layer("g_in").kernel.regularizer, model.get_layer("out").kernel.regularizer
+    assert isinstance(g_in, CoupledGroupLasso) and isinstance(out, CoupledGroupLasso)
+    assert g_in.anchor and not out.anchor and g_in.role == "input" and out.role == "hidden"
+    assert g_in.scales == pytest.approx([LAM * math.sqrt(5)] * 4)
+    assert isinstance(model.get_layer("g_out").kernel.regularizer, HiddenGroupLasso)  # not coupled
+
+
+def test_the_loss_holds_one_norm_per_coupled_group():
+    model = sparse_residual()
+    value = float(sum(keras.ops.convert_to_numpy(loss) for loss in model.losses))
+    np.testing.assert_allclose(value, reference_penalty(kernels(model)), rtol=1e-5)
+
+
+def test_the_gradient_of_a_coupled_group_is_its_union_direction():
+    model = sparse_residual()
+    k = kernels(model)
+    g_in, out = model.get_layer("g_in").kernel, model.get_layer("out").kernel
+    union = np.sqrt(np.sum(k["g_in"] ** 2, axis=1) + np.sum(k["out"] ** 2, axis=1))[:, None]
+    np.testing.assert_allclose(keras.ops.convert_to_numpy(g_in.regularizer.gradient(g_in.value)),
+                               LAM * math.sqrt(5) * k["g_in"] / union, rtol=1e-5)
+    np.testing.assert_allclose(keras.ops.convert_to_numpy(out.regularizer.gradient(out.value)),
+                               LAM * math.sqrt(5) * k["out"] / union, rtol=1e-5)
+    if keras.backend.backend() == "tensorflow":  # autodiff of the loss agrees with the closed form
+        import tensorflow as tf
+
+        with tf.GradientTape() as tape:
+            total = tf.add_n(model.losses)
+        grads = tape.gradient(total, [g_in.value, out.value])
+        np.testing.assert_allclose(grads[0].numpy(), LAM * math.sqrt(5) * k["g_in"] / union, rtol=1e-5)
+        np.testing.assert_allclose(grads[1].numpy(), LAM * math.sqrt(5) * k["out"] / union, rtol=1e-5)
+
+
+def test_proximal_shrinks_each_union_as_one_group():
+    model = sparse_residual()
+    k = kernels(model)
+    k["g_in"][1] *= 0.01  # feature 1: small in both readers -> the whole union goes at once
+    k["out"][1] *= 0.01
+    for name in k:
+        model.get_layer(name).kernel.assign(k[name])
+    lr = 0.5
+    opt = Proximal(keras.optimizers.SGD(lr))
+    variables = model.trainable_variables
+    opt.build(variables)
+    grads = [v.regularizer.gradient(v.value) if v.regularizer is not None else keras.ops.zeros(v.shape)
+             for v in variables]  # the gradient of the penalties alone: no data gradient
+    opt.apply(grads, variables)
+    union = np.sqrt(np.sum(k["g_in"] ** 2, axis=1) + np.sum(k["out"] ** 2, axis=1))[:, None]
+    factor = np.maximum(0.0, 1.0 - lr * LAM * math.sqrt(5) / union)
+    got = kernels(model)
+    np.testing.assert_allclose(got["g_in"], k["g_in"] * factor, rtol=1e-5, atol=1e-7)
+    np.testing.assert_allclose(got["out"], k["out"] * factor, rtol=1e-5, atol=1e-7)
+    assert factor[1] == 0.0 and not got["g_in"][1].any() and not got["out"][1].any()
+    own = np.maximum(0.0, 1.0 - lr * LAM * 2.0 / np.linalg.norm(k["g_out"], axis=1))[:, None]
+    np.testing.assert_allclose(got["g_out"], k["g_out"] * own, rtol=1e-5, atol=1e-7)
+
+
+def test_saved_loaded_and_cloned_models_keep_their_coupled_penalty(tmp_path):
+    model = sparse_residual()
+    want = reference_penalty(kernels(model))
+    model.save(tmp_path / "m.keras")
+    loaded = keras.saving.load_model(tmp_path / "m.keras")
+    assert isinstance(loaded, GroupSparseModel)
+    np.testing.assert_allclose(float(sum(keras.ops.convert_to_numpy(x) for x in loaded.losses)), want, rtol=1e-5)
+    clone = keras.models.clone_model(loaded)
+    clone.set_weights(loaded.get_weights())
+    np.testing.assert_allclose(float(sum(keras.ops.convert_to_numpy(x) for x in clone.losses)), want, rtol=1e-5)
+
+
+@pytest.mark.parametrize("proximal", [False, True])
+def test_training_removes_whole_coupled_units_and_surgery_follows(proximal):
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(64, 4)).astype("float32")
+    y = np.stack([x[:, 0] - x[:, 2], x[:, 0]], axis=1).astype("float32")  # features 1 and 3 are noise
+    keras.utils.set_random_seed(0)
+    model = add_group_sparsity(residual(), 0.1, penalty="group", bias=False)
+    optimizer = Proximal(keras.optimizers.SGD(0.05)) if proximal else keras.optimizers.SGD(0.05)
+    model.compile(optimizer=optimizer, loss="mse")
+    model.fit(x, y, epochs=200, batch_size=64, verbose=0)
+    k = kernels(model)
+    union = np.linalg.norm(np.concatenate([k["g_in"], k["out"]], axis=1), axis=1)
+    if not proximal:  # subgradients: the noise features' unions end far below the signal's
+        assert max(union[1], union[3]) < 0.2 * min(union[0], union[2])
+        return
+    # exact zeros, for a whole union at once: zero in every member or in none
+    zero_in = ~(k["g_in"] != 0).any(axis=1), ~(k["out"] != 0).any(axis=1)
+    np.testing.assert_array_equal(zero_in[0], zero_in[1])
+    np.testing.assert_array_equal(union == 0, [False, True, False, True])
+    small = prune_model(model, 0.0)
+    assert small.kept_features == (0, 2)
+    assert small.get_layer("g_out").kernel.shape[1] == 2
+
+
+def test_proximal_adam_takes_the_joint_step_in_its_own_metric():
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(64, 4)).astype("float32")
+    y = np.stack([x[:, 0] - x[:, 2], x[:, 0]], axis=1).astype("float32")
+    keras.utils.set_random_seed(0)
+    model = add_group_sparsity(residual(), 0.1, penalty="group", bias=False)
+    model.compile(optimizer=Proximal(keras.optimizers.Adam(0.02)), loss="mse")
+    model.fit(x, y, epochs=150, batch_size=64, verbose=0)
+    k = kernels(model)
+    zero_in = ~(k["g_in"] != 0).any(axis=1), ~(k["out"] != 0).any(axis=1)
+    np.testing.assert_array_equal(zero_in[0], zero_in[1])  # a union goes in all its members at once
+    assert zero_in[0][1] and zero_in[0][3] and not zero_in[0][0] and not zero_in[0][2]
