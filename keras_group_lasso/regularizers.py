@@ -409,6 +409,8 @@ class CoupledGroupLasso(GroupSparseRegularizer):
 
     def __call__(self, x):
         self._check_weight(x, sys._getframe(1))
+        if self.scales and self._members is None:
+            self.union_squares()  # raises: unlinked, this kernel's coupled groups would be missing from the loss
         view, sq = self._group_squares(x)
         own, _ = self._masks(int(sq.shape[0]))
         size = prox.group_size(tuple(view.shape))

@@ -157,3 +157,38 @@ def test_proximal_adam_takes_the_joint_step_in_its_own_metric():
     zero_in = ~(k["g_in"] != 0).any(axis=1), ~(k["out"] != 0).any(axis=1)
     np.testing.assert_array_equal(zero_in[0], zero_in[1])  # a union goes in all its members at once
     assert zero_in[0][1] and zero_in[0][3] and not zero_in[0][0] and not zero_in[0][2]
+
+
+def test_an_unlinked_coupled_penalty_refuses_to_give_a_value():
+    penalty = CoupledGroupLasso(0.1, coupled=[0, -1], scales=[1.0])
+    with pytest.raises(ValueError, match="not linked to the other layers of its coupled groups"):
+        penalty(keras.ops.ones((2, 3)))
+    with pytest.raises(ValueError, match="not linked"):
+        penalty.gradient(keras.ops.ones((2, 3)))
+    with pytest.raises(NotImplementedError, match="jointly"):
+        penalty.prox(keras.ops.ones((2, 3)), 0.1)
+    members = [(keras.Variable(np.ones((2, 3), "float32")), CoupledGroupLasso(coupled=[0, 0], scales=[1.0]))]
+    with pytest.raises(ValueError, match="exactly one anchor; received 0 anchors"):
+        from keras_group_lasso.regularizers import link_coupled_penalties
+
+        link_coupled_penalties(members)
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        (dict(coupled=[1], scales=[1.0]), r"argument `coupled` must be indices in \[-1, 1\)"),
+        (dict(coupled=[0], scales=[-1.0]), r"argument `scales` must be finite numbers >= 0"),
+        (dict(role="output"), r"argument `role` must be 'input' or 'hidden'"),
+        (dict(coupled=["a"]), r"argument `coupled` must be a list of group indices"),
+    ],
+)
+def test_bad_arguments_are_named(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        CoupledGroupLasso(0.1, **kwargs)
+
+
+def test_config_round_trip():
+    penalty = CoupledGroupLasso(0.1, l1=0.01, channels=2, coupled=[0, -1], scales=[0.5], anchor=True, role="input")
+    again = CoupledGroupLasso.from_config(penalty.get_config())
+    assert again == penalty and again.anchor and again.role == "input" and again.scales == (0.5,)

@@ -636,6 +636,23 @@ MIRRORED = textwrap.dedent(
         assert np.all(a[0][5:] == 0.0), a[0]
         for u, v in zip(a, b):
             np.testing.assert_allclose(u, v, atol=1e-3)
+
+    def coupled(strategy):  # a shortcut from the input: features are coupled groups, stepped jointly
+        from keras_group_lasso import add_group_sparsity
+
+        keras.utils.set_random_seed(0)
+        with strategy.scope():
+            inputs = keras.Input((8,))
+            g = keras.layers.Dense(8, name="g")(keras.layers.Dense(4, activation="relu", name="g_in")(inputs))
+            out = keras.layers.Dense(2, name="out")(keras.layers.Add()([inputs, g]))
+            model = add_group_sparsity(keras.Model(inputs, out), 0.05, penalty="group", bias=False)
+            model.compile(Proximal(keras.optimizers.SGD(0.1)), "sparse_categorical_crossentropy", jit_compile=False)
+        model.fit(x, y, epochs=10, batch_size=32, verbose=0, shuffle=False)
+        return [w.numpy() for w in model.trainable_weights]
+
+    a, b = coupled(mirrored), coupled(tf.distribute.get_strategy())
+    for u, v in zip(a, b):
+        np.testing.assert_allclose(u, v, atol=1e-4)
     print("OK")
     """
 )
