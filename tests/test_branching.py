@@ -6,34 +6,15 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from keras_group_lasso import apply_threshold, prune_model, sparsity_report
+from keras_group_lasso import prune_model, sparsity_report
 from keras_group_lasso.analysis import unit_masks
 from keras_group_lasso.graph import model_graph, registry
+from test_cnn import assert_same_outputs, outputs, randomize_batchnorm, thresholded_copy
 
 L = keras.layers
 T = 1e-3
 MERGES = [L.Add, L.Subtract, L.Average, L.Maximum, L.Minimum, L.Multiply]
 ACTIVATIONS = ["relu", "tanh", "linear", "sigmoid"]
-
-
-def thresholded_copy(model):
-    copy = keras.models.clone_model(model)
-    copy.set_weights(model.get_weights())
-    apply_threshold(copy, T)
-    return copy
-
-
-def outputs(model, x):
-    return [np.asarray(keras.ops.convert_to_numpy(y), np.float64) for y in keras.tree.flatten(model(x, training=False))]
-
-
-def assert_same_outputs(small, model, x):
-    want = outputs(thresholded_copy(model), x)
-    got = outputs(small, x)
-    assert len(got) == len(want)
-    for a, b in zip(got, want):
-        scale = max(1.0, float(np.max(np.abs(b))))
-        np.testing.assert_allclose(a, b, rtol=0, atol=1e-5 * scale)
 
 
 def kill_units(model, rng, dead=0.3, constant=0.25):
@@ -51,11 +32,7 @@ def kill_units(model, rng, dead=0.3, constant=0.25):
         if len(weights) > 1:
             weights[1] = rng.normal(size=weights[1].shape) * (rng.random(weights[1].shape) < 0.7)
         layer.set_weights(weights)
-    for layer in model.layers:
-        if type(layer) is L.BatchNormalization:
-            gamma, beta, mean, var = layer.get_weights()
-            layer.set_weights([rng.uniform(0.5, 1.5, gamma.shape), rng.normal(size=beta.shape),
-                               rng.normal(size=mean.shape), rng.uniform(0.5, 2.0, var.shape)])
+    randomize_batchnorm(model, rng)
 
 
 @st.composite

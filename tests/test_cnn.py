@@ -39,14 +39,27 @@ def thresholded_copy(model):
 
 
 def outputs(model, x):
-    return np.asarray(keras.ops.convert_to_numpy(model(x, training=False)), dtype=np.float64)
+    """Every output of ``model`` on ``x`` (inference mode), float64."""
+    return [np.asarray(keras.ops.convert_to_numpy(y), np.float64) for y in keras.tree.flatten(model(x, training=False))]
 
 
 def assert_same_outputs(small, model, x):
+    """``small`` computes what the thresholded ``model`` computes, to 1e-5 of the output scale."""
     want = outputs(thresholded_copy(model), x)
     got = outputs(small, x)
-    scale = max(1.0, float(np.max(np.abs(want))))
-    np.testing.assert_allclose(got, want, rtol=0, atol=1e-5 * scale)
+    assert len(got) == len(want)
+    for a, b in zip(got, want):
+        scale = max(1.0, float(np.max(np.abs(b))))
+        np.testing.assert_allclose(a, b, rtol=0, atol=1e-5 * scale)
+
+
+def randomize_batchnorm(model, rng):
+    """BatchNormalization layers with random statistics, scale and offset (a non-zero beta is a trap)."""
+    for layer in model.layers:
+        if type(layer) is L.BatchNormalization:
+            gamma, beta, mean, var = layer.get_weights()
+            layer.set_weights([rng.uniform(0.5, 1.5, gamma.shape), rng.normal(size=beta.shape),
+                               rng.normal(size=mean.shape), rng.uniform(0.5, 2.0, var.shape)])
 
 
 def kill_channels(model, rng, dead=0.3, constant=0.2):
@@ -73,11 +86,7 @@ def kill_channels(model, rng, dead=0.3, constant=0.2):
             bias[:] = rng.normal(size=bias.shape) * (rng.random(bias.shape) < 0.7)
             weights[-1] = bias
         layer.set_weights(weights)
-    for layer in model.layers:
-        if type(layer) is L.BatchNormalization:
-            gamma, beta, mean, var = layer.get_weights()
-            layer.set_weights([rng.uniform(0.5, 1.5, gamma.shape), rng.normal(size=beta.shape),
-                               rng.normal(size=mean.shape), rng.uniform(0.5, 2.0, var.shape)])
+    randomize_batchnorm(model, rng)
 
 
 ACTIVATIONS = ["relu", "tanh", "linear", "sigmoid"]
