@@ -2,8 +2,8 @@
 
 A small ResNet with BatchNormalization: a stem ``Conv(16)``, three stages of
 one residual block each (16 channels at 28x28 with an identity shortcut, 32 at
-14x14 and 64 at 7x7 with 1x1 projection shortcuts), global average pooling and
-a Dense output (logits). Rows:
+14x14 and 64 at 7x7 with 1x1 projection shortcuts; ``--channels`` changes the
+widths), global average pooling and a Dense output (logits). Rows:
 
 * (a) dense: Adam with a cosine-decayed learning rate, the baseline.
 * (b) group-sparse: ``add_group_sparsity(model, λ, penalty="group")`` -- every
@@ -71,7 +71,10 @@ def load(quick, seed=0):
             "x_test": x_test, "y_test": y_test}
 
 
-def build_resnet(seed):
+CHANNELS = (16, 32, 64)
+
+
+def build_resnet(seed, channels=CHANNELS):
     import keras
     from keras import layers as L
 
@@ -82,8 +85,8 @@ def build_resnet(seed):
         return L.BatchNormalization(name=f"{name}_bn")(x)
 
     inputs = keras.Input((28, 28, 1), name="image")
-    x = L.ReLU()(conv_bn(inputs, 16, name="stem"))
-    for stage, (filters, stride) in enumerate(((16, 1), (32, 2), (64, 2)), start=1):
+    x = L.ReLU()(conv_bn(inputs, channels[0], name="stem"))
+    for stage, (filters, stride) in enumerate(zip(channels, (1, 2, 2)), start=1):
         y = L.ReLU()(conv_bn(x, filters, stride, name=f"s{stage}_a"))
         y = conv_bn(y, filters, name=f"s{stage}_b")
         if stride == 1 and x.shape[-1] == filters:
@@ -256,6 +259,8 @@ def main(argv=None):
     parser.add_argument("--finetune-epochs", type=common.positive_int, default=2, help="peer fine-tuning epochs")
     parser.add_argument("--lambdas", type=float, nargs="+", default=list(GRID), help="group strengths λ")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--channels", type=common.positive_int, nargs=3, default=list(CHANNELS),
+                        metavar=("C1", "C2", "C3"), help="channels of the three stages (default 16 32 64)")
     parser.add_argument("--quick", action="store_true", help="3,000 training images, 1 epoch (a smoke run)")
     args = parser.parse_args(argv)
     import keras
@@ -270,7 +275,9 @@ def main(argv=None):
     n_train = len(data["x_train"])
 
     common.say("dense")
-    dense = compile_model(build_resnet(args.seed), keras.optimizers.Adam(cosine(ADAM_LR, epochs, n_train)))
+    channels = tuple(args.channels)
+    dense = compile_model(build_resnet(args.seed, channels),
+                          keras.optimizers.Adam(cosine(ADAM_LR, epochs, n_train)))
     dense_time = fit(dense, data, epochs, args.seed, "dense")
     dense_val = accuracy(dense, data["x_val"], data["y_val"])
     dense_test = accuracy(dense, data["x_test"], data["y_test"])
@@ -279,7 +286,7 @@ def main(argv=None):
     sparse = []
     for lam in args.lambdas:
         common.say(f"proximal λ={lam}")
-        model = add_group_sparsity(build_resnet(args.seed), lam, penalty="group")
+        model = add_group_sparsity(build_resnet(args.seed, channels), lam, penalty="group")
         compile_model(model, Proximal(keras.optimizers.SGD(cosine(SGD_LR, epochs, n_train), momentum=MOMENTUM)))
         seconds = fit(model, data, epochs, args.seed, f"λ={lam}")
         record, small = pruned_record(model, THRESHOLD, data, f"proximal λ={lam}")
@@ -320,8 +327,9 @@ def main(argv=None):
     ratio = chosen["flops_before"] / max(chosen["flops_after"], 1)
     met = ratio >= TARGET_FLOPS and dense_test - chosen["test"] <= TARGET_POINTS / 100
     notes = [
-        f"Network: stem Conv(16)-BN-ReLU; blocks of 16 (identity shortcut), 32 and 64 channels (stride 2, 1x1 "
-        f"projection + BN); GAP; Dense(10). {dense_record['flops_before']:,} multiply-adds per sample.",
+        f"Network: stem Conv({channels[0]})-BN-ReLU; blocks of {channels[0]} (identity shortcut), {channels[1]} "
+        f"and {channels[2]} channels (stride 2, 1x1 projection + BN); GAP; Dense(10). "
+        f"{dense_record['flops_before']:,} multiply-adds per sample.",
         f"Data: {n_train:,} training images, {len(data['x_val']):,} held out for λ, {len(data['y_test']):,} test "
         f"images; batch {BATCH}, {epochs} epochs, cosine learning rates; Adam {ADAM_LR} (dense), "
         f"Proximal(SGD({SGD_LR}, momentum {MOMENTUM})) (group-sparse), threshold {THRESHOLD}.",
