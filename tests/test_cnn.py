@@ -116,6 +116,8 @@ def cnns(draw):
         filters = draw(st.integers(2, 6))
         if kind == "depthwise":
             layers.append(partial(depthwise, kernel, padding=padding, activation=activation))
+            if padding == "valid":
+                spatial = spatial - kernel + 1  # the depthwise layer shrinks the map; the 1x1 conv after it does not
             kind = "conv"
             kernel = 1
         make = conv if kind == "conv" else separable

@@ -141,11 +141,10 @@ def prune_model(model, threshold=1e-3, inputs="original"):
     for node in graph.nodes[1:]:
         layer = layers[node.name]
         src = node.inputs
-        if any(tensors[name] is None for name in src) and node.kind != "concat" or all(
-            tensors[name] is None for name in src
-        ) or (
-            node.kind == "units" and not masks.units[node.name].any()
-        ):  # a branch that lost every unit: nothing reads it
+        missing = [tensors[name] is None for name in src]
+        lost = all(missing) if node.kind == "concat" else any(missing)  # Concatenate keeps its other operands
+        if lost or (node.kind == "units" and not masks.units[node.name].any()):
+            # a branch that lost every unit: nothing reads it
             tensors[node.name], present[node.name] = None, np.zeros(node.ids.size, bool)
             continue
         if node.kind == "units":
