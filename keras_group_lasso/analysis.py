@@ -532,12 +532,9 @@ def _report_from(graph, weights, masks, threshold):
         kept_out = int(masks.units[name].sum())
         has_bias = w["bias"] is not None
         is_output = masks.is_output[name]
-        try:
-            output_shape = tuple(layer.output.shape)
-        except Exception:  # noqa: BLE001 - a layer inside a model the graph cannot see into
-            output_shape = (None, node.out_units)
-        before = registry.units_flops(layer, node.positions, node.in_units, node.out_units, output_shape)
-        after = registry.units_flops(layer, node.positions, kept_in, kept_out, output_shape)
+        before = registry.node_flops(layer, node)
+        after = registry.units_flops(layer, node.positions, kept_in, kept_out,
+                                     registry.output_shape(layer, node.out_units))
         params = registry.units_params(layer, node.positions, node.in_units, node.out_units, has_bias)
         params_kept = registry.units_params(layer, node.positions, kept_in, kept_out, has_bias)
         per_layer.append(

@@ -46,6 +46,7 @@ class GroupSparseModel(keras.Model):
         link_coupled_penalties(self)
 
 _PENALTIES = ("sgl", "group")
+_GROUP_WEIGHTS = ("size", "flops")
 
 
 def _check_graph_model(owner, model):
@@ -112,7 +113,8 @@ def _refresh_normalization(model):
             layer.load_own_variables({str(i): w for i, w in enumerate(layer.get_weights())})
 
 
-def add_group_sparsity(model, factor=1e-3, *, l1=None, input_factor=None, penalty="sgl", bias=True):
+def add_group_sparsity(model, factor=1e-3, *, l1=None, input_factor=None, penalty="sgl", bias=True,
+                       group_weight="size"):
     """Return a copy of ``model`` with group-sparse penalties on every Dense and convolution layer.
 
     Layers that read the model input get :class:`InputGroupLasso` (feature
@@ -138,6 +140,16 @@ def add_group_sparsity(model, factor=1e-3, *, l1=None, input_factor=None, penalt
     get a :class:`~keras_group_lasso.CoupledGroupLasso` and the copy is a
     :class:`GroupSparseModel`, which links them.
 
+    ``group_weight="flops"`` weighs each group by what its unit costs instead
+    of ``sqrt(|g|)``: the multiply-adds per sample of making the unit (in
+    every layer that makes it) and of reading it (in every layer that reads
+    it), scaled so that the penalised groups' mean weight stays their mean
+    ``sqrt(|g|)`` (``factor`` keeps its scale). A channel of an early
+    convolution, computed at every position of a large map, then weighs far
+    more than a unit of a Dense head, so the penalty removes FLOPs rather than
+    parameters. The groups of one layer share its strength, the mean cost of
+    the units it reads; a coupled group gets its own.
+
     Args:
         model: a built Sequential or Functional ``keras.Model``; a nested
             model must be a Sequential or Functional block called once with one
@@ -149,7 +161,10 @@ def add_group_sparsity(model, factor=1e-3, *, l1=None, input_factor=None, penalt
             ``factor``. Lets feature selection be stronger or weaker than
             neuron pruning.
         penalty: ``"sgl"`` (sparse group Lasso) or ``"group"`` (group Lasso).
-        bias: also penalize the biases (the paper's bias groups).
+        bias: also penalize the biases (the paper's bias groups), with
+            ``factor`` whatever ``group_weight`` is.
+        group_weight: ``"size"`` (the paper's ``sqrt(|g|)``) or ``"flops"``
+            (the cost of the group's unit, see above).
 
     Returns:
         A new, uncompiled ``keras.Model`` with the same weights: of the same
@@ -181,27 +196,33 @@ def add_group_sparsity(model, factor=1e-3, *, l1=None, input_factor=None, penalt
         l1 = 0.0
     if not isinstance(bias, bool):
         fail(owner, "bias", "True or False", bias)
+    group_weight = check_choice(owner, "group_weight", group_weight, _GROUP_WEIGHTS)
     _check_graph_model(owner, model)
     roles = _roles_by_layer(owner, model)
     input_l1 = l1 if penalty == "sgl" else 0.0
 
-    coupled = _coupling(model_graph(model), factor, input_factor)
+    graph = model_graph(model)
+    coupled = _coupling(graph, factor, input_factor)
+    scale = {}
+    if group_weight == "flops":
+        scale, scales = _flop_weights(graph, coupled, factor, input_factor)
+        coupled = _Coupling(coupled.members, scales, coupled.groups)
 
     def clone(layer):
         config = layer.get_config()
         found = roles.get(id(layer))
         if found is not None:
             role, channels, name = found
-            own = input_factor if role == "input" else factor
+            own = (input_factor if role == "input" else factor) * scale.get(name, 1.0)
             own_l1 = input_l1 if role == "input" else l1
             if name in coupled.members:
                 keys, anchor = coupled.members[name]
                 penalty_of = lambda: CoupledGroupLasso(  # noqa: E731
                     own, l1=own_l1, channels=channels, coupled=keys, scales=coupled.scales, anchor=anchor, role=role)
             elif role == "input":
-                penalty_of = lambda: InputGroupLasso(input_factor, l1=input_l1, channels=channels)  # noqa: E731
+                penalty_of = lambda: InputGroupLasso(own, l1=input_l1, channels=channels)  # noqa: E731
             else:
-                penalty_of = lambda: HiddenGroupLasso(factor, l1=l1, channels=channels)  # noqa: E731
+                penalty_of = lambda: HiddenGroupLasso(own, l1=l1, channels=channels)  # noqa: E731
             if registry.is_separable(layer):
                 # Input channel c's outgoing weights: depthwise[..., c, :] and pointwise[..., c, :].
                 config["depthwise_regularizer"] = penalty_of()
@@ -260,6 +281,46 @@ def _coupling(graph, factor, input_factor):
         if any(k >= 0 for k in row):
             members[node.name] = (row, not members)
     return _Coupling(members, tuple(scales), tuple(groups))
+
+
+def _flop_weights(graph, coupled, factor, input_factor):
+    """``group_weight="flops"``: a multiplier of each layer's strength, and the coupled groups' scales.
+
+    A group's weight becomes the multiply-adds of its unit (making it in every
+    producer, reading it in every reader) over the mean of that cost, times
+    the mean ``sqrt(|g|)``; means over the groups with a strength above 0.
+    """
+    cost = {}
+    for node in graph.units:
+        flops = registry.node_flops(graph.layers[node.name], node)
+        for ids, count in ((node.out_ids, node.out_units), (node.in_ids, node.in_units)):
+            for unit in ids:
+                cost[int(unit)] = cost.get(int(unit), 0.0) + flops / count
+    coupled_units = {unit for unit, _, _ in coupled.groups}
+    groups = []  # (layer name or None, cost, sqrt(size), strength > 0)
+    for node in graph.units:
+        strength = input_factor if node.reads_input else factor
+        size = registry.units_params(graph.layers[node.name], node.positions, 1, node.out_units, False)
+        groups += [(node.name, cost[int(u)], math.sqrt(size), strength > 0)
+                   for u in node.in_ids if int(u) not in coupled_units]
+    for unit, _, size in coupled.groups:
+        strength = input_factor if unit < graph.n_features else factor
+        groups.append((None, cost[unit], math.sqrt(size), strength > 0))
+    weighted = [(c, r) for _, c, r, on in groups if on]
+    if not weighted:
+        return {}, coupled.scales
+    mean_cost = sum(c for c, _ in weighted) / len(weighted)
+    mean_root = sum(r for _, r in weighted) / len(weighted)
+    scale = {}
+    for node in graph.units:
+        own = [(c, r) for name, c, r, _ in groups if name == node.name]
+        if own:
+            scale[node.name] = sum(c for c, _ in own) / len(own) / mean_cost * mean_root / own[0][1]
+    scales = tuple(
+        (input_factor if unit < graph.n_features else factor) * cost[unit] / mean_cost * mean_root
+        for unit, _, _ in coupled.groups
+    )
+    return scale, scales
 
 
 @dataclasses.dataclass(frozen=True)

@@ -67,6 +67,77 @@ def test_options_group_penalty_input_factor_no_bias():
     assert grp.layers[0].bias_regularizer == GroupLasso(1e-3)
 
 
+def small_cnn():
+    return keras.Sequential([
+        keras.Input((10, 10, 2)),
+        keras.layers.Conv2D(4, 3, padding="same", name="conv1"), keras.layers.BatchNormalization(),
+        keras.layers.ReLU(), keras.layers.MaxPooling2D(),
+        keras.layers.Conv2D(6, 3, padding="valid", name="conv2"), keras.layers.ReLU(),
+        keras.layers.Flatten(), keras.layers.Dense(7, activation="relu", name="dense"), keras.layers.Dense(3, name="out"),
+    ])
+
+
+def test_flop_group_weights_are_the_cost_of_each_unit():
+    model = small_cnn()
+    sparse = add_group_sparsity(model, 1e-3, input_factor=2e-3, penalty="group", group_weight="flops")
+    # Multiply-adds per sample of each layer: conv1 10x10 positions, conv2 3x3 (a 5x5 map, valid), dense 9 positions.
+    macs = {"conv1": 100 * 9 * 2 * 4, "conv2": 9 * 9 * 4 * 6, "dense": 9 * 6 * 7, "out": 7 * 3}
+    # A group is one unit that a layer reads: its cost is making it (producer MACs / its units) + reading it.
+    cost = {
+        "conv1": macs["conv1"] / 2,  # an input channel: read only
+        "conv2": macs["conv1"] / 4 + macs["conv2"] / 4,
+        "dense": macs["conv2"] / 6 + macs["dense"] / 6,
+        "out": macs["dense"] / 7 + macs["out"] / 7,
+    }
+    groups = {"conv1": 2, "conv2": 4, "dense": 6, "out": 7}
+    root = {"conv1": np.sqrt(9 * 4), "conv2": np.sqrt(9 * 6), "dense": np.sqrt(9 * 7), "out": np.sqrt(3)}
+    n = sum(groups.values())
+    mean_cost = sum(cost[k] * groups[k] for k in groups) / n
+    mean_root = sum(root[k] * groups[k] for k in groups) / n
+    for name, strength in (("conv1", 2e-3), ("conv2", 1e-3), ("dense", 1e-3), ("out", 1e-3)):
+        penalty = sparse.get_layer(name).kernel_regularizer
+        # The group weight sqrt(|g|) the penalty applies becomes cost / mean cost * mean sqrt(|g|).
+        np.testing.assert_allclose(penalty.factor * root[name], strength * cost[name] / mean_cost * mean_root,
+                                   rtol=1e-6)
+        assert sparse.get_layer(name).bias_regularizer == GroupLasso(1e-3)  # bias groups keep `factor`
+    # The size weighting (default) keeps the paper's sqrt(|g|).
+    assert add_group_sparsity(model, 1e-3, penalty="group").get_layer("conv2").kernel_regularizer == HiddenGroupLasso(1e-3)
+    # The penalty value is the flop-weighted sum of group norms.
+    value = sum(float(loss) for loss in sparse.losses)
+    want = 0.0
+    for name, strength in (("conv1", 2e-3), ("conv2", 1e-3), ("dense", 1e-3), ("out", 1e-3)):
+        layer = sparse.get_layer(name)
+        kernel = keras.ops.convert_to_numpy(layer.kernel)
+        rows = kernel.reshape(-1, *kernel.shape[-2:]) if kernel.ndim > 2 else kernel[None]
+        if name == "dense":
+            rows = kernel.reshape(9, 6, 7)
+        norms = np.sqrt((rows ** 2).sum(axis=(0, 2)))
+        want += strength * cost[name] / mean_cost * mean_root * norms.sum()
+        want += 1e-3 * np.sqrt(layer.bias.shape[0]) * np.linalg.norm(keras.ops.convert_to_numpy(layer.bias))
+    np.testing.assert_allclose(value, want, rtol=1e-4)
+
+
+def test_flop_weights_of_coupled_groups_follow_their_cost():
+    inputs = keras.Input((6, 6, 3))
+    wide = keras.layers.Conv2D(3, 3, padding="same", name="wide")(inputs)  # 36 positions
+    stream = keras.layers.Add(name="add")([inputs, wide])
+    pooled = keras.layers.MaxPooling2D(name="pool")(stream)
+    narrow = keras.layers.Conv2D(5, 1, name="narrow")(pooled)  # 9 positions
+    out = keras.layers.Dense(2, name="out")(keras.layers.GlobalAveragePooling2D()(narrow))
+    model = keras.Model(inputs, out)
+    sparse = add_group_sparsity(model, 1e-3, group_weight="flops")
+    config = sparse.get_layer("wide").kernel_regularizer.get_config()
+    # The three input channels are one stream read by "wide" and "narrow": one coupled group each.
+    assert config["coupled"] == [0, 1, 2]
+    cost_stream = 36 * 9 * 3 * 3 / 3 + 36 * 9 * 3 * 3 / 3 + 9 * 3 * 5 / 3  # made by wide, read by wide and narrow
+    cost_narrow = 9 * 3 * 5 / 5 + 5 * 2 / 5  # a unit of "narrow", read by "out"
+    mean_cost = (3 * cost_stream + 5 * cost_narrow) / 8
+    mean_root = (3 * np.sqrt(9 * 3 + 5) + 5 * np.sqrt(2)) / 8
+    np.testing.assert_allclose(config["scales"], [1e-3 * cost_stream / mean_cost * mean_root] * 3, rtol=1e-6)
+    np.testing.assert_allclose(sparse.get_layer("out").kernel_regularizer.factor * np.sqrt(2),
+                               1e-3 * cost_narrow / mean_cost * mean_root, rtol=1e-6)
+
+
 def test_functional_branches_from_the_input_are_input_groups():
     inputs = keras.Input((6,))
     a = keras.layers.Dense(5, name="a")(inputs)
@@ -87,6 +158,8 @@ def test_bad_arguments():
         add_group_sparsity(sequential(), penalty="l3")
     with pytest.raises(InvalidParameterError, match=r"argument `bias` must be True or False; received 1\."):
         add_group_sparsity(sequential(), bias=1)
+    with pytest.raises(InvalidParameterError, match=r"argument `group_weight` must be one of 'size', 'flops'; received 'macs'\."):
+        add_group_sparsity(sequential(), group_weight="macs")
 
     class Subclassed(keras.Model):
         def __init__(self):

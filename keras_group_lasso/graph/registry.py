@@ -334,6 +334,19 @@ def slice_units(layer, weights, in_units, kept_in, kept_out):
     return config, new
 
 
+def output_shape(layer, out_units):
+    """The layer's output shape, ``(None, out_units)`` for a layer inside a model the graph cannot see into."""
+    try:
+        return tuple(layer.output.shape)
+    except Exception:  # noqa: BLE001 - Keras raises several types for a layer with no single output
+        return (None, out_units)
+
+
+def node_flops(layer, node):
+    """Multiply-adds per sample of the units node ``node`` (of ``layer``) with all its units."""
+    return units_flops(layer, node.positions, node.in_units, node.out_units, output_shape(layer, node.out_units))
+
+
 def units_flops(layer, positions, in_units, out_units, output_shape):
     """Multiply-adds per sample of a units layer reading ``in_units`` and making ``out_units``.
 
