@@ -5,7 +5,7 @@ import json
 import keras
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from keras_group_lasso import (
@@ -858,6 +858,12 @@ def _random_model(arch):
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(arch=_architectures())
+# Selected features of a 2x1 image normalized before Flatten (axis -1): the pruned model's flat input needs the
+# statistics per element even when every feature stays.
+@example(arch={"sizes": [2, 2, 1, 1], "activations": ["relu", "relu"], "between": [0, 0],
+               "use_bias": [True, True, True], "functional": False, "image": True, "preprocess": 1,
+               "preprocess_after_flatten": False, "nest": None, "block": "sequential", "inputs": "selected",
+               "seed": 1})
 def test_pruned_model_equals_thresholded_original(arch):
     model, shape = _random_model(arch)
     before = _weights(model)

@@ -195,9 +195,9 @@ def prune_model(model, threshold=1e-3, inputs="original"):
             if node.kind == "flatten" and graph.tensor(name).elements and sliced_features:
                 tensors[node.name], present[node.name] = x, have  # the selected features are already flat
                 continue
-            if have.all():
+            if have.all() and not (sliced_features and graph.tensor(name).elements):
                 config, new = layer.get_config(), layer.get_weights()
-            else:
+            else:  # fewer units, or the input's elements already flattened into the selected features
                 config, new = registry.slice_layer(layer, _entries(have, graph.tensor(name)))
             if registry.is_thresholded(layer):  # a DepthwiseConv
                 new = [threshold_array(w, plan.threshold) for w in new]
