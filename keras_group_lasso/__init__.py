@@ -9,9 +9,16 @@ __version__ = "0.1.0"
 
 from keras_group_lasso._validation import InvalidParameterError, NonFiniteError
 from keras_group_lasso.analysis import SparsityReport, apply_threshold, sparsity_report
+from keras_group_lasso.budget import SparsityBudget
 from keras_group_lasso.callbacks import SparsityMonitor
 from keras_group_lasso.export import export_pruned
-from keras_group_lasso.models import GroupSparseModel, add_group_sparsity, coupled_groups
+from keras_group_lasso.models import (
+    GroupSparseModel,
+    GroupSparseSequential,
+    add_group_sparsity,
+    coupled_groups,
+    set_penalty_multiplier,
+)
 from keras_group_lasso.optimizers import Proximal
 from keras_group_lasso.regularizers import (
     CoupledGroupLasso,
@@ -33,6 +40,8 @@ __all__ = [
     "CoupledGroupLasso",
     "add_group_sparsity",
     "GroupSparseModel",
+    "GroupSparseSequential",
+    "set_penalty_multiplier",
     "coupled_groups",
     "sparsity_report",
     "SparsityReport",
@@ -41,6 +50,7 @@ __all__ = [
     "plan_pruning",
     "UnsupportedModelError",
     "SparsityMonitor",
+    "SparsityBudget",
     "export_pruned",
     "Proximal",
 ]

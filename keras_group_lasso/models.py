@@ -4,6 +4,7 @@ import dataclasses
 import math
 
 import keras
+import numpy as np
 
 from keras_group_lasso._validation import check_choice, check_non_negative, fail
 from keras_group_lasso.analysis import dense_roles, input_dense_layers
@@ -16,21 +17,70 @@ from keras_group_lasso.regularizers import (
     InputGroupLasso,
     SparseGroupLasso,
     link_coupled_penalties,
+    link_penalty_multiplier,
 )
 
-__all__ = ["add_group_sparsity", "input_dense_layers", "GroupSparseModel", "coupled_groups"]
+__all__ = [
+    "add_group_sparsity",
+    "input_dense_layers",
+    "GroupSparseModel",
+    "GroupSparseSequential",
+    "coupled_groups",
+    "set_penalty_multiplier",
+]
+
+
+def _add_multiplier(model):
+    # A model variable (not trainable): saved with the model, and part of the state a
+    # compiled JAX train step receives, so a new value reaches the next step.
+    model.penalty_multiplier = model.add_weight(
+        shape=(2,), initializer="ones", trainable=False, name="penalty_multiplier", dtype="float32"
+    )
+    link_penalty_multiplier(model, model.penalty_multiplier)
+
+
+class _MultiplierState:
+    """``get_weights`` / ``set_weights`` are the layers' weights, as for the plain model, without the
+    multiplier (state of the penalties, saved with the model), so weights move between this model and a
+    plain clone (``keras.models.clone_model`` of a Sequential gives a plain one)."""
+
+    def get_weights(self):
+        return [keras.ops.convert_to_numpy(v) for v in self.weights if v is not self.penalty_multiplier]
+
+    def set_weights(self, weights):
+        variables = [v for v in self.weights if v is not self.penalty_multiplier]
+        weights = list(weights)
+        if len(weights) != len(variables):
+            raise ValueError(
+                f"set_weights on model '{self.name}': expected {len(variables)} weights (the layers' weights, "
+                f"without the penalty multiplier), received {len(weights)}."
+            )
+        for variable, value in zip(variables, weights):
+            if tuple(variable.shape) != tuple(getattr(value, "shape", ())):
+                raise ValueError(
+                    f"set_weights on model '{self.name}': weight '{variable.path}' has shape "
+                    f"{tuple(variable.shape)}, received a value of shape {tuple(getattr(value, 'shape', ()))}."
+                )
+            variable.assign(value)
 
 
 @keras.saving.register_keras_serializable(package="keras_group_lasso", name="GroupSparseModel")
-class GroupSparseModel(keras.Model):
-    """A functional model whose coupled group penalties see each other (what ``add_group_sparsity`` returns
-    for a model with coupled units).
+class GroupSparseModel(_MultiplierState, keras.Model):
+    """A functional model whose group penalties share a strength multiplier and see each other
+    (what ``add_group_sparsity`` returns for a functional model).
 
-    A :class:`~keras_group_lasso.CoupledGroupLasso` on one kernel needs the
-    other kernels of its coupled groups; this model links them whenever it is
-    built: by :func:`add_group_sparsity`, by ``keras.saving.load_model`` and by
-    ``keras.models.clone_model``. Otherwise it is a plain functional
-    ``keras.Model`` (same call, same config).
+    Its attribute ``penalty_multiplier`` (a variable ``(input groups, other
+    groups)``, ``(1, 1)`` at first, saved with the model) scales every
+    group-sparse penalty of its layers: a
+    :class:`~keras_group_lasso.SparsityBudget` steers the strength through it
+    during ``fit`` (:func:`set_penalty_multiplier`). A
+    :class:`~keras_group_lasso.CoupledGroupLasso` on one kernel needs the
+    other kernels of its coupled groups; this model links them. Both links
+    are made whenever the model is built: by :func:`add_group_sparsity`, by
+    ``keras.saving.load_model`` and by ``keras.models.clone_model``. Otherwise
+    it is a plain functional ``keras.Model`` (same call, same config).
+    ``GroupSparseModel(model.inputs, model.outputs)`` gives these links to a
+    functional model whose penalties were put on by hand (sharing its layers).
 
     Example:
         >>> inputs = keras.Input((3,))
@@ -44,6 +94,76 @@ class GroupSparseModel(keras.Model):
     def __init__(self, inputs, outputs, name=None, **kwargs):
         super().__init__(inputs=inputs, outputs=outputs, name=name, **kwargs)
         link_coupled_penalties(self)
+        _add_multiplier(self)
+
+
+@keras.saving.register_keras_serializable(package="keras_group_lasso", name="GroupSparseSequential")
+class GroupSparseSequential(_MultiplierState, keras.Sequential):
+    """A ``keras.Sequential`` whose group penalties share a strength multiplier (what ``add_group_sparsity``
+    returns for a Sequential model).
+
+    As :class:`GroupSparseModel`: ``penalty_multiplier`` scales every
+    group-sparse penalty of its layers, including layers added later with
+    ``add``. Otherwise it is a plain ``keras.Sequential``.
+
+    Example:
+        >>> model = add_group_sparsity(keras.Sequential([keras.Input((4,)), keras.layers.Dense(2)]), 1e-3)
+        >>> type(model).__name__, model.penalty_multiplier.numpy().tolist()
+        ('GroupSparseSequential', [1.0, 1.0])
+    """
+
+    def __init__(self, layers=None, trainable=True, name=None):
+        super().__init__(layers=layers, trainable=trainable, name=name)
+        _add_multiplier(self)
+
+    def add(self, layer, rebuild=True):
+        super().add(layer, rebuild=rebuild)
+        if hasattr(self, "penalty_multiplier"):
+            link_penalty_multiplier(self, self.penalty_multiplier)
+
+
+def set_penalty_multiplier(model, value=None, *, input=None, hidden=None):
+    """Set the strength multiplier of the group-sparse penalties of ``model`` (and of its ``Proximal`` optimizer).
+
+    The penalties then act as ``m * (factor * group Lasso + l1 * Lasso)``
+    from the next training step on, without recompiling: ``m = input`` for
+    the input groups (feature selection), ``m = hidden`` for all other
+    groups; ``value`` sets both. An argument left ``None`` keeps its entry.
+    ``model`` is what :func:`add_group_sparsity` returns (a
+    :class:`GroupSparseModel` or :class:`GroupSparseSequential`).
+
+    Raises:
+        InvalidParameterError: a value is not a finite number >= 0, or the
+            model has no ``penalty_multiplier``.
+
+    Example:
+        >>> model = add_group_sparsity(keras.Sequential([keras.Input((4,)), keras.layers.Dense(2)]), 1e-3)
+        >>> set_penalty_multiplier(model, 2.5)
+        >>> set_penalty_multiplier(model, input=4.0)
+        >>> model.penalty_multiplier.numpy().tolist()
+        [4.0, 2.5]
+    """
+    owner = "set_penalty_multiplier"
+    value = check_non_negative(owner, "value", value, allow_none=True)
+    input = check_non_negative(owner, "input", input, allow_none=True)
+    hidden = check_non_negative(owner, "hidden", hidden, allow_none=True)
+    variable = getattr(model, "penalty_multiplier", None)
+    if not isinstance(variable, keras.Variable):
+        fail(owner, "model", "a model made by add_group_sparsity (a GroupSparseModel or GroupSparseSequential), "
+             "whose penalties read a shared multiplier", model)
+    current = [float(v) for v in keras.ops.convert_to_numpy(variable)]
+    for index, given in enumerate((input, hidden)):
+        given = value if given is None else given
+        if given is not None:
+            current[index] = given
+    # Numbers, not one array: two variables sharing one buffer cannot both be donated (JAX).
+    variable.assign(np.asarray(current, dtype="float32"))
+    optimizer = getattr(model, "optimizer", None)
+    if isinstance(optimizer, keras.optimizers.LossScaleOptimizer):
+        optimizer = optimizer.inner_optimizer
+    own = getattr(optimizer, "penalty_multiplier", None)
+    if isinstance(own, keras.Variable):
+        own.assign(np.asarray(current, dtype="float32"))
 
 _PENALTIES = ("sgl", "group")
 _GROUP_WEIGHTS = ("size", "flops")
@@ -167,8 +287,10 @@ def add_group_sparsity(model, factor=1e-3, *, l1=None, input_factor=None, penalt
             (the cost of the group's unit, see above).
 
     Returns:
-        A new, uncompiled ``keras.Model`` with the same weights: of the same
-        class, or a :class:`GroupSparseModel` when some units are coupled.
+        A new, uncompiled model with the same weights whose penalties share a
+        strength multiplier (``penalty_multiplier``, 1): a
+        :class:`GroupSparseSequential` for a Sequential model without coupled
+        units, else a :class:`GroupSparseModel`.
 
     Raises:
         InvalidParameterError: bad arguments, or a model that is not
@@ -236,7 +358,9 @@ def add_group_sparsity(model, factor=1e-3, *, l1=None, input_factor=None, penalt
         return type(layer).from_config(config)
 
     copy = keras.models.clone_model(model, clone_function=clone, recursive=True)
-    if coupled.members:
+    if isinstance(copy, keras.Sequential) and not coupled.members:
+        copy = GroupSparseSequential.from_config(copy.get_config())
+    else:
         inputs = copy.inputs[0] if len(copy.inputs) == 1 else copy.inputs
         outputs = copy.outputs[0] if len(copy.outputs) == 1 else copy.outputs
         copy = GroupSparseModel(inputs, outputs, name=copy.name)

@@ -41,11 +41,12 @@ import sys
 import warnings
 
 import keras
+import numpy as np
 from keras import ops
 
 from keras_group_lasso import prox
 from keras_group_lasso._validation import check_choice, fail
-from keras_group_lasso.regularizers import CoupledGroupLasso, GroupSparseRegularizer
+from keras_group_lasso.regularizers import COUPLED_INDEX, CoupledGroupLasso, GroupSparseRegularizer
 
 __all__ = ["Proximal", "weighted_sparse_group_soft_threshold"]
 
@@ -260,6 +261,21 @@ class Proximal(keras.optimizers.Optimizer):
             return
         self.inner_optimizer.build(variables)
         super().build(variables)
+        # The strength multiplier of the penalties (a SparsityBudget steers it): the
+        # model's own copy lives in the loss, this one in the optimizer state, which a
+        # compiled JAX step receives; set_penalty_multiplier assigns both.
+        linked = {id(m): m for m in (getattr(getattr(v, "regularizer", None), "multiplier", None)
+                                     for v in variables) if isinstance(m, keras.Variable)}
+        initializer = "ones"
+        if len(linked) == 1:
+            source = next(iter(linked.values()))
+
+            def initializer(shape, dtype=None):
+                # A copy: two variables sharing one buffer cannot both be donated (JAX).
+                return ops.cast(ops.copy(source.value), dtype or "float32")
+
+        self.penalty_multiplier = self.add_variable((2,), initializer=initializer, dtype="float32",
+                                                    name="penalty_multiplier")
 
     def penalties(self):
         """``[(variable, penalty)]``: the group-sparse penalties this optimizer applies, read now.
@@ -402,7 +418,7 @@ class Proximal(keras.optimizers.Optimizer):
                 continue
             grad = ops.convert_to_tensor(grad)
             value = self._trainable_variables[index]
-            penalty_grad = penalty.gradient(ops.cast(value, grad.dtype))
+            penalty_grad = penalty.gradient(ops.cast(value, grad.dtype), multiplier=self.penalty_multiplier)
             grads[index] = grad - ops.cast(scale, grad.dtype) * penalty_grad
         return grads
 
@@ -413,7 +429,7 @@ class Proximal(keras.optimizers.Optimizer):
         view = penalty.group_shape(shape)  # groups along axis -2 (whole channels for channels=C)
         dtype = prox.compute_dtype(value.dtype)
         x = ops.reshape(ops.cast(value, dtype), view)
-        lr = ops.cast(learning_rate, dtype)
+        lr = ops.cast(learning_rate, dtype) * ops.cast(self.penalty_multiplier[penalty.multiplier_index], dtype)
         d = 1.0 if self._metric is None else self._metric(self.inner_optimizer, index, dtype)
         if isinstance(d, float):  # a constant metric: the Euclidean closed form, thresholds lr * λ / d
             step = lr / d
@@ -439,6 +455,8 @@ class Proximal(keras.optimizers.Optimizer):
             view = penalty.group_shape(shape)
             dtype = prox.compute_dtype(value.dtype)
             lr = ops.cast(learning_rate, dtype)
+            lr_coupled = lr * ops.cast(self.penalty_multiplier[COUPLED_INDEX], dtype)
+            lr = lr * ops.cast(self.penalty_multiplier[penalty.multiplier_index], dtype)
             x = ops.reshape(ops.cast(value, dtype), view)
             d = 1.0 if self._metric is None else self._metric(self.inner_optimizer, index, dtype)
             d = ops.cast(d, dtype) if isinstance(d, float) else ops.maximum(ops.reshape(d, view), _MIN_PRECONDITIONER)
@@ -452,13 +470,13 @@ class Proximal(keras.optimizers.Optimizer):
             onehot = ops.cast(onehot, dtype)
             part = ops.matmul(ops.reshape(sq, (1, -1)), onehot)[0]
             total = part if total is None else total + ops.cast(part, total.dtype)
-            prepared.append((index, value, shape, view, dtype, lr, d, q, sq, own, onehot, penalty))
+            prepared.append((index, value, shape, view, dtype, lr, lr_coupled, d, q, sq, own, onehot, penalty))
         points = []
-        for index, value, shape, view, dtype, lr, d, q, sq, own, onehot, penalty in prepared:
+        for index, value, shape, view, dtype, lr, lr_coupled, d, q, sq, own, onehot, penalty in prepared:
             tiny = prox._TINY[dtype]
             union = ops.cast(total, dtype)
             scales = ops.convert_to_tensor(penalty.scales, dtype)
-            per_key = ops.maximum(1.0 - lr * scales * ops.rsqrt(ops.maximum(union, tiny)), 0.0)
+            per_key = ops.maximum(1.0 - lr_coupled * scales * ops.rsqrt(ops.maximum(union, tiny)), 0.0)
             c = lr * penalty.factor * math.sqrt(prox.group_size(view))
             own_factor = ops.maximum(1.0 - c * ops.rsqrt(ops.maximum(sq, tiny)), 0.0) * ops.cast(own, dtype)
             factor = own_factor + ops.matmul(onehot, ops.reshape(per_key, (-1, 1)))[:, 0]

@@ -31,11 +31,15 @@ __all__ = [
     "CoupledGroupLasso",
     "GroupSparseRegularizer",
     "link_coupled_penalties",
+    "link_penalty_multiplier",
+    "group_sparse_penalties",
     "get",
     "ALIASES",
 ]
 
 _PACKAGE = "keras_group_lasso"
+# Coupled groups (units several layers read) take the hidden entry of the strength multiplier.
+COUPLED_INDEX = 1
 DEFAULT_FACTOR = 1e-3
 
 _WEIGHT_ONLY = (
@@ -107,6 +111,20 @@ class GroupSparseRegularizer(keras.regularizers.Regularizer):
         if channels is not None:
             channels = check_positive_int(owner, "channels", channels)
         self.channels = channels
+        self.multiplier = None
+
+    @property
+    def multiplier_index(self):
+        """Which entry of a ``(2,)`` strength multiplier scales this penalty: 0 for input groups, else 1."""
+        return 0 if self.role == "input" else 1
+
+    def _times_multiplier(self, value, multiplier=None, index=None):
+        """``value`` times its entry of the strength multiplier (``multiplier`` if given, else the linked one)."""
+        multiplier = self.multiplier if multiplier is None else multiplier
+        if multiplier is None:
+            return value
+        index = self.multiplier_index if index is None else index
+        return value * keras.ops.cast(multiplier[index], value.dtype)
 
     def group_shape(self, shape):
         """The shape in which this penalty's groups lie along axis -2 (``shape`` itself without ``channels``).
@@ -141,7 +159,7 @@ class GroupSparseRegularizer(keras.regularizers.Regularizer):
 
     def __call__(self, x):
         self._check_weight(x, sys._getframe(1))
-        return prox.group_sparse_penalty(self._grouped(x), self.factor, self.l1)
+        return self._times_multiplier(prox.group_sparse_penalty(self._grouped(x), self.factor, self.l1))
 
     def _check_weight(self, x, frame):
         """Refuse a scalar, an unknown dimension, or a layer's output (``frame``: the caller's)."""
@@ -169,14 +187,20 @@ class GroupSparseRegularizer(keras.regularizers.Regularizer):
         exact zeros: see :func:`keras_group_lasso.prox.sparse_group_soft_threshold`.
         """
         x = keras.ops.convert_to_tensor(x)
+        if self.multiplier is not None:
+            step = step * float(keras.ops.convert_to_numpy(self.multiplier)[self.multiplier_index])
         z = prox.sparse_group_soft_threshold(self._grouped(x), step * self.factor, step * self.l1)
         return keras.ops.reshape(z, tuple(x.shape))
 
-    def gradient(self, x):
-        """The penalty's gradient at ``x`` (:func:`keras_group_lasso.prox.group_sparse_gradient`), shape of ``x``."""
+    def gradient(self, x, multiplier=None):
+        """The penalty's gradient at ``x`` (:func:`keras_group_lasso.prox.group_sparse_gradient`), shape of ``x``.
+
+        ``multiplier``: the strength multiplier to use instead of the linked
+        one (:func:`link_penalty_multiplier`).
+        """
         x = keras.ops.convert_to_tensor(x)
         g = prox.group_sparse_gradient(self._grouped(x), self.factor, self.l1)
-        return keras.ops.reshape(g, tuple(x.shape))
+        return self._times_multiplier(keras.ops.reshape(g, tuple(x.shape)), multiplier)
 
     def _with_channels(self, config):
         if self.channels is not None:
@@ -417,27 +441,31 @@ class CoupledGroupLasso(GroupSparseRegularizer):
         value = self.factor * math.sqrt(size) * keras.ops.sum(keras.ops.cast(own, sq.dtype) * _safe_sqrt(sq))
         if self.l1:
             value = value + self.l1 * keras.ops.sum(prox.safe_abs(x))
+        value = self._times_multiplier(value)
         if self.anchor and self.scales:
             union = self.union_squares(own=x)
-            value = value + keras.ops.sum(keras.ops.convert_to_tensor(self.scales, union.dtype) * _safe_sqrt(union))
+            coupled = keras.ops.sum(keras.ops.convert_to_tensor(self.scales, union.dtype) * _safe_sqrt(union))
+            value = value + self._times_multiplier(coupled, index=COUPLED_INDEX)
         return value
 
-    def gradient(self, x):
+    def gradient(self, x, multiplier=None):
         """The gradient of every coupled group and own group at ``x`` (the other members at their current values)."""
         x = keras.ops.convert_to_tensor(x)
         view, sq = self._group_squares(x)
         own, onehot = self._masks(int(sq.shape[0]))
         size = prox.group_size(tuple(view.shape))
         scale = self.factor * math.sqrt(size) * keras.ops.cast(own, sq.dtype) * _safe_rsqrt(sq)
+        scale = self._times_multiplier(scale, multiplier)
         if self.scales:
             union = self.union_squares(own=x, dtype=sq.dtype)
             per_key = keras.ops.convert_to_tensor(self.scales, sq.dtype) * _safe_rsqrt(union)
+            per_key = self._times_multiplier(per_key, multiplier, index=COUPLED_INDEX)
             scale = scale + keras.ops.matmul(keras.ops.cast(onehot, sq.dtype), keras.ops.reshape(per_key, (-1, 1)))[:, 0]
         shape = [1] * len(view.shape)
         shape[-2 if len(view.shape) > 1 else 0] = -1
         g = view * keras.ops.reshape(scale, shape)
         if self.l1:
-            g = g + self.l1 * keras.ops.sign(view)
+            g = g + self._times_multiplier(self.l1 * keras.ops.sign(view), multiplier)
         return keras.ops.reshape(g, tuple(x.shape))
 
     def prox(self, x, step):
@@ -486,6 +514,50 @@ def link_coupled_penalties(model_or_members):
         )
     for _, penalty in members:
         penalty.link(members)
+
+
+def group_sparse_penalties(model):
+    """``[(path, penalty)]``: every group-sparse penalty declared on a layer of ``model``, nested models included.
+
+    The penalties are the layers' ``kernel_regularizer``, ``bias_regularizer``,
+    ``depthwise_regularizer`` and ``pointwise_regularizer`` that are this
+    package's (:class:`GroupSparseRegularizer`), read from the layers, so
+    they are found before the layers are built.
+    """
+    found = []
+    for layer in _all_layers(model):
+        for attribute in _PENALTY_ATTRIBUTES:
+            penalty = getattr(layer, attribute, None)
+            if isinstance(penalty, GroupSparseRegularizer):
+                found.append((f"{layer.name}.{attribute}", penalty))
+    return found
+
+
+_PENALTY_ATTRIBUTES = ("kernel_regularizer", "bias_regularizer", "depthwise_regularizer", "pointwise_regularizer")
+
+
+def _all_layers(model):
+    for layer in model.layers:
+        if isinstance(layer, keras.Model):
+            yield from _all_layers(layer)
+        else:
+            yield layer
+
+
+def link_penalty_multiplier(model, multiplier):
+    """Make every group-sparse penalty of ``model`` scale its strength by ``multiplier`` (a ``(2,)`` ``keras.Variable``).
+
+    The penalties then give ``m * (factor * group Lasso + l1 * Lasso)``, with
+    ``m = multiplier[0]`` for input groups (feature selection) and
+    ``multiplier[1]`` for all others (coupled groups included), and read the variable at every step, so
+    changing it changes the strength
+    inside a compiled train step (what :class:`~keras_group_lasso.SparsityBudget`
+    does). :class:`~keras_group_lasso.GroupSparseModel` links its penalties to
+    its own ``penalty_multiplier``; use :func:`keras_group_lasso.set_penalty_multiplier`
+    to change it.
+    """
+    for _, penalty in group_sparse_penalties(model):
+        penalty.multiplier = multiplier
 
 
 ALIASES = {

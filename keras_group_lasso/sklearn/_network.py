@@ -203,8 +203,10 @@ class Network:
     def reset_optimizer(self, learning_rate):
         """Zero the optimizer's state (step counter, moments) as if it were new."""
         optimizer = self.model.optimizer
+        multiplier = getattr(optimizer, "penalty_multiplier", None)  # Proximal's copy of the strength multiplier
         for variable in optimizer.variables:
-            variable.assign(np.zeros(variable.shape, dtype=variable.dtype))
+            fresh = np.ones if variable is multiplier else np.zeros
+            variable.assign(fresh(variable.shape, dtype=variable.dtype))
         optimizer.learning_rate = float(learning_rate)
 
     def train(self, x, y, passes, seed, monitor, verbose=0):

@@ -1,0 +1,360 @@
+"""Ask for a size, get it: a callback that steers the penalty strength until the model fits a budget.
+
+:class:`SparsityBudget` reads the model's size at the end of every epoch with
+:func:`keras_group_lasso.sparsity_report` (the same counts as the report and
+the surgery) and scales the strength of every group penalty declared on the
+model through the model's ``penalty_multiplier`` (a variable the compiled
+train step reads: nothing is rebuilt or recompiled). The multiplier grows
+while the model is behind a schedule to the budget and eases when it is
+ahead. If training has
+not got there when the last part of the epochs begins, the callback sets the
+weakest groups to zero, the fewest that meet the budget, and says so; it
+enforces the budget again at every later epoch, so ``fit`` always ends within
+it.
+"""
+
+import math
+import warnings
+
+import keras
+import numpy as np
+
+from keras_group_lasso import analysis
+from keras_group_lasso._validation import check_non_negative, fail
+from keras_group_lasso.models import set_penalty_multiplier
+from keras_group_lasso.regularizers import CoupledGroupLasso, GroupSparseRegularizer, group_sparse_penalties
+
+__all__ = ["SparsityBudget"]
+
+_OWNER = "SparsityBudget"
+_KINDS = ("features", "units", "params", "flops")
+SEARCH, WITHIN, CUT = 0, 1, 2  # the values of logs["budget_phase"]
+
+
+def _check_limit(name, value):
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
+        fail(_OWNER, name, "an int >= 0 (a count) or a float in (0, 1] (a fraction of the dense model)", value)
+    if isinstance(value, (int, np.integer)):
+        if value < 0:
+            fail(_OWNER, name, "an int >= 0 (a count) or a float in (0, 1] (a fraction of the dense model)", value)
+        return int(value)
+    if not (0.0 < value <= 1.0):
+        fail(_OWNER, name, "an int >= 0 (a count) or a float in (0, 1] (a fraction of the dense model)", value)
+    return float(value)
+
+
+class SparsityBudget(keras.callbacks.Callback):
+    """Steer the group penalties during ``fit`` so that training ends within a size budget.
+
+    Budgets are counted as :func:`keras_group_lasso.sparsity_report` counts
+    them with ``threshold``: selected input features, live hidden units
+    (neurons and channels, a coupled unit once), parameters and multiply-adds
+    per sample of the Dense and convolution layers after surgery. Each is an
+    ``int`` (a count) or a ``float`` in (0, 1] (a fraction of the dense
+    model); several budgets must all hold.
+
+    At the end of every epoch the callback measures the model and sets the
+    penalties' strength multipliers (:func:`keras_group_lasso.set_penalty_multiplier`,
+    read inside the compiled step, with subgradient training and with
+    :class:`~keras_group_lasso.Proximal` alike): the input groups' for
+    ``max_features``, the other groups' for ``max_units``, both for
+    ``max_params`` and ``max_flops``. Each size follows a schedule from the
+    dense size to the budget over the searching part of the epochs,
+    ``budget + (dense - budget) * (1 - progress) ** 3`` (fast at first, gentle
+    near the budget); a multiplier behind its schedule grows by the ratio
+    size / target, at most 2x per epoch while nothing has gone yet, 1.2x
+    while the size stalls, 1.1x while it shrinks, and never beyond
+    ``max_strength`` times the strength the training started with; ahead of
+    the schedule it shrinks by the same ratio (at most 0.9x, 0.5x when the
+    size is below half its target).
+
+    The last ``settle`` fraction of the epochs trains within the budget: at
+    the end of the epoch before it, and of every later epoch, a model still
+    over the budget gets its weakest groups set to zero (ranked by the root
+    mean square of their weights, a coupled group by its whole union; input
+    groups for a feature budget, the others for a unit budget, both for
+    parameters and FLOPs), the fewest that meet the budget, and a warning
+    says how many. The survivors then train with the strength the training
+    started with. ``fit`` therefore ends within the budget, however the
+    penalties were set.
+
+    The epoch's ``logs`` (the progress bar, ``History``, a
+    ``keras.callbacks.TensorBoard`` placed after it) get
+    ``budget_multiplier_input``, ``budget_multiplier_hidden``,
+    ``budget_phase`` (0 searching, 1 within the budget, 2 groups were cut),
+    ``budget_over`` (the largest size / budget), the size of each budgeted
+    quantity (``budget_features``, ``budget_units``, ``budget_params``,
+    ``budget_flops``) and ``budget_cut`` (groups set to zero). The
+    multipliers are a variable of the model, saved with it: a training
+    resumed from a saved model starts from the strength it reached.
+
+    Args:
+        max_features: selected input features.
+        max_units: live hidden units (neurons, channels).
+        max_params: parameters of the Dense and convolution layers.
+        max_flops: multiply-adds per sample of those layers.
+        threshold: weights with ``|w| <= threshold`` count as zero (the
+            paper's 1e-3; ``Proximal`` training has exact zeros). Prune the
+            trained model with the same threshold.
+        settle: the fraction of the epochs, at the end, that trains within
+            the budget (in [0, 1)).
+        max_strength: the multipliers stay within this factor (>= 1) of the
+            strength the training started with.
+
+    Raises:
+        InvalidParameterError: no budget, or a budget, ``threshold``,
+            ``settle`` or ``max_strength`` out of range; at the start of ``fit``, a model made
+            without :func:`keras_group_lasso.add_group_sparsity` (its
+            penalties have no shared multiplier) or whose group penalties all
+            have ``factor`` 0.
+
+    Example:
+        >>> from keras_group_lasso import Proximal, add_group_sparsity, sparsity_report
+        >>> rng = np.random.default_rng(0)
+        >>> x = rng.normal(size=(256, 12)).astype("float32")
+        >>> y = (x[:, 0] + x[:, 1] > 0).astype("float32")
+        >>> model = keras.Sequential([keras.Input((12,)), keras.layers.Dense(8, activation="relu"),
+        ...                           keras.layers.Dense(1, activation="sigmoid")])
+        >>> model = add_group_sparsity(model, 1e-3)
+        >>> model.compile(Proximal(keras.optimizers.SGD(0.1, momentum=0.9)), "binary_crossentropy")
+        >>> history = model.fit(x, y, epochs=10, verbose=0, callbacks=[SparsityBudget(max_features=4)])
+        >>> sparsity_report(model).n_selected_features <= 4
+        True
+    """
+
+    def __init__(self, max_features=None, max_units=None, max_params=None, max_flops=None, *, threshold=1e-3,
+                 settle=0.2, max_strength=20.0):
+        super().__init__()
+        self.max_features = _check_limit("max_features", max_features)
+        self.max_units = _check_limit("max_units", max_units)
+        self.max_params = _check_limit("max_params", max_params)
+        self.max_flops = _check_limit("max_flops", max_flops)
+        if all(v is None for v in (self.max_features, self.max_units, self.max_params, self.max_flops)):
+            fail(_OWNER, "max_features", "a budget (at least one of max_features, max_units, max_params, "
+                 "max_flops)", None)
+        self.threshold = check_non_negative(_OWNER, "threshold", threshold)
+        settle = check_non_negative(_OWNER, "settle", settle)
+        if settle >= 1.0:
+            fail(_OWNER, "settle", "a fraction in [0, 1)", settle)
+        self.settle = settle
+        self.max_strength = check_non_negative(_OWNER, "max_strength", max_strength)
+        if self.max_strength < 1.0:
+            fail(_OWNER, "max_strength", "a number >= 1", max_strength)
+        self.limits = None
+        self.multiplier = None  # [input groups, other groups]
+        self.phase = SEARCH
+        self.last_sizes = None
+
+    # ------------------------------------------------------------------ measuring
+
+    def _budgets(self):
+        return {"features": self.max_features, "units": self.max_units, "params": self.max_params,
+                "flops": self.max_flops}
+
+    def _report(self):
+        return analysis.sparsity_report(self.model, threshold=self.threshold)
+
+    @staticmethod
+    def _sizes(report):
+        return {"features": report.n_selected_features, "units": report.live_neurons,
+                "params": report.params_after, "flops": report.flops_after}
+
+    def _over(self, sizes, kinds=None):
+        """The largest size / budget over ``kinds`` (all budgets by default); above 1: over the budget."""
+        worst = 0.0
+        for kind in self.limits if kinds is None else kinds:
+            limit, size = self.limits[kind], sizes[kind]
+            worst = max(worst, size / limit if limit > 0 else (math.inf if size > 0 else 0.0))
+        return worst
+
+    # ------------------------------------------------------------------ Keras hooks
+
+    def on_train_begin(self, logs=None):
+        variable = getattr(self.model, "penalty_multiplier", None)
+        if not isinstance(variable, keras.Variable):
+            fail(_OWNER, "model", "a model made by add_group_sparsity (a GroupSparseModel or "
+                 "GroupSparseSequential), whose penalties read a shared multiplier", self.model)
+        penalties = [p for _, p in group_sparse_penalties(self.model)]
+        if not any(_strength(p) > 0 for p in penalties):
+            fail(_OWNER, "model", "a model with group penalties of factor > 0 (the budget scales their strength)",
+                 self.model)
+        report = self._report()
+        dense = {"features": report.n_features, "units": report.neurons, "params": report.params_before,
+                 "flops": report.flops_before}
+        self.dense = dense
+        self.limits = {}
+        for kind, limit in self._budgets().items():
+            if limit is not None:
+                self.limits[kind] = limit if isinstance(limit, int) else int(math.floor(limit * dense[kind]))
+        self.multiplier = [float(v) if v > 0 else 1.0 for v in keras.ops.convert_to_numpy(variable)]
+        self.initial = list(self.multiplier)
+        self.phase = SEARCH
+        self.last_sizes = None
+
+    def _entry_overs(self, sizes, targets=None):
+        """``[size / target]`` of the budgets each multiplier entry serves (input groups, other groups).
+
+        ``None`` for an entry no budget needs (it is left as it is).
+        """
+        targets = self.limits if targets is None else targets
+        overs = {}
+        for kind, target in targets.items():
+            size = sizes[kind]
+            overs[kind] = size / target if target > 0 else (math.inf if size > 0 else 0.0)
+        entries = []
+        for own in ("features", "units"):
+            served = [overs[k] for k in (own, "params", "flops") if k in overs]
+            entries.append(max(served) if served else None)
+        return entries
+
+    def _steer(self, sizes, epoch, search_end):
+        """Move each multiplier entry so that the sizes follow :meth:`_targets` to the budget."""
+        targets = self._targets(min(1.0, (epoch + 1) / search_end))
+        before = self.last_sizes or self.dense
+        for entry, ratio in enumerate(self._entry_overs(sizes, targets)):
+            if ratio is None:
+                continue
+            kinds = [k for k in (("features", "units")[entry], "params", "flops") if k in self.limits]
+            untouched = all(sizes[k] >= self.dense[k] for k in kinds)
+            stalled = all(sizes[k] >= before[k] for k in kinds)
+            if ratio > 1.02:  # behind the schedule: stronger; faster while nothing has gone yet
+                self.multiplier[entry] *= min(ratio, 2.0 if untouched else 1.2 if stalled else 1.1)
+                self.multiplier[entry] = min(self.multiplier[entry], self.initial[entry] * self.max_strength)
+            elif ratio < 0.98:  # ahead of it: weaker, so the rest of the network keeps its strength
+                self.multiplier[entry] *= max(ratio, 0.5 if ratio < 0.5 else 0.9)
+
+    def _targets(self, progress):
+        """Sizes on the way to the budget: ``budget + (dense - budget) * (1 - progress) ** 3``."""
+        return {kind: limit + (self.dense[kind] - limit) * (1.0 - progress) ** 3 for kind, limit in self.limits.items()}
+
+    def on_epoch_end(self, epoch, logs=None):
+        epochs = int(self.params.get("epochs", epoch + 1) if self.params else epoch + 1)
+        search_end = max(1, int(math.ceil((1.0 - self.settle) * epochs)))  # epochs before the settling part
+        sizes = self._sizes(self._report())
+        over = self._over(sizes)
+        cut = 0
+        if epoch + 1 >= search_end:
+            # Settling: the structure is fixed (by the cut, repeated if units come back) and the
+            # survivors train with the strength the training started with.
+            if over > 1.0:
+                cut, sizes = self._cut_weakest_groups(epoch, sizes)
+                over = self._over(sizes)
+                self.phase = CUT
+            elif self.phase != CUT:
+                self.phase = WITHIN
+            self.multiplier = list(self.initial)
+        else:
+            self._steer(sizes, epoch, search_end)
+            self.phase = SEARCH if over > 1.0 else WITHIN
+        set_penalty_multiplier(self.model, input=self.multiplier[0], hidden=self.multiplier[1])
+        self.last_sizes = sizes
+        if logs is not None:
+            logs["budget_multiplier_input"] = float(self.multiplier[0])
+            logs["budget_multiplier_hidden"] = float(self.multiplier[1])
+            logs["budget_phase"] = int(self.phase)
+            logs["budget_over"] = float(over)
+            logs["budget_cut"] = int(cut)
+            for kind in self.limits:
+                logs[f"budget_{kind}"] = int(sizes[kind])
+
+    # ------------------------------------------------------------------ the finishing cut
+
+    def _cut_weakest_groups(self, epoch, sizes):
+        """Zero the fewest weakest groups that meet the budget; returns (groups cut, sizes).
+
+        Only input groups when only feature budgets are exceeded, only hidden
+        groups when only unit budgets are; both for parameters and FLOPs.
+        """
+        input_over, hidden_over = self._entry_overs(sizes)
+        roles = {"input"} if (input_over or 0.0) > 1.0 else set()
+        if (hidden_over or 0.0) > 1.0:
+            roles.add("hidden")
+        groups, variables = _ranked_groups(self.model, roles)
+        values = [np.array(keras.ops.convert_to_numpy(v)) for v in variables]
+
+        def assign(count):
+            for variable, value in zip(variables, _zeroed(values, groups[:count], variables)):
+                variable.assign(value)
+            return self._sizes(self._report())
+
+        low, high = 0, len(groups)
+        best = assign(high)
+        if self._over(best) > 1.0:
+            # Even with every penalised group gone the model is over the budget (e.g. a budget below
+            # what layers the penalties cannot reach keep): keep the best the cut can do.
+            count = high
+        else:
+            while low < high:  # the smallest count within the budget (sizes only shrink as groups go)
+                middle = (low + high) // 2
+                if self._over(assign(middle)) <= 1.0:
+                    high = middle
+                else:
+                    low = middle + 1
+            count = low
+            best = assign(count)
+        details = ", ".join(f"{kind} {best[kind]} (budget {limit})" for kind, limit in self.limits.items())
+        warnings.warn(
+            f"{_OWNER}: at the end of epoch {epoch + 1} the model was still over its budget; the {count} "
+            f"weakest groups were set to zero to meet it: {details}. A larger penalty factor or more epochs "
+            "let the training get closer by itself.",
+            RuntimeWarning,
+            stacklevel=2,
+        )
+        return count, best
+
+
+def _strength(penalty):
+    scales = getattr(penalty, "scales", ())
+    return max([penalty.factor, penalty.l1, *scales])
+
+
+def _ranked_groups(model, roles):
+    """``([(rms, ((variable index, row), ...)), ...] weakest first, [variables])`` of the penalised kernels.
+
+    A group is a row along axis -2 of a penalty's group view (a unit that the
+    layer reads); the rows of one coupled group are one entry. ``roles``:
+    ``"input"`` (groups of input features) and/or ``"hidden"`` (the others,
+    coupled groups included).
+    """
+    variables, entries, coupled = [], [], {}
+    for variable in model.weights:
+        penalty = getattr(variable, "regularizer", None)
+        if not isinstance(penalty, GroupSparseRegularizer) or len(variable.shape) < 2:
+            continue
+        index = len(variables)
+        variables.append(variable)
+        view = penalty.group_shape(tuple(variable.shape))
+        value = np.asarray(keras.ops.convert_to_numpy(variable), dtype=np.float64).reshape(view)
+        axes = tuple(a for a in range(len(view)) if a != len(view) - 2)
+        squares = np.sum(value ** 2, axis=axes)
+        size = value.size // view[-2]
+        keys = penalty.coupled if isinstance(penalty, CoupledGroupLasso) else (-1,) * view[-2]
+        for row, key in enumerate(keys):
+            if ("input" if key < 0 and penalty.role == "input" else "hidden") not in roles:
+                continue
+            if key >= 0:
+                total = coupled.setdefault(key, [0.0, 0, []])
+                total[0] += squares[row]
+                total[1] += size
+                total[2].append((index, row))
+            else:
+                entries.append((math.sqrt(squares[row] / size), ((index, row),)))
+    for squares, size, rows in coupled.values():
+        entries.append((math.sqrt(squares / size), tuple(rows)))
+    entries.sort(key=lambda entry: entry[0])
+    return entries, variables
+
+
+def _zeroed(values, groups, variables):
+    """Copies of ``values`` with the rows of ``groups`` set to zero."""
+    out = [v.copy() for v in values]
+    for _, rows in groups:
+        for index, row in rows:
+            penalty = variables[index].regularizer
+            view = out[index].reshape(penalty.group_shape(out[index].shape))
+            where = [slice(None)] * view.ndim
+            where[-2] = row
+            view[tuple(where)] = 0.0
+    return out

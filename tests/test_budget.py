@@ -1,0 +1,178 @@
+import warnings
+
+import keras
+import numpy as np
+import pytest
+
+from keras_group_lasso import (
+    GroupSparseSequential,
+    InputGroupLasso,
+    InvalidParameterError,
+    Proximal,
+    SparsityBudget,
+    add_group_sparsity,
+    apply_threshold,
+    prune_model,
+    set_penalty_multiplier,
+    sparsity_report,
+)
+
+
+def data(rng, n=512, features=12, informative=3):
+    x = rng.normal(size=(n, features)).astype("float32")
+    y = (x[:, :informative].sum(axis=1) > 0).astype("float32")
+    return x, y
+
+
+def mlp(features=12, hidden=(8,), factor=1e-3):
+    layers = [keras.Input((features,))]
+    layers += [keras.layers.Dense(h, activation="relu") for h in hidden]
+    layers += [keras.layers.Dense(1, activation="sigmoid")]
+    return add_group_sparsity(keras.Sequential(layers), factor)
+
+
+def fit(model, x, y, budget, epochs=10, optimizer=None):
+    optimizer = optimizer or Proximal(keras.optimizers.SGD(0.1, momentum=0.9))
+    model.compile(optimizer, "binary_crossentropy")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        history = model.fit(x, y, epochs=epochs, batch_size=32, verbose=0, callbacks=[budget])
+    cuts = [w for w in caught if "SparsityBudget" in str(w.message)]
+    return history, cuts
+
+
+@pytest.mark.parametrize("optimizer", ["proximal", "adam"])
+def test_training_ends_within_a_feature_budget(rng, optimizer):
+    x, y = data(rng)
+    model = mlp()
+    opt = Proximal(keras.optimizers.SGD(0.1, momentum=0.9)) if optimizer == "proximal" else keras.optimizers.Adam()
+    history, _ = fit(model, x, y, SparsityBudget(max_features=4), epochs=12, optimizer=opt)
+    report = sparsity_report(model, 1e-3)
+    assert 1 <= report.n_selected_features <= 4
+    assert len(set(range(3)) & set(report.selected_features)) >= 2  # the informative columns stay, mostly
+    assert history.history["budget_features"][-1] == report.n_selected_features
+    for key in ("budget_multiplier_input", "budget_multiplier_hidden", "budget_phase", "budget_over", "budget_cut"):
+        assert len(history.history[key]) == 12
+    # Only the input groups' strength was steered.
+    assert history.history["budget_multiplier_hidden"] == [1.0] * 12
+    assert max(history.history["budget_multiplier_input"]) > 1.0
+
+
+def test_the_cut_removes_the_fewest_groups_and_lands_on_the_budget(rng):
+    x, y = data(rng)
+    model = mlp(factor=1e-6)  # too weak to select anything in one epoch
+    history, cuts = fit(model, x, y, SparsityBudget(max_features=5, settle=0.0), epochs=1)
+    assert len(cuts) == 1 and "the 7 weakest groups were set to zero" in str(cuts[0].message)
+    assert sparsity_report(model, 1e-3).n_selected_features == 5  # each input group is one feature: exactly the budget
+    assert history.history["budget_phase"] == [2]
+    assert history.history["budget_cut"] == [7]
+
+
+def test_fractions_units_params_and_flops_budgets_hold_and_surgery_stays_exact(rng):
+    x, y = data(rng)
+    model = mlp(hidden=(10, 6))
+    dense = sparsity_report(model, 1e-3)
+    fit(model, x, y, SparsityBudget(max_units=6, max_params=0.5), epochs=6)
+    report = sparsity_report(model, 1e-3)
+    assert report.live_neurons <= 6
+    assert report.params_after <= int(0.5 * dense.params_before)
+
+    images = rng.normal(size=(64, 8, 8, 2)).astype("float32")
+    labels = (images[..., 0].mean(axis=(1, 2)) > 0).astype("float32")
+    cnn = add_group_sparsity(keras.Sequential([
+        keras.Input((8, 8, 2)), keras.layers.Conv2D(8, 3, padding="same", activation="relu"),
+        keras.layers.Conv2D(8, 3, padding="same", activation="relu"), keras.layers.GlobalAveragePooling2D(),
+        keras.layers.Dense(1, activation="sigmoid"),
+    ]), 1e-3, input_factor=0.0)
+    before = sparsity_report(cnn, 1e-3).flops_before
+    fit(cnn, images, labels, SparsityBudget(max_flops=0.25), epochs=3)
+    assert sparsity_report(cnn, 1e-3).flops_after <= before // 4
+    small = prune_model(cnn, 1e-3)
+    reference = keras.models.clone_model(cnn)
+    reference.set_weights(cnn.get_weights())
+    apply_threshold(reference, 1e-3)
+    np.testing.assert_allclose(small.predict(images, verbose=0), reference.predict(images, verbose=0), atol=1e-5)
+
+
+def test_the_compiled_step_reads_the_multiplier_without_recompiling(rng):
+    x, y = data(rng, n=32)
+    model = mlp()
+    model.compile(keras.optimizers.SGD(0.0), "binary_crossentropy")
+    penalty = sum(float(v.regularizer(v)) for v in model.weights if v.regularizer is not None)
+    first = model.train_on_batch(x, y)
+    set_penalty_multiplier(model, 3.0)
+    np.testing.assert_allclose(model.train_on_batch(x, y) - first, 2.0 * penalty, rtol=1e-4)
+    set_penalty_multiplier(model, input=0.0, hidden=0.0)
+    np.testing.assert_allclose(first - model.train_on_batch(x, y), penalty, rtol=1e-4)
+
+
+def test_proximal_steps_with_the_multiplied_strength(rng):
+    x, y = data(rng, n=32)
+    scaled, reference = mlp(factor=1e-2), mlp(factor=3e-2)
+    reference.set_weights(scaled.get_weights())
+    scaled.compile(Proximal(keras.optimizers.SGD(0.1)), "binary_crossentropy")
+    reference.compile(Proximal(keras.optimizers.SGD(0.1)), "binary_crossentropy")
+    scaled.train_on_batch(x, y)  # builds the optimizer
+    reference.train_on_batch(x, y)
+    reference.set_weights(scaled.get_weights())
+    set_penalty_multiplier(scaled, 3.0)
+    for _ in range(3):
+        scaled.train_on_batch(x, y)
+        reference.train_on_batch(x, y)
+    for a, b in zip(scaled.get_weights(), reference.get_weights()):
+        np.testing.assert_allclose(a, b, atol=1e-6)
+    assert keras.ops.convert_to_numpy(scaled.optimizer.penalty_multiplier).tolist() == [3.0, 3.0]
+
+
+def test_the_multiplier_saves_and_a_resumed_budget_starts_from_it(rng, tmp_path):
+    x, y = data(rng)
+    model = mlp()
+    history, _ = fit(model, x, y, SparsityBudget(max_features=4, settle=0.5), epochs=4)
+    reached = keras.ops.convert_to_numpy(model.penalty_multiplier).tolist()
+    assert reached[0] == pytest.approx(history.history["budget_multiplier_input"][-1])
+    path = tmp_path / "budget.keras"
+    model.save(path)
+    loaded = keras.saving.load_model(path)
+    assert isinstance(loaded, GroupSparseSequential)
+    assert keras.ops.convert_to_numpy(loaded.penalty_multiplier).tolist() == reached
+    budget = SparsityBudget(max_features=4)
+    loaded.fit(x, y, epochs=1, verbose=0, callbacks=[budget])
+    assert budget.initial == reached
+    assert sparsity_report(loaded, 1e-3).n_selected_features <= 4
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({}, "argument `max_features` must be a budget"),
+        ({"max_features": True}, "argument `max_features` must be an int >= 0 .* received True"),
+        ({"max_units": -1}, "argument `max_units` must be an int >= 0 .* received -1"),
+        ({"max_params": 1.5}, r"argument `max_params` must be an int >= 0 \(a count\) or a float in \(0, 1\]"),
+        ({"max_flops": "10"}, "argument `max_flops` must be .* received '10'"),
+        ({"max_features": 3, "settle": 1.0}, r"argument `settle` must be a fraction in \[0, 1\); received 1.0"),
+        ({"max_features": 3, "max_strength": 0.5}, "argument `max_strength` must be a number >= 1; received 0.5"),
+        ({"max_features": 3, "threshold": -1}, "argument `threshold` must be a finite number >= 0"),
+    ],
+)
+def test_bad_arguments_are_named(kwargs, message):
+    with pytest.raises(InvalidParameterError, match="SparsityBudget: " + message):
+        SparsityBudget(**kwargs)
+
+
+def test_a_model_whose_penalties_have_no_multiplier_is_refused_by_name(rng):
+    x, y = data(rng, n=32)
+    plain = keras.Sequential([keras.Input((12,)), keras.layers.Dense(1, kernel_regularizer=InputGroupLasso(1e-3))])
+    plain.compile("sgd", "mse")
+    with pytest.raises(InvalidParameterError, match="SparsityBudget: argument `model` must be a model made by "
+                                                    "add_group_sparsity"):
+        plain.fit(x, y, verbose=0, callbacks=[SparsityBudget(max_features=3)])
+    weak = mlp(factor=0.0)
+    weak.compile("sgd", "mse")
+    with pytest.raises(InvalidParameterError, match="group penalties of factor > 0"):
+        weak.fit(x, y, verbose=0, callbacks=[SparsityBudget(max_features=3)])
+    with pytest.raises(InvalidParameterError, match="set_penalty_multiplier: argument `value` must be a finite "
+                                                    r"number >= 0 or None; received -1\.0"):
+        set_penalty_multiplier(mlp(), -1)
+    with pytest.raises(InvalidParameterError, match="set_penalty_multiplier: argument `model` must be a model made "
+                                                    "by add_group_sparsity"):
+        set_penalty_multiplier(plain, 2.0)
