@@ -360,10 +360,8 @@ def add_group_sparsity(model, factor=1e-3, *, l1=None, input_factor=None, penalt
     copy = keras.models.clone_model(model, clone_function=clone, recursive=True)
     if isinstance(copy, keras.Sequential) and not coupled.members:
         copy = GroupSparseSequential.from_config(copy.get_config())
-    else:
-        inputs = copy.inputs[0] if len(copy.inputs) == 1 else copy.inputs
-        outputs = copy.outputs[0] if len(copy.outputs) == 1 else copy.outputs
-        copy = GroupSparseModel(inputs, outputs, name=copy.name)
+    else:  # the functional copy's own input and output structures (a dict stays a dict)
+        copy = GroupSparseModel(copy.input, copy.output, name=copy.name)
     copy.set_weights(model.get_weights())
     _refresh_normalization(copy)
     return copy

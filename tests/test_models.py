@@ -138,6 +138,20 @@ def test_flop_weights_of_coupled_groups_follow_their_cost():
                                1e-3 * cost_narrow / mean_cost * mean_root, rtol=1e-6)
 
 
+def test_dict_inputs_and_outputs_keep_their_structure(rng):
+    inputs = keras.Input((4,), name="x")
+    hidden = keras.layers.Dense(3, name="h")(inputs)
+    model = keras.Model({"x": inputs}, {"a": keras.layers.Dense(2, name="a")(hidden),
+                                        "b": keras.layers.Dense(1, name="b")(hidden)})
+    sparse = add_group_sparsity(model, 1e-3)
+    x = {"x": rng.normal(size=(3, 4)).astype("float32")}
+    got, want = sparse(x), model(x)
+    assert isinstance(got, dict) and sorted(got) == ["a", "b"]
+    for key in want:
+        np.testing.assert_allclose(keras.ops.convert_to_numpy(got[key]), keras.ops.convert_to_numpy(want[key]),
+                                   atol=1e-6)
+
+
 def test_functional_branches_from_the_input_are_input_groups():
     inputs = keras.Input((6,))
     a = keras.layers.Dense(5, name="a")(inputs)
