@@ -1,9 +1,9 @@
 """Run every benchmark in benchmarks/, one after another, each in its own process.
 
 The paper reproduction (DIGITS sweep, Fashion-MNIST table, peers) and the
-performance benchmarks other modules ship (penalty overhead, monitor
-overhead, proximal training and its overhead, inference of pruned models, the scikit-learn
-path), whichever of them exist. ``--quick`` is passed on to the scripts that
+performance benchmarks (the overhead of the penalties, of the monitor, of
+proximal training and on a CNN, all from ``overhead.py``; proximal training;
+inference of pruned models; the scikit-learn path), whichever of them exist. ``--quick`` is passed on to the scripts that
 accept it; ``--seeds`` to the paper-reproduction scripts.
 
 Usage:
@@ -26,15 +26,16 @@ if __package__ in (None, ""):
 
 from benchmarks.common import positive_int  # noqa: E402
 
-# name -> (script, takes --seeds)
+# name -> (script, takes --seeds[, leading arguments])
 BENCHMARKS = {
     "digits": ("digits_sweep.py", True),
     "fashion-mnist": ("fashion_table.py", True),
     "peers": ("peers_digits.py", True),
-    "penalty-overhead": ("penalty_overhead.py", False),
-    "monitor-overhead": ("monitor_overhead.py", False),
+    "penalty-overhead": ("overhead.py", False, ("penalty",)),
+    "monitor-overhead": ("overhead.py", False, ("monitor",)),
     "proximal": ("proximal_digits.py", False),
-    "proximal-overhead": ("proximal_overhead.py", False),
+    "proximal-overhead": ("overhead.py", False, ("proximal",)),
+    "cnn-overhead": ("overhead.py", False, ("cnn",)),
     "inference": ("inference.py", False),
     "sklearn-path": ("sklearn_path.py", False),
 }
@@ -46,11 +47,11 @@ def _accepts(script, flag):
 
 def command_for(name, quick=False, seeds=None):
     """The argv that runs benchmark ``name``, or None when its script is not there."""
-    filename, takes_seeds = BENCHMARKS[name]
+    filename, takes_seeds, *leading = BENCHMARKS[name]
     script = HERE / filename
     if not script.exists():
         return None
-    argv = [sys.executable, str(script)]
+    argv = [sys.executable, str(script), *(leading[0] if leading else ())]
     if quick and _accepts(script, "--quick"):
         argv.append("--quick")
     if seeds is not None and takes_seeds and not quick:

@@ -5,7 +5,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # benchmarks/ is not installed
 
-from benchmarks import common, run_all  # noqa: E402
+from benchmarks import common, overhead, run_all  # noqa: E402
 
 
 def test_write_section_appends_then_replaces_in_place(tmp_path):
@@ -33,6 +33,26 @@ def test_run_all_passes_quick_and_seeds_to_the_paper_benchmarks():
     command = run_all.command_for("digits", quick=False, seeds=5)
     assert command[1].endswith("digits_sweep.py") and command[-2:] == ["--seeds", "5"]
     assert run_all.command_for("digits", quick=True, seeds=5)[-1] == "--quick"
+
+
+def test_run_all_runs_every_overhead_comparison_through_one_harness():
+    for name, kind in (("penalty-overhead", "penalty"), ("proximal-overhead", "proximal"),
+                       ("monitor-overhead", "monitor"), ("cnn-overhead", "cnn")):
+        command = run_all.command_for(name, quick=True)
+        assert Path(command[1]).name == "overhead.py" and command[2:] == [kind, "--quick"]
+
+
+def test_overhead_ratios_carry_their_spread_and_are_flagged_within_the_noise():
+    assert overhead.spread([1.0, 2.0, 3.0, 4.0, 5.0]) == (3.0, 2.0)
+    assert overhead.spread([2.0]) == (2.0, 0.0)
+    samples = {
+        "L2": {"wall": [1.0, 1.0, 1.0, 1.0], "cpu": [2.0, 2.1, 1.9, 2.0]},
+        "SGL": {"wall": [1.5, 1.5, 1.5, 1.5], "cpu": [2.02, 2.5, 1.6, 2.0]},
+    }
+    assert overhead.ratio_cell(samples, "SGL", "L2", "wall") == "1.500x"  # no spread: a clean effect
+    assert overhead.ratio_cell(samples, "SGL", "L2", "cpu").startswith("1.005x (noise ")  # IQR 12 % >> 0.5 %
+    rows = overhead.table(samples, "L2").splitlines()
+    assert rows[2].startswith("| L2 | 1.000 ± 0.000 |") and rows[3].startswith("| SGL | 1.500 ± 0.000 |")
 
 
 def test_cli_bench_runs_the_script_with_quick_and_seeds(monkeypatch):
