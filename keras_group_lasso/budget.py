@@ -77,8 +77,9 @@ class SparsityBudget(keras.callbacks.Callback):
     groups for a feature budget, the others for a unit budget, both for
     parameters and FLOPs), the fewest that meet the budget, and a warning
     says how many. The survivors then train with the strength the training
-    started with. ``fit`` therefore ends within the budget, however the
-    penalties were set.
+    started with. A training that stops earlier (``EarlyStopping``) is cut
+    the same way when it ends. ``fit`` therefore ends within the budget,
+    however the penalties were set.
 
     The epoch's ``logs`` (the progress bar, ``History``, a
     ``keras.callbacks.TensorBoard`` placed after it) get
@@ -259,6 +260,16 @@ class SparsityBudget(keras.callbacks.Callback):
             for kind in self.limits:
                 logs[f"budget_{kind}"] = int(sizes[kind])
 
+    def on_train_end(self, logs=None):
+        # A training stopped before its settling part (EarlyStopping, a KeyboardInterrupt
+        # handled by the caller, fewer epochs): the budget still holds when fit returns.
+        if self.limits is None:
+            return
+        sizes = self._sizes(self._report())
+        if self._over(sizes) > 1.0:
+            _, self.last_sizes = self._cut_weakest_groups(None, sizes)
+            self.phase = CUT
+
     # ------------------------------------------------------------------ the finishing cut
 
     def _cut_weakest_groups(self, epoch, sizes):
@@ -295,8 +306,9 @@ class SparsityBudget(keras.callbacks.Callback):
             count = low
             best = assign(count)
         details = ", ".join(f"{kind} {best[kind]} (budget {limit})" for kind, limit in self.limits.items())
+        when = "at the end of training" if epoch is None else f"at the end of epoch {epoch + 1}"
         warnings.warn(
-            f"{_OWNER}: at the end of epoch {epoch + 1} the model was still over its budget; the {count} "
+            f"{_OWNER}: {when} the model was still over its budget; the {count} "
             f"weakest groups were set to zero to meet it: {details}. A larger penalty factor or more epochs "
             "let the training get closer by itself.",
             RuntimeWarning,

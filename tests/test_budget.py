@@ -36,7 +36,8 @@ def fit(model, x, y, budget, epochs=10, optimizer=None):
     model.compile(optimizer, "binary_crossentropy")
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        history = model.fit(x, y, epochs=epochs, batch_size=32, verbose=0, callbacks=[budget])
+        callbacks = budget if isinstance(budget, list) else [budget]
+        history = model.fit(x, y, epochs=epochs, batch_size=32, verbose=0, callbacks=callbacks)
     cuts = [w for w in caught if "SparsityBudget" in str(w.message)]
     return history, cuts
 
@@ -66,6 +67,16 @@ def test_the_cut_removes_the_fewest_groups_and_lands_on_the_budget(rng):
     assert sparsity_report(model, 1e-3).n_selected_features == 5  # each input group is one feature: exactly the budget
     assert history.history["budget_phase"] == [2]
     assert history.history["budget_cut"] == [7]
+
+
+def test_a_training_stopped_early_still_ends_within_the_budget(rng):
+    x, y = data(rng)
+    model = mlp(factor=1e-6)
+    stop = keras.callbacks.EarlyStopping(monitor="loss", min_delta=1e9, patience=0)  # stops after epoch 2
+    history, cuts = fit(model, x, y, [SparsityBudget(max_features=6), stop], epochs=20)
+    assert len(history.history["loss"]) == 2
+    assert any("at the end of training" in str(w.message) for w in cuts)
+    assert sparsity_report(model, 1e-3).n_selected_features == 6
 
 
 def test_fractions_units_params_and_flops_budgets_hold_and_surgery_stays_exact(rng):
