@@ -12,6 +12,10 @@ training images; 5,000 held-out training images choose lambda, the official
   no fine-tuning.
 * (c) proximal: the same penalties trained with
   ``Proximal(SGD(lr, momentum=0.9))`` (exact zeros), pruned; no fine-tuning.
+* (e) with ``--budget-flops F``: row (c)'s training steered by
+  ``SparsityBudget(max_flops=F)`` from a starting lambda, every seed (the
+  last fifth of the epochs trains the structure the budget fixed); no
+  fine-tuning after surgery.
 * (d) peer: magnitude filter pruning (Li et al. 2017, "Pruning Filters for
   Efficient ConvNets") of each dense network: in every convolution the filters
   with the smallest L1 kernel norm go, the same fraction in each, as many as
@@ -43,6 +47,8 @@ training step both ways first and writes both timings in the results.
 Usage:
     python benchmarks/cnn_fashion.py                # -> benchmarks/results/cnn_fashion.md and .json
     python benchmarks/cnn_fashion.py --quick        # 3,000 images, 1 epoch; -> benchmarks/out/
+    python benchmarks/cnn_fashion.py --channels 24 48 --units 128 --epochs 10 --sgd-lr 0.02 \
+        --group-weight flops --budget-flops 0.12      # a wider network, FLOP-weighted groups, a FLOP budget
 """
 
 import argparse
@@ -53,6 +59,7 @@ import statistics
 import sys
 import tempfile
 import time
+import warnings
 from pathlib import Path
 
 if __package__ in (None, ""):
@@ -147,7 +154,7 @@ def build_cnn(seed):
     ], name="cnn")
 
 
-def sparse_cnn(seed, factor, penalty):
+def sparse_cnn(seed, factor, penalty, group_weight="size"):
     """The dense CNN with the package's penalties: channel groups on conv2, channels=32 groups on the Dense head.
 
     ``input_factor=0``: conv1 reads one grey channel, a single group that
@@ -156,7 +163,7 @@ def sparse_cnn(seed, factor, penalty):
     """
     from keras_group_lasso import add_group_sparsity
 
-    return add_group_sparsity(build_cnn(seed), factor, input_factor=0.0, penalty=penalty)
+    return add_group_sparsity(build_cnn(seed), factor, input_factor=0.0, penalty=penalty, group_weight=group_weight)
 
 
 def compile_model(model, optimizer, jit_compile):
@@ -207,14 +214,14 @@ def progress(label):
     return keras.callbacks.LambdaCallback(on_epoch_end=line)
 
 
-def fit(model, data, epochs, seed, label, batch_size=BATCH):
+def fit(model, data, epochs, seed, label, batch_size=BATCH, callbacks=()):
     """Train; returns (wall seconds, CPU seconds of this process)."""
     import keras
 
     keras.utils.set_random_seed(seed + 1000)  # the shuffling of each epoch
     wall, cpu = time.perf_counter(), time.process_time()
     model.fit(data["x_train"], data["y_train"], batch_size=batch_size, epochs=epochs, shuffle=True,
-              verbose=0, callbacks=[progress(label)])
+              verbose=0, callbacks=[progress(label), *callbacks])
     return time.perf_counter() - wall, time.process_time() - cpu
 
 
@@ -306,13 +313,24 @@ def train_dense(seed, data, epochs, jit_compile):
     return model, record
 
 
-def train_sparse(method, factor, seed, data, epochs, penalty, jit_compile):
-    model = compile_model(sparse_cnn(seed, factor, penalty), optimizer_for(method, epochs, len(data["x_train"])),
-                          jit_compile)
-    wall, cpu = fit(model, data, epochs, seed, f"{method} lambda={factor:g} seed {seed}")
+def train_sparse(method, factor, seed, data, epochs, penalty, jit_compile, group_weight="size", max_flops=None):
+    """Rows (b), (c) and, with ``max_flops``, (e): ``Proximal`` steered by ``SparsityBudget(max_flops=...)``."""
+    from keras_group_lasso import SparsityBudget
+
+    optimizer = optimizer_for("proximal" if method == "budget" else method, epochs, len(data["x_train"]))
+    model = compile_model(sparse_cnn(seed, factor, penalty, group_weight), optimizer, jit_compile)
+    budget = [SparsityBudget(max_flops=max_flops, threshold=THRESHOLD)] if method == "budget" else []
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", RuntimeWarning)
+        wall, cpu = fit(model, data, epochs, seed, f"{method} lambda={factor:g} seed {seed}", callbacks=budget)
     small, record = measure_pruned(model, THRESHOLD, data)
     record.update({"row": method, "method": method, "factor": factor, "seed": seed, "epochs": epochs,
-                   "penalty": penalty, "train_seconds": wall, "train_cpu_seconds": cpu})
+                   "penalty": penalty, "group_weight": group_weight, "train_seconds": wall,
+                   "train_cpu_seconds": cpu})
+    if budget:
+        record["max_flops"] = max_flops
+        record["budget_cut_groups"] = [int(v) for v in model.history.history.get("budget_cut", [])]
+        record["budget_warnings"] = [str(w.message) for w in caught if "SparsityBudget" in str(w.message)]
     return model, small, record
 
 
@@ -539,6 +557,7 @@ def inference_table(result, flop_ratio):
 
 
 def main(argv=None):
+    global CHANNELS, UNITS, SGD_LR
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--seeds", type=common.positive_int, default=3,
                         help="seeds 0..N-1 for the dense network, the chosen lambdas and the peer (default 3)")
@@ -550,6 +569,16 @@ def main(argv=None):
                         help=f"lambda grid of row (c) (default {' '.join(map(str, GRID['proximal']))})")
     parser.add_argument("--penalty", choices=("sgl", "group"), default="group",
                         help="add_group_sparsity's penalty (default group: only whole channels save FLOPs)")
+    parser.add_argument("--channels", type=common.positive_int, nargs=2, default=None, metavar=("C1", "C2"),
+                        help=f"filters of the two convolutions (default {CHANNELS[0]} {CHANNELS[1]})")
+    parser.add_argument("--units", type=common.positive_int, default=None, help=f"hidden Dense units (default {UNITS})")
+    parser.add_argument("--sgd-lr", type=float, default=None, help=f"Proximal SGD learning rate (default {SGD_LR})")
+    parser.add_argument("--group-weight", choices=("size", "flops"), default="size",
+                        help="add_group_sparsity's group_weight (default size: the paper's sqrt(|g|))")
+    parser.add_argument("--budget-flops", type=float, default=None, metavar="FRACTION",
+                        help="also row (e): Proximal steered by SparsityBudget(max_flops=FRACTION), every seed")
+    parser.add_argument("--budget-lambda", type=float, default=None,
+                        help="the starting lambda of row (e) (default: the first lambda of the proximal grid)")
     parser.add_argument("--threads", type=common.positive_int, default=2, help="TensorFlow intra-op threads")
     parser.add_argument("--quick", action="store_true",
                         help="smoke run: 3,000 training images, 1 epoch, 1 seed, one lambda; -> benchmarks/out/")
@@ -557,6 +586,9 @@ def main(argv=None):
                         help="Markdown result (default benchmarks/results/cnn_fashion.md; benchmarks/out/ with --quick); "
                         "the JSON goes next to it")
     args = parser.parse_args(argv)
+    CHANNELS = tuple(args.channels or CHANNELS)
+    UNITS = args.units or UNITS
+    SGD_LR = args.sgd_lr or SGD_LR
 
     import keras
 
@@ -601,7 +633,8 @@ def main(argv=None):
     keep(record)
     for method in ("subgradient", "proximal"):
         for factor in grid[method]:
-            model, _, record = train_sparse(method, factor, 0, data, epochs, args.penalty, jit_compile)
+            model, _, record = train_sparse(method, factor, 0, data, epochs, args.penalty, jit_compile,
+                                            args.group_weight)
             sparse_models[(method, factor, 0)] = model
             record["grid"] = True
             keep(record)
@@ -613,8 +646,16 @@ def main(argv=None):
         dense_models[seed], record = train_dense(seed, data, epochs, jit_compile)
         keep(record)
         for method, factor in chosen.items():
-            model, _, record = train_sparse(method, factor, seed, data, epochs, args.penalty, jit_compile)
+            model, _, record = train_sparse(method, factor, seed, data, epochs, args.penalty, jit_compile,
+                                            args.group_weight)
             sparse_models[(method, factor, seed)] = model
+            keep(record)
+    if args.budget_flops:
+        budget_lambda = args.budget_lambda or grid["proximal"][0]
+        for seed in seeds:
+            model, _, record = train_sparse("budget", budget_lambda, seed, data, epochs, args.penalty, jit_compile,
+                                            args.group_weight, max_flops=args.budget_flops)
+            sparse_models[("budget", budget_lambda, seed)] = model
             keep(record)
 
     def of(method, factor=None, seed=None):
@@ -661,6 +702,9 @@ def main(argv=None):
     letters = {"subgradient": "(b)", "proximal": "(c)"}
     groups = [("(a) dense, Adam", dense_rows)]
     groups += [(labels[m], of(m, f)) for m, f in chosen.items()]
+    if args.budget_flops:
+        groups.append((f"(e) Proximal + SparsityBudget(max_flops={args.budget_flops:g}), starting λ, no fine-tuning",
+                       of("budget")))
 
     def peer_rows(key):
         peers = [r for r in records if r["row"] == "peer" and r["budget_of"] == key]
@@ -687,6 +731,15 @@ def main(argv=None):
         met = reduction >= TARGET_FLOPS and points >= -TARGET_POINTS
         verdict.append(f"- {method} λ={factor:g} ({len(rows)} seed{'s' if len(rows) > 1 else ''}): {reduction:.2f}x fewer FLOPs, "
                        f"{points:+.2f} points test accuracy vs dense: target {'met' if met else 'NOT met'}.")
+    if args.budget_flops:
+        rows = of("budget")
+        reduction = _mean(rows, "flops_before") / _mean(rows, "flops_after")
+        points = 100 * (_mean(rows, "test_accuracy") - dense_test)
+        met = reduction >= TARGET_FLOPS and points >= -TARGET_POINTS
+        cut = sum(1 for r in rows if any(r["budget_cut_groups"]))
+        verdict.append(f"- budget max_flops={args.budget_flops:g} ({len(rows)} seeds): {reduction:.2f}x fewer FLOPs, "
+                       f"{points:+.2f} points test accuracy vs dense (the cut to the budget fired in {cut} of "
+                       f"{len(rows)} runs): target {'met' if met else 'NOT met'}.")
     dense0 = of("dense", seed=0)[0]["test_accuracy"]
     for r in grid_rows:
         if r["flop_reduction"] >= TARGET_FLOPS and 100 * (r["test_accuracy"] - dense0) >= -TARGET_POINTS:
@@ -716,6 +769,7 @@ def main(argv=None):
             f"({speedup / flop_ratio:.2f} of the FLOP ratio; the issue asks for >= 0.6): "
             f"{'met' if speedup >= 0.6 * flop_ratio else 'NOT met'}.",
         ]
+    weight = ', group_weight="flops"' if args.group_weight == "flops" else ""
     notes = [
         f"Network: Conv2D({CHANNELS[0]}, 3, same)-BN-ReLU-MaxPool, Conv2D({CHANNELS[1]}, 3, same)-BN-ReLU-MaxPool, "
         f"Flatten, Dense({UNITS})-ReLU, Dense(10) logits; {records[0]['flops_before']:,} multiply-adds per sample, "
@@ -723,7 +777,7 @@ def main(argv=None):
         f"Data: {len(data['x_train']):,} training images, {len(data['x_val']):,} validation images held out of the "
         f"official training set (they choose λ), {len(data['x_test']):,} test images; batch {BATCH}, {epochs} epochs "
         "for rows (a)-(c); every learning rate below decays to 0 along a cosine over the run.",
-        f"(a) Adam lr {ADAM_LR:g}. (b) `add_group_sparsity(model, λ, input_factor=0, penalty=\"{args.penalty}\")` + "
+        f"(a) Adam lr {ADAM_LR:g}. (b) `add_group_sparsity(model, λ, input_factor=0, penalty=\"{args.penalty}\"{weight})` + "
         f"Adam lr {ADAM_LR:g}, then threshold {THRESHOLD:g} and `prune_model`. (c) the same penalties with "
         f"`Proximal(SGD({SGD_LR:g}, momentum={MOMENTUM:g}))`, threshold {THRESHOLD:g} (the zeros are already exact). "
         "`input_factor=0`: conv1's only input group is the grey channel, which cannot go. "
