@@ -26,11 +26,14 @@ from keras_group_lasso.sklearn._base import (
     GroupSparseMLPRegressor,
     ParameterError,
 )
+from keras_group_lasso.sklearn._cv import GroupSparseMLPClassifierCV, GroupSparseMLPRegressorCV
 from keras_group_lasso.sklearn._path import PathPoint, RegularizationPath, input_group_strengths
 
 __all__ = [
     "GroupSparseMLPClassifier",
     "GroupSparseMLPRegressor",
+    "GroupSparseMLPClassifierCV",
+    "GroupSparseMLPRegressorCV",
     "ParameterError",
     "RegularizationPath",
     "PathPoint",
