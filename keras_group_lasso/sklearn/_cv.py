@@ -329,7 +329,7 @@ class GroupSparseMLPClassifierCV(_CrossValidated, GroupSparseMLPClassifier):
         >>> clf.fit(X, y).get_support(indices=True)
         array([0, 1])
         >>> clf.alpha_, clf.scores_path_.shape
-        (0.02, (4, 3))
+        (0.04, (4, 3))
     """
     )
 
