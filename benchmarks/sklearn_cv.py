@@ -30,7 +30,6 @@ N_FEATURES, N_INFORMATIVE = 50, 12
 
 
 def run(seed, args):
-    import numpy as np
     from sklearn.datasets import make_classification
     from sklearn.model_selection import train_test_split
     from sklearn.preprocessing import StandardScaler

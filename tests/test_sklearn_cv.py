@@ -5,6 +5,7 @@ import math
 import numpy as np
 import pytest
 from sklearn.base import clone
+from sklearn.exceptions import NotFittedError
 from sklearn.model_selection import KFold, ShuffleSplit, StratifiedKFold, StratifiedShuffleSplit
 from sklearn.utils._param_validation import InvalidParameterError as SklearnInvalidParameterError
 from sklearn.utils.estimator_checks import parametrize_with_checks
@@ -232,6 +233,9 @@ def test_max_features_below_the_path_is_an_error(selection_problem):
 
 
 def test_one_class_is_refused_in_the_estimators_name():
+    est = GroupSparseMLPClassifierCV(**TWO)
     with pytest.raises(ValueError) as info:
-        GroupSparseMLPClassifierCV(**TWO).fit(np.zeros((6, 2)), [3] * 6)
+        est.fit(np.zeros((6, 2)), [3] * 6)
     assert str(info.value) == f"{NAME}: argument `y` must contain at least 2 classes; received 1 class (np.int64(3))."
+    with pytest.raises(NotFittedError):  # a failed fit leaves nothing behind
+        est.predict(np.zeros((6, 2)))

@@ -175,6 +175,13 @@ class _CrossValidated:
         """
         self._check_params()
         self._forget_fit()
+        try:
+            return self._fit(X, y)
+        except Exception:
+            self._forget_fit()  # a failed fit leaves the estimator unfitted, as the base estimators do
+            raise
+
+    def _fit(self, X, y):
         X_checked, y_checked = self._validate_fit_data(X, y)
         self._encode_targets(y_checked)  # the task's target checks, named after this estimator
         splitter = check_cv(self.cv, y_checked, classifier=is_classifier(self))
@@ -291,9 +298,10 @@ _CV_ATTRIBUTES_DOC = """
     Attributes:
         alpha_: the chosen input-group strength (one of ``alphas_``).
         path_: the all-data :class:`~keras_group_lasso.sklearn.RegularizationPath`,
-            each point's ``score`` being the mean
-            of ``scores_path_`` over the folds (``penalized_score``: the mean of
-            the folds' accuracy or R² before each point's refit); ``path_.estimator(point)`` gives any other point's model.
+            each point's ``score`` being the mean of ``scores_path_`` over the
+            folds (``penalized_score``: the mean of the folds' accuracy or R²
+            before each point's refit); ``path_.estimator(point)`` gives any
+            other point's model.
         best_index_: index of the chosen point in ``path_``.
         alphas_: ``(n_alphas,)`` the strengths of the path.
         scores_path_: ``(n_alphas, n_folds)`` held-out score of each fold's
