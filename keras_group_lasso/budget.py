@@ -72,12 +72,16 @@ class SparsityBudget(keras.callbacks.Callback):
 
     The last ``settle`` fraction of the epochs trains within the budget: at
     the end of the epoch before it, and of every later epoch, a model still
-    over the budget gets its weakest groups set to zero (ranked by the root
-    mean square of their weights, a coupled group by its whole union; input
-    groups for a feature budget, the others for a unit budget, both for
-    parameters and FLOPs), the fewest that meet the budget, and a warning
-    says how many. The survivors then train with the strength the training
-    started with. A training that stops earlier (``EarlyStopping``) is cut
+    over the budget gets its weakest groups set to zero (a coupled group as
+    one; input groups for a feature budget, the others for a unit budget,
+    both for parameters and FLOPs), the fewest that meet the budget, and a
+    warning says how many. The groups cut once are the first to go again if they
+    grow back, so the structure stays what the cut made it; the survivors
+    train with the strength the training started with, halved every epoch
+    the model is below 95 % of the budget. The score of a group is the
+    root mean square of its weights over the median of its kernel's, so each
+    layer loses its own weakest groups, and the strongest group of every
+    kernel stays. A training that stops earlier (``EarlyStopping``) is cut
     the same way when it ends. ``fit`` therefore ends within the budget,
     however the penalties were set.
 
@@ -191,6 +195,9 @@ class SparsityBudget(keras.callbacks.Callback):
                 self.limits[kind] = limit if isinstance(limit, int) else int(math.floor(limit * dense[kind]))
         self.multiplier = [float(v) if v > 0 else 1.0 for v in keras.ops.convert_to_numpy(variable)]
         self.initial = list(self.multiplier)
+        self._cut_before = set()
+        self._warned = False
+        self._settling = False
         self.phase = SEARCH
         self.last_sizes = None
 
@@ -245,7 +252,13 @@ class SparsityBudget(keras.callbacks.Callback):
                 self.phase = CUT
             elif self.phase != CUT:
                 self.phase = WITHIN
-            self.multiplier = list(self.initial)
+            if not self._settling:
+                self._settling = True
+                self.multiplier = list(self.initial)
+            else:  # well below the budget: the penalty eases off, so training stops removing units
+                for entry, ratio in enumerate(self._entry_overs(sizes)):
+                    if ratio is not None and ratio < 0.95:
+                        self.multiplier[entry] *= 0.5
         else:
             self._steer(sizes, epoch, search_end)
             self.phase = SEARCH if over > 1.0 else WITHIN
@@ -273,16 +286,19 @@ class SparsityBudget(keras.callbacks.Callback):
     # ------------------------------------------------------------------ the finishing cut
 
     def _cut_weakest_groups(self, epoch, sizes):
-        """Zero the fewest weakest groups that meet the budget; returns (groups cut, sizes).
+        """Zero the fewest weakest groups that meet the budget; returns (groups newly zeroed, sizes).
 
         Only input groups when only feature budgets are exceeded, only hidden
-        groups when only unit budgets are; both for parameters and FLOPs.
+        groups when only unit budgets are; both for parameters and FLOPs. The
+        groups an earlier cut removed go first (the structure stays what the
+        first cut made it), then the weakest relative to their own layer; the
+        strongest group of every kernel is never cut.
         """
         input_over, hidden_over = self._entry_overs(sizes)
         roles = {"input"} if (input_over or 0.0) > 1.0 else set()
         if (hidden_over or 0.0) > 1.0:
             roles.add("hidden")
-        groups, variables = _ranked_groups(self.model, roles)
+        groups, variables = _ranked_groups(self.model, roles, self._cut_before)
         values = [np.array(keras.ops.convert_to_numpy(v)) for v in variables]
 
         def assign(count):
@@ -293,7 +309,7 @@ class SparsityBudget(keras.callbacks.Callback):
         low, high = 0, len(groups)
         best = assign(high)
         if self._over(best) > 1.0:
-            # Even with every penalised group gone the model is over the budget (e.g. a budget below
+            # Even with every group that may go gone the model is over the budget (e.g. a budget below
             # what layers the penalties cannot reach keep): keep the best the cut can do.
             count = high
         else:
@@ -305,16 +321,20 @@ class SparsityBudget(keras.callbacks.Callback):
                     low = middle + 1
             count = low
             best = assign(count)
-        details = ", ".join(f"{kind} {best[kind]} (budget {limit})" for kind, limit in self.limits.items())
-        when = "at the end of training" if epoch is None else f"at the end of epoch {epoch + 1}"
-        warnings.warn(
-            f"{_OWNER}: {when} the model was still over its budget; the {count} "
-            f"weakest groups were set to zero to meet it: {details}. A larger penalty factor or more epochs "
-            "let the training get closer by itself.",
-            RuntimeWarning,
-            stacklevel=2,
-        )
-        return count, best
+        self._cut_before |= {(variables[i].path, row) for _, rows, _ in groups[:count] for i, row in rows}
+        newly = sum(1 for _, _, was_zero in groups[:count] if not was_zero)
+        if newly and not self._warned:
+            self._warned = True
+            details = ", ".join(f"{kind} {best[kind]} (budget {limit})" for kind, limit in self.limits.items())
+            when = "at the end of training" if epoch is None else f"at the end of epoch {epoch + 1}"
+            warnings.warn(
+                f"{_OWNER}: {when} the model was still over its budget; {newly} of its weakest groups were set "
+                f"to zero to meet it: {details} (logs['budget_cut'] counts them at every later epoch). A larger "
+                "penalty factor or more epochs let the training get closer by itself.",
+                RuntimeWarning,
+                stacklevel=2,
+            )
+        return newly, best
 
 
 def _strength(penalty):
@@ -322,13 +342,17 @@ def _strength(penalty):
     return max([penalty.factor, penalty.l1, *scales])
 
 
-def _ranked_groups(model, roles):
-    """``([(rms, ((variable index, row), ...)), ...] weakest first, [variables])`` of the penalised kernels.
+def _ranked_groups(model, roles, cut_before=frozenset()):
+    """``([(score, ((variable index, row), ...), all zero), ...] weakest first, [variables])``.
 
     A group is a row along axis -2 of a penalty's group view (a unit that the
     layer reads); the rows of one coupled group are one entry. ``roles``:
     ``"input"`` (groups of input features) and/or ``"hidden"`` (the others,
-    coupled groups included).
+    coupled groups included). The score is the root mean square of a group's
+    weights over the median of its kernel's nonzero groups, so every layer is
+    cut by how weak a group is among its own (a layer of many small input
+    groups does not go first as a whole); groups in ``cut_before`` (``(path,
+    row)``) come first, and the strongest group of each kernel is left out.
     """
     variables, entries, coupled = [], [], {}
     for variable in model.weights:
@@ -340,21 +364,25 @@ def _ranked_groups(model, roles):
         view = penalty.group_shape(tuple(variable.shape))
         value = np.asarray(keras.ops.convert_to_numpy(variable), dtype=np.float64).reshape(view)
         axes = tuple(a for a in range(len(view)) if a != len(view) - 2)
-        squares = np.sum(value ** 2, axis=axes)
-        size = value.size // view[-2]
+        rms = np.sqrt(np.sum(value ** 2, axis=axes) / (value.size // view[-2]))
+        live = rms[rms > 0]
+        scale = float(np.median(live)) if live.size else 1.0
+        strongest = int(np.argmax(rms))
         keys = penalty.coupled if isinstance(penalty, CoupledGroupLasso) else (-1,) * view[-2]
         for row, key in enumerate(keys):
             if ("input" if key < 0 and penalty.role == "input" else "hidden") not in roles:
                 continue
+            score = -1.0 if (variable.path, row) in cut_before else rms[row] / scale
             if key >= 0:
-                total = coupled.setdefault(key, [0.0, 0, []])
-                total[0] += squares[row]
-                total[1] += size
+                total = coupled.setdefault(key, [0.0, 0, [], True])
+                total[0] += score
+                total[1] += 1
                 total[2].append((index, row))
-            else:
-                entries.append((math.sqrt(squares[row] / size), ((index, row),)))
-    for squares, size, rows in coupled.values():
-        entries.append((math.sqrt(squares / size), tuple(rows)))
+                total[3] = total[3] and rms[row] == 0
+            elif row != strongest:
+                entries.append((score, ((index, row),), rms[row] == 0))
+    for score, parts, rows, zero in coupled.values():
+        entries.append((score / parts, tuple(rows), zero))
     entries.sort(key=lambda entry: entry[0])
     return entries, variables
 
@@ -362,7 +390,7 @@ def _ranked_groups(model, roles):
 def _zeroed(values, groups, variables):
     """Copies of ``values`` with the rows of ``groups`` set to zero."""
     out = [v.copy() for v in values]
-    for _, rows in groups:
+    for _, rows, _ in groups:
         for index, row in rows:
             penalty = variables[index].regularizer
             view = out[index].reshape(penalty.group_shape(out[index].shape))

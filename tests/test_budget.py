@@ -63,7 +63,7 @@ def test_the_cut_removes_the_fewest_groups_and_lands_on_the_budget(rng):
     x, y = data(rng)
     model = mlp(factor=1e-6)  # too weak to select anything in one epoch
     history, cuts = fit(model, x, y, SparsityBudget(max_features=5, settle=0.0), epochs=1)
-    assert len(cuts) == 1 and "the 7 weakest groups were set to zero" in str(cuts[0].message)
+    assert len(cuts) == 1 and "7 of its weakest groups were set to zero" in str(cuts[0].message)
     assert sparsity_report(model, 1e-3).n_selected_features == 5  # each input group is one feature: exactly the budget
     assert history.history["budget_phase"] == [2]
     assert history.history["budget_cut"] == [7]
