@@ -294,8 +294,9 @@ def _digits_lines(args, budget_rows, path_rows):
         "the test accuracy of the path's best validation point with at most K features "
         f"(`benchmarks/sklearn_path.py`, alpha {ALPHA:g}, refitted points), in the same process. "
         "Mean ± std over seeds. \"cut fired\": fits in which the callback's cut acted, and per fit the "
-        "largest `budget_cut` of one epoch × the epochs it acted in (`budget_cut` counts every input group it "
-        "zeroes, those already at zero included). \"features before settling\": the features at the end of "
+        "largest `budget_cut` of one epoch × the epochs it acted in (`budget_cut` counts the groups it sets to "
+        "zero that were not zero: groups cut before that grew back during the epoch count again). "
+        "\"features before settling\": the features at the end of "
         "the searching part (epoch 159 of 200), what the steered penalty reached by itself. The path's models "
         "train on 80 % of the training part (the other 20 % choose the point); the budgeted fits train on all "
         "of it and choose nothing.",
