@@ -38,6 +38,10 @@ BENCHMARKS = {
     "cnn-overhead": ("overhead.py", False, ("cnn",)),
     "inference": ("inference.py", False),
     "sklearn-path": ("sklearn_path.py", False),
+    "sklearn-cv": ("sklearn_cv.py", True),
+    "budget": ("budget.py", True),
+    "cnn": ("cnn_fashion.py", True),
+    "resnet": ("resnet_fashion.py", False),
 }
 
 
