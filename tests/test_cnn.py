@@ -145,7 +145,7 @@ def cnns(draw):
     return layers, seed
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(cnns())
 def test_pruned_cnn_equals_thresholded_original(case):
     makers, seed = case

@@ -1,4 +1,4 @@
-"""Each example in examples/ runs end to end in quick mode, on the backend of this test run."""
+"""Each example in examples/ runs end to end in quick mode, on the TensorFlow backend."""
 
 import os
 import subprocess
@@ -11,6 +11,11 @@ import pytest
 from keras_group_lasso.datasets import DatasetNotFoundError, load_dataset
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+
+# Each example is a subprocess that imports the whole stack: they run once, on TensorFlow (the default
+# backend, what a newcomer runs); everything they call is tested on both backends by the other modules.
+pytestmark = pytest.mark.skipif(keras.backend.backend() != "tensorflow",
+                                reason="the examples run end to end once, on the TensorFlow backend")
 
 
 def run_example(name, *args, cwd):

@@ -36,10 +36,17 @@ FAST = dict(hidden_layer_sizes=(8,), epochs=10, learning_rate=0.05, alpha=1e-4, 
 EXPECTED_FAILED_CHECKS = {}
 
 
+# scikit-learn's API checks exercise the estimator contract, which does not depend on the Keras backend:
+# they run once, on JAX (the faster one here); the numeric tests below run on both backends.
+API_CHECKS_ONCE = pytest.mark.skipif(keras.backend.backend() != "jax",
+                                     reason="scikit-learn's API checks run once, on the JAX backend")
+
+
 @parametrize_with_checks(
     [GroupSparseMLPClassifier(**FAST), GroupSparseMLPRegressor(**FAST)],
     expected_failed_checks=lambda est: EXPECTED_FAILED_CHECKS,
 )
+@API_CHECKS_ONCE
 def test_sklearn_estimator_checks(estimator, check):
     check(estimator)
 

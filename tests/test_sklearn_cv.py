@@ -2,6 +2,7 @@
 
 import math
 
+import keras
 import numpy as np
 import pytest
 from sklearn.base import clone
@@ -34,12 +35,19 @@ FAST = dict(
 TWO = dict(FAST, alphas=[0.0, 1e-3], epochs_per_alpha=2, cv=2)
 
 
+# scikit-learn's API checks exercise the estimator contract, which does not depend on the Keras backend:
+# they run once, on JAX (the faster one here); the numeric tests below run on both backends.
+API_CHECKS_ONCE = pytest.mark.skipif(keras.backend.backend() != "jax",
+                                     reason="scikit-learn's API checks run once, on the JAX backend")
+
+
 @parametrize_with_checks(
     [
         GroupSparseMLPClassifierCV(**FAST, cv=StratifiedShuffleSplit(1, test_size=0.25, random_state=0)),
         GroupSparseMLPRegressorCV(**FAST, cv=ShuffleSplit(1, test_size=0.25, random_state=0)),
     ]
 )
+@API_CHECKS_ONCE
 def test_sklearn_estimator_checks(estimator, check):
     check(estimator)
 
