@@ -8,9 +8,9 @@ train step reads: nothing is rebuilt or recompiled). The multiplier grows
 while the model is behind a schedule to the budget and eases when it is
 ahead. If training has
 not got there when the last part of the epochs begins, the callback sets the
-weakest groups to zero, the fewest that meet the budget, and says so; it
-enforces the budget again at every later epoch, so ``fit`` always ends within
-it.
+weakest groups to zero, the fewest that meet the budget, keeps them at zero
+for the rest of ``fit`` and says so; it enforces the budget again at every
+later epoch, so ``fit`` always ends within it.
 """
 
 import math
@@ -75,10 +75,13 @@ class SparsityBudget(keras.callbacks.Callback):
     over the budget gets its weakest groups set to zero (a coupled group as
     one; input groups for a feature budget, the others for a unit budget,
     both for parameters and FLOPs), the fewest that meet the budget, and a
-    warning says how many. The groups cut once are the first to go again if they
-    grow back, so the structure stays what the cut made it; the survivors
-    train with the strength the training started with, halved every epoch
-    the model is below 95 % of the budget. The score of a group is the
+    warning says how many. A cut group stays at zero for the rest of ``fit``
+    (its kernel gets a constraint that the optimizer applies after every
+    step, inside the compiled step; the kernel's own constraint still applies
+    first, and ``fit`` ends with the constraints the kernels had), so the
+    structure is what the cut made it and the survivors train within it,
+    with the strength the training started with, halved every epoch the
+    model is below 95 % of the budget. The score of a group is the
     root mean square of its weights over the median of its kernel's, so each
     layer loses its own weakest groups, and the strongest group of every
     kernel stays. A training that stops earlier (``EarlyStopping``) is cut
@@ -196,6 +199,7 @@ class SparsityBudget(keras.callbacks.Callback):
         self.multiplier = [float(v) if v > 0 else 1.0 for v in keras.ops.convert_to_numpy(variable)]
         self.initial = list(self.multiplier)
         self._cut_before = set()
+        self._release_frozen_groups()  # a fit that ended by an exception may have left them
         self._warned = False
         self._settling = False
         self.phase = SEARCH
@@ -250,6 +254,7 @@ class SparsityBudget(keras.callbacks.Callback):
                 cut, sizes = self._cut_weakest_groups(epoch, sizes)
                 over = self._over(sizes)
                 self.phase = CUT
+                self._freeze_cut_groups()
             elif self.phase != CUT:
                 self.phase = WITHIN
             if not self._settling:
@@ -282,6 +287,51 @@ class SparsityBudget(keras.callbacks.Callback):
         if self._over(sizes) > 1.0:
             _, self.last_sizes = self._cut_weakest_groups(None, sizes)
             self.phase = CUT
+        self._release_frozen_groups()
+
+    # ------------------------------------------------------------------ keeping cut groups at zero
+
+    def _freeze_cut_groups(self):
+        """Keep every group cut so far at zero after each optimizer step, until the end of ``fit``.
+
+        Each kernel with cut groups gets a :class:`_FrozenGroups` constraint
+        (applied by the optimizer inside the compiled step, after the
+        constraint the kernel had); the train step is traced again, once per
+        change, since a compiled step holds the constraints it was traced with.
+        """
+        rows_by_path = {}
+        for path, row in self._cut_before:
+            rows_by_path.setdefault(path, set()).add(row)
+        changed = False
+        for variable in self.model.weights:
+            rows = rows_by_path.get(variable.path)
+            if not rows:
+                continue
+            view = variable.regularizer.group_shape(tuple(variable.shape))
+            keep = np.ones(view[-2], dtype="float32")
+            keep[sorted(rows)] = 0.0
+            keep = keep.reshape((1,) * (len(view) - 2) + (view[-2], 1))
+            current = variable.constraint
+            if isinstance(current, _FrozenGroups):
+                if np.array_equal(current.keep, keep):
+                    continue
+                current = current.inner
+            variable.constraint = _FrozenGroups(keep, view, current)
+            changed = True
+        if changed:
+            self.model.make_train_function(force=True)
+
+    def _release_frozen_groups(self):
+        """Give every kernel back the constraint it had before the cut; the next ``fit`` traces without them."""
+        if self.model is None:
+            return
+        changed = False
+        for variable in self.model.weights:
+            if isinstance(variable.constraint, _FrozenGroups):
+                variable.constraint = variable.constraint.inner
+                changed = True
+        if changed:
+            self.model.make_train_function(force=True)
 
     # ------------------------------------------------------------------ the finishing cut
 
@@ -335,6 +385,28 @@ class SparsityBudget(keras.callbacks.Callback):
                 stacklevel=2,
             )
         return newly, best
+
+
+class _FrozenGroups(keras.constraints.Constraint):
+    """Zero the cut groups of one kernel (a variable's constraint while a budgeted ``fit`` settles).
+
+    ``w`` seen as its penalty's group view (groups along axis -2) times
+    ``keep`` (0 for a cut group, 1 otherwise), after ``inner``, the
+    constraint the kernel had. Never saved: the callback removes it when
+    ``fit`` ends.
+    """
+
+    def __init__(self, keep, view, inner=None):
+        self.keep = keep
+        self.view = tuple(int(n) for n in view)
+        self.inner = inner
+
+    def __call__(self, w):
+        if self.inner is not None:
+            w = self.inner(w)
+        shape = keras.ops.shape(w)
+        kept = keras.ops.reshape(w, self.view) * keras.ops.cast(self.keep, w.dtype)
+        return keras.ops.reshape(kept, shape)
 
 
 def _strength(penalty):

@@ -69,6 +69,38 @@ def test_the_cut_removes_the_fewest_groups_and_lands_on_the_budget(rng):
     assert history.history["budget_cut"] == [7]
 
 
+@pytest.mark.parametrize("optimizer", ["adam", "proximal"])
+def test_cut_groups_stay_at_zero_until_fit_ends(rng, optimizer):
+    x, y = data(rng)
+    model = mlp(factor=1e-6)  # too weak to select anything: the cut does it, after epoch 2 of 4
+    inner = keras.optimizers.Adam(0.01)
+    opt = inner if optimizer == "adam" else Proximal(inner)
+    history, _ = fit(model, x, y, SparsityBudget(max_features=5, settle=0.5), epochs=4, optimizer=opt)
+    # The data gradient of a cut row is not zero, yet nothing grows back: no later epoch cuts again.
+    assert history.history["budget_cut"] == [0, 7, 0, 0]
+    kernel = model.layers[0].kernel
+    value = keras.ops.convert_to_numpy(kernel)
+    cut = np.flatnonzero(np.all(value == 0.0, axis=1))
+    assert len(cut) == 7 and sparsity_report(model, 1e-3).n_selected_features == 5
+    # fit ends with the kernel's own constraint, and the next fit traces its step without the cut's.
+    assert kernel.constraint is None
+    model.fit(x, y, epochs=1, batch_size=32, verbose=0)
+    assert np.any(keras.ops.convert_to_numpy(kernel)[cut] != 0.0)
+
+
+def test_a_kernels_own_constraint_applies_under_the_cut(rng):
+    x, y = data(rng)
+    layers = [keras.Input((12,)), keras.layers.Dense(8, activation="relu", kernel_constraint=keras.constraints.MaxNorm(0.5, axis=1)),
+              keras.layers.Dense(1, activation="sigmoid")]
+    model = add_group_sparsity(keras.Sequential(layers), 1e-6)
+    fit(model, x, y, SparsityBudget(max_features=5, settle=0.5), epochs=4, optimizer=keras.optimizers.Adam(0.05))
+    kernel = model.layers[0].kernel
+    value = keras.ops.convert_to_numpy(kernel)
+    assert np.sum(np.all(value == 0.0, axis=1)) == 7
+    assert np.all(np.linalg.norm(value, axis=1) <= 0.5 + 1e-5)  # MaxNorm over each row held throughout
+    assert isinstance(kernel.constraint, keras.constraints.MaxNorm)
+
+
 def test_a_training_stopped_early_still_ends_within_the_budget(rng):
     x, y = data(rng)
     model = mlp(factor=1e-6)
