@@ -90,7 +90,8 @@ def test_cut_groups_stay_at_zero_until_fit_ends(rng, optimizer):
 
 def test_a_kernels_own_constraint_applies_under_the_cut(rng):
     x, y = data(rng)
-    layers = [keras.Input((12,)), keras.layers.Dense(8, activation="relu", kernel_constraint=keras.constraints.MaxNorm(0.5, axis=1)),
+    rows_at_most_half = keras.constraints.MaxNorm(0.5, axis=1)
+    layers = [keras.Input((12,)), keras.layers.Dense(8, activation="relu", kernel_constraint=rows_at_most_half),
               keras.layers.Dense(1, activation="sigmoid")]
     model = add_group_sparsity(keras.Sequential(layers), 1e-6)
     fit(model, x, y, SparsityBudget(max_features=5, settle=0.5), epochs=4, optimizer=keras.optimizers.Adam(0.05))
