@@ -1,0 +1,100 @@
+"""keras.distribution on JAX: data and model parallel training give the single-device result.
+
+JAX fixes its device count when it starts, so each check runs in a subprocess
+with two CPU devices (``--xla_force_host_platform_device_count=2``). Matching
+weights is the claim; the step time over fake devices of one CPU is not a
+performance figure.
+"""
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import keras
+import pytest
+
+pytestmark = pytest.mark.skipif(
+    keras.backend.backend() != "jax", reason="keras.distribution (DataParallel, ModelParallel) is JAX-only in Keras 3"
+)
+
+SCRIPT = textwrap.dedent(
+    """
+    import os
+    os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=2"
+    os.environ["KERAS_BACKEND"] = "jax"
+    import keras
+    import numpy as np
+    from keras_group_lasso import Proximal, SparsityBudget, add_group_sparsity, sparsity_report
+
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(256, 16)).astype("float32")
+    y = (x[:, :3].sum(axis=1) > 0).astype("int32")
+    devices = keras.distribution.list_devices("cpu")
+    assert len(devices) == 2, devices
+
+
+    def train(distribution, optimizer, factor=0.02, callbacks=()):
+        keras.distribution.set_distribution(distribution)
+        try:
+            keras.utils.set_random_seed(0)
+            model = add_group_sparsity(keras.Sequential([
+                keras.Input((16,)), keras.layers.Dense(8, activation="relu", name="hidden"),
+                keras.layers.Dense(2, activation="softmax", name="out")]), factor)
+            model.compile(optimizer(), "sparse_categorical_crossentropy")
+            history = model.fit(x, y, epochs=4, batch_size=32, shuffle=False, verbose=0, callbacks=list(callbacks))
+            weights = [np.asarray(keras.ops.convert_to_numpy(w)) for w in model.get_weights()]
+            return model, weights, history.history
+        finally:
+            keras.distribution.set_distribution(None)
+
+
+    def same(reference, other, what):
+        gap = max(float(np.max(np.abs(a - b))) for a, b in zip(reference, other))
+        assert gap <= 1e-5, (what, gap)
+        assert all(np.array_equal(a == 0, b == 0) for a, b in zip(reference, other)), what  # the same exact zeros
+
+
+    mesh = keras.distribution.DeviceMesh((1, 2), ["batch", "model"], devices)
+    layout = keras.distribution.LayoutMap(mesh)
+    layout[".*hidden/kernel"] = (None, "model")  # each group (a kernel row) split over the two devices
+    layout[".*out/kernel"] = ("model", None)  # the groups themselves split
+    parallel = {
+        "DataParallel": lambda: keras.distribution.DataParallel(devices=devices),
+        "ModelParallel": lambda: keras.distribution.ModelParallel(layout_map=layout, batch_dim_name="batch"),
+    }
+    optimizers = {
+        "Proximal(SGD)": lambda: Proximal(keras.optimizers.SGD(0.1, momentum=0.9)),
+        "Adam": lambda: keras.optimizers.Adam(0.01),
+    }
+    for opt_name, optimizer in optimizers.items():
+        _, single, _ = train(None, optimizer)
+        for name, distribution in parallel.items():
+            model, weights, _ = train(distribution(), optimizer)
+            if name == "ModelParallel":
+                assert "model" in str(model.layers[0].kernel.value.sharding.spec)
+            same(single, weights, (opt_name, name))
+        if opt_name.startswith("Proximal"):
+            assert sum(int((w == 0).sum()) for w in single) > 0  # the check covers exact zeros
+
+    # A budget (its multiplier and the cut's constraints, traced again mid-fit) under DataParallel.
+    def budgeted(distribution):
+        return train(distribution, lambda: keras.optimizers.Adam(0.01), 1e-6,
+                     [SparsityBudget(max_features=5, settle=0.5)])
+
+    one, one_weights, one_history = budgeted(None)
+    dp, dp_weights, dp_history = budgeted(parallel["DataParallel"]())
+    assert dp_history["budget_cut"] == one_history["budget_cut"] and one_history["budget_cut"][1] > 0
+    assert sparsity_report(dp, 1e-3).n_selected_features == 5
+    same(one_weights, dp_weights, "budget")
+    print("OK")
+    """
+)
+
+
+def test_data_and_model_parallel_training_match_one_device(tmp_path):
+    script = tmp_path / "distributed.py"
+    script.write_text(SCRIPT)
+    env = dict(os.environ, KERAS_BACKEND="jax", TF_CPP_MIN_LOG_LEVEL="3")
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=400, env=env)
+    assert done.returncode == 0 and "OK" in done.stdout, done.stdout[-2000:] + done.stderr[-4000:]
