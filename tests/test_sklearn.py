@@ -7,6 +7,7 @@ import re
 import keras
 import numpy as np
 import pytest
+import sklearn
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from sklearn.base import clone
@@ -15,7 +16,6 @@ from sklearn.datasets import make_regression
 from sklearn.model_selection import GridSearchCV
 from sklearn.pipeline import make_pipeline
 from sklearn.preprocessing import MinMaxScaler, StandardScaler
-from sklearn.utils._param_validation import InvalidParameterError as SklearnInvalidParameterError
 from sklearn.utils.estimator_checks import parametrize_with_checks
 
 from keras_group_lasso import InvalidParameterError, NonFiniteError, sparsity_report
@@ -86,29 +86,100 @@ def fitted_subgradient(selection_problem):
 # ----------------------------------------------------------------------------- parameters
 
 
+NAME = "GroupSparseMLPClassifier"
+_BOOLEAN = "an instance of 'bool' or an instance of 'numpy.bool'"
+
+
 @pytest.mark.parametrize(
     "params, message",
     [
-        ({"alpha": -1.0}, "The 'alpha' parameter of GroupSparseMLPClassifier must be a float in the range [0.0, inf). Got -1.0 instead."),
-        ({"penalty": "elastic"}, "The 'penalty' parameter of GroupSparseMLPClassifier must be a str among"),
-        ({"epochs": 0}, "The 'epochs' parameter of GroupSparseMLPClassifier must be an int in the range [1, inf). Got 0 instead."),
-        ({"learning_rate": 0}, "The 'learning_rate' parameter of GroupSparseMLPClassifier must be a float in the range (0.0, inf). Got 0 instead."),
-        ({"batch_size": "big"}, "The 'batch_size' parameter of GroupSparseMLPClassifier must be"),
-        ({"proximal": "yes"}, "The 'proximal' parameter of GroupSparseMLPClassifier must be an instance of 'bool'"),
-        ({"validation_fraction": 1.0}, "The 'validation_fraction' parameter of GroupSparseMLPClassifier must be a float in the range (0.0, 1.0). Got 1.0 instead."),
-        ({"hidden_layer_sizes": (4, 0)}, "The 'hidden_layer_sizes' parameter of GroupSparseMLPClassifier must be an int >= 1 or a sequence of ints >= 1. Got (4, 0) instead."),
-        ({"hidden_layer_sizes": (4, 2.5)}, "The 'hidden_layer_sizes' parameter of GroupSparseMLPClassifier must be an int >= 1 or a sequence of ints >= 1. Got (4, 2.5) instead."),
+        # Interval of floats, closed at 0
+        ({"alpha": -1.0}, f"The 'alpha' parameter of {NAME} must be a float in the range [0.0, inf). Got -1.0 instead."),
+        ({"alpha": float("nan")}, f"The 'alpha' parameter of {NAME} must be a float in the range [0.0, inf). Got nan instead."),
+        ({"alpha": float("inf")}, f"The 'alpha' parameter of {NAME} must be a float in the range [0.0, inf). Got inf instead."),
+        ({"alpha": "0.1"}, f"The 'alpha' parameter of {NAME} must be a float in the range [0.0, inf). Got '0.1' instead."),
+        ({"l1_ratio": -0.5}, f"The 'l1_ratio' parameter of {NAME} must be a float in the range [0.0, inf). Got -0.5 instead."),
+        ({"threshold": -1e-3}, f"The 'threshold' parameter of {NAME} must be a float in the range [0.0, inf). Got -0.001 instead."),
+        ({"tol": -1}, f"The 'tol' parameter of {NAME} must be a float in the range [0.0, inf). Got -1 instead."),
+        # ... or None
+        ({"input_alpha": -1}, f"The 'input_alpha' parameter of {NAME} must be a float in the range [0.0, inf) or None. Got -1 instead."),
+        # string options
+        ({"penalty": "elastic"}, f"The 'penalty' parameter of {NAME} must be a str among {{'group', 'l1', 'l2', 'sgl'}}. Got 'elastic' instead."),
+        ({"optimizer": "lbfgs"}, f"The 'optimizer' parameter of {NAME} must be a str among {{'adam', 'sgd'}}. Got 'lbfgs' instead."),
+        ({"optimizer": None}, f"The 'optimizer' parameter of {NAME} must be a str among {{'adam', 'sgd'}}. Got None instead."),
+        # interval of ints
+        ({"epochs": 0}, f"The 'epochs' parameter of {NAME} must be an int in the range [1, inf). Got 0 instead."),
+        ({"epochs": 10.0}, f"The 'epochs' parameter of {NAME} must be an int in the range [1, inf). Got 10.0 instead."),
+        ({"n_iter_no_change": 0}, f"The 'n_iter_no_change' parameter of {NAME} must be an int in the range [1, inf). Got 0 instead."),
+        # open intervals
+        ({"learning_rate": 0}, f"The 'learning_rate' parameter of {NAME} must be a float in the range (0.0, inf). Got 0 instead."),
+        ({"validation_fraction": 1.0}, f"The 'validation_fraction' parameter of {NAME} must be a float in the range (0.0, 1.0). Got 1.0 instead."),
+        ({"validation_fraction": 0}, f"The 'validation_fraction' parameter of {NAME} must be a float in the range (0.0, 1.0). Got 0 instead."),
+        # a string option or an int
+        ({"batch_size": "big"}, f"The 'batch_size' parameter of {NAME} must be a str among {{'auto'}} or an int in the range [1, inf). Got 'big' instead."),
+        ({"batch_size": 0}, f"The 'batch_size' parameter of {NAME} must be a str among {{'auto'}} or an int in the range [1, inf). Got 0 instead."),
+        # "boolean"
+        ({"proximal": "yes"}, f"The 'proximal' parameter of {NAME} must be {_BOOLEAN}. Got 'yes' instead."),
+        ({"early_stopping": 1}, f"The 'early_stopping' parameter of {NAME} must be {_BOOLEAN}. Got 1 instead."),
+        # "random_state"
+        ({"random_state": -1}, f"The 'random_state' parameter of {NAME} must be an int in the range [0, 4294967295], an instance of 'numpy.random.mtrand.RandomState' or None. Got -1 instead."),
+        ({"random_state": "seed"}, f"The 'random_state' parameter of {NAME} must be an int in the range [0, 4294967295], an instance of 'numpy.random.mtrand.RandomState' or None. Got 'seed' instead."),
+        # "verbose"
+        ({"verbose": -1}, f"The 'verbose' parameter of {NAME} must be an int in the range [0, inf), {_BOOLEAN}. Got -1 instead."),
+        ({"verbose": "loud"}, f"The 'verbose' parameter of {NAME} must be an int in the range [0, inf), {_BOOLEAN}. Got 'loud' instead."),
+        # "array-like" or an int, then the estimator's own check of the sizes
+        ({"hidden_layer_sizes": "16"}, f"The 'hidden_layer_sizes' parameter of {NAME} must be an array-like or an int in the range [1, inf). Got '16' instead."),
+        ({"hidden_layer_sizes": 0}, f"The 'hidden_layer_sizes' parameter of {NAME} must be an array-like or an int in the range [1, inf). Got 0 instead."),
+        ({"hidden_layer_sizes": (4, 0)}, f"The 'hidden_layer_sizes' parameter of {NAME} must be an int >= 1 or a sequence of ints >= 1. Got (4, 0) instead."),
+        ({"hidden_layer_sizes": (4, 2.5)}, f"The 'hidden_layer_sizes' parameter of {NAME} must be an int >= 1 or a sequence of ints >= 1. Got (4, 2.5) instead."),
     ],
 )
 def test_bad_parameters_fail_at_fit_with_sklearn_messages(params, message):
     est = GroupSparseMLPClassifier(**params)  # __init__ only stores
-    assert est.get_params()[next(iter(params))] == next(iter(params.values()))
+    assert est.get_params()[next(iter(params))] is next(iter(params.values()))
     with pytest.raises(ParameterError) as info:
         est.fit(np.zeros((4, 2)), [0, 1, 0, 1])
-    assert str(info.value).startswith(message)
-    # Both libraries' error types (and ValueError / TypeError) catch it.
+    assert str(info.value) == message
+    # The package's error type, and what scikit-learn users catch (ValueError / TypeError).
     assert isinstance(info.value, InvalidParameterError)
-    assert isinstance(info.value, SklearnInvalidParameterError)
+    assert isinstance(info.value, ValueError) and isinstance(info.value, TypeError)
+    with pytest.raises(ParameterError) as info:
+        GroupSparseMLPRegressor(**params).fit(np.zeros((4, 2)), [0.0, 1.0, 0.0, 1.0])
+    assert str(info.value) == message.replace(NAME, "GroupSparseMLPRegressor")
+
+
+@pytest.mark.parametrize("cls", [GroupSparseMLPClassifier, GroupSparseMLPRegressor])
+def test_every_parameter_is_declared_and_checked(cls):
+    est = cls()
+    params = est.get_params(deep=False)
+    assert set(cls._constraints) == set(params)
+    bad = type("BadType", (), {})()
+    for name in params:
+        with pytest.raises(ParameterError, match=rf"^The '{name}' parameter of {cls.__name__} must be .* Got <.*BadType"):
+            clone(est).set_params(**{name: bad}).fit(np.zeros((4, 2)), [0, 1, 0, 1])
+
+
+@pytest.mark.parametrize(
+    "params",
+    [
+        {"alpha": np.float32(0.5), "l1_ratio": 0, "threshold": np.float64(0.0), "tol": 1, "input_alpha": None},
+        {"epochs": np.int64(3), "batch_size": 20, "n_iter_no_change": np.int32(2), "hidden_layer_sizes": 3},
+        {"hidden_layer_sizes": np.array([4, 2]), "validation_fraction": 0.5, "learning_rate": 1},
+        {"proximal": np.bool_(True), "early_stopping": False, "verbose": True, "random_state": np.random.RandomState(0)},
+        {"random_state": 2**32 - 1, "verbose": np.int64(0), "hidden_layer_sizes": []},
+    ],
+)
+def test_good_parameters_pass_the_checks(params):
+    assert isinstance(GroupSparseMLPClassifier(**params)._check_params(), tuple)
+
+
+def test_skip_parameter_validation_skips_the_declared_checks(selection_problem):
+    x, y = selection_problem
+    est = GroupSparseMLPClassifier(**dict(FAST, epochs=1, tol=-1.0))  # tol is unused without early stopping
+    with pytest.raises(ParameterError, match="The 'tol' parameter"):
+        est.fit(x, y)
+    with sklearn.config_context(skip_parameter_validation=True):
+        assert est.fit(x, y).n_iter_ == 1
 
 
 def test_one_class_is_refused():

@@ -7,14 +7,15 @@ import numpy as np
 import pytest
 from sklearn.base import clone
 from sklearn.exceptions import NotFittedError
+from sklearn.metrics import get_scorer_names
 from sklearn.model_selection import KFold, ShuffleSplit, StratifiedKFold, StratifiedShuffleSplit
-from sklearn.utils._param_validation import InvalidParameterError as SklearnInvalidParameterError
 from sklearn.utils.estimator_checks import parametrize_with_checks
 
 from keras_group_lasso import InvalidParameterError
 from keras_group_lasso.sklearn import (
     GroupSparseMLPClassifier,
     GroupSparseMLPClassifierCV,
+    GroupSparseMLPRegressor,
     GroupSparseMLPRegressorCV,
     ParameterError,
     RegularizationPath,
@@ -197,13 +198,14 @@ def test_get_params_and_clone():
 # ----------------------------------------------------------------------------- bad arguments
 
 NAME = "GroupSparseMLPClassifierCV"
+_SCORERS = ", ".join(repr(name) for name in sorted(get_scorer_names()))
 
 
 @pytest.mark.parametrize(
     "params, message",
     [
         ({"cv": "five"}, f"The 'cv' parameter of {NAME} must be an int in the range [2, inf), an object implementing 'split' and 'get_n_splits', an iterable or None. Got 'five' instead."),
-        ({"cv": 1}, f"The 'cv' parameter of {NAME} must be an int in the range [2, inf),"),
+        ({"cv": 1}, f"The 'cv' parameter of {NAME} must be an int in the range [2, inf), an object implementing 'split' and 'get_n_splits', an iterable or None. Got 1 instead."),
         ({"max_features": -1}, f"The 'max_features' parameter of {NAME} must be an int in the range [0, inf) or None. Got -1 instead."),
         ({"tolerance": "sd"}, f"The 'tolerance' parameter of {NAME} must be a float in the range [0.0, inf) or a str among {{'se'}}. Got 'sd' instead."),
         ({"tolerance": -0.1}, f"The 'tolerance' parameter of {NAME} must be a float in the range [0.0, inf) or a str among {{'se'}}. Got -0.1 instead."),
@@ -211,7 +213,16 @@ NAME = "GroupSparseMLPClassifierCV"
         ({"max_alphas": 1}, f"The 'max_alphas' parameter of {NAME} must be an int in the range [2, inf). Got 1 instead."),
         ({"epochs_per_alpha": 0}, f"The 'epochs_per_alpha' parameter of {NAME} must be an int in the range [1, inf) or None. Got 0 instead."),
         ({"refit": 1}, f"The 'refit' parameter of {NAME} must be an instance of 'bool' or an instance of 'numpy.bool'. Got 1 instead."),
-        ({"scoring": "closeness"}, f"The 'scoring' parameter of {NAME} must be a str among"),
+        ({"scoring": "closeness"}, f"The 'scoring' parameter of {NAME} must be a str among {{{_SCORERS}}}, a callable or None. Got 'closeness' instead."),
+        ({"scoring": 3}, f"The 'scoring' parameter of {NAME} must be a str among {{{_SCORERS}}}, a callable or None. Got 3 instead."),
+        ({"alphas": 0.5}, f"The 'alphas' parameter of {NAME} must be an array-like or None. Got 0.5 instead."),
+        ({"alphas": "0.1"}, f"The 'alphas' parameter of {NAME} must be an array-like or None. Got '0.1' instead."),
+        ({"cv": 2.0}, f"The 'cv' parameter of {NAME} must be an int in the range [2, inf), an object implementing 'split' and 'get_n_splits', an iterable or None. Got 2.0 instead."),
+        ({"max_features": 2.5}, f"The 'max_features' parameter of {NAME} must be an int in the range [0, inf) or None. Got 2.5 instead."),
+        ({"path_multiplier": float("inf")}, f"The 'path_multiplier' parameter of {NAME} must be a float in the range (1.0, inf). Got inf instead."),
+        ({"proximal": None}, f"The 'proximal' parameter of {NAME} must be an instance of 'bool' or an instance of 'numpy.bool'. Got None instead."),
+        ({"random_state": 1.5}, f"The 'random_state' parameter of {NAME} must be an int in the range [0, 4294967295], an instance of 'numpy.random.mtrand.RandomState' or None. Got 1.5 instead."),
+        ({"verbose": None}, f"The 'verbose' parameter of {NAME} must be an int in the range [0, inf), an instance of 'bool' or an instance of 'numpy.bool'. Got None instead."),
         ({"alphas": [0.1, 0.01]}, f"The 'alphas' parameter of {NAME} must be None or a 1-d increasing sequence of finite numbers >= 0. Got [0.1, 0.01] instead."),
         ({"alphas": [-1.0]}, f"The 'alphas' parameter of {NAME} must be None or a 1-d increasing sequence of finite numbers >= 0. Got [-1.0] instead."),
         ({"alpha": -1.0}, f"The 'alpha' parameter of {NAME} must be a float in the range [0.0, inf). Got -1.0 instead."),
@@ -222,9 +233,45 @@ def test_bad_parameters_fail_at_fit_with_sklearn_messages(params, message):
     est = GroupSparseMLPClassifierCV(**params)  # __init__ only stores
     with pytest.raises(ParameterError) as info:
         est.fit(np.zeros((6, 2)), [0, 1, 0, 1, 0, 1])
-    assert str(info.value).startswith(message)
+    assert str(info.value) == message
+    # The package's error type, and what scikit-learn users catch (ValueError / TypeError).
     assert isinstance(info.value, InvalidParameterError)
-    assert isinstance(info.value, SklearnInvalidParameterError)
+    assert isinstance(info.value, ValueError) and isinstance(info.value, TypeError)
+    with pytest.raises(ParameterError) as info:
+        GroupSparseMLPRegressorCV(**params).fit(np.zeros((6, 2)), [0.0, 1.0, 0.0, 1.0, 0.0, 1.0])
+    assert str(info.value) == message.replace(NAME, "GroupSparseMLPRegressorCV")
+
+
+@pytest.mark.parametrize("cls", [GroupSparseMLPClassifierCV, GroupSparseMLPRegressorCV])
+def test_every_parameter_is_declared_and_checked(cls):
+    est = cls()
+    params = est.get_params(deep=False)
+    assert set(cls._constraints) == set(params)
+    bad = type("BadType", (), {})()
+    y = [0, 1, 0, 1, 0, 1]
+    for name in params:
+        with pytest.raises(ParameterError, match=rf"^The '{name}' parameter of {cls.__name__} must be .* Got <.*BadType"):
+            clone(est).set_params(**{name: bad}).fit(np.zeros((6, 2)), y)
+
+
+@pytest.mark.parametrize(
+    "params",
+    [
+        {"cv": KFold(2), "scoring": "accuracy", "tolerance": "se", "max_features": 0, "alphas": (0.0, 0.1)},
+        {"cv": [([0, 1, 2], [3, 4, 5])], "scoring": len, "tolerance": 1, "epochs_per_alpha": 2, "alphas": np.array([0.1])},
+        {"cv": None, "scoring": None, "path_multiplier": 1.5, "max_alphas": np.int64(2), "refit": np.bool_(False)},
+    ],
+)
+def test_good_parameters_pass_the_checks(params):
+    assert isinstance(GroupSparseMLPClassifierCV(**params)._check_params(), tuple)
+
+
+def test_estimator_constraints_are_the_base_ones_without_early_stopping():
+    base = GroupSparseMLPRegressor._constraints
+    cv = GroupSparseMLPRegressorCV._constraints
+    assert {k: cv[k] for k in cv if k in base} == {
+        k: v for k, v in base.items() if k not in ("input_alpha", "early_stopping", "validation_fraction", "n_iter_no_change", "tol")
+    }
 
 
 def test_max_features_below_the_path_is_an_error(selection_problem):

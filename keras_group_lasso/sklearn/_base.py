@@ -10,13 +10,12 @@ from sklearn.feature_selection import SelectorMixin
 from sklearn.metrics import accuracy_score, r2_score
 from sklearn.model_selection import train_test_split
 from sklearn.utils import check_random_state
-from sklearn.utils._param_validation import Interval, StrOptions, validate_parameter_constraints
-from sklearn.utils._param_validation import InvalidParameterError as _SklearnInvalidParameterError
 from sklearn.utils.multiclass import check_classification_targets
 from sklearn.utils.validation import check_is_fitted
 
-from keras_group_lasso._validation import InvalidParameterError, NonFiniteError
+from keras_group_lasso._validation import NonFiniteError
 from keras_group_lasso.sklearn import _network
+from keras_group_lasso.sklearn._constraints import Interval, ParameterError, StrOptions, check_parameters
 
 try:  # scikit-learn >= 1.6
     from sklearn.utils.validation import validate_data as _validate_data
@@ -29,17 +28,6 @@ except ImportError:  # pragma: no cover - older scikit-learn
 __all__ = ["GroupSparseMLPClassifier", "GroupSparseMLPRegressor", "ParameterError"]
 
 _SEED_MAX = 2**31 - 1
-
-
-class ParameterError(InvalidParameterError, _SklearnInvalidParameterError):
-    """A bad estimator parameter, in scikit-learn's message form.
-
-    ``The '<name>' parameter of <Estimator> must be <constraint>. Got <value!r> instead.``
-
-    It is both :class:`keras_group_lasso.InvalidParameterError` and
-    scikit-learn's ``InvalidParameterError`` (so also ``ValueError`` and
-    ``TypeError``): code written for either library catches it.
-    """
 
 
 def check_finite(owner, estimator, monitor, weights, passes):
@@ -78,7 +66,9 @@ class _GroupSparseMLP(SelectorMixin, BaseEstimator):
 
     _task = None  # "classification" or "regression"
 
-    _parameter_constraints = {
+    # Declared constraints of the constructor parameters (see _constraints.py). Not named
+    # `_parameter_constraints`: scikit-learn's estimator checks read that name with its own constraint types.
+    _constraints = {
         "hidden_layer_sizes": ["array-like", Interval(numbers.Integral, 1, None, closed="left")],
         "alpha": [Interval(numbers.Real, 0, None, closed="left")],
         "input_alpha": [Interval(numbers.Real, 0, None, closed="left"), None],
@@ -151,12 +141,7 @@ class _GroupSparseMLP(SelectorMixin, BaseEstimator):
         """Validate every parameter; returns the hidden layer sizes as a tuple of ints."""
         name = type(self).__name__
         if not sklearn.get_config().get("skip_parameter_validation", False):
-            try:
-                validate_parameter_constraints(
-                    self._parameter_constraints, self.get_params(deep=False), caller_name=name
-                )
-            except _SklearnInvalidParameterError as error:
-                raise ParameterError(str(error)) from None
+            check_parameters(self._constraints, self.get_params(deep=False), name)
         sizes = self.hidden_layer_sizes
         sizes = [sizes] if isinstance(sizes, numbers.Integral) else sizes
         try:

@@ -27,13 +27,9 @@ import numpy as np
 from sklearn.base import clone, is_classifier
 from sklearn.metrics import check_scoring, get_scorer_names
 from sklearn.model_selection import check_cv
-from sklearn.utils._param_validation import Interval, StrOptions
 
-from keras_group_lasso.sklearn._base import (
-    GroupSparseMLPClassifier,
-    GroupSparseMLPRegressor,
-    ParameterError,
-)
+from keras_group_lasso.sklearn._base import GroupSparseMLPClassifier, GroupSparseMLPRegressor
+from keras_group_lasso.sklearn._constraints import Interval, ParameterError, StrOptions
 
 __all__ = ["GroupSparseMLPClassifierCV", "GroupSparseMLPRegressorCV"]
 
@@ -61,10 +57,10 @@ class _CrossValidated:
 
     _base_class = None
 
-    _parameter_constraints = {
+    _constraints = {
         **{
             k: v
-            for k, v in GroupSparseMLPClassifier._parameter_constraints.items()
+            for k, v in GroupSparseMLPClassifier._constraints.items()
             if k not in _FIT_ONLY and k != "input_alpha"
         },
         **_CV_CONSTRAINTS,
