@@ -142,3 +142,42 @@ def test_cli_bench_refuses_zero_seeds_before_starting_a_script(monkeypatch, caps
     assert "keras-group-lasso bench: error: argument --seeds: must be an integer >= 1; received '0'" in (
         capsys.readouterr().err
     )
+
+
+def test_step_cost_counts_the_opcodes_of_an_optimized_hlo_module_and_the_matmul_flops():
+    from benchmarks import step_cost
+
+    text = "\n".join([
+        "HloModule jit_step, is_scheduled=true",
+        "",
+        "%fused_computation (param_0: f32[4,3]) -> f32[4,3] {",
+        "  %param_0 = f32[4,3]{1,0} parameter(0)",
+        "  ROOT %negate = f32[4,3]{1,0} negate(%param_0)",
+        "}",
+        "",
+        "ENTRY %main.7 (w: f32[4,3], s: s32[]) -> (f32[4,3], s32[]) {",
+        "  %w = f32[4,3]{1,0} parameter(0), metadata={op_name=\"state[0][0]\"}",
+        "  %s = s32[] parameter(1)",
+        "  %copy = f32[4,3]{1,0} copy(%w)",
+        "  %fusion = f32[4,3]{1,0} fusion(%copy), kind=kLoop, calls=%fused_computation",
+        "  ROOT %tuple = (f32[4,3]{1,0}, s32[]) tuple(%fusion, %s)",
+        "}",
+    ])
+    everything, entry = step_cost.hlo_counts(text)
+    assert entry == {"parameter": 2, "copy": 1, "fusion": 1, "tuple": 1}
+    assert everything == {"parameter": 3, "copy": 1, "fusion": 1, "tuple": 1, "negate": 1}
+    forward, backward = step_cost.matmul_flops("mlp", 400)
+    assert forward == 2 * 400 * (784 * 400 + 400 * 300 + 300 * 100 + 100 * 10)
+    assert backward == forward + 2 * 400 * (400 * 300 + 300 * 100 + 100 * 10)  # no input gradient for layer 1
+
+
+def test_inference_latency_reports_the_speedup_raw_and_above_the_floor():
+    from benchmarks import inference_latency as latency
+
+    us = {"empty": 100e-6, "dense": 300e-6, "pruned": 150e-6}
+    wall = {(path, name): [us[name]] * 4 for path in latency.PATHS for name in latency.MODELS}
+    cpu = {key: [v[0]] for key, v in wall.items()}
+    _, speedup, medians = latency.tables(wall, cpu)
+    row = speedup.splitlines()[2]
+    assert row.startswith("| SavedModel | 100.0 | 300.0 | 150.0 | 2.00x | 4.00x | 67 % |")
+    assert medians["compiled"] == (100.0, 300.0, 150.0)
