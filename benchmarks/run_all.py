@@ -2,8 +2,10 @@
 
 The paper reproduction (DIGITS sweep, Fashion-MNIST table, peers) and the
 performance benchmarks (the overhead of the penalties, of the monitor, of
-proximal training and on a CNN, all from ``overhead.py``; proximal training;
-inference of pruned models; the scikit-learn path), whichever of them exist. ``--quick`` is passed on to the scripts that
+proximal training and on a CNN, all from ``overhead.py``; the cost of one
+compiled training step, ``step_cost.py``; proximal training; inference of
+pruned models and its batch-1 latency floor; the scikit-learn path), whichever
+of them exist. ``--quick`` is passed on to the scripts that
 accept it; ``--seeds`` to the paper-reproduction scripts.
 
 Usage:
@@ -37,6 +39,8 @@ BENCHMARKS = {
     "proximal-overhead": ("overhead.py", False, ("proximal",)),
     "cnn-overhead": ("overhead.py", False, ("cnn",)),
     "inference": ("inference.py", False),
+    "inference-latency": ("inference_latency.py", False),
+    "step-cost": ("step_cost.py", False),
     "sklearn-path": ("sklearn_path.py", False),
     "sklearn-cv": ("sklearn_cv.py", True),
     "budget": ("budget.py", True),
