@@ -37,6 +37,8 @@ import types
 import warnings
 from pathlib import Path
 
+import numpy as np
+
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
@@ -211,7 +213,7 @@ def fashion_part(args):
     data = load_dataset("fashion-mnist")
     if args.quick:
         data = dataclasses.replace(data, x_train=data.x_train[:6000], y_train=data.y_train[:6000])
-    seed = 0
+    seed = args.fashion_seed
     rows = {}
 
     keras.utils.set_random_seed(seed)
@@ -231,7 +233,8 @@ def fashion_part(args):
     common.say(f"fashion L2: test {rows['L2']['test']:.4f}, {report.params_after:,} params, {wall:.0f} s")
 
     keras.utils.set_random_seed(seed)
-    model = add_group_sparsity(_mlp(data.n_features, data.n_classes, FASHION_HIDDEN), ALPHA)
+    model = add_group_sparsity(_mlp(data.n_features, data.n_classes, FASHION_HIDDEN), ALPHA,
+                               group_weight=args.fashion_group_weight)
     model.compile(optimizer=_optimizer(args.fashion_optimizer), loss="sparse_categorical_crossentropy")
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", RuntimeWarning)
@@ -264,7 +267,21 @@ def fashion_part(args):
         f"fashion budget {budget:,}: test {b['test']:.4f} (pruned {b['test_pruned']:.4f}), "
         f"{b['params_after']:,} params, sizes {b['layer_sizes']}, cut {b['groups_cut']}, {wall:.0f} s"
     )
-    return {"seed": seed, "epochs": args.fashion_epochs, "optimizer": args.fashion_optimizer, "rows": rows}
+    # What a plain dense network of the budget's size reaches: 784-H-10 with the most units H that fit.
+    hidden = (budget - data.n_classes) // (data.n_features + 1 + data.n_classes)
+    keras.utils.set_random_seed(seed)
+    small = _mlp(data.n_features, data.n_classes, (hidden,))
+    small.compile(optimizer=keras.optimizers.Adam(), loss="sparse_categorical_crossentropy")
+    _, wall = _fit_fashion(small, data, args.fashion_epochs, seed)
+    rows["dense_small"] = {
+        "test": common.accuracy(small, data.x_test, data.y_test),
+        "params": int(small.count_params()),
+        "layer_sizes": [data.n_features, int(hidden), data.n_classes],
+        "wall_s": wall,
+    }
+    common.say(f"fashion dense {rows['dense_small']['layer_sizes']}: test {rows['dense_small']['test']:.4f}")
+    return {"seed": seed, "epochs": args.fashion_epochs, "optimizer": args.fashion_optimizer,
+            "group_weight": args.fashion_group_weight, "rows": rows}
 
 
 def _before_settling(history):
@@ -395,13 +412,15 @@ def _fashion_lines(fashion):
     rows = fashion["rows"]
     l2, b = rows["L2"], rows["budget"]
     optimizer = fashion.get("optimizer", "Adam")
+    weight = fashion.get("group_weight", "size")
+    weighting = "" if weight == "size" else f', group_weight="{weight}"'
     # "10 % of L2's parameters": of the dense L2 network (what the budget was set from) and, stricter, of
     # the L2 network after thresholding (fashion_table.py's reference).
     ok_dense = l2["test"] - b["test"] <= 0.01 and b["params_after"] <= 0.1 * l2["params_before"]
     ok = l2["test"] - b["test"] <= 0.01 and b["params_after"] <= 0.1 * l2["params_after"]
     table = common.markdown_table(
         ["measure", "L2 λ=1e-4, Adam",
-         f"SGL λ=1e-4 + SparsityBudget(max_params={b['budget_params']:,}), {optimizer}"],
+         f"SGL λ=1e-4{weighting} + SparsityBudget(max_params={b['budget_params']:,}), {optimizer}"],
         [
             ["test accuracy [%]", f"{100 * l2['test']:.2f}", f"{100 * b['test']:.2f}"],
             ["pruned model's test accuracy [%]", "", f"{100 * b['test_pruned']:.2f}"],
@@ -417,6 +436,11 @@ def _fashion_lines(fashion):
             ["training wall time [s]", f"{l2['wall_s']:.0f}", f"{b['wall_s']:.0f}"],
         ],
     )
+    small = rows.get("dense_small")
+    if small:
+        table += (f"\n| plain dense {'-'.join(map(str, small['layer_sizes']))}, Adam, no penalty, "
+                  f"{small['params']:,} params (the most units within the budget) | | "
+                  f"{100 * small['test']:.2f} % test accuracy |")
     h = b["history"]
     return [
         f"## Fashion-MNIST, {fashion['epochs']} epochs, budget row {optimizer}: the paper's Table 3 claim with a "
@@ -425,7 +449,8 @@ def _fashion_lines(fashion):
         f"784-400-300-100-10 ReLU MLP, softmax, Keras's default learning rate (1e-3) (budget row {optimizer}, "
         f"L2 row Adam), batch {FASHION_BATCH}, {fashion['epochs']} "
         f"epochs for both rows, one seed ({fashion['seed']}), official 60k/10k split. L2: `L2(1e-4)` on every "
-        f"kernel and bias, thresholded at 1e-3 after training. Budget: `add_group_sparsity(model, 1e-4)` and "
+        f"kernel and bias, thresholded at 1e-3 after training. Budget: "
+        f"`add_group_sparsity(model, 1e-4{weighting})` and "
         f"`SparsityBudget(max_params={b['budget_params']:,})`, 10 % of the L2 network's "
         f"{l2['params_before']:,} parameters (`sparsity_report(l2_model).params_before`).",
         "",
@@ -470,10 +495,36 @@ def render(payloads, rendered_by=None):
             # JSON keeps the path's per-budget keys as strings.
             paths = [dict(p, budgets={int(k): v for k, v in p["budgets"].items()}) for p in payload["digits_path"]]
             lines += _digits_lines(args, payload["digits_budget"], paths)
-    for payload in payloads:
-        if payload.get("fashion"):
-            lines += _fashion_lines(payload["fashion"])
+    fashion = [payload["fashion"] for payload in payloads if payload.get("fashion")]
+    if len(fashion) > 1:
+        lines += _fashion_seeds_lines(fashion)
+    for one in fashion:
+        lines += _fashion_lines(one)
     return "\n".join(lines) + "\n"
+
+
+def _fashion_seeds_lines(runs):
+    """One row per Fashion run (seed), then the mean and standard deviation of each column."""
+    def row(run):
+        r = run["rows"]
+        small = r.get("dense_small", {}).get("test", float("nan"))
+        return [r["L2"]["test"], r["budget"]["test"], r["budget"]["test"] - r["L2"]["test"], small,
+                r["budget"]["params_after"]]
+
+    values = np.array([row(run) for run in runs], dtype=float)
+    body = [
+        [str(run["seed"]), run.get("optimizer", "Adam"), f"{100 * v[0]:.2f}", f"{100 * v[1]:.2f}",
+         f"{100 * v[2]:+.2f}", f"{100 * v[3]:.2f}", f"{int(v[4]):,}", str(run["rows"]["budget"]["layer_sizes"])]
+        for run, v in zip(runs, values)
+    ]
+    mean, std = np.nanmean(values, axis=0), np.nanstd(values, axis=0)
+    body.append(["mean ± std", "", f"{100 * mean[0]:.2f} ± {100 * std[0]:.2f}",
+                 f"{100 * mean[1]:.2f} ± {100 * std[1]:.2f}", f"{100 * mean[2]:+.2f} ± {100 * std[2]:.2f}",
+                 f"{100 * mean[3]:.2f} ± {100 * std[3]:.2f}", f"{mean[4]:,.0f}", ""])
+    table = common.markdown_table(
+        ["seed", "budget row", "L2 test [%]", "budget test [%]", "budget - L2 [points]",
+         "plain dense at the budget's size [%]", "budget params", "budget layer sizes"], body)
+    return [f"## Fashion-MNIST over {len(runs)} seeds, {runs[0]['epochs']} epochs", ""] + table.splitlines() + [""]
 
 
 def main(argv=None):
@@ -484,6 +535,9 @@ def main(argv=None):
     parser.add_argument("--fashion-epochs", type=common.positive_int, default=30)
     parser.add_argument("--fashion-optimizer", choices=OPTIMIZERS, default="Adam",
                         help="optimizer of the Fashion budget row (the L2 row uses Adam)")
+    parser.add_argument("--fashion-group-weight", choices=("size", "flops"), default="size",
+                        help="add_group_sparsity's group_weight in the Fashion budget row")
+    parser.add_argument("--fashion-seed", type=int, default=0)
     parser.add_argument("--skip-digits", action="store_true")
     parser.add_argument("--skip-fashion", action="store_true")
     parser.add_argument("--quick", action="store_true", help="1 seed, 20 epochs, 2 Fashion epochs on 6,000 images; "
