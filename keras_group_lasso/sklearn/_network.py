@@ -451,22 +451,32 @@ def build_export_model(spec, alpha, input_alpha, weights, name="group_sparse_mlp
     return model
 
 
-_scratch = {}
-_scratch_lock = threading.Lock()
+class SparsityReader:
+    """:func:`keras_group_lasso.sparsity_report` of MLPs of one :class:`Spec`'s shape, read on one scratch model.
+
+    The scratch model is built on the first call and its weights replaced on
+    the next ones, so a caller that reads many weight sets of one shape (the
+    regularization path, at every point) builds it once. The caller owns the
+    reader; nothing is kept once it is dropped.
+    """
+
+    def __init__(self, spec):
+        self.spec = spec
+        self._model = None
+
+    def __call__(self, weights, threshold):
+        from keras_group_lasso.analysis import sparsity_report
+
+        if self._model is None:
+            self._model = build_export_model(self.spec, 0.0, 0.0, weights, name="scratch")
+        else:
+            self._model.set_weights(weights)
+        return sparsity_report(self._model, threshold)
 
 
 def sparsity_of(spec, weights, threshold):
-    """:func:`keras_group_lasso.sparsity_report` of an MLP with ``weights``, on a reused scratch model."""
-    from keras_group_lasso.analysis import sparsity_report
-
-    key = (spec.n_features, spec.hidden, spec.n_outputs, spec.task)
-    with _scratch_lock:
-        model = _scratch.get(key)
-        if model is None:
-            model = _scratch[key] = build_export_model(spec, 0.0, 0.0, weights, name="scratch")
-        else:
-            model.set_weights(weights)
-        return sparsity_report(model, threshold)
+    """:func:`keras_group_lasso.sparsity_report` of an MLP of ``spec``'s shape with ``weights`` (one reading)."""
+    return SparsityReader(spec)(weights, threshold)
 
 
 def compile_export_model(model, spec, learning_rate):

@@ -496,8 +496,10 @@ def run_path(
     points = []
     start = time.perf_counter()
 
+    read_sparsity = _network.SparsityReader(spec_for_export)  # one scratch model for the whole path
+
     def export(weights):
-        return _network.sparsity_of(spec_for_export, weights, threshold)
+        return read_sparsity(weights, threshold)
 
     def score(weights):
         return float(work._score_outputs(_network.forward(weights, X_val, work._task), y_val))
