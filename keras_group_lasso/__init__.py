@@ -10,6 +10,7 @@ __version__ = "0.1.0"
 from keras_group_lasso._validation import InvalidParameterError, NonFiniteError
 from keras_group_lasso.analysis import SparsityReport, apply_threshold, sparsity_report
 from keras_group_lasso.budget import SparsityBudget
+from keras_group_lasso._distributed import is_chief
 from keras_group_lasso.callbacks import SparsityMonitor
 from keras_group_lasso.export import export_pruned
 from keras_group_lasso.models import (
@@ -50,6 +51,7 @@ __all__ = [
     "plan_pruning",
     "UnsupportedModelError",
     "SparsityMonitor",
+    "is_chief",
     "SparsityBudget",
     "export_pruned",
     "Proximal",

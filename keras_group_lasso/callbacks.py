@@ -26,6 +26,7 @@ import keras
 import numpy as np
 
 from keras_group_lasso import analysis
+from keras_group_lasso._distributed import is_chief
 from keras_group_lasso._validation import (
     InvalidParameterError,
     NonFiniteError,
@@ -147,6 +148,8 @@ class SparsityMonitor(keras.callbacks.Callback):
         threshold: weights with ``|w| <= threshold`` count as zero (the paper
             uses 1e-3).
         log_dir: directory for TensorBoard event files, or None for logs only.
+            When training spans several processes only the chief writes
+            (:func:`is_chief`); every process gets the logs.
             Writing needs TensorFlow installed (on any backend).
         every: report at the end of epochs ``every, 2 * every, ...``.
 
@@ -260,6 +263,8 @@ class SparsityMonitor(keras.callbacks.Callback):
             self._writer = None
 
     def _write_summaries(self, report, step):
+        if not is_chief():  # every process computes the same report; one writes it
+            return
         summary = _tf_summary(self.log_dir)
         if self._writer is None:
             self._writer = summary.create_file_writer(self.log_dir)

@@ -25,6 +25,7 @@ import tempfile
 import keras
 
 from keras_group_lasso import surgery
+from keras_group_lasso._distributed import is_chief
 from keras_group_lasso._validation import check_choice, check_non_negative, fail
 
 __all__ = ["export_pruned", "ExportResult", "FORMATS"]
@@ -252,7 +253,10 @@ def export_pruned(
         model: a trained Sequential or Functional Keras model (see
             :func:`~keras_group_lasso.surgery.prune_model` for what is supported).
         directory: where to write; created if missing. It must not exist or
-            be empty unless ``overwrite=True``.
+            be empty unless ``overwrite=True``. When training spans several
+            processes, call this on every process: each prunes, only the
+            chief (:func:`keras_group_lasso.is_chief`) checks and writes the
+            directory, and every process gets the same result.
         threshold: weights with ``|w| <= threshold`` count as zero.
         formats: names from ``("saved_model", "keras", "tflite")``.
         inputs: ``"original"`` (the exported model takes the full feature
@@ -290,11 +294,24 @@ def export_pruned(
     inputs = check_choice(_OWNER, "inputs", inputs, ("original", "selected"))
     if not isinstance(overwrite, bool):
         fail(_OWNER, "overwrite", "a bool", overwrite)
-    target = _check_directory(directory, overwrite)
+    chief = is_chief()
+    if chief:
+        target = _check_directory(directory, overwrite)
+    elif not isinstance(directory, (str, os.PathLike)) or not os.fspath(directory):
+        fail(_OWNER, "directory", "a non-empty path (str or os.PathLike)", directory)
+    else:  # the chief checks it (and may have written it already, on a shared file system)
+        target = os.path.abspath(os.fspath(directory))
     tf = _import_tensorflow(formats) if set(formats) - {"keras"} else None
 
+    # Every process prunes (on JAX over several processes the model's arrays span them all, so the
+    # surgery's computations are collective); only the chief writes.
     small = surgery.prune_model(model, threshold=threshold, inputs=inputs)
     report = small.pruning_report
+    paths = {f: os.path.join(target, _FILENAMES[f]) for f in formats}
+    paths["manifest"] = os.path.join(target, _FILENAMES["manifest"])
+    if not chief:
+        manifest = _manifest(report, small, threshold, inputs, formats)
+        return ExportResult(directory=target, paths=paths, manifest=manifest, report=report)
 
     parent = os.path.dirname(target)
     os.makedirs(parent, exist_ok=True)
@@ -318,6 +335,4 @@ def export_pruned(
         shutil.rmtree(staging, ignore_errors=True)
         raise
 
-    paths = {f: os.path.join(target, _FILENAMES[f]) for f in formats}
-    paths["manifest"] = os.path.join(target, _FILENAMES["manifest"])
     return ExportResult(directory=target, paths=paths, manifest=manifest, report=report)

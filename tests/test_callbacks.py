@@ -2,6 +2,7 @@
 
 import csv
 import glob
+import json
 import math
 import os
 import sys
@@ -11,7 +12,7 @@ import keras
 import numpy as np
 import pytest
 
-from keras_group_lasso import InvalidParameterError, SparsityMonitor
+from keras_group_lasso import InvalidParameterError, SparsityMonitor, is_chief
 from keras_group_lasso.analysis import input_feature_strength, layer_group_norms, sparsity_report
 from keras_group_lasso.callbacks import feature_strength_image
 
@@ -391,6 +392,43 @@ def test_tensorboard_image_for_image_input_and_none_for_other_lengths(tmp_path):
 
 
 # ----------------------------------------------------------------------------- image helpers
+
+
+@pytest.mark.parametrize(
+    "task, cluster, chief",
+    [
+        ({"type": "worker", "index": 0}, {"worker": ["a:1", "b:1"]}, True),
+        ({"type": "worker", "index": 1}, {"worker": ["a:1", "b:1"]}, False),
+        ({"type": "chief", "index": 0}, {"chief": ["a:1"], "worker": ["b:1"]}, True),
+        ({"type": "worker", "index": 0}, {"chief": ["a:1"], "worker": ["b:1"]}, False),
+        ({"type": "evaluator", "index": 0}, {"worker": ["a:1"]}, False),
+    ],
+)
+def test_is_chief_reads_the_tf_config_cluster(monkeypatch, task, cluster, chief):
+    monkeypatch.setenv("TF_CONFIG", json.dumps({"cluster": cluster, "task": task}))
+    assert is_chief() is chief
+
+
+def test_is_chief_without_a_cluster(monkeypatch):
+    monkeypatch.delenv("TF_CONFIG", raising=False)
+    assert is_chief() is True
+
+
+def test_only_the_chief_writes_tensorboard_every_process_logs(tmp_path, monkeypatch):
+    pytest.importorskip("tensorflow", reason="TensorBoard writing needs TensorFlow")
+    model = _known_model(n_features=16)
+    x, y = _data(model)
+    cluster = {"worker": ["localhost:1", "localhost:2"]}
+    histories = {}
+    for index in (1, 0):
+        monkeypatch.setenv("TF_CONFIG", json.dumps({"cluster": cluster, "task": {"type": "worker", "index": index}}))
+        log_dir = tmp_path / f"worker{index}"
+        history = model.fit(x, y, epochs=2, batch_size=32, verbose=0,
+                            callbacks=[SparsityMonitor(threshold=THRESHOLD, log_dir=log_dir)])
+        histories[index] = history.history["sparsity"]
+    assert not (tmp_path / "worker1").exists() or not os.listdir(tmp_path / "worker1")
+    assert len(glob.glob(str(tmp_path / "worker0" / "events.out.tfevents.*"))) == 1
+    assert len(histories[1]) == len(histories[0]) == 2
 
 
 def test_feature_strength_image_matches_numpy_reference():

@@ -6,6 +6,7 @@ weights is the claim; the step time over fake devices of one CPU is not a
 performance figure.
 """
 
+import json
 import os
 import subprocess
 import sys
@@ -34,7 +35,7 @@ SCRIPT = textwrap.dedent(
     assert len(devices) == 2, devices
 
 
-    def train(distribution, optimizer, factor=0.02, callbacks=()):
+    def train(distribution, optimizer, factor=0.005, callbacks=()):
         keras.distribution.set_distribution(distribution)
         try:
             keras.utils.set_random_seed(0)
@@ -74,8 +75,8 @@ SCRIPT = textwrap.dedent(
             if name == "ModelParallel":
                 assert "model" in str(model.layers[0].kernel.value.sharding.spec)
             same(single, weights, (opt_name, name))
-        if opt_name.startswith("Proximal"):
-            assert sum(int((w == 0).sum()) for w in single) > 0  # the check covers exact zeros
+        if opt_name.startswith("Proximal"):  # the check covers exact zeros, and live weights
+            assert 0 < sum(int((w == 0).sum()) for w in single) < sum(w.size for w in single)
 
     # A budget (its multiplier and the cut's constraints, traced again mid-fit) under DataParallel.
     def budgeted(distribution):
@@ -90,6 +91,107 @@ SCRIPT = textwrap.dedent(
     print("OK")
     """
 )
+
+
+# One process of a JAX cluster on localhost (keras.distribution.initialize, gloo collectives on CPU), or the
+# single-process reference with the same global batches. Each process feeds its half of every global batch
+# (auto-sharding needs a tf.data pipeline), trains with Proximal and a SparsityMonitor writing TensorBoard,
+# and exports the pruned model where is_chief().
+PROCESS = textwrap.dedent(
+    """
+    import json, os, sys
+    os.environ["KERAS_BACKEND"] = "jax"
+    process, count, port, out = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4]
+    import jax
+    import keras
+    if count > 1:
+        jax.config.update("jax_cpu_collectives_implementation", "gloo")
+        keras.distribution.initialize(job_addresses=f"localhost:{port}", num_processes=count, process_id=process)
+    import numpy as np
+    from keras_group_lasso import Proximal, SparsityMonitor, add_group_sparsity, export_pruned, is_chief
+
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(256, 16)).astype("float32")
+    y = (x[:, :3].sum(axis=1) > 0).astype("int32")
+    local = 32 // count
+    rows = np.concatenate([np.arange(start, start + 32)[process * local:(process + 1) * local]
+                           for start in range(0, 256, 32)])
+    if count > 1:
+        distribution = keras.distribution.DataParallel(devices=keras.distribution.list_devices("cpu"))
+        distribution.auto_shard_dataset = False
+        keras.distribution.set_distribution(distribution)
+    keras.utils.set_random_seed(0)
+    model = add_group_sparsity(keras.Sequential([
+        keras.Input((16,)), keras.layers.Dense(8, activation="relu"),
+        keras.layers.Dense(2, activation="softmax")]), 0.005)
+    model.compile(Proximal(keras.optimizers.SGD(0.1, momentum=0.9)), "sparse_categorical_crossentropy")
+    history = model.fit(x[rows], y[rows], epochs=4, batch_size=local, shuffle=False, verbose=0,
+                        callbacks=[SparsityMonitor(log_dir=os.path.join(out, "logs"))])
+    assert len(history.history["sparsity"]) == 4
+    np.savez(os.path.join(out, f"weights{process}.npz"), *[np.asarray(w) for w in model.get_weights()])
+    result = export_pruned(model, os.path.join(out, "export"), formats=["keras"])  # every process prunes
+    with open(os.path.join(out, f"manifest{process}.json"), "w") as f:
+        json.dump(result.manifest, f)
+    if count > 1:  # the others wait for the chief's files (JAX's shutdown barrier has a deadline)
+        from jax.experimental import multihost_utils
+        multihost_utils.sync_global_devices("exported")
+    assert is_chief() == (process == 0)
+    print("OK", process)
+    """
+)
+
+
+def _free_port():
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("localhost", 0))
+        return s.getsockname()[1]
+
+
+def test_two_jax_processes_train_to_the_single_process_weights_and_only_the_chief_writes(tmp_path):
+    import glob
+
+    import numpy as np
+
+    script = tmp_path / "process.py"
+    script.write_text(PROCESS)
+    env = dict(os.environ, KERAS_BACKEND="jax", TF_CPP_MIN_LOG_LEVEL="3")
+    env.pop("XLA_FLAGS", None)
+    single, cluster = tmp_path / "single", tmp_path / "cluster"
+    single.mkdir()
+    cluster.mkdir()
+    port = str(_free_port())
+    workers = [
+        subprocess.Popen([sys.executable, str(script), str(i), "2", port, str(cluster)], env=env,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        for i in range(2)
+    ]
+    try:
+        reference = subprocess.run([sys.executable, str(script), "0", "1", "0", str(single)], env=env,
+                                   capture_output=True, text=True, timeout=300)
+        outputs = [worker.communicate(timeout=300) for worker in workers]
+    finally:
+        for worker in workers:
+            worker.kill()
+    assert reference.returncode == 0, reference.stderr[-3000:]
+    for worker, (out, err) in zip(workers, outputs):
+        assert worker.returncode == 0 and "OK" in out, out[-2000:] + err[-3000:]
+    expected = np.load(single / "weights0.npz")
+    for process in range(2):
+        got = np.load(cluster / f"weights{process}.npz")
+        for key in expected:
+            np.testing.assert_allclose(got[key], expected[key], atol=1e-5)
+            np.testing.assert_array_equal(got[key] == 0, expected[key] == 0)  # the same exact zeros
+    zeros = sum(int((expected[key] == 0).sum()) for key in expected)
+    assert 0 < zeros < sum(expected[key].size for key in expected)  # some exact zeros, not all
+    assert len(glob.glob(str(cluster / "logs" / "events.out.tfevents.*"))) == 1  # the chief's only
+    assert os.path.isfile(cluster / "export" / "model.keras")
+    with open(cluster / "export" / "manifest.json") as f:
+        written = json.load(f)
+    for process in range(2):  # the process that did not write got the chief's result
+        with open(cluster / f"manifest{process}.json") as f:
+            assert json.load(f) == written
 
 
 def test_data_and_model_parallel_training_match_one_device(tmp_path):
