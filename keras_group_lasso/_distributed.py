@@ -14,6 +14,10 @@ def is_chief():
     JAX over several processes (``keras.distribution.initialize``): process 0.
     TensorFlow with a ``TF_CONFIG`` cluster: the task ``"chief"``, or worker 0
     when the cluster has no chief. Any other run: ``True``.
+
+    Example:
+        >>> is_chief()   # one process, no cluster
+        True
     """
     if keras.backend.backend() == "jax":
         import jax

@@ -158,6 +158,20 @@ def test_selected_inputs_take_only_the_kept_features(tmp_path):
     np.testing.assert_allclose(keras.ops.convert_to_numpy(reloaded(x[:, kept])), expected, atol=1e-5)
 
 
+def test_a_process_that_is_not_the_chief_writes_nothing_and_gets_the_chiefs_result(tmp_path, monkeypatch):
+    model = _sparse_model()
+    cluster = {"worker": ["localhost:1", "localhost:2"]}
+    monkeypatch.setenv("TF_CONFIG", json.dumps({"cluster": cluster, "task": {"type": "worker", "index": 1}}))
+    other = export_pruned(model, tmp_path / "out", formats=("keras",))
+    assert not (tmp_path / "out").exists()
+    monkeypatch.setenv("TF_CONFIG", json.dumps({"cluster": cluster, "task": {"type": "worker", "index": 0}}))
+    chief = export_pruned(model, tmp_path / "out", formats=("keras",))
+    assert sorted(os.listdir(tmp_path / "out")) == ["manifest.json", "model.keras"]
+    assert other.paths == chief.paths and other.directory == chief.directory
+    with open(chief.paths["manifest"]) as f:
+        assert json.load(f) == other.manifest == chief.manifest
+
+
 def test_image_input_with_few_kept_features(tmp_path):
     # Few survivors: surgery selects them with a frozen 0/1 Dense instead of keeping zero rows,
     # a plain matmul that SavedModel and TFLite export on both backends.
