@@ -1,14 +1,35 @@
 #!/usr/bin/env bash
 # Set up (if needed) and run the whole test suite on the TensorFlow and the JAX backend.
+# The two backends run side by side (most tests are small models whose time is Python and tracing, one
+# core each); each backend's output is printed when it finishes. TEST_SERIAL=1 runs them one after the other.
 # Extra arguments go to pytest, e.g. `bash scripts/test.sh -x -k surgery`.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 source scripts/setup.sh
 
 export TF_CPP_MIN_LOG_LEVEL=2
+backends=(tensorflow jax)
 status=0
-for backend in tensorflow jax; do
-  echo "[test] KERAS_BACKEND=$backend"
-  KERAS_BACKEND=$backend .venv/bin/python -m pytest -q "$@" || status=1
+if [[ "${TEST_SERIAL:-0}" == "1" ]]; then
+  for backend in "${backends[@]}"; do
+    echo "[test] KERAS_BACKEND=$backend"
+    KERAS_BACKEND=$backend .venv/bin/python -m pytest -q "$@" || status=1
+  done
+  exit $status
+fi
+
+logs=$(mktemp -d)
+trap 'rm -rf "$logs"' EXIT
+declare -A pids
+for backend in "${backends[@]}"; do
+  KERAS_BACKEND=$backend .venv/bin/python -m pytest -q -p no:cacheprovider "$@" >"$logs/$backend.log" 2>&1 &
+  pids[$backend]=$!
+done
+for backend in "${backends[@]}"; do
+  code=0
+  wait "${pids[$backend]}" || code=$?
+  echo "[test] KERAS_BACKEND=$backend (exit status $code)"
+  cat "$logs/$backend.log"
+  [[ $code -eq 0 ]] || status=1
 done
 exit $status
