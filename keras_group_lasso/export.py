@@ -81,11 +81,13 @@ def _check_formats(formats):
     return items
 
 
-def _check_directory(directory, overwrite):
+def _check_directory(directory, overwrite, contents=True):
+    """The absolute target; with ``contents``, also what is there now (only the writing process looks:
+    on a shared file system the chief may already have written it)."""
     if not isinstance(directory, (str, os.PathLike)) or not os.fspath(directory):
         fail(_OWNER, "directory", "a non-empty path (str or os.PathLike)", directory)
     target = os.path.abspath(os.fspath(directory))
-    if os.path.lexists(target):
+    if contents and os.path.lexists(target):
         if not os.path.isdir(target) or os.path.islink(target):
             fail(_OWNER, "directory", "a directory path, not an existing file or link", directory)
         if os.listdir(target) and not overwrite:
@@ -295,12 +297,7 @@ def export_pruned(
     if not isinstance(overwrite, bool):
         fail(_OWNER, "overwrite", "a bool", overwrite)
     chief = is_chief()
-    if chief:
-        target = _check_directory(directory, overwrite)
-    elif not isinstance(directory, (str, os.PathLike)) or not os.fspath(directory):
-        fail(_OWNER, "directory", "a non-empty path (str or os.PathLike)", directory)
-    else:  # the chief checks it (and may have written it already, on a shared file system)
-        target = os.path.abspath(os.fspath(directory))
+    target = _check_directory(directory, overwrite, contents=chief)
     tf = _import_tensorflow(formats) if set(formats) - {"keras"} else None
 
     # Every process prunes (on JAX over several processes the model's arrays span them all, so the
