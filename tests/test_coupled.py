@@ -75,7 +75,7 @@ def test_the_gradient_of_a_coupled_group_is_its_union_direction():
                                LAM * math.sqrt(5) * k["g_in"] / union, rtol=1e-5)
     np.testing.assert_allclose(keras.ops.convert_to_numpy(out.regularizer.gradient(out.value)),
                                LAM * math.sqrt(5) * k["out"] / union, rtol=1e-5)
-    if keras.backend.backend() == "tensorflow":  # autodiff of the loss agrees with the closed form
+    if keras.backend.backend() == "tensorflow":  # autodiff of the loss agrees with the closed form (JAX: see test_regularizers)
         import tensorflow as tf
 
         with tf.GradientTape() as tape:
@@ -83,6 +83,11 @@ def test_the_gradient_of_a_coupled_group_is_its_union_direction():
         grads = tape.gradient(total, [g_in.value, out.value])
         np.testing.assert_allclose(grads[0].numpy(), LAM * math.sqrt(5) * k["g_in"] / union, rtol=1e-5)
         np.testing.assert_allclose(grads[1].numpy(), LAM * math.sqrt(5) * k["out"] / union, rtol=1e-5)
+    if keras.backend.backend() == "torch":  # the same through torch's autograd
+        total = sum(model.losses)
+        total.backward()
+        np.testing.assert_allclose(g_in.value.grad.numpy(), LAM * math.sqrt(5) * k["g_in"] / union, rtol=1e-5)
+        np.testing.assert_allclose(out.value.grad.numpy(), LAM * math.sqrt(5) * k["out"] / union, rtol=1e-5)
 
 
 def test_proximal_shrinks_each_union_as_one_group():

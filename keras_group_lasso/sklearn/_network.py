@@ -4,8 +4,8 @@ Two costs dominate a small scikit-learn-sized fit, and this module removes both:
 
 * Keras's per-epoch work. Training runs as *one* Keras epoch over an endless
   stream of fixed-size, reshuffled mini-batches, with ``steps_per_execution``
-  set to one pass over the data; a callback sees every pass (loss history,
-  early stopping, logging).
+  set to one pass over the data (one step on PyTorch, where Keras allows no
+  more); a callback sees every pass (loss history, early stopping, logging).
 * Tracing / compiling the train step (about 1 s on TensorFlow and 2 s on JAX
   for a small MLP, more than the training itself on DIGITS). A compiled
   training network is kept in a small cache and reused by the next fit with
@@ -167,10 +167,14 @@ class Network:
             )
         self.model = keras.Sequential(layers)
         self.dense = [layer for layer in self.model.layers if isinstance(layer, keras.layers.Dense)]
+        # Keras on PyTorch refuses steps_per_execution > 1: there the monitor
+        # counts the batches of a pass itself.
+        per_call = 1 if keras.backend.backend() == "torch" else spec.steps_per_pass
+        self.calls_per_pass = spec.steps_per_pass // per_call
         self.model.compile(
             optimizer=_make_optimizer(spec.optimizer, 1e-3, proximal),
             loss=_loss(spec.task),
-            steps_per_execution=spec.steps_per_pass,
+            steps_per_execution=per_call,
         )
 
     def set_alpha(self, alpha, input_alpha=None):
@@ -374,6 +378,7 @@ class PassMonitor(keras.callbacks.Callback):
         self.tol = tol
         self.verbose = verbose
         self.passes = 0
+        self._calls = 0
         self.diverged_at = None
         self.loss = []
         self.val_score = []
@@ -382,6 +387,9 @@ class PassMonitor(keras.callbacks.Callback):
         self._stale = 0
 
     def on_train_batch_end(self, batch, logs=None):
+        self._calls += 1
+        if self._calls % self.network.calls_per_pass:
+            return  # inside a pass (a backend that runs one step per call)
         self.passes += 1
         k = self.passes
         mean = float(logs["loss"]) if logs and "loss" in logs else float("nan")
