@@ -20,6 +20,8 @@ import dataclasses
 import json
 import os
 import shutil
+import subprocess
+import sys
 import tempfile
 
 import keras
@@ -152,6 +154,53 @@ def _write_tflite(tf, saved_model_path, path):
     flatbuffer = converter.convert()
     with open(path, "wb") as f:
         f.write(flatbuffer)
+
+
+def _write_serving_formats(tf, small, staging, formats):
+    """SavedModel (and TFLite, converted from it) of ``small`` into ``staging``."""
+    saved_model = os.path.join(staging, _FILENAMES["saved_model"] if "saved_model" in formats else ".saved_model")
+    tflite = os.path.join(staging, _FILENAMES["tflite"]) if "tflite" in formats else None
+    if keras.backend.backend() == "torch":
+        _convert_in_tensorflow(small, staging, saved_model, tflite)
+    else:
+        _write_saved_model(tf, _serving_model(small), saved_model)
+        if tflite is not None:
+            _write_tflite(tf, saved_model, tflite)
+    if "saved_model" not in formats:
+        shutil.rmtree(saved_model)
+
+
+def _convert_in_tensorflow(small, staging, saved_model, tflite):
+    """The serving formats of ``small`` written by a TensorFlow-backend child process.
+
+    Keras on PyTorch writes a SavedModel only through ``torch_xla``. The pruned
+    model is made of Keras's own layers, so its ``.keras`` file loads on any
+    backend: a child process with ``KERAS_BACKEND=tensorflow`` loads it and
+    writes the same SavedModel and TFLite files the other backends write.
+    """
+    source = os.path.join(staging, ".pruned.keras")
+    small.save(source)
+    command = [sys.executable, "-m", "keras_group_lasso.export", source, saved_model] + ([tflite] if tflite else [])
+    env = dict(os.environ, KERAS_BACKEND="tensorflow")
+    env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    done = subprocess.run(command, env=env, capture_output=True, text=True)
+    os.remove(source)
+    if done.returncode != 0:
+        tail = "\n".join(done.stderr.strip().splitlines()[-15:])
+        raise RuntimeError(
+            f"{_OWNER}: writing the SavedModel in a TensorFlow-backend process (the PyTorch backend "
+            f"cannot write one without torch_xla) failed with exit status {done.returncode}:\n{tail}"
+        )
+
+
+def _convert_main(argv):
+    """``python -m keras_group_lasso.export MODEL.keras SAVED_MODEL [TFLITE]`` (TensorFlow backend)."""
+    import tensorflow as tf
+
+    small = keras.saving.load_model(argv[0], compile=False)
+    _write_saved_model(tf, _serving_model(small), argv[1])
+    if len(argv) > 2:
+        _write_tflite(tf, argv[1], argv[2])
 
 
 def _output_units(report):
@@ -317,14 +366,7 @@ def export_pruned(
         if "keras" in formats:
             small.save(os.path.join(staging, _FILENAMES["keras"]))
         if "saved_model" in formats or "tflite" in formats:
-            saved_model = os.path.join(
-                staging, _FILENAMES["saved_model"] if "saved_model" in formats else ".saved_model"
-            )
-            _write_saved_model(tf, _serving_model(small), saved_model)
-            if "tflite" in formats:
-                _write_tflite(tf, saved_model, os.path.join(staging, _FILENAMES["tflite"]))
-            if "saved_model" not in formats:
-                shutil.rmtree(saved_model)
+            _write_serving_formats(tf, small, staging, formats)
         manifest = _manifest(report, small, threshold, inputs, formats)
         _write_manifest_file(os.path.join(staging, _FILENAMES["manifest"]), manifest)
         _move_into_place(staging, target, parent)
@@ -333,3 +375,7 @@ def export_pruned(
         raise
 
     return ExportResult(directory=target, paths=paths, manifest=manifest, report=report)
+
+
+if __name__ == "__main__":
+    _convert_main(sys.argv[1:])

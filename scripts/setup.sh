@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Creates ./.venv with the package, both Keras backends and the test tools.
+# Creates ./.venv with the package, the Keras backends (TensorFlow, JAX, PyTorch) and the test tools.
 # Safe to run again: it only installs what is missing. Sourced by demo.sh and test.sh.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -17,10 +17,14 @@ if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi >/dev/null 2>&1; then
 else
   TF_EXTRA="tensorflow-cpu"
 fi
-stamp=".venv/.keras-group-lasso-installed-$TF_EXTRA-$(cksum pyproject.toml | cut -d' ' -f1)"
+# PyTorch (the third Keras backend the tests run on) is its own extra: several GB with its CUDA
+# libraries. SETUP_TORCH=0 leaves it out (scripts/test.sh then runs TensorFlow and JAX only).
+EXTRAS="$TF_EXTRA,test"
+if [ "${SETUP_TORCH:-1}" != "0" ]; then EXTRAS="$EXTRAS,torch"; fi
+stamp=".venv/.keras-group-lasso-installed-${EXTRAS//,/-}-$(cksum pyproject.toml | cut -d' ' -f1)"
 if [ ! -f "$stamp" ]; then
-  echo "[setup] installing keras-group-lasso[$TF_EXTRA,test] (first run takes a few minutes)"
-  .venv/bin/python -m pip install --quiet -e ".[$TF_EXTRA,test]"
+  echo "[setup] installing keras-group-lasso[$EXTRAS] (first run takes a few minutes)"
+  .venv/bin/python -m pip install --quiet -e ".[$EXTRAS]"
   touch "$stamp"
 fi
 

@@ -1,14 +1,22 @@
 #!/usr/bin/env bash
-# Set up (if needed) and run the whole test suite on the TensorFlow and the JAX backend.
-# The two backends run side by side (most tests are small models whose time is Python and tracing, one
+# Set up (if needed) and run the whole test suite on the TensorFlow, JAX and PyTorch backends.
+# The backends run side by side (most tests are small models whose time is Python and tracing, one
 # core each); each backend's output is printed when it finishes. TEST_SERIAL=1 runs them one after the other.
+# TEST_BACKENDS="tensorflow jax" picks backends (PyTorch is left out when setup left it out: SETUP_TORCH=0).
 # Extra arguments go to pytest, e.g. `bash scripts/test.sh -x -k surgery`.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 source scripts/setup.sh
 
 export TF_CPP_MIN_LOG_LEVEL=2
-backends=(tensorflow jax)
+if [[ -n "${TEST_BACKENDS:-}" ]]; then
+  read -r -a backends <<<"$TEST_BACKENDS"
+elif .venv/bin/python -c "import torch" >/dev/null 2>&1; then
+  backends=(tensorflow jax torch)
+else
+  echo "[test] PyTorch is not installed (SETUP_TORCH=0): testing TensorFlow and JAX only"
+  backends=(tensorflow jax)
+fi
 status=0
 if [[ "${TEST_SERIAL:-0}" == "1" ]]; then
   for backend in "${backends[@]}"; do
