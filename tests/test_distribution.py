@@ -6,7 +6,6 @@ weights is the claim; the step time over fake devices of one CPU is not a
 performance figure.
 """
 
-import json
 import os
 import subprocess
 import sys
@@ -14,6 +13,8 @@ import textwrap
 
 import keras
 import pytest
+
+import _cluster
 
 pytestmark = pytest.mark.skipif(
     keras.backend.backend() != "jax", reason="keras.distribution (DataParallel, ModelParallel) is JAX-only in Keras 3"
@@ -141,57 +142,13 @@ PROCESS = textwrap.dedent(
 )
 
 
-def _free_port():
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("localhost", 0))
-        return s.getsockname()[1]
-
-
 def test_two_jax_processes_train_to_the_single_process_weights_and_only_the_chief_writes(tmp_path):
-    import glob
-
-    import numpy as np
-
     script = tmp_path / "process.py"
     script.write_text(PROCESS)
     env = dict(os.environ, KERAS_BACKEND="jax", TF_CPP_MIN_LOG_LEVEL="3")
     env.pop("XLA_FLAGS", None)
-    single, cluster = tmp_path / "single", tmp_path / "cluster"
-    single.mkdir()
-    cluster.mkdir()
-    port = str(_free_port())
-    workers = [
-        subprocess.Popen([sys.executable, str(script), str(i), "2", port, str(cluster)], env=env,
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        for i in range(2)
-    ]
-    try:
-        reference = subprocess.run([sys.executable, str(script), "0", "1", "0", str(single)], env=env,
-                                   capture_output=True, text=True, timeout=300)
-        outputs = [worker.communicate(timeout=300) for worker in workers]
-    finally:
-        for worker in workers:
-            worker.kill()
-    assert reference.returncode == 0, reference.stderr[-3000:]
-    for worker, (out, err) in zip(workers, outputs):
-        assert worker.returncode == 0 and "OK" in out, out[-2000:] + err[-3000:]
-    expected = np.load(single / "weights0.npz")
-    for process in range(2):
-        got = np.load(cluster / f"weights{process}.npz")
-        for key in expected:
-            np.testing.assert_allclose(got[key], expected[key], atol=1e-5)
-            np.testing.assert_array_equal(got[key] == 0, expected[key] == 0)  # the same exact zeros
-    zeros = sum(int((expected[key] == 0).sum()) for key in expected)
-    assert 0 < zeros < sum(expected[key].size for key in expected)  # some exact zeros, not all
-    assert len(glob.glob(str(cluster / "logs" / "events.out.tfevents.*"))) == 1  # the chief's only
-    assert os.path.isfile(cluster / "export" / "model.keras")
-    with open(cluster / "export" / "manifest.json") as f:
-        written = json.load(f)
-    for process in range(2):  # the process that did not write got the chief's result
-        with open(cluster / f"manifest{process}.json") as f:
-            assert json.load(f) == written
+    single, cluster = _cluster.run_single_and_cluster(script, tmp_path, env)
+    _cluster.assert_cluster_matches_single(single, cluster)
 
 
 def test_data_and_model_parallel_training_match_one_device(tmp_path):
