@@ -7,7 +7,7 @@ optimizer it replaces each weight that carries a group-sparse penalty
 by the penalty's proximal point, so whole groups become exactly ``0.0`` inside
 the compiled train step, with no threshold to tune.
 
-How the pieces fit (Keras 3, TensorFlow and JAX):
+How the pieces fit (Keras 3; TensorFlow, JAX and PyTorch):
 
 * The penalties stay declared on the layers, and stay theirs. Keras stores
   each one on its variable (``variable.regularizer``) and adds its value to the
@@ -27,12 +27,15 @@ How the pieces fit (Keras 3, TensorFlow and JAX):
   exactly as it would alone. On TensorFlow the proximal step runs through
   ``merge_call`` / ``extended.update`` like Keras's own weight decay, so it
   works under ``tf.distribute`` strategies; on JAX it runs inside the
-  stateless, jitted train step.
+  stateless, jitted train step; on PyTorch right after the wrapped
+  optimizer's in-place update.
 * In a custom training loop, pass the gradient of ``loss + sum(model.losses)``
-  (as Keras's own training loops do).
+  (as Keras's own training loops do); under a ``tf.distribute`` strategy each
+  replica adds ``sum(model.losses) / num_replicas_in_sync``, as Keras's
+  losses do, so the replicas' gradients sum to the penalties' once.
 * A ``Proximal`` instance belongs to the variables it was built with, like
   every Keras optimizer. Compiling it into a second model is refused with a
-  clear error on both backends (TensorFlow would raise its own error, JAX would
+  clear error on every backend (TensorFlow would raise its own error, JAX would
   silently apply the first model's penalties).
 """
 

@@ -5,7 +5,7 @@ groups are the slices along the input axis (axis -2): the rows ``W[i, :]`` of
 a Dense kernel ``(in, out)``, the slices ``W[..., i, :]`` of a Conv kernel
 ``(..., in_ch, out_ch)``. For a rank-1 tensor (a bias) every scalar is its own
 group. Nothing here knows about layers or models; every function works on the
-TensorFlow and JAX backends and under ``jit_compile``.
+TensorFlow, JAX and PyTorch backends and under ``jit_compile``.
 """
 
 import math
@@ -115,7 +115,7 @@ def group_sparse_penalty(x, group_factor, l1_factor=0.0):
 
     With ``a = group_factor`` and ``b = l1_factor``. On a rank-1 tensor every
     scalar is a group, so the value is ``(a + b) * sum |x|``. The gradient is
-    defined explicitly, identical on TensorFlow and JAX, finite everywhere:
+    defined explicitly, identical on TensorFlow, JAX and PyTorch, finite everywhere:
     ``a * sqrt(|g|) * g / ||g||`` (0 for a zero group, and for a group whose
     squared norm underflows, i.e. all ``|w| < ~1e-19`` in float32) plus
     ``b * sign(x)`` (0 at ``x = 0``, the paper's subgradient choice).
