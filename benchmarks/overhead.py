@@ -32,7 +32,8 @@ Comparisons (``kind``):
 
 Data: Fashion-MNIST when the Debian package is installed, else random data of
 the same shape (said in the results). On TensorFlow each comparison runs with
-``jit_compile`` True and False (``--jit``), on JAX with True.
+``jit_compile`` True and False (``--jit``), on JAX with True, on PyTorch eagerly
+(Keras's default there; ``--jit true``: ``torch.compile``).
 
 Usage:
     KERAS_BACKEND=tensorflow python benchmarks/overhead.py penalty --jit both
@@ -254,7 +255,7 @@ def main(argv=None):
                         help="training rows (default 30,000; cnn 6,000)")
     parser.add_argument("--min-seconds", type=float, default=2.0, help="shortest timed unit (default 2 s)")
     parser.add_argument("--jit", choices=["true", "false", "both"], default="both",
-                        help="TensorFlow only; JAX always compiles")
+                        help="TensorFlow (both by default) and PyTorch (eager unless true); JAX always compiles")
     parser.add_argument("--quick", action="store_true", help="3 rounds, 0.5 s units, 4,000 rows, print only")
     args = parser.parse_args(argv)
     if args.quick:
@@ -265,7 +266,12 @@ def main(argv=None):
     import keras
 
     backend = keras.backend.backend()
-    jits = {"true": [True], "false": [False], "both": [True, False]}[args.jit] if backend == "tensorflow" else [True]
+    # JAX always compiles; PyTorch trains eagerly unless asked (jit_compile=True is torch.compile).
+    jits = {"true": [True], "false": [False], "both": [True, False]}[args.jit]
+    if backend == "jax":
+        jits = [True]
+    elif backend == "torch" and args.jit == "both":
+        jits = [False]
     x, y, source = load(args.kind, samples_n)
     started, t0 = common.now(), time.perf_counter()
     sections = []
