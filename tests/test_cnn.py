@@ -145,7 +145,8 @@ def cnns(draw):
     return layers, seed
 
 
-@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+# Per backend: the three backends draw 60 random CNNs in all.
+@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(cnns())
 def test_pruned_cnn_equals_thresholded_original(case):
     makers, seed = case

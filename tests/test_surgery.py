@@ -858,7 +858,8 @@ def _random_model(arch):
     return model, shape
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+# Per backend: the three backends draw 90 architectures in all.
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(arch=_architectures())
 # Selected features of a 2x1 image normalized before Flatten (axis -1): the pruned model's flat input needs the
 # statistics per element even when every feature stays.
