@@ -295,6 +295,11 @@ def export_pruned(
       holds no layer or penalty of ``keras_group_lasso``).
     * ``"tflite"``: ``<directory>/model.tflite``, converted from the SavedModel.
 
+    On the PyTorch backend (where Keras writes a SavedModel only through
+    ``torch_xla``) the SavedModel and TFLite files are written by a child
+    process with ``KERAS_BACKEND=tensorflow`` from the pruned ``.keras`` file:
+    the same files, a few seconds more.
+
     ``manifest.json`` holds the kept feature indices, layer sizes and parameter
     counts before/after (``params_before`` / ``params_after`` as in the report,
     Dense kernels and biases; ``exported_model_params`` as the exported Keras
@@ -324,6 +329,8 @@ def export_pruned(
         keras_group_lasso.surgery.UnsupportedModelError: if the model cannot be
             pruned (nothing is written).
         ImportError: if a format needs TensorFlow and it is not installed.
+        RuntimeError: on PyTorch, if the TensorFlow child process fails (its
+            error output is in the message; nothing is written).
 
     Example:
         >>> import os, tempfile

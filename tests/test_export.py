@@ -484,3 +484,19 @@ def test_bad_model_and_directory(tmp_path):
     (tmp_path / "file").write_text("x")
     with pytest.raises(InvalidParameterError, match="must be a directory path, not an existing file"):
         export_pruned(_sparse_model(), tmp_path / "file")
+
+
+@pytest.mark.skipif(keras.backend.backend() != "torch",
+                    reason="only the PyTorch backend writes the SavedModel in a TensorFlow child process")
+def test_a_failing_tensorflow_child_is_an_error_and_writes_nothing(tmp_path, monkeypatch):
+    from keras_group_lasso import export as export_module
+
+    def failing_child(command, **kwargs):
+        assert kwargs["env"]["KERAS_BACKEND"] == "tensorflow"
+        return subprocess.CompletedProcess(command, 3, stdout="", stderr="Traceback ...\nValueError: boom")
+
+    monkeypatch.setattr(export_module.subprocess, "run", failing_child)
+    with pytest.raises(RuntimeError, match=r"(?s)TensorFlow-backend process.*exit status 3.*ValueError: boom"):
+        export_pruned(_sparse_model(), tmp_path / "out", formats=("saved_model", "keras"))
+    assert not (tmp_path / "out").exists()
+    assert os.listdir(tmp_path) == []  # no staging directory left behind
