@@ -16,11 +16,17 @@ How the pieces fit (Keras 3; TensorFlow, JAX and PyTorch):
   layer or a model. Compiling the same model with another optimizer later
   (directly, after ``load_model`` or on a ``clone_model``) trains it with the
   ordinary subgradients of the same penalties.
-* :meth:`Proximal.apply` receives the gradient of the whole loss, penalties
-  included. It removes the penalties' part, known in closed form
+* The penalties ask the model whose ``losses`` Keras reads for its optimizer:
+  while it is a ``Proximal`` (also inside a ``LossScaleOptimizer``), each
+  group-sparse penalty adds its value to the loss without a gradient, since
+  the proximal step applies it (no penalty gradient is computed only to be
+  removed again). Read any other way (a model compiled with another
+  optimizer or not compiled, a layer's own ``losses``, a call of the
+  penalty), a penalty gives its gradient too, and :meth:`Proximal.apply`
+  removes that part, known in closed form
   (:func:`keras_group_lasso.prox.group_sparse_gradient`, the formula the
-  penalties' own gradient uses), hands the data gradient to the wrapped
-  optimizer, then replaces each penalised weight by its proximal point. Like
+  penalties' own gradient uses). Either way the wrapped optimizer gets the
+  data gradient, then each penalised weight is replaced by its proximal point. Like
   ``keras.optimizers.LossScaleOptimizer``, the wrapper delegates ``apply``
   instead of re-implementing ``update_step``: the wrapped optimizer keeps its
   own step counter, learning-rate schedule, clipping and (AdamW) weight decay
@@ -30,7 +36,8 @@ How the pieces fit (Keras 3; TensorFlow, JAX and PyTorch):
   stateless, jitted train step; on PyTorch right after the wrapped
   optimizer's in-place update.
 * In a custom training loop, pass the gradient of ``loss + sum(model.losses)``
-  (as Keras's own training loops do); under a ``tf.distribute`` strategy each
+  (as Keras's own training loops do), whether or not the model is compiled
+  with this ``Proximal``; under a ``tf.distribute`` strategy each
   replica adds ``sum(model.losses) / num_replicas_in_sync``, as Keras's
   losses do, so the replicas' gradients sum to the penalties' once.
 * A ``Proximal`` instance belongs to the variables it was built with, like
@@ -186,7 +193,7 @@ class Proximal(keras.optimizers.Optimizer):
             ``lr * λ`` whatever the optimizer (for comparisons).
         report_penalty: accepted for files saved by version 0.1; it has
             no effect. The penalties are the model's: their value is always
-            part of the loss, and ``Proximal`` removes their gradient.
+            part of the loss, and ``Proximal`` applies them by their proximal step.
         name: optimizer name.
 
     Raises:
@@ -207,6 +214,10 @@ class Proximal(keras.optimizers.Optimizer):
         array([False,  True,  True,  True])
     """
 
+    # Read by the penalties (regularizers._read_for_proximal): a model compiled with this
+    # optimizer needs their value in the loss, not their gradient.
+    applies_group_penalties = True
+
     def __init__(self, optimizer, metric="auto", report_penalty=True, name=None, **kwargs):
         owner = type(self).__name__
         if kwargs:
@@ -221,8 +232,8 @@ class Proximal(keras.optimizers.Optimizer):
         if not report_penalty:
             warnings.warn(
                 "Proximal: report_penalty=False has no effect: the penalties belong to the model, "
-                "so their value is always part of the reported loss (Proximal removes their "
-                "gradient, not their value).",
+                "so their value is always part of the reported loss (Proximal applies them by "
+                "their proximal step instead of their gradient).",
                 stacklevel=2,
             )
         known = _find_metric(inner)
@@ -381,8 +392,10 @@ class Proximal(keras.optimizers.Optimizer):
         """Data gradient to the wrapped optimizer, then the proximal step of every group-sparse penalty.
 
         Args:
-            grads: gradients of the whole loss, the model's penalties included
-                (what ``fit`` computes).
+            grads: gradients of the whole loss with the model's penalties
+                (what ``fit`` computes). A group-sparse penalty that was read
+                last for a model compiled with this optimizer has no gradient
+                in it; any other has its gradient in it, which is removed.
             trainable_variables: the variables, on the first call when the
                 optimizer is not built yet; later they must be the same.
         """
@@ -399,8 +412,11 @@ class Proximal(keras.optimizers.Optimizer):
         elif trainable_variables is not None:
             self._check_same_variables(list(trainable_variables))
         penalties = self._declared_penalties()
-        if penalties:
-            grads = self._without_penalty_gradients(grads, penalties)
+        # A penalty read from `model.losses` of a model compiled with this optimizer
+        # gave its value only (no gradient); any other reading gave its gradient too.
+        with_gradient = [(i, p) for i, p in penalties if not p.value_only]
+        if with_gradient:
+            grads = self._without_penalty_gradients(grads, with_gradient)
         learning_rate = ops.convert_to_tensor(self.inner_optimizer.learning_rate)
         self.inner_optimizer.apply(grads, trainable_variables)
         if penalties:

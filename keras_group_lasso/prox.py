@@ -138,7 +138,7 @@ def group_sparse_penalty(x, group_factor, l1_factor=0.0):
     """
     x = _as_tensor(x)
     shape = tuple(x.shape)
-    dtype = x.dtype if str(x.dtype) == "float64" else "float32"
+    dtype = compute_dtype(x.dtype)
     x = ops.cast(x, dtype)
     axes = group_axes(shape)
     a = float(group_factor)
@@ -227,7 +227,7 @@ def group_sparse_gradient(x, group_factor, l1_factor=0.0):
     x = _as_tensor(x)
     shape = tuple(x.shape)
     dtype = x.dtype
-    wide = x if str(dtype) == "float64" else ops.cast(x, "float32")
+    wide = x if compute_dtype(dtype) == "float64" else ops.cast(x, "float32")
     axes = group_axes(shape)
     a = float(group_factor)
     b = float(l1_factor)

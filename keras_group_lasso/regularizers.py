@@ -79,6 +79,30 @@ def _layer_calling_for_activity(regularizer, frame):
     return None
 
 
+def _read_for_proximal(regularizer, frame):
+    """Whether Keras reads this penalty (``frame``: the caller's) for a model that trains with ``Proximal``.
+
+    Keras adds a weight's penalty to the loss from ``_get_regularization_losses``
+    of the model whose ``losses`` are read (``fit``, ``evaluate``, a custom
+    loop's ``sum(model.losses)``). When that model is compiled with an
+    optimizer that applies the group-sparse penalties itself, by their
+    proximal step (``Proximal``: ``applies_group_penalties``), the loss needs
+    their value only: their gradient would be computed and then removed again.
+    """
+    # Skip a subclass's own __call__ that called super().__call__.
+    while frame is not None and frame.f_code.co_name == "__call__" and frame.f_locals.get("self") is regularizer:
+        frame = frame.f_back
+    if frame is None or frame.f_code.co_name != "_get_regularization_losses":
+        return False
+    model = frame.f_locals.get("self")
+    if not isinstance(model, keras.Model):
+        return False
+    optimizer = getattr(model, "optimizer", None)
+    if isinstance(optimizer, keras.optimizers.LossScaleOptimizer):
+        optimizer = optimizer.inner_optimizer
+    return bool(getattr(optimizer, "applies_group_penalties", False))
+
+
 class GroupSparseRegularizer(keras.regularizers.Regularizer):
     """Base of every penalty here: ``factor * group Lasso + l1 * Lasso``.
 
@@ -112,6 +136,9 @@ class GroupSparseRegularizer(keras.regularizers.Regularizer):
             channels = check_positive_int(owner, "channels", channels)
         self.channels = channels
         self.multiplier = None
+        # Set by every call: whether the value returned last carries no gradient
+        # (read for a model that trains with Proximal, see _read_for_proximal).
+        self.value_only = False
 
     @property
     def multiplier_index(self):
@@ -158,7 +185,11 @@ class GroupSparseRegularizer(keras.regularizers.Regularizer):
         return x if view == shape else keras.ops.reshape(x, view)
 
     def __call__(self, x):
-        self._check_weight(x, sys._getframe(1))
+        frame = sys._getframe(1)
+        self._check_weight(x, frame)
+        self.value_only = _read_for_proximal(self, frame)
+        if self.value_only:
+            x = keras.ops.stop_gradient(x)
         return self._times_multiplier(prox.group_sparse_penalty(self._grouped(x), self.factor, self.l1))
 
     def _check_weight(self, x, frame):
@@ -432,7 +463,9 @@ class CoupledGroupLasso(GroupSparseRegularizer):
         return total
 
     def __call__(self, x):
-        self._check_weight(x, sys._getframe(1))
+        frame = sys._getframe(1)
+        self._check_weight(x, frame)
+        self.value_only = _read_for_proximal(self, frame)
         if self.scales and self._members is None:
             self.union_squares()  # raises: unlinked, this kernel's coupled groups would be missing from the loss
         view, sq = self._group_squares(x)
@@ -446,7 +479,8 @@ class CoupledGroupLasso(GroupSparseRegularizer):
             union = self.union_squares(own=x)
             coupled = keras.ops.sum(keras.ops.convert_to_tensor(self.scales, union.dtype) * _safe_sqrt(union))
             value = value + self._times_multiplier(coupled, index=COUPLED_INDEX)
-        return value
+        # The anchor's term reads the other members too: stop the whole value.
+        return keras.ops.stop_gradient(value) if self.value_only else value
 
     def gradient(self, x, multiplier=None):
         """The gradient of every coupled group and own group at ``x`` (the other members at their current values)."""

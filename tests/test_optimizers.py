@@ -835,3 +835,67 @@ def test_proximal_step_takes_whole_channels_of_a_flattened_map(make, rng):
     per_row_zero = np.all(after == 0.0, axis=1).reshape(3, 4)
     assert np.all(per_row_zero.all(axis=0) == per_row_zero.any(axis=0))
     assert per_row_zero[:, 2].all()
+
+
+# ---------------------------------------------------------------- value in the loss, step by the prox
+
+
+def penalty_total(model):
+    return ops.sum(ops.stack([ops.cast(loss, "float32") for loss in model.losses]))
+
+
+def test_a_model_compiled_with_proximal_reads_its_penalties_as_values_without_gradient():
+    model = shrink_model()
+    closed_form = [np_penalty_gradient(w, reg) for w, reg in zip(kernels(model), penalties_of(model))]
+    value = float(as_np(penalty_total(model)))
+
+    def penalty_gradients():
+        grads = _autodiff.model_gradients(model, lambda: penalty_total(model))
+        return [g for g, v in zip(grads, model.trainable_variables) if len(v.shape) == 2]
+
+    for got, want in zip(penalty_gradients(), closed_form):  # not compiled: the penalty's gradient
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+    for optimizer in (Proximal(keras.optimizers.SGD(LR)),
+                      keras.optimizers.LossScaleOptimizer(Proximal(keras.optimizers.SGD(LR)))):
+        model.compile(optimizer, "mean_squared_error")
+        assert all(not g.any() for g in penalty_gradients())  # the proximal step applies them
+        assert float(as_np(penalty_total(model))) == pytest.approx(value, rel=1e-6)  # the value is the same
+        assert all(p.value_only for p in penalties_of(model))
+    model.compile(keras.optimizers.SGD(LR), "mean_squared_error")  # another optimizer: the gradient again
+    for got, want in zip(penalty_gradients(), closed_form):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+    assert not any(p.value_only for p in penalties_of(model))
+
+
+@pytest.mark.parametrize("how", ["not compiled", "compiled", "compiled, layers' losses"])
+def test_a_custom_loop_step_equals_a_fit_step(how):
+    """Gradient of loss + penalties by hand, then `Proximal.apply`: the step `fit` takes, however the penalties were read.
+
+    Read from `model.losses` of the model compiled with this `Proximal`, they
+    carry no gradient; read any other way, they do and `apply` removes it.
+    """
+    x = SHRINK_X
+    y = np.random.default_rng(4).normal(size=(16, 3)).astype(np.float32)
+    reference = shrink_model()
+    reference.compile(Proximal(keras.optimizers.SGD(LR)), "mean_squared_error")
+    reference.fit(x, y, batch_size=16, epochs=1, verbose=0, shuffle=False)
+
+    model = shrink_model()
+    optimizer = Proximal(keras.optimizers.SGD(LR))
+    if how != "not compiled":
+        model.compile(optimizer, "mean_squared_error")
+
+    def penalties():
+        if how == "compiled, layers' losses":
+            return ops.sum(ops.stack([loss for layer in model.layers for loss in layer.losses]))
+        return penalty_total(model)
+
+    def total():
+        return keras.losses.MeanSquaredError()(y, model(x)) + penalties()
+
+    grads = _autodiff.model_gradients(model, total)
+    assert all(p.value_only == (how == "compiled") for p in penalties_of(model))
+    optimizer.apply([ops.convert_to_tensor(g) for g in grads], model.trainable_variables)
+    # A penalty counted twice or not at all moves these weights by ~lr * 0.05, far beyond the tolerance.
+    for got, want in zip(kernels(model), kernels(reference)):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)

@@ -2,6 +2,8 @@
 
 import math
 
+import keras
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -151,3 +153,16 @@ def test_empty_weights_have_penalty_zero_and_an_empty_prox(shape):
     assert as_np(prox.sparse_group_soft_threshold(w, 0.1, 0.1)).shape == shape
     assert as_np(SparseGroupLasso(0.1).prox(w, 0.01)).shape == shape
     assert as_np(prox.group_norms(w)).shape == ((shape[-2],) if len(shape) > 1 else shape)
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float32", "float64"])
+def test_penalty_and_gradient_are_float32_or_wider_for_backend_tensors(dtype):
+    """A backend tensor (not only a Keras variable, whose dtype is a string) keeps float64 wide."""
+    x = ops.convert_to_tensor(np.array([[3.0, 4.0], [0.0, 1.0]]), dtype=dtype)
+    if keras.backend.standardize_dtype(x.dtype) != dtype:
+        pytest.skip(f"this backend makes {x.dtype} tensors of {dtype} (JAX without x64)")
+    wide = "float64" if dtype == "float64" else "float32"
+    value = prox.group_sparse_penalty(x, 0.5, 0.1)
+    assert keras.backend.standardize_dtype(value.dtype) == wide
+    assert keras.backend.standardize_dtype(prox.group_sparse_gradient(x, 0.5, 0.1).dtype) == dtype
+    assert float(ops.convert_to_numpy(value)) == pytest.approx(0.5 * math.sqrt(2) * (5.0 + 1.0) + 0.1 * 8.0, rel=1e-2)
