@@ -110,7 +110,7 @@ def safe_abs(x):
     return ops.multiply(x, ops.stop_gradient(ops.sign(x)))
 
 
-def group_sparse_penalty(x, group_factor, l1_factor=0.0):
+def group_sparse_penalty(x, group_factor, l1_factor=0.0, gradient=True):
     """Sparse group Lasso value ``a * sum_g sqrt(|g|) ||g||_2 + b * sum |x|``.
 
     With ``a = group_factor`` and ``b = l1_factor``. On a rank-1 tensor every
@@ -128,6 +128,8 @@ def group_sparse_penalty(x, group_factor, l1_factor=0.0):
         x: weight tensor of rank >= 1.
         group_factor: ``a >= 0``.
         l1_factor: ``b >= 0``.
+        gradient: ``False`` gives the value alone, with no gradient (no
+            autodiff record, e.g. when a proximal step applies the penalty).
 
     Returns:
         A scalar tensor.
@@ -143,6 +145,11 @@ def group_sparse_penalty(x, group_factor, l1_factor=0.0):
     axes = group_axes(shape)
     a = float(group_factor)
     b = float(l1_factor)
+    if not gradient:
+        x = ops.stop_gradient(x)
+        if not axes:
+            return (a + b) * ops.sum(ops.abs(x))
+        return _sgl_value(x, a * math.sqrt(group_size(shape)), b, axes)[0]
     if not axes:
         return _l1_only(x, a + b)
     scale = a * math.sqrt(group_size(shape))
@@ -166,15 +173,21 @@ def _l1_only(x, c):
     return penalty(x)
 
 
+def _sgl_value(w, scale, b, axes):
+    """``(value, 1 / ||g||)``: the penalty and the inverse group norms (0 for a zero group)."""
+    sq = ops.sum(ops.square(w), axis=axes, keepdims=True)
+    inv_norm = _inverse_norm(sq)
+    norms = ops.multiply(sq, inv_norm)  # sqrt(sq), 0 where sq == 0
+    value = scale * ops.sum(norms)
+    if b:
+        value = value + b * ops.sum(ops.abs(w))
+    return value, inv_norm
+
+
 def _sgl(x, scale, b, axes):
     @ops.custom_gradient
     def penalty(w):
-        sq = ops.sum(ops.square(w), axis=axes, keepdims=True)
-        inv_norm = _inverse_norm(sq)
-        norms = ops.multiply(sq, inv_norm)  # sqrt(sq), 0 where sq == 0
-        value = scale * ops.sum(norms)
-        if b:
-            value = value + b * ops.sum(ops.abs(w))
+        value, inv_norm = _sgl_value(w, scale, b, axes)
 
         def grad(*args, upstream=None):
             if upstream is None:

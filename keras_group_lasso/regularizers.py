@@ -188,9 +188,8 @@ class GroupSparseRegularizer(keras.regularizers.Regularizer):
         frame = sys._getframe(1)
         self._check_weight(x, frame)
         self.value_only = _read_for_proximal(self, frame)
-        if self.value_only:
-            x = keras.ops.stop_gradient(x)
-        return self._times_multiplier(prox.group_sparse_penalty(self._grouped(x), self.factor, self.l1))
+        value = prox.group_sparse_penalty(self._grouped(x), self.factor, self.l1, gradient=not self.value_only)
+        return self._times_multiplier(value)
 
     def _check_weight(self, x, frame):
         """Refuse a scalar, an unknown dimension, or a layer's output (``frame``: the caller's)."""

@@ -166,3 +166,16 @@ def test_penalty_and_gradient_are_float32_or_wider_for_backend_tensors(dtype):
     assert keras.backend.standardize_dtype(value.dtype) == wide
     assert keras.backend.standardize_dtype(prox.group_sparse_gradient(x, 0.5, 0.1).dtype) == dtype
     assert float(ops.convert_to_numpy(value)) == pytest.approx(0.5 * math.sqrt(2) * (5.0 + 1.0) + 0.1 * 8.0, rel=1e-2)
+
+
+@pytest.mark.parametrize("shape", [(5,), (4, 3), (2, 3, 4)])
+def test_the_value_alone_equals_the_penalty_and_has_no_gradient(shape):
+    import _autodiff
+
+    w = np.random.default_rng(7).normal(size=shape).astype(np.float32)
+    w[0] = 0.0  # a zero group
+    full = prox.group_sparse_penalty(w, 0.3, 0.1)
+    alone = prox.group_sparse_penalty(w, 0.3, 0.1, gradient=False)
+    assert float(ops.convert_to_numpy(alone)) == pytest.approx(float(ops.convert_to_numpy(full)), rel=1e-6)
+    assert not _autodiff.gradient(lambda x: prox.group_sparse_penalty(x, 0.3, 0.1, gradient=False), w).any()
+    assert _autodiff.gradient(lambda x: prox.group_sparse_penalty(x, 0.3, 0.1), w).any()
