@@ -118,6 +118,9 @@ class GroupSparseRegularizer(keras.regularizers.Regularizer):
             rows of one channel (so the penalty removes whole channels, not
             single positions of a map).
         role: ``"input"``, ``"hidden"`` or ``"any"``.
+        value_only: whether the last call gave the value alone, with no
+            gradient: Keras read the penalty for a model compiled with
+            :class:`~keras_group_lasso.Proximal`, whose proximal step applies it.
 
     Raises:
         InvalidParameterError: when called on a scalar, on a tensor with an
