@@ -272,6 +272,12 @@ def main(argv=None):
         jits = [True]
     elif backend == "torch" and args.jit == "both":
         jits = [False]
+    if backend == "torch" and True in jits:
+        import torch
+
+        # Every model compiles Keras's one train_step function, twice (before and after the
+        # first gradient): past Dynamo's default limit of 8 the later models would run eagerly.
+        torch._dynamo.config.recompile_limit = 64
     x, y, source = load(args.kind, samples_n)
     started, t0 = common.now(), time.perf_counter()
     sections = []
