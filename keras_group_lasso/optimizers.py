@@ -214,8 +214,8 @@ class Proximal(keras.optimizers.Optimizer):
         array([False,  True,  True,  True])
     """
 
-    # Read by the penalties (regularizers._read_for_proximal): a model compiled with this
-    # optimizer needs their value in the loss, not their gradient.
+    # Read by the group-sparse penalties when Keras adds them to the loss of a model
+    # compiled with this optimizer: that loss needs their value, not their gradient.
     applies_group_penalties = True
 
     def __init__(self, optimizer, metric="auto", report_penalty=True, name=None, **kwargs):
