@@ -26,6 +26,7 @@ from keras_group_lasso.sklearn import (
     PathPoint,
     RegularizationPath,
     input_group_strengths,
+    regularization_path,
 )
 from keras_group_lasso.sklearn import _network
 
@@ -531,6 +532,24 @@ def test_path_points_rebuild_estimators(path_result, selection_problem):
     np.testing.assert_array_equal(est.get_support(indices=True), point.selected_features)
     assert est.n_features_in_ == 12 and est.input_alpha == 0.0
     assert est.predict(x).shape == (len(x),)
+    # Its training record is the point's own: one loss per pass (selection, then refit).
+    assert est.n_iter_ == point.passes == len(est.history_["loss"]) > 0
+    assert est.history_ == point.history and est.loss_ == point.history["loss"][-1]
+    assert np.all(np.isfinite(est.history_["loss"]))
+
+
+def test_the_path_function_is_the_path_method(selection_problem):
+    x, y = selection_problem
+    est = GroupSparseMLPClassifier(**dict(FAST, epochs=6, threshold=0.05))
+    kwargs = dict(validation_data=(x[300:], y[300:]), epochs_per_alpha=2)
+    by_function = regularization_path(est, x[:300], y[:300], [0.0, 1e-2], **kwargs)
+    by_method = est.path(x[:300], y[:300], [0.0, 1e-2], **kwargs)
+    assert len(by_function) == len(by_method) == 2
+    for a, b in zip(by_function, by_method):
+        assert (a.alpha, a.score, a.selected_features, a.passes) == (b.alpha, b.score, b.selected_features, b.passes)
+        for wa, wb in zip(a.weights, b.weights):
+            np.testing.assert_array_equal(wa, wb)
+    assert not hasattr(est, "coefs_")
 
 
 def test_path_with_given_alphas_and_validation_data_is_reproducible(selection_problem):

@@ -27,7 +27,12 @@ from keras_group_lasso.sklearn._base import (
     ParameterError,
 )
 from keras_group_lasso.sklearn._cv import GroupSparseMLPClassifierCV, GroupSparseMLPRegressorCV
-from keras_group_lasso.sklearn._path import PathPoint, RegularizationPath, input_group_strengths
+from keras_group_lasso.sklearn._path import (
+    PathPoint,
+    RegularizationPath,
+    input_group_strengths,
+    regularization_path,
+)
 
 __all__ = [
     "GroupSparseMLPClassifier",
@@ -38,4 +43,5 @@ __all__ = [
     "RegularizationPath",
     "PathPoint",
     "input_group_strengths",
+    "regularization_path",
 ]

@@ -278,11 +278,7 @@ class _GroupSparseMLP(SelectorMixin, BaseEstimator):
             self._forget_fit()
             raise
 
-        self._set_fitted(spec, weights, self._input_alpha())
-        self.history_ = monitor.history()
-        self.n_iter_ = monitor.passes
-        self.loss_ = monitor.loss[-1] if monitor.loss else float("nan")
-        return self
+        return self._finish(spec, weights, self._input_alpha(), monitor.history())
 
     def _forget_fit(self):
         """Leave the estimator unfitted (after a fit that failed once the data was read)."""
@@ -290,8 +286,16 @@ class _GroupSparseMLP(SelectorMixin, BaseEstimator):
             if name.endswith("_") and not name.startswith("__"):
                 delattr(self, name)
 
-    def _set_fitted(self, spec, weights, input_alpha):
-        """Threshold ``weights`` (unless proximal), store them and read the selection."""
+    def _finish(self, spec, weights, input_alpha, history):
+        """Become fitted with a training's result: threshold ``weights`` (unless proximal), read the selection.
+
+        The one way an estimator becomes fitted, after :meth:`fit` and for a
+        point of :func:`regularization_path`: ``spec`` is the trained
+        network's shape, ``input_alpha`` the input-group strength it trained
+        with last, ``history`` its per-pass record (``{"loss": [...], ...}``).
+        The data attributes (``n_features_in_``, ``classes_``, ...) were set
+        when this estimator validated the training data.
+        """
         from keras_group_lasso.analysis import is_zero
 
         threshold = 0.0 if self.proximal else float(self.threshold)
@@ -306,6 +310,9 @@ class _GroupSparseMLP(SelectorMixin, BaseEstimator):
         self.intercepts_ = weights[1::2]
         self.sparsity_report_ = report
         self.support_ = support
+        self.history_ = {name: list(values) for name, values in history.items()}
+        self.n_iter_ = len(self.history_["loss"])
+        self.loss_ = self.history_["loss"][-1] if self.history_["loss"] else float("nan")
         self._fitted_spec = spec
         self._fitted_input_alpha = float(input_alpha)
         self._model = None
@@ -318,10 +325,9 @@ class _GroupSparseMLP(SelectorMixin, BaseEstimator):
     def __getstate__(self):
         # Keras models are rebuilt on demand from coefs_ / intercepts_.
         state = super().__getstate__()
-        if "_model" in state:
-            state["_model"] = None
-        if "_pruned" in state:
-            state["_pruned"] = None
+        for name in ("_model", "_pruned"):
+            if name in state:
+                state[name] = None
         return state
 
     # ------------------------------------------------------------------ the path
@@ -339,41 +345,14 @@ class _GroupSparseMLP(SelectorMixin, BaseEstimator):
         refit=True,
         keep_weights=True,
     ):
-        """Warm-started fits along an increasing input-group strength, from dense to no feature.
+        """The regularization path of this estimator's network on ``X, y``: :func:`regularization_path`.
 
-        Each point trains ``epochs_per_alpha`` passes from the previous
-        point's weights with the input groups at strength ``alpha`` (the other
-        penalties at this estimator's ``alpha``), keeps the features that still
-        reach the output (a feature that left stays out), and with
-        ``refit=True`` retrains on those features with the estimator's own
-        penalties before scoring on the validation data. The automatic grid
-        starts with a dense fit (``alpha = 0``), continues from a strength
-        where nearly all features survive (estimated from the dense network's
-        gradients) and multiplies by ``path_multiplier`` until no feature is
-        left. The estimator itself is not fitted or changed.
-
-        Args:
-            X, y: training data, as for :meth:`fit`.
-            alphas: increasing input-group strengths (>= 0), or ``None`` for
-                the automatic grid. The first point is trained from scratch
-                for ``epochs`` passes, the others are warm-started.
-            validation_data: ``(X_val, y_val)`` to score the points; ``None``
-                holds out ``validation_fraction`` of ``X, y`` (stratified).
-            path_multiplier: ratio of consecutive strengths of the automatic grid (> 1).
-            max_alphas: most points of the automatic grid (>= 2).
-            epochs_per_alpha: passes per point (and per refit); ``None``:
-                ``max(1, epochs // 4)``.
-            refit: retrain each point on its features before scoring it.
-            keep_weights: keep each point's weights (needed by
-                :meth:`RegularizationPath.estimator`).
+        Warm-started fits along an increasing input-group strength, from dense
+        to no feature; the arguments are those of :func:`regularization_path`.
+        The estimator itself is not fitted or changed.
 
         Returns:
             A :class:`~keras_group_lasso.sklearn.RegularizationPath`.
-
-        Raises:
-            ParameterError: a bad estimator parameter.
-            InvalidParameterError: a bad argument of ``path``.
-            NonFiniteError: the training of a point diverged (see :meth:`fit`).
 
         Example:
             >>> rng = np.random.default_rng(0)
@@ -389,9 +368,9 @@ class _GroupSparseMLP(SelectorMixin, BaseEstimator):
             >>> path.estimator(point).score(X_val, y_val)
             0.97
         """
-        from keras_group_lasso.sklearn._path import run_path
+        from keras_group_lasso.sklearn._path import regularization_path
 
-        return run_path(
+        return regularization_path(
             self,
             X,
             y,
@@ -407,8 +386,9 @@ class _GroupSparseMLP(SelectorMixin, BaseEstimator):
     # ------------------------------------------------------------------ outputs
 
     def _forward(self, X):
-        # numpy on coefs_ / intercepts_: no per-call Keras overhead, the same
-        # numbers on every backend and for any batch size.
+        # numpy on coefs_ / intercepts_, in float64: each row's output does not depend on the
+        # other rows or their order (scikit-learn checks it; a float32 backend matmul can
+        # differ in the last bit), it is the same on every backend, and has no per-call overhead.
         X = self._validate_predict_data(X)
         return _network.forward(self._weights(), X, self._task)
 

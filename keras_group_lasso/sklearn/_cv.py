@@ -169,17 +169,17 @@ class _CrossValidated:
                 ``y``, or fewer samples than folds.
             NonFiniteError: the training of a point diverged.
         """
-        self._check_params()
+        hidden = self._check_params()
         self._forget_fit()
         try:
-            return self._fit(X, y)
+            return self._fit(X, y, hidden)
         except Exception:
             self._forget_fit()  # a failed fit leaves the estimator unfitted, as the base estimators do
             raise
 
-    def _fit(self, X, y):
+    def _fit(self, X, y, hidden):
         X_checked, y_checked = self._validate_fit_data(X, y)
-        self._encode_targets(y_checked)  # the task's target checks, named after this estimator
+        _, n_outputs = self._encode_targets(y_checked)  # the task's target checks, named after this estimator
         splitter = check_cv(self.cv, y_checked, classifier=is_classifier(self))
         splits = list(splitter.split(X_checked, y_checked))
         base = self._base_estimator()
@@ -221,11 +221,11 @@ class _CrossValidated:
             ),
         )
         point = self._choose(path, scores)
-        fitted = path.estimator(point)
-        for name, value in vars(fitted).items():
-            if name.endswith("_") or name.startswith("_fitted") or name in ("_model", "_pruned", "_y_ndim"):
-                setattr(self, name, value)
+        # This estimator validated the data above (its data attributes are set): it becomes
+        # fitted with the chosen point as the base estimator's fit would.
         self.alpha_ = point.alpha
+        spec = self._spec(hidden, X_checked.shape[1], n_outputs, len(X_checked))
+        self._finish(spec, point.weights, 0.0 if self.refit else point.alpha, point.history)
         self.path_ = path
         self.alphas_ = alphas
         self.scores_path_ = scores

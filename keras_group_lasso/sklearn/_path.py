@@ -27,6 +27,7 @@ for ``"group"`` and ``"l2"``, ``max |g_j|`` for ``"l1"``). The grid starts at
 ``path_multiplier`` until no feature is left (or ``max_alphas`` points).
 """
 
+import copy
 import dataclasses
 import math
 import time
@@ -38,7 +39,7 @@ from keras_group_lasso._validation import check_non_negative, fail
 from keras_group_lasso.sklearn import _network
 from keras_group_lasso.sklearn._base import check_finite
 
-__all__ = ["PathPoint", "RegularizationPath", "input_group_strengths"]
+__all__ = ["PathPoint", "RegularizationPath", "input_group_strengths", "regularization_path"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -59,6 +60,8 @@ class PathPoint:
         elapsed_s: seconds since the path started, when the point was done.
         weights: the model's weights (kernels and biases, thresholded), or
             ``None`` when the path was run with ``keep_weights=False``.
+        history: ``{"loss": [...]}``, the training loss of each of the
+            point's passes (selection, then refit).
     """
 
     alpha: float
@@ -72,6 +75,7 @@ class PathPoint:
     passes: int
     elapsed_s: float
     weights: tuple = dataclasses.field(default=None, repr=False, compare=False)
+    history: dict = dataclasses.field(default=None, repr=False, compare=False)
 
     @property
     def n_features(self):
@@ -127,7 +131,11 @@ class RegularizationPath:
     score_name: str
     refit: bool
     elapsed_s: float
-    _template: object = dataclasses.field(default=None, repr=False, compare=False)
+    # The estimator that validated the path's training data (data attributes
+    # set, not fitted) and the trained networks' shape: estimator() finishes a
+    # copy of it with a point's weights, as fit finishes itself.
+    _estimator: object = dataclasses.field(default=None, repr=False, compare=False)
+    _spec: object = dataclasses.field(default=None, repr=False, compare=False)
 
     def __len__(self):
         return len(self.points)
@@ -234,7 +242,9 @@ class RegularizationPath:
                 "a point with weights (run path with keep_weights=True)",
                 point,
             )
-        return self._template.build(point, refit=self.refit)
+        estimator = copy.deepcopy(self._estimator)
+        estimator.set_params(input_alpha=0.0 if self.refit else point.alpha)
+        return estimator._finish(self._spec, point.weights, estimator._input_alpha(), point.history)
 
     def plot(self, ax=None, **kwargs):
         """Plot the score against the number of selected features (matplotlib, imported here).
@@ -267,28 +277,6 @@ class RegularizationPath:
                 f"  {p.alpha:10.4g}  {p.n_features:8d}  {p.live_neurons:7d}  {p.score:8.4f}  {p.penalized_score:9.4f}"
             )
         return "\n".join(lines)
-
-
-class _Template:
-    """Builds fitted estimators from path points (the unfitted estimator plus the data's metadata)."""
-
-    def __init__(self, estimator, spec, attributes):
-        self.estimator = estimator
-        self.spec = spec
-        self.attributes = attributes
-
-    def build(self, point, refit):
-        from sklearn.base import clone
-
-        est = clone(self.estimator)
-        est.set_params(input_alpha=0.0 if refit else point.alpha)
-        for name, value in self.attributes.items():
-            setattr(est, name, value)
-        est._set_fitted(self.spec, [np.array(w) for w in point.weights], est._input_alpha())
-        est.history_ = {}
-        est.n_iter_ = point.passes
-        est.loss_ = float("nan")
-        return est
 
 
 # ----------------------------------------------------------------------------- the grid
@@ -442,7 +430,7 @@ class _Runner:
             self.network = None
 
 
-def run_path(
+def regularization_path(
     estimator,
     X,
     y,
@@ -455,7 +443,60 @@ def run_path(
     refit=True,
     keep_weights=True,
 ):
-    """The body of ``estimator.path`` (see :meth:`_GroupSparseMLP.path`)."""
+    """Warm-started fits of ``estimator``'s network along an increasing input-group strength.
+
+    ``estimator.path(X, y, ...)`` is this function. Each point trains
+    ``epochs_per_alpha`` passes from the previous point's weights with the
+    input groups at strength ``alpha`` (the other penalties at the
+    estimator's ``alpha``), keeps the features that still reach the output (a
+    feature that left stays out), and with ``refit=True`` retrains on those
+    features with the estimator's own penalties before scoring on the
+    validation data. The automatic grid starts with a dense fit
+    (``alpha = 0``), continues from a strength where nearly all features
+    survive (estimated from the dense network's gradients, see
+    :func:`input_group_strengths`) and multiplies by ``path_multiplier``
+    until no feature is left. ``estimator`` is not fitted or changed.
+
+    Args:
+        estimator: a :class:`GroupSparseMLPClassifier` or
+            :class:`GroupSparseMLPRegressor` (fitted or not): its parameters
+            are the network, penalties and training of every point.
+        X, y: training data, as for ``fit``.
+        alphas: increasing input-group strengths (>= 0), or ``None`` for
+            the automatic grid. The first point is trained from scratch
+            for ``epochs`` passes, the others are warm-started.
+        validation_data: ``(X_val, y_val)`` to score the points; ``None``
+            holds out ``validation_fraction`` of ``X, y`` (stratified).
+        path_multiplier: ratio of consecutive strengths of the automatic grid (> 1).
+        max_alphas: most points of the automatic grid (>= 2).
+        epochs_per_alpha: passes per point (and per refit); ``None``:
+            ``max(1, epochs // 4)``.
+        refit: retrain each point on its features before scoring it.
+        keep_weights: keep each point's weights (needed by
+            :meth:`RegularizationPath.estimator`).
+
+    Returns:
+        A :class:`RegularizationPath`: its arrays ``alphas``, ``scores`` and
+        ``n_selected`` go over the points.
+
+    Raises:
+        ParameterError: a bad estimator parameter.
+        InvalidParameterError: a bad argument of the path.
+        NonFiniteError: the training of a point diverged (see ``fit``).
+
+    Example:
+        >>> from keras_group_lasso.sklearn import GroupSparseMLPRegressor
+        >>> rng = np.random.default_rng(0)
+        >>> X = rng.uniform(size=(200, 6))
+        >>> y = X[:, 0] - 2 * X[:, 1] ** 2   # only features 0 and 1 matter
+        >>> reg = GroupSparseMLPRegressor((16,), learning_rate=1e-2, proximal=True, epochs=60,
+        ...                               batch_size=20, random_state=0)
+        >>> path = regularization_path(reg, X, y, alphas=[0.0, 0.005, 0.02])
+        >>> path.alphas, path.n_selected
+        (array([0.   , 0.005, 0.02 ]), array([6, 2, 2]))
+        >>> path.estimator(-1).get_support(indices=True)
+        array([0, 1])
+    """
     from sklearn.base import clone
 
     owner = f"{type(estimator).__name__}.path"
@@ -501,13 +542,14 @@ def run_path(
     def export(weights):
         return read_sparsity(weights, threshold)
 
-    def score(weights):
+    def score(weights):  # as the estimator's predict computes it
         return float(work._score_outputs(_network.forward(weights, X_val, work._task), y_val))
 
-    def train(network, passes, alpha):
+    def train(network, passes, alpha, losses):
         monitor = _network.PassMonitor(network)
         network.train(X_train, y_train, passes, seed(), monitor)
         check_finite(f"{owner} (alpha={alpha:g})", work, monitor, network.get_weights(), passes)
+        losses += monitor.loss
         return monitor.passes
 
     grid = list(alphas) if alphas is not None else [0.0]
@@ -517,13 +559,14 @@ def run_path(
             alpha = float(grid[index])
             network = runner.use(alpha)
             network.set_alpha(work.alpha, alpha)
+            losses = []
             if index == 0:
                 network.set_weights(_network.glorot_weights(network.spec, init_seed))
                 network.reset_optimizer(work.learning_rate)
                 network.set_mask(None)
-                passes = train(network, estimator.epochs, alpha)
+                passes = train(network, estimator.epochs, alpha, losses)
             else:
-                passes = train(network, epochs_per_alpha, alpha)
+                passes = train(network, epochs_per_alpha, alpha, losses)
             selected = _threshold(network.get_weights(), threshold)
             # A feature that left stays out: its input is masked, but Adam's
             # momentum can still move its (now useless) row; zero it.
@@ -541,7 +584,7 @@ def run_path(
                 network.set_alpha(work.alpha, 0.0)
                 network.set_weights(selected)
                 network.set_mask(mask)
-                passes += train(network, epochs_per_alpha, alpha)
+                passes += train(network, epochs_per_alpha, alpha, losses)
                 final = _threshold(network.get_weights(), threshold)
                 final[0][~mask] = 0
                 final_report = export(final)
@@ -562,6 +605,7 @@ def run_path(
                     passes=passes,
                     elapsed_s=time.perf_counter() - start,
                     weights=tuple(final) if keep_weights else None,
+                    history={"loss": losses},
                 )
             )
             if estimator.verbose:
@@ -591,11 +635,6 @@ def run_path(
     finally:
         runner.close()
 
-    attributes = {
-        name: getattr(work, name)
-        for name in ("n_features_in_", "feature_names_in_", "classes_", "n_outputs_", "_y_ndim")
-        if hasattr(work, name)
-    }
     names = getattr(work, "feature_names_in_", None)
     return RegularizationPath(
         points=tuple(points),
@@ -604,7 +643,8 @@ def run_path(
         score_name="accuracy" if work._task == "classification" else "r2",
         refit=refit,
         elapsed_s=time.perf_counter() - start,
-        _template=_Template(estimator, spec_for_export, attributes),
+        _estimator=work,
+        _spec=spec_for_export,
     )
 
 
