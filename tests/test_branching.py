@@ -17,8 +17,9 @@ MERGES = [L.Add, L.Subtract, L.Average, L.Maximum, L.Minimum, L.Multiply]
 ACTIVATIONS = ["relu", "tanh", "linear", "sigmoid"]
 
 
-def kill_units(model, rng, dead=0.3, constant=0.25):
-    """Zero random input groups and all incoming weights of random units, with random biases."""
+def kill_units(model, rng, dead=0.3, constant=0.25, dead_layer=0.15):
+    """Zero random input groups and all incoming weights of random units (of whole layers, sometimes:
+    a dead block), with random biases."""
     graph = model_graph(model)
     for node in graph.units:
         layer = graph.layers[node.name]
@@ -28,6 +29,8 @@ def kill_units(model, rng, dead=0.3, constant=0.25):
         view[np.abs(view) < 0.05] *= 1e-4  # below the threshold
         if not node.is_output:
             view[:, :, rng.random(node.out_units) < constant] = 0.0  # these output act(b) everywhere
+            if rng.random() < dead_layer:
+                view[:] = 0.0  # every unit outputs act(b): a constant branch when nothing else feeds it
         weights[0] = view.reshape(weights[0].shape)
         if len(weights) > 1:
             weights[1] = rng.normal(size=weights[1].shape) * (rng.random(weights[1].shape) < 0.7)
@@ -185,6 +188,110 @@ def test_constant_operand_of_a_merge_keeps_its_channel_when_the_other_varies():
     masks = unit_masks(model, T)
     assert masks.constant["back"][1] and masks.units["back"][1]
     assert_same_outputs(prune_model(model, T), model, rng.normal(size=(5, 4)).astype("float32"))
+
+
+def _dead_branch(model, name, rng):
+    """Zero every incoming weight of ``name``, with a random bias: the layer outputs a constant."""
+    layer = model.get_layer(name)
+    weights = layer.get_weights()
+    weights[0] = np.zeros_like(weights[0])
+    if len(weights) > 1:
+        weights[1] = rng.normal(size=weights[1].shape).astype("float32")
+    layer.set_weights(weights)
+
+
+@pytest.mark.parametrize("merge", [L.Add, L.Subtract, L.Average, L.Multiply])
+@pytest.mark.parametrize("constant_first", [False, True])
+def test_a_constant_operand_leaves_with_its_branch_and_the_merge_adds_its_value(merge, constant_first, tmp_path):
+    inp = keras.Input((4,), name="features")
+    h = L.Dense(3, activation="relu", name="inner")(inp)
+    h = L.BatchNormalization(name="norm")(h)
+    h = L.Dense(4, activation="tanh", name="back")(h)
+    other = L.Dense(4, name="other")(inp)
+    x = merge(name="merge")([h, other] if constant_first else [other, h])
+    model = keras.Model(inp, L.Dense(2, name="out")(x))
+    rng = np.random.default_rng(3)
+    for layer in model.layers:
+        if layer.weights:
+            layer.set_weights([rng.normal(size=w.shape).astype("float32") for w in layer.get_weights()])
+    randomize_batchnorm(model, rng)
+    _dead_branch(model, "back", rng)  # 'back' outputs tanh(b): 'inner' and 'norm' feed nothing else
+    masks = unit_masks(model, T)
+    fold = masks.merge_folds["merge"]
+    assert fold.dropped == ((True, False) if constant_first else (False, True))
+    assert masks.detached == {"inner", "norm", "back"}
+    assert not masks.units["back"].any() and not masks.inputs["inner"].any()
+    small = prune_model(model, T)
+    plan = small.pruning_plan
+    assert plan.folded_merges == {"merge": ("back",)} and set(plan.removed_layers) == {"inner", "norm", "back"}
+    assert plan.to_dict()["folded_merges"] == {"merge": ["back"]}
+    names = {layer.name for layer in small.layers}
+    assert not names & {"inner", "norm", "back"}
+    assert isinstance(small.get_layer("merge"), L.Rescaling)  # the merge of one operand is its scale and offset
+    x = rng.normal(size=(6, 4)).astype("float32")
+    assert_same_outputs(small, model, x)
+    report = sparsity_report(model, T)
+    assert report.flops_after == sparsity_report(small, 0.0).flops_before == 4 * 4 + 4 * 2
+    small.save(tmp_path / "small.keras")  # plain Keras layers only
+    again = keras.saving.load_model(tmp_path / "small.keras")
+    np.testing.assert_array_equal(outputs(again, x)[0], outputs(small, x)[0])
+    assert unit_masks(small, 0.0).merge_folds == {}  # nothing left to fold: pruning again changes nothing
+    assert_same_outputs(prune_model(small, 0.0), small, x)
+
+
+def test_a_merge_that_is_not_affine_keeps_its_constant_operand():
+    inp = keras.Input((4,), name="features")
+    h = L.Dense(4, name="back")(L.Dense(3, activation="relu", name="inner")(inp))
+    x = L.Maximum(name="merge")([inp, h])
+    model = keras.Model(inp, L.Dense(2, name="out")(x))
+    rng = np.random.default_rng(0)
+    _dead_branch(model, "back", rng)
+    masks = unit_masks(model, T)
+    assert masks.merge_folds == {} and masks.detached == frozenset()
+    assert masks.units["back"].all()  # max(x, c) needs c: the constant channel stays
+    assert_same_outputs(prune_model(model, T), model, rng.normal(size=(5, 4)).astype("float32"))
+
+
+def test_a_dead_residual_block_of_a_cnn_goes_whole():
+    inp = keras.Input((6, 6, 3), name="image")
+    stem = L.Conv2D(4, 3, padding="same", activation="relu", name="stem")(inp)
+    h = L.Conv2D(5, 3, padding="same", name="conv_a")(stem)
+    h = L.BatchNormalization(name="bn_a")(h)
+    h = L.ReLU(name="relu_a")(h)
+    h = L.Conv2D(4, 3, padding="same", name="conv_b")(h)
+    h = L.BatchNormalization(name="bn_b")(h)
+    x = L.ReLU(name="after")(L.Add(name="add")([stem, h]))
+    model = keras.Model(inp, L.Dense(3, name="out")(L.GlobalAveragePooling2D(name="gap")(x)))
+    rng = np.random.default_rng(1)
+    randomize_batchnorm(model, rng)
+    _dead_branch(model, "conv_b", rng)  # zero padding or not, a zero kernel outputs its bias everywhere
+    masks = unit_masks(model, T)
+    assert masks.detached == {"conv_a", "bn_a", "relu_a", "conv_b", "bn_b"}
+    small = prune_model(model, T)
+    assert {"conv_a", "conv_b", "bn_a", "bn_b"}.isdisjoint(layer.name for layer in small.layers)
+    assert_same_outputs(small, model, rng.normal(size=(2, 6, 6, 3)).astype("float32"))
+    report = sparsity_report(model, T)
+    assert report.flops_after == sparsity_report(small, 0.0).flops_before < report.flops_before / 3
+
+
+def test_a_rescaling_with_one_value_per_channel_between_convolutions_is_sliced_per_channel():
+    inp = keras.Input((5, 5, 2), name="image")
+    h = L.Conv2D(4, 3, padding="same", name="conv")(inp)
+    h = L.Rescaling(np.array([1.0, 2.0, 3.0, 4.0], "float32"), np.array([0.1, 0.2, 0.3, 0.4], "float32"),
+                    name="scale")(h)
+    model = keras.Model(inp, L.Dense(3, name="out")(L.Flatten()(h)))
+    rng = np.random.default_rng(2)
+    kernel, bias = model.get_layer("conv").get_weights()
+    kernel[..., 1] = 0.0  # channel 1 varies no more
+    model.get_layer("conv").set_weights([kernel, bias])
+    weights = model.get_layer("out").get_weights()
+    weights[0][2::4] = 0.0  # and nothing reads channel 2
+    model.get_layer("out").set_weights(weights)
+    small = prune_model(model, T)
+    config = small.get_layer("scale").get_config()
+    np.testing.assert_allclose(config["scale"], [1.0, 4.0])
+    np.testing.assert_allclose(config["offset"], [0.1, 0.4])
+    assert_same_outputs(small, model, rng.normal(size=(3, 5, 5, 2)).astype("float32"))
 
 
 def test_merges_with_broadcasting_are_refused_naming_the_layer():

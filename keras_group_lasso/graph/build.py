@@ -658,8 +658,8 @@ def _units_graph(order, layers, producers, consumers, kinds, input_name, output_
             info[name] = dict(ids=out, positions=1, elements=False)
         elif kind in ("per_unit", "per_element", "tail", "activation_tail", "global_pool"):
             if kind == "per_element" and not first["elements"] and not _per_element_between_ok(layer):
-                flagged.setdefault(name, "a Normalization or Rescaling with one value per element of a feature map "
-                                         "(not one value per channel)")
+                flagged.setdefault(name, "a Normalization, or a Rescaling with one value per element of a feature "
+                                         "map (not one value per channel)")
                 return None
             if kind == "per_unit" and first["positions"] > 1 and registry.rule_of(layer).slicer is not None:
                 flagged.setdefault(name, "a per-unit layer with weights on a flattened map (one weight per element, "
@@ -794,9 +794,16 @@ def _isolated(name, layer, reads_input=False):
 
 
 def _per_element_between_ok(layer):
-    if type(layer) is keras.layers.Rescaling and np.ndim(layer.scale) == 0 and np.ndim(layer.offset) == 0:
+    """Between units layers: one value per element of a flat vector, or a Rescaling with one value per channel."""
+    if type(layer) is keras.layers.Rescaling and all(_per_channel(v) for v in (layer.scale, layer.offset)):
         return True
     return _rank(layer) == 2
+
+
+def _per_channel(values):
+    # Broadcast against (batch, ..., channels), a value of shape (), (C,) or (1, ..., 1, C) is one per channel.
+    shape = np.shape(keras.ops.convert_to_numpy(values)) if not isinstance(values, (int, float)) else ()
+    return all(d == 1 for d in shape[:-1])
 
 
 def _n_features(shape):

@@ -33,7 +33,7 @@ import numpy as np
 
 from keras_group_lasso.graph import registry
 
-__all__ = ["UnitMasks", "compute_masks", "pass_constants", "needed_units"]
+__all__ = ["UnitMasks", "MergeFold", "compute_masks", "pass_constants", "needed_units"]
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -59,6 +59,11 @@ class UnitMasks:
         is_output: ``{name: bool}``.
         live_path: some input feature reaches the output through non-zero
             weights (otherwise the output is a constant).
+        merge_folds: ``{merge name: MergeFold}``, merges that drop their
+            constant operands (:func:`registry.merge_fold`).
+        detached: names of the nodes whose every path to an output ends in a
+            dropped operand: surgery builds none of them (their units layers
+            keep no unit).
     """
 
     threshold: float
@@ -74,6 +79,29 @@ class UnitMasks:
     roles: dict
     is_output: dict
     live_path: bool = True
+    merge_folds: dict = dataclasses.field(default_factory=dict)
+    detached: frozenset = frozenset()
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class MergeFold:
+    """A merge whose operands that are constant on every channel leave: ``scale * merge(the others) + offset``.
+
+    Attributes:
+        name: the merge layer.
+        dropped: one bool per operand, in call order: True for a constant operand that leaves.
+        scale, offset: float64 per channel of the merge's output (read-only).
+    """
+
+    name: str
+    dropped: tuple
+    scale: np.ndarray
+    offset: np.ndarray
+
+    @property
+    def is_identity(self):
+        """``scale`` 1 and ``offset`` 0 everywhere: the kept operands' merge alone is the output."""
+        return bool(np.all(self.scale == 1) and np.all(self.offset == 0))
 
 
 def _readonly(array):
@@ -194,12 +222,26 @@ def compute_masks(graph, weights, threshold):
         else:
             const[node.name] = pass_constants(layers[node.name], const[node.inputs[0]], threshold)
 
+    # A merge operand that is constant on every channel leaves as a scale and an offset; what only it
+    # used is detached. Units are ids shared by the operands of a merge, so this is decided per node,
+    # before the ids: a detached layer makes none of the units it shares with the stream.
+    merge_folds = {}
+    for node in graph.nodes:
+        if node.kind == "merge":
+            fold = registry.merge_fold(layers[node.name], [const[i] for i in node.inputs])
+            if fold is not None:
+                dropped, scale, offset = fold
+                merge_folds[node.name] = MergeFold(node.name, dropped, _readonly(scale), _readonly(offset))
+    detached = _detached(graph, merge_folds)
+
     # Backward: a unit is needed when a model output or a unit-mixing layer holds it, or a needed
     # unit reads it through a non-zero weight and its constant cannot be folded into that reader's bias.
     needed = np.zeros(graph.n_ids, dtype=bool)
     for name in graph.outputs:
         needed[graph.tensor(name).ids] = True
     for node in graph.nodes:
+        if node.name in detached:
+            continue
         if node.kind == "tail":
             needed[graph.tensor(node.inputs[0]).ids] = True
         if node.kind == "units" and not registry.activation_is_elementwise(getattr(layers[node.name], "activation", None)):
@@ -213,7 +255,7 @@ def compute_masks(graph, weights, threshold):
         changed = False
         for node in graph.units:
             out = needed[node.out_ids]
-            if not out.any():
+            if not out.any() or node.name in detached:
                 continue
             reads = conn[node.name][:, out].any(axis=1) & ~foldable[node.name]
             new = reads & ~needed[node.in_ids]
@@ -229,8 +271,8 @@ def compute_masks(graph, weights, threshold):
     for node in graph.units:
         name = node.name
         source = const[node.source]
-        inputs[name] = needed[node.in_ids]
-        kept[name] = needed[node.out_ids]
+        inputs[name] = needed[node.in_ids] & (name not in detached)
+        kept[name] = needed[node.out_ids] & (name not in detached)
         values = np.where(~inputs[name] & foldable[name], source, 0.0)
         fold_in[name] = registry.constant_contribution(layers[name], weights[name], node.in_units, values)
         out = const[name]
@@ -255,7 +297,22 @@ def compute_masks(graph, weights, threshold):
         roles={n.name: "input" if n.reads_input else "hidden" for n in graph.units},
         is_output={n.name: n.is_output for n in graph.units},
         live_path=bool(live_path),
+        merge_folds=merge_folds,
+        detached=detached,
     )
+
+
+def _detached(graph, merge_folds):
+    """Names of the nodes that reach the outputs only through operands that their merges drop."""
+    used = set(graph.outputs)
+    for node in reversed(graph.nodes):  # call order reversed: every reader comes before what it reads
+        if node.name not in used:
+            continue
+        fold = merge_folds.get(node.name)
+        for k, name in enumerate(node.inputs):
+            if fold is None or not fold.dropped[k]:
+                used.add(name)
+    return frozenset(node.name for node in graph.nodes if node.name not in used and node.kind != "input")
 
 
 def _units_constants(layer, node, weights, source, conn):

@@ -18,7 +18,8 @@ Kinds:
   ``depth_multiplier=1``): a channel can be removed across it.
 * ``"per_element"``: input preprocessing with one value per element
   (Normalization, Rescaling): before the first units layer, or between
-  Dense layers.
+  Dense layers; a Rescaling with one value per channel anywhere (surgery
+  puts one after a merge whose constant operand it removed).
 * ``"flatten"``, ``"global_pool"``: change the spatial shape; channel ``c`` of
   a ``(..., C)`` map becomes the features ``c, C + c, 2C + c, ...`` (Flatten)
   or feature ``c`` (global pooling).
@@ -455,7 +456,12 @@ def _normalization(layer, kept):
 
 
 def _rescaling(layer, kept):
-    """Rescaling ``y = x * scale + offset``: scalars stay, per-element scale / offset are sliced to ``kept``."""
+    """Rescaling ``y = x * scale + offset``: scalars stay, per-element scale / offset are sliced to ``kept``.
+
+    ``kept`` are entries of the input flattened (the input's elements) or
+    channels of a map; a value per channel broadcast over the map gives
+    channel ``c`` at flattened entry ``c``, so one slicing serves both.
+    """
     if np.ndim(layer.scale) == 0 and np.ndim(layer.offset) == 0:
         return layer.get_config(), []
     shape = _input_shape(layer)
@@ -491,6 +497,42 @@ def merge_constants(layer, operands):
     values = np.stack([np.asarray(v, np.float64) for v in operands])
     with np.errstate(invalid="ignore", over="ignore"):
         return _MERGE_OPS[type(layer)](values)  # NaN in any operand stays NaN
+
+
+# Merges that are affine in each operand: a constant operand can leave as a scale and an offset.
+_AFFINE_MERGES = (keras.layers.Add, keras.layers.Subtract, keras.layers.Average, keras.layers.Multiply)
+
+
+def merge_fold(layer, operands):
+    """``(dropped, scale, offset)`` when the merge can drop its constant operands, else ``None``.
+
+    ``operands``: the constant of each operand's channels (NaN: it varies).
+    When some operands are constant on every channel and at least one varies,
+    the merge equals ``scale * merge(varying operands) + offset`` per channel
+    (the varying ones merged by the same layer; one left passes as it is):
+    ``Add``: ``1``, ``sum c``; ``Subtract``: ``1``, ``-c`` (or ``-1``, ``c`` when
+    the first operand is the constant); ``Average`` of ``n`` with ``r``
+    varying: ``r / n``, ``sum c / n``; ``Multiply``: ``prod c``, ``0``.
+    ``Maximum`` / ``Minimum`` are not affine: ``None``. ``dropped``: one bool
+    per operand; ``scale`` and ``offset`` are float64 per channel.
+    """
+    kind = type(layer)
+    if kind not in _AFFINE_MERGES:
+        return None
+    values = [np.asarray(v, np.float64) for v in operands]
+    dropped = tuple(bool(np.isfinite(v).all()) for v in values)
+    if not any(dropped) or all(dropped):
+        return None
+    constants = [v for v, d in zip(values, dropped) if d]
+    ones, zeros = np.ones_like(values[0]), np.zeros_like(values[0])
+    if kind is keras.layers.Add:
+        return dropped, ones, np.sum(constants, axis=0)
+    if kind is keras.layers.Subtract:
+        return (dropped, ones, -values[1]) if dropped[1] else (dropped, -ones, values[0])
+    if kind is keras.layers.Average:
+        n = len(values)
+        return dropped, ones * (n - len(constants)) / n, np.sum(constants, axis=0) / n
+    return dropped, np.prod(constants, axis=0), zeros
 
 
 def _shapes(layer):

@@ -140,7 +140,11 @@ def prune_model(model, threshold=1e-3, inputs="original"):
 
     for node in graph.nodes[1:]:
         layer = layers[node.name]
-        src = node.inputs
+        if node.name in masks.detached:  # only a constant operand that its merge drops uses it
+            tensors[node.name], present[node.name] = None, np.zeros(node.ids.size, bool)
+            continue
+        fold = masks.merge_folds.get(node.name)
+        src = node.inputs if fold is None else tuple(n for n, d in zip(node.inputs, fold.dropped) if not d)
         missing = [tensors[name] is None for name in src]
         lost = all(missing) if node.kind == "concat" else any(missing)  # Concatenate keeps its other operands
         if lost or (node.kind == "units" and not masks.units[node.name].any()):
@@ -172,10 +176,18 @@ def prune_model(model, threshold=1e-3, inputs="original"):
                 if not np.array_equal(present[name], want):
                     x = select(x, present[name], want, layer)
                 xs.append(x)
-            config, new = layer.get_config(), layer.get_weights()
-            config["name"] = names[node.name]
-            new_layer, new = _new_layer(layer, config, new, initializers)
-            tensors[node.name] = call(new_layer, new, xs)
+            if len(xs) > 1:
+                config, new = layer.get_config(), layer.get_weights()
+                config["name"] = names[node.name]
+                new_layer, new = _new_layer(layer, config, new, initializers)
+                y = call(new_layer, new, xs)
+            else:  # the other operands were constants: nothing left to merge
+                (y,) = xs
+            if fold is not None and not fold.is_identity:
+                # The merge's own name when it is gone, else a new one next to it.
+                name = names[node.name] if len(xs) == 1 else _unique(f"{names[node.name]}_constants", taken)
+                y = call(_constant_operands(layer, fold, want, name), [], y)
+            tensors[node.name] = y
             present[node.name] = want
             continue
         elif node.kind == "concat":
@@ -234,6 +246,23 @@ def prune_model(model, threshold=1e-3, inputs="original"):
     small.pruning_report = plan.report
     small.pruning_plan = plan
     return small
+
+
+def _constant_operands(merge, fold, want, name):
+    """A ``Rescaling`` that puts back what the dropped constant operands of ``merge`` added (kept channels only).
+
+    ``scale * x + offset`` per channel with ``scale`` and ``offset`` of the
+    :class:`~keras_group_lasso.graph.masks.MergeFold` (a plain Keras layer:
+    the pruned model still loads without this package).
+    """
+    dtype = merge.dtype_policy.name if hasattr(merge, "dtype_policy") else None
+    cast = np.dtype(merge.compute_dtype if hasattr(merge, "compute_dtype") else "float32")
+    return keras.layers.Rescaling(
+        scale=[float(v) for v in fold.scale[want].astype(cast)],
+        offset=[float(v) for v in fold.offset[want].astype(cast)],
+        name=name,
+        dtype=dtype,
+    )
 
 
 def _entries(have, node):

@@ -94,6 +94,9 @@ class PruningPlan:
             without the output layer (as in the report).
         params_before / params_after: parameters of the layers that make units.
         report: the :class:`~keras_group_lasso.analysis.SparsityReport` at this threshold.
+        folded_merges: ``{merge name: names of its operands that leave}``: operands
+            constant on every channel, replaced by a ``Rescaling`` after the merge.
+        removed_layers: layers that only such operands used (surgery builds none of them).
     """
 
     threshold: float
@@ -106,6 +109,8 @@ class PruningPlan:
     params_before: int
     params_after: int
     report: object = dataclasses.field(repr=False, compare=False)
+    folded_merges: dict = dataclasses.field(default_factory=dict)
+    removed_layers: tuple = ()
     masks: object = dataclasses.field(repr=False, compare=False, default=None)
     analysis: object = dataclasses.field(repr=False, compare=False, default=None)
 
@@ -120,6 +125,8 @@ class PruningPlan:
             "layer_sizes_after": list(self.layer_sizes_after),
             "params_before": self.params_before,
             "params_after": self.params_after,
+            "folded_merges": {name: list(dropped) for name, dropped in self.folded_merges.items()},
+            "removed_layers": list(self.removed_layers),
             "dense": [
                 {
                     key: (list(value) if isinstance(value, tuple) else value)
@@ -251,6 +258,11 @@ def build_plan(owner, model, threshold):
         params_before=report.params_before,
         params_after=report.params_after,
         report=report,
+        folded_merges={
+            name: tuple(operand for operand, drop in zip(graph.tensor(name).inputs, fold.dropped) if drop)
+            for name, fold in masks.merge_folds.items()
+        },
+        removed_layers=tuple(node.name for node in graph.nodes if node.name in masks.detached),
         masks=masks,
         analysis=result,
     )
