@@ -290,7 +290,7 @@ def main(argv=None):
     args = parser.parse_args(argv)
     import keras
 
-    from keras_group_lasso import Proximal, add_group_sparsity
+    from keras_group_lasso import Proximal, add_group_sparsity, sparsity_report
 
     epochs = args.epochs or (1 if args.quick else EPOCHS)
     output = Path(common.default_output("resnet_fashion", args.quick))
@@ -308,16 +308,22 @@ def main(argv=None):
     dense_test = accuracy(dense, data["x_test"], data["y_test"])
     dense_record, _ = pruned_record(dense, 0.0, data, "dense")
 
-    sparse, models = [], {}
+    sparse, models, collapsed = [], {}, []
     for lam in args.lambdas:
         common.say(f"proximal λ={lam}")
         model = add_group_sparsity(build_resnet(args.seed, channels), lam, penalty="group")
         compile_model(model, Proximal(keras.optimizers.SGD(cosine(SGD_LR, epochs, n_train), momentum=MOMENTUM)))
         seconds = fit(model, data, epochs, args.seed, f"λ={lam}")
+        if not sparsity_report(model, THRESHOLD).flops_after:  # every kernel weight went: a constant output
+            collapsed.append(lam)
+            common.say(f"  λ={lam}: every kernel weight is 0, the output is a constant; no row")
+            continue
         record, _ = pruned_record(model, THRESHOLD, data, f"proximal λ={lam}")
         record.update(lam=lam, train_s=seconds)
         sparse.append(record)
         models[lam] = model
+    if not sparse:
+        raise SystemExit(f"resnet_fashion.py: every λ of {args.lambdas} zeroed the whole network; try smaller ones")
     # λ: the largest of the grid whose validation accuracy is within 1 point of the dense network's
     within = [r for r in sparse if r["val"] >= dense_val - 0.01]
     chosen = max(within, key=lambda r: r["lam"]) if within else min(sparse, key=lambda r: r["lam"])
@@ -370,6 +376,9 @@ def main(argv=None):
     text = ("# Fashion-MNIST ResNet: coupled channel groups vs magnitude filter pruning\n\n"
             + common.header(common.command_line(), [args.seed], started, elapsed, notes) + "\n\n"
             + table + "\n\n" + verdict + "\n")
+    if collapsed:
+        text += (f"\nNo row for λ = {', '.join(f'{lam:g}' for lam in collapsed)}: training set every kernel weight "
+                 "to 0 (the output is a constant, there is nothing to prune to).\n")
     if speed:
         inference_rows = [
             [r["path"], str(r["batch"]), f"{r['dense'][0]:,.0f}", f"{r['pruned'][0]:,.0f}",
