@@ -22,6 +22,13 @@ the units of every tensor (:attr:`Node.ids`, coupled across merges):
   (``b' = b + sum_i c_i * sum_p K[p, i, :]``). A layer whose needed units read
   only folded constants keeps one input unit (a layer cannot read nothing).
 
+Between the two passes, *merge folds*: an operand of ``Add``, ``Subtract``,
+``Average`` or ``Multiply`` that is constant on every channel leaves (the
+merge then scales and offsets the others' merge, :func:`registry.merge_fold`),
+and every node that reaches an output only through such operands is
+*detached*: its units layers make none of the units they share with the
+stream and keep none of their own.
+
 An input feature is *selected* when it is needed; the channels of an input
 map (a CNN's input) are all kept.
 """
