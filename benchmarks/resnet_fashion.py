@@ -286,6 +286,9 @@ def main(argv=None):
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--channels", type=common.positive_int, nargs=3, default=list(CHANNELS),
                         metavar=("C1", "C2", "C3"), help="channels of the three stages (default 16 32 64)")
+    parser.add_argument("--group-weight", choices=("size", "flops"), default="size",
+                        help="add_group_sparsity's group_weight: sqrt(|g|) (the paper's) or each unit's multiply-adds")
+    parser.add_argument("--out-name", default="resnet_fashion", help="results file name, without extension")
     parser.add_argument("--quick", action="store_true", help="3,000 training images, 1 epoch (a smoke run)")
     args = parser.parse_args(argv)
     import keras
@@ -293,7 +296,7 @@ def main(argv=None):
     from keras_group_lasso import Proximal, add_group_sparsity, sparsity_report
 
     epochs = args.epochs or (1 if args.quick else EPOCHS)
-    output = Path(common.default_output("resnet_fashion", args.quick))
+    output = Path(common.default_output(args.out_name, args.quick))
     output.parent.mkdir(parents=True, exist_ok=True)
     started, clock = common.now(), time.perf_counter()
     data = load(args.quick, args.seed)
@@ -311,7 +314,8 @@ def main(argv=None):
     sparse, models, collapsed = [], {}, []
     for lam in args.lambdas:
         common.say(f"proximal λ={lam}")
-        model = add_group_sparsity(build_resnet(args.seed, channels), lam, penalty="group")
+        model = add_group_sparsity(build_resnet(args.seed, channels), lam, penalty="group",
+                                   group_weight=args.group_weight)
         compile_model(model, Proximal(keras.optimizers.SGD(cosine(SGD_LR, epochs, n_train), momentum=MOMENTUM)))
         seconds = fit(model, data, epochs, args.seed, f"λ={lam}")
         if not sparsity_report(model, THRESHOLD).flops_after:  # every kernel weight went: a constant output
@@ -363,7 +367,8 @@ def main(argv=None):
         f"{dense_record['flops_before']:,} multiply-adds per sample.",
         f"Data: {n_train:,} training images, {len(data['x_val']):,} held out for λ, {len(data['y_test']):,} test "
         f"images; batch {BATCH}, {epochs} epochs, cosine learning rates; Adam {ADAM_LR} (dense), "
-        f"Proximal(SGD({SGD_LR}, momentum {MOMENTUM})) (group-sparse), threshold {THRESHOLD}.",
+        f"Proximal(SGD({SGD_LR}, momentum {MOMENTUM})) (group-sparse), threshold {THRESHOLD}; "
+        f"`group_weight=\"{args.group_weight}\"`.",
         f"Peer: {fraction:.0%} of the filters of every inner convolution and of the channels of every stream "
         f"(smallest L1), fine-tuned with Adam {FINETUNE_LR}.",
         "Inference (TensorFlow only): the chosen row's pruned model against the dense one, a `tf.function` and "
