@@ -27,7 +27,7 @@ import math
 import keras
 import numpy as np
 
-from keras_group_lasso._validation import NonFiniteError, check_non_negative, fail
+from keras_group_lasso._validation import NonFiniteError, check_non_negative, check_positive_int, fail
 from keras_group_lasso.graph import registry
 from keras_group_lasso.graph.build import is_graph_model, model_graph
 from keras_group_lasso.graph.masks import UnitMasks, compute_masks, needed_units, threshold_array
@@ -498,11 +498,14 @@ class Analysis:
         return self.report.threshold
 
 
-def analyze(model, threshold=1e-3, owner="analyze"):
+def analyze(model, threshold=1e-3, owner="analyze", round_to=1):
     """The :class:`Analysis` of ``model`` at ``threshold``: graph, thresholded weights, masks, report.
 
     What surgery builds on; the report and masks are the ones
-    :func:`sparsity_report` and :func:`unit_masks` return.
+    :func:`sparsity_report` and :func:`unit_masks` return. With ``round_to``
+    > 1 each hidden layer keeps a multiple of ``round_to`` units (some dead
+    ones kept, the outputs unchanged), and the masks and report count those:
+    what :func:`~keras_group_lasso.prune_model` with that ``round_to`` builds.
 
     Raises:
         InvalidParameterError: for a bad ``threshold`` or ``model``.
@@ -510,7 +513,8 @@ def analyze(model, threshold=1e-3, owner="analyze"):
     """
     graph, threshold = _check_model(owner, model, threshold)
     weights = _thresholded(_read_weights(graph, owner), threshold)
-    masks = compute_masks(graph, weights, threshold)
+    round_to = check_positive_int(owner, "round_to", round_to)
+    masks = compute_masks(graph, weights, threshold, round_to)
     report = _report_from(graph, weights, masks, threshold)
     return Analysis(graph, weights, masks, report)
 

@@ -53,6 +53,25 @@ def assert_same_outputs(small, model, x):
         np.testing.assert_allclose(a, b, rtol=0, atol=1e-5 * scale)
 
 
+def assert_rounded(model, x, round_to, report, flops=True):
+    """``prune_model(..., round_to=round_to)``: the same outputs, and each hidden layer (but one that makes
+    input features) keeps a multiple of ``round_to`` units, all of them, or none; at least its live ones."""
+    rounded = prune_model(model, T, round_to=round_to)
+    assert_same_outputs(rounded, model, x)
+    plan = rounded.pruning_plan
+    assert plan.round_to == round_to and plan.to_dict()["round_to"] == round_to
+    graph = model_graph(model)
+    live = {layer.name: layer.units_alive for layer in report.layers}
+    for layer in plan.dense:
+        assert layer.units_after >= live[layer.name]
+        if layer.is_output or graph.node(layer.name).out_ids.min() < graph.n_features:
+            continue
+        assert layer.units_after % round_to == 0 or layer.units_after == layer.units_before, layer
+    assert rounded.pruning_report.flops_after >= report.flops_after
+    if flops:  # the input stays as it is: the pruned model costs what its report says
+        assert sparsity_report(rounded, 0.0).flops_before == rounded.pruning_report.flops_after
+
+
 def randomize_batchnorm(model, rng):
     """BatchNormalization layers with random statistics, scale and offset (a non-zero beta is a trap)."""
     for layer in model.layers:
@@ -171,6 +190,7 @@ def test_pruned_cnn_equals_thresholded_original(case):
         layer.units_alive for layer in report.layers[:-1]]
     assert [node.out_units for node in model_graph(small).units] == [layer.units_alive for layer in report.layers]
     assert sparsity_report(small, 0.0).flops_before == report.flops_after
+    assert_rounded(model, x, (2, 3, 4)[seed % 3], report)
 
 
 def vgg(channels=(8, 16), dense=32, classes=10, batchnorm=True):
@@ -303,6 +323,74 @@ def test_a_registered_per_channel_layer_is_sliced_and_pruned_exactly():
     with pytest.raises(InvalidParameterError, match=r"register_layer: argument `cls` must be a "
                                                     r"keras.layers.Layer subclass; received 3\."):
         registry.register_layer(3)
+
+
+def _thirteen_and_five():
+    """conv1 with 13 of 16 channels read, conv2 with 5 of 16 channels that vary (the others constant)."""
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential([keras.Input((8, 8, 2)), L.Conv2D(16, 3, padding="same", name="conv1"),
+                              L.BatchNormalization(), L.ReLU(), L.Conv2D(16, 3, padding="valid", name="conv2"),
+                              L.ReLU(), L.GlobalAveragePooling2D(), L.Dense(3, name="out")])
+    randomize_batchnorm(model, np.random.default_rng(0))
+    kernel, bias = model.get_layer("conv2").get_weights()
+    kernel[:, :, 13:, :] = 0.0  # nothing reads conv1's channels 13-15
+    constant = [0, 2, 3, 5, 7, 8, 9, 11, 12, 14, 15]
+    kernel[..., constant] = 0.0  # these output relu(b) everywhere: folded into the Dense bias
+    model.get_layer("conv2").set_weights([kernel, np.linspace(-1, 1, 16).astype("float32")])
+    return model
+
+
+def test_round_to_keeps_a_multiple_of_units_per_layer_with_the_same_outputs():
+    model = _thirteen_and_five()
+    x = np.random.default_rng(1).normal(size=(4, 8, 8, 2)).astype("float32")
+    exact = prune_model(model, T)
+    assert exact.pruning_plan.layer_sizes_after == (2, 13, 5)
+    assert exact.get_layer("conv2").get_weights()[0].shape == (3, 3, 13, 5)
+    rounded = prune_model(model, T, round_to=8)
+    plan = rounded.pruning_plan
+    assert plan.layer_sizes_after == (2, 16, 8) and plan.round_to == 8
+    assert rounded.pruning_report.layer_sizes == (2, 16, 8)
+    # conv2 keeps its 5 varying channels and the 3 lowest constant ones (which now are computed, not folded)
+    conv2 = {layer.name: layer for layer in plan.dense}["conv2"]
+    assert conv2.kept_units == (0, 1, 2, 3, 4, 6, 10, 13)
+    assert rounded.get_layer("conv2").get_weights()[0].shape == (3, 3, 16, 8)
+    assert_same_outputs(rounded, model, x)
+    assert_same_outputs(prune_model(model, T, round_to=3), model, x)
+    assert prune_model(model, T, round_to=3).pruning_plan.layer_sizes_after == (2, 15, 6)
+    # the report of the model itself is not rounded
+    assert sparsity_report(model, T).layer_sizes == (2, 13, 5)
+
+
+def test_round_to_rounds_a_residual_stream_once():
+    keras.utils.set_random_seed(0)
+    inp = keras.Input((6, 6, 1))
+    stem = L.Conv2D(16, 3, padding="same", name="stem")(inp)
+    y = L.Conv2D(4, 3, padding="same", activation="relu", name="inner")(stem)
+    y = L.Conv2D(16, 3, padding="same", name="back")(y)
+    x = L.Add(name="add")([stem, y])
+    model = keras.Model(inp, L.Dense(2, name="out")(L.GlobalAveragePooling2D()(x)))
+    for name in ("inner", "out"):  # stream channels 10-15: no layer reads them
+        weights = model.get_layer(name).get_weights()
+        weights[0][..., 10:, :] = 0.0
+        model.get_layer(name).set_weights(weights)
+    assert prune_model(model, T).pruning_plan.layer_sizes_after == (1, 10, 4, 10)
+    rounded = prune_model(model, T, round_to=8)
+    assert rounded.pruning_plan.layer_sizes_after == (1, 16, 8 // 2, 16)  # inner: 4 of 4, all it has
+    x = np.random.default_rng(0).normal(size=(3, 6, 6, 1)).astype("float32")
+    assert_same_outputs(rounded, model, x)
+
+
+@pytest.mark.parametrize("value", [0, -8, 2.5, True, "8", None])
+def test_round_to_must_be_a_positive_integer(value, tmp_path):
+    from keras_group_lasso import export_pruned, plan_pruning
+
+    model = _thirteen_and_five()
+    for owner, call in (("prune_model", lambda: prune_model(model, T, round_to=value)),
+                        ("plan_pruning", lambda: plan_pruning(model, T, round_to=value)),
+                        ("export_pruned", lambda: export_pruned(model, tmp_path / "x", round_to=value))):
+        with pytest.raises(InvalidParameterError) as info:
+            call()
+        assert str(info.value) == f"{owner}: argument `round_to` must be an integer >= 1; received {value!r}."
 
 
 def test_refusals_name_the_layer_and_list_what_the_registry_supports():

@@ -189,8 +189,12 @@ def pass_constants(layer, values, threshold=0.0):
     return np.where(np.isnan(values), np.nan, out)
 
 
-def compute_masks(graph, weights, threshold):
-    """The :class:`UnitMasks` of ``graph`` with the thresholded ``weights`` (``{name: units_weights}``)."""
+def compute_masks(graph, weights, threshold, round_to=1):
+    """The :class:`UnitMasks` of ``graph`` with the thresholded ``weights`` (``{name: units_weights}``).
+
+    ``round_to``: keep a multiple of it of the units each hidden layer makes
+    (:func:`_round_up`); 1 keeps exactly the units the fixed point needs.
+    """
     layers = graph.layers
     conn = {n.name: registry.connections(layers[n.name], weights[n.name], n.in_units) for n in graph.units}
     if not graph.supported:
@@ -257,22 +261,9 @@ def compute_masks(graph, weights, threshold):
         needed[: graph.n_features] = True
     live_path = any(depends[name].any() for name in graph.outputs)
     foldable = {n.name: _foldable(layers[n.name], weights[n.name], const[n.source]) for n in graph.units}
-    changed = True
-    while changed:
-        changed = False
-        for node in graph.units:
-            out = needed[node.out_ids]
-            if not out.any() or node.name in detached:
-                continue
-            reads = conn[node.name][:, out].any(axis=1) & ~foldable[node.name]
-            new = reads & ~needed[node.in_ids]
-            if live_path and not reads.any() and not needed[node.in_ids].any() and node.in_units:
-                # Everything it reads is folded, but a layer cannot read nothing: keep one unit
-                # (its constant is then computed, not folded: the same outputs).
-                new = np.arange(node.in_units) == 0
-            if new.any():
-                needed[node.in_ids[new]] = True
-                changed = True
+    _settle(graph, conn, foldable, needed, detached, live_path)
+    if round_to > 1:
+        _round_up(graph, conn, foldable, needed, detached, live_path, round_to)
 
     inputs, kept, constant, folded, fold_values, fold_in = {}, {}, {}, {}, {}, {}
     for node in graph.units:
@@ -307,6 +298,64 @@ def compute_masks(graph, weights, threshold):
         merge_folds=merge_folds,
         detached=detached,
     )
+
+
+def _settle(graph, conn, foldable, needed, detached, live_path):
+    """The backward fixed point: mark (in place) every unit that a needed unit reads and cannot fold."""
+    changed = True
+    while changed:
+        changed = False
+        for node in graph.units:
+            out = needed[node.out_ids]
+            if not out.any() or node.name in detached:
+                continue
+            reads = conn[node.name][:, out].any(axis=1) & ~foldable[node.name]
+            new = reads & ~needed[node.in_ids]
+            if live_path and not reads.any() and not needed[node.in_ids].any() and node.in_units:
+                # Everything it reads is folded, but a layer cannot read nothing: keep one unit
+                # (its constant is then computed, not folded: the same outputs).
+                new = np.arange(node.in_units) == 0
+            if new.any():
+                needed[node.in_ids[new]] = True
+                changed = True
+
+
+def _round_up(graph, conn, foldable, needed, detached, live_path, multiple):
+    """Keep (in place) more units so that each hidden layer makes a multiple of ``multiple`` of them.
+
+    Hardware runs convolutions and matmuls fastest on channel counts that
+    are multiples of 8 or 16; a layer left with 13 channels can be slower than
+    one with 16. A unit kept this way is one the fixed point found dead: its
+    weights stay as they are (zero outgoing weights, or a constant that is
+    now computed instead of folded), so the outputs do not change. Among
+    the dead units of a layer, those that make the fewest other units
+    needed go first (then the lowest index). Units shared by several
+    layers (a residual stream) are rounded once; a layer that keeps no
+    unit, the output layer and input features are left as they are.
+    """
+    makers = {}
+    for node in graph.units:
+        if node.is_output or node.name in detached or node.out_ids.min() < (graph.n_features or 0):
+            continue
+        makers.setdefault(tuple(int(i) for i in node.out_ids), []).append(node)
+    changed = True
+    while changed:
+        changed = False
+        for ids, nodes in makers.items():
+            ids = np.asarray(ids)
+            kept = int(needed[ids].sum())
+            short = -kept % multiple
+            if not kept or not short or kept == ids.size:
+                continue
+            dead = np.flatnonzero(~needed[ids])
+            cost = np.zeros(dead.size, dtype=np.int64)
+            for node in nodes:
+                reads = conn[node.name][:, dead] & (~foldable[node.name] & ~needed[node.in_ids])[:, None]
+                cost += reads.sum(axis=0)
+            order = np.lexsort((dead, cost))[:short]
+            needed[ids[dead[order]]] = True
+            _settle(graph, conn, foldable, needed, detached, live_path)
+            changed = True
 
 
 def _detached(graph, merge_folds):

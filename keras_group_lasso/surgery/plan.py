@@ -93,7 +93,9 @@ class PruningPlan:
         layer_sizes_before / layer_sizes_after: sizes with the input layer,
             without the output layer (as in the report).
         params_before / params_after: parameters of the layers that make units.
-        report: the :class:`~keras_group_lasso.analysis.SparsityReport` at this threshold.
+        report: the :class:`~keras_group_lasso.analysis.SparsityReport` at this
+            threshold (with ``round_to`` > 1: of what the plan keeps).
+        round_to: each hidden layer keeps a multiple of it of its units.
         folded_merges: ``{merge name: names of its operands that leave}``: operands
             constant on every channel, replaced by a ``Rescaling`` after the merge.
         removed_layers: layers that only such operands used (surgery builds none of them).
@@ -111,6 +113,7 @@ class PruningPlan:
     report: object = dataclasses.field(repr=False, compare=False)
     folded_merges: dict = dataclasses.field(default_factory=dict)
     removed_layers: tuple = ()
+    round_to: int = 1
     masks: object = dataclasses.field(repr=False, compare=False, default=None)
     analysis: object = dataclasses.field(repr=False, compare=False, default=None)
 
@@ -127,6 +130,7 @@ class PruningPlan:
             "params_after": self.params_after,
             "folded_merges": {name: list(dropped) for name, dropped in self.folded_merges.items()},
             "removed_layers": list(self.removed_layers),
+            "round_to": self.round_to,
             "dense": [
                 {
                     key: (list(value) if isinstance(value, tuple) else value)
@@ -182,16 +186,19 @@ def check_supported(owner, model):
     return graph
 
 
-def plan_pruning(model, threshold=1e-3):
+def plan_pruning(model, threshold=1e-3, round_to=1):
     """Plan the surgery of ``model`` at ``threshold`` without building anything.
 
     The kept input units and units of every Dense and convolution layer come
     from :func:`keras_group_lasso.analysis.unit_masks` (the same fixed point as
-    the report), so ``plan.layer_sizes_after == sparsity_report(model, threshold).layer_sizes``.
+    the report), so ``plan.layer_sizes_after == sparsity_report(model, threshold).layer_sizes``
+    when ``round_to`` is 1.
 
     Args:
         model: a built ``keras.Model``.
         threshold: finite number >= 0; weights with ``|w| <= threshold`` are zero.
+        round_to: integer >= 1: each hidden layer keeps a multiple of it of
+            its units (see :func:`~keras_group_lasso.prune_model`).
 
     Returns:
         A frozen :class:`PruningPlan`; ``plan.to_dict()`` is JSON-serializable.
@@ -210,12 +217,12 @@ def plan_pruning(model, threshold=1e-3):
         >>> plan.layer_sizes_after
         (3, 4)
     """
-    return build_plan("plan_pruning", model, threshold)
+    return build_plan("plan_pruning", model, threshold, round_to)
 
 
-def build_plan(owner, model, threshold):
+def build_plan(owner, model, threshold, round_to=1):
     """The :class:`PruningPlan` of ``model``, its :class:`~keras_group_lasso.analysis.Analysis` attached."""
-    result = analysis.analyze(model, threshold, owner=owner)
+    result = analysis.analyze(model, threshold, owner=owner, round_to=round_to)
     check_supported(owner, model)
     graph, masks, report = result.graph, result.masks, result.report
     threshold = report.threshold
@@ -263,6 +270,7 @@ def build_plan(owner, model, threshold):
             for name, fold in masks.merge_folds.items()
         },
         removed_layers=tuple(node.name for node in graph.nodes if node.name in masks.detached),
+        round_to=int(round_to),
         masks=masks,
         analysis=result,
     )
