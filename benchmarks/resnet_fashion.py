@@ -52,6 +52,7 @@ GRID = (1e-4, 3e-4)
 THRESHOLD = 1e-3
 TARGET_FLOPS = 5.0
 TARGET_POINTS = 1.0
+ROUND_TO = 8  # prune_model(..., round_to=8) in the inference table
 
 
 def load(quick, seed=0):
@@ -233,9 +234,11 @@ def build_like(model):
 def inference(dense, sparse, x, repeats=7, min_time=0.2):
     """Pruned vs dense throughput on TensorFlow: a ``tf.function`` and the exported SavedModel, batch 1 and 256.
 
-    The pruned SavedModel is what ``export_pruned`` writes, the dense one
-    ``model.export``. Returns a list of ``{path, batch, dense, pruned}``
-    (``(best, median, per CPU second)`` samples/s each), or ``None`` on another backend.
+    Pruned twice: with the live channels only, and with ``round_to=ROUND_TO``.
+    The pruned SavedModels are what ``export_pruned`` writes, the dense one
+    ``model.export``. Returns ``{"rows": [{path, batch, dense, pruned, rounded}],
+    "pruned_sizes", "rounded_sizes", "rounded_flops"}`` (``(best, median, per CPU
+    second)`` samples/s each), or ``None`` on another backend.
     """
     import os
     import shutil
@@ -252,30 +255,37 @@ def inference(dense, sparse, x, repeats=7, min_time=0.2):
     from keras_group_lasso import export_pruned, prune_model
 
     small = prune_model(sparse, THRESHOLD)
+    rounded = prune_model(sparse, THRESHOLD, round_to=ROUND_TO)
     workdir = tempfile.mkdtemp(prefix="resnet-inference-")
     try:
         export_pruned(sparse, os.path.join(workdir, "pruned"), threshold=THRESHOLD, formats=("saved_model",))
+        export_pruned(sparse, os.path.join(workdir, "rounded"), threshold=THRESHOLD, formats=("saved_model",),
+                      round_to=ROUND_TO)
         dense.export(os.path.join(workdir, "dense"), format="tf_saved_model", verbose=False,
                      input_signature=[tf.TensorSpec([None, 28, 28, 1], tf.float32, name="features")])
         paths = {
-            "tf.function": (tf.function(lambda t: dense(t, training=False)),
-                            tf.function(lambda t: small(t, training=False))),
-            "SavedModel": (saved_model_call(os.path.join(workdir, "dense")),
-                           saved_model_call(os.path.join(workdir, "pruned", "saved_model"))),
+            "tf.function": {name: tf.function(lambda t, m=m: m(t, training=False))
+                            for name, m in (("dense", dense), ("pruned", small), ("rounded", rounded))},
+            "SavedModel": {name: saved_model_call(os.path.join(workdir, *parts)) for name, parts in
+                           (("dense", ("dense",)), ("pruned", ("pruned", "saved_model")),
+                            ("rounded", ("rounded", "saved_model")))},
         }
         want = keras.ops.convert_to_numpy(small(x[:256], training=False))
-        np.testing.assert_allclose(np.asarray(paths["SavedModel"][1](tf.constant(x[:256]))), want, atol=1e-4)
+        for name in ("pruned", "rounded"):
+            np.testing.assert_allclose(np.asarray(paths["SavedModel"][name](tf.constant(x[:256]))), want, atol=1e-4)
         rows = []
         for batch in (1, 256):
             batch_x = tf.constant(x[:batch])
-            for name, (dense_fn, small_fn) in paths.items():
-                rates = throughputs({"dense": dense_fn, "pruned": small_fn}, batch_x, repeats, min_time)
-                rows.append({"path": name, "batch": batch, "dense": rates["dense"], "pruned": rates["pruned"]})
-                common.say(f"  inference {name} batch {batch}: dense {rates['dense'][0]:,.0f}/s, "
-                           f"pruned {rates['pruned'][0]:,.0f}/s")
+            for name, fns in paths.items():
+                rates = throughputs(fns, batch_x, repeats, min_time)
+                rows.append(dict(rates, path=name, batch=batch))
+                common.say(f"  inference {name} batch {batch}: "
+                           + ", ".join(f"{k} {v[0]:,.0f}/s" for k, v in rates.items()))
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
-    return rows
+    return {"rows": rows, "pruned_sizes": list(small.pruning_plan.layer_sizes_after),
+            "rounded_sizes": list(rounded.pruning_plan.layer_sizes_after),
+            "rounded_flops": rounded.pruning_report.flops_after}
 
 
 def main(argv=None):
@@ -386,15 +396,21 @@ def main(argv=None):
                  "to 0 (the output is a constant, there is nothing to prune to).\n")
     if speed:
         inference_rows = [
-            [r["path"], str(r["batch"]), f"{r['dense'][0]:,.0f}", f"{r['pruned'][0]:,.0f}",
-             f"{r['pruned'][0] / r['dense'][0]:.2f}x", f"{r['pruned'][1] / r['dense'][1]:.2f}x",
-             f"{r['pruned'][2] / r['dense'][2]:.2f}x"]
-            for r in speed
+            [r["path"], str(r["batch"]), f"{r['dense'][0]:,.0f}"]
+            + [cell for name in ("pruned", "rounded") for cell in (
+                f"{r[name][0]:,.0f}", f"{r[name][0] / r['dense'][0]:.2f}x", f"{r[name][1] / r['dense'][1]:.2f}x",
+                f"{r[name][2] / r['dense'][2]:.2f}x")]
+            for r in speed["rows"]
         ]
-        text += (f"\n## Inference of the chosen row (λ={chosen['lam']}, {ratio:.2f}x fewer FLOPs) against the dense "
-                 "network\n\n" + common.markdown_table(
+        rounded_ratio = chosen["flops_before"] / max(speed["rounded_flops"], 1)
+        text += (f"\n## Inference of the chosen row (λ={chosen['lam']}) against the dense network\n\n"
+                 f"`pruned`: `prune_model` ({ratio:.2f}x fewer FLOPs, live channels "
+                 f"{speed['pruned_sizes']}); `round_to={ROUND_TO}`: `prune_model(..., round_to={ROUND_TO})` "
+                 f"({rounded_ratio:.2f}x fewer FLOPs, channels {speed['rounded_sizes']}). Ratios to dense: "
+                 "best round, median round, per CPU second.\n\n" + common.markdown_table(
                      ["path", "batch", "dense [samples/s]", "pruned [samples/s]", "pruned / dense (best)",
-                      "(median)", "(per CPU second)"], inference_rows) + "\n")
+                      "(median)", "(per CPU s)", f"round_to={ROUND_TO} [samples/s]", "/ dense (best)", "(median)",
+                      "(per CPU s)"], inference_rows) + "\n")
     common.write_text_atomically(output, text)
     output.with_suffix(".json").write_text(json.dumps(
         {"dense": dense_record, "sparse": sparse, "peer": [peer, peer_tuned], "chosen": chosen["lam"],
