@@ -1,0 +1,157 @@
+"""Channel counts and CPU inference: ``prune_model`` with and without ``round_to``.
+
+The network is the ResNet of ``resnet_fashion.py`` (random weights, no
+training) with a sparsity pattern set by hand: in each of its three stages the
+inner convolution keeps ``--inner`` channels and the residual stream keeps
+``--stream`` channels (the rows of every layer that reads a removed channel
+are zero). The defaults, for widths 8 16 32, are the live channels of the
+λ = 1e-3 network of ``benchmarks/results/resnet_fashion.md``. Surgery keeps
+exactly the live channels (``round_to=1``) or a multiple of 8 or 16 of them.
+
+Measured on TensorFlow, in one process and interleaved round by round: the
+throughput (samples/s) of a ``tf.function`` of the Keras model and of its
+SavedModel (``export_pruned`` / ``model.export``), at batch 1 and 256, as
+ratios to the dense network (best round, median round, per CPU second),
+next to each variant's FLOP reduction. Every variant's outputs are checked
+against the exactly pruned model's.
+
+Usage::
+
+    KERAS_BACKEND=tensorflow python benchmarks/round_to.py        # -> benchmarks/results/round_to.md
+    KERAS_BACKEND=tensorflow python benchmarks/round_to.py --channels 16 32 64 --stream 10 26 58 --inner 8 20 26
+"""
+
+import argparse
+import json
+import os
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+if __package__ in (None, ""):
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from benchmarks import common  # noqa: E402
+
+THRESHOLD = 1e-3
+ROUNDINGS = (1, 8, 16)
+
+
+def sparse_resnet(channels, stream, inner, seed=0):
+    """The ResNet of ``resnet_fashion.py`` with ``stream[i]`` / ``inner[i]`` live channels in stage ``i``."""
+    from benchmarks.resnet_fashion import build_resnet
+
+    model = build_resnet(seed, tuple(channels))
+    readers = {1: ("s1_a", "s2_a", "s2_proj"), 2: ("s3_a", "s3_proj"), 3: ("logits",)}
+    for stage in (1, 2, 3):
+        zero_rows(model.get_layer(f"s{stage}_b"), inner[stage - 1])  # the inner convolution's dead channels
+        for name in readers[stage]:  # stream channels that no layer reads
+            zero_rows(model.get_layer(name), stream[stage - 1])
+    return model
+
+
+def zero_rows(layer, keep):
+    weights = layer.get_weights()
+    weights[0][..., keep:, :] = 0.0
+    layer.set_weights(weights)
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--channels", type=common.positive_int, nargs=3, default=[8, 16, 32], metavar=("C1", "C2", "C3"))
+    parser.add_argument("--stream", type=common.positive_int, nargs=3, default=[5, 13, 29],
+                        help="live channels of each stage's residual stream")
+    parser.add_argument("--inner", type=common.positive_int, nargs=3, default=[4, 10, 13],
+                        help="live channels of each stage's inner convolution")
+    parser.add_argument("--repeats", type=common.positive_int, default=9, help="interleaved rounds")
+    parser.add_argument("--min-time", type=float, default=0.3, help="seconds per round and variant")
+    parser.add_argument("--out-name", default="round_to", help="results file name, without extension")
+    args = parser.parse_args(argv)
+    for name in ("stream", "inner"):
+        if any(k > c for k, c in zip(getattr(args, name), args.channels)):
+            parser.error(f"--{name} {getattr(args, name)}: more channels than --channels {args.channels}")
+
+    import keras
+    import numpy as np
+
+    if keras.backend.backend() != "tensorflow":
+        raise SystemExit("round_to.py measures TensorFlow inference: run it with KERAS_BACKEND=tensorflow")
+    import tensorflow as tf
+
+    from benchmarks.inference import saved_model_call, throughputs
+    from keras_group_lasso import export_pruned, prune_model
+
+    started, clock = common.now(), time.perf_counter()
+    dense = sparse_resnet(args.channels, args.stream, args.inner)
+    x = np.random.default_rng(0).normal(size=(256, 28, 28, 1)).astype("float32")
+    variants = {}
+    for r in ROUNDINGS:
+        small = prune_model(dense, THRESHOLD, round_to=r)
+        sizes = small.pruning_plan.layer_sizes_after
+        if any(v["sizes"] == sizes for v in variants.values()):
+            continue  # the same network as a smaller rounding
+        variants[f"round_to={r}"] = {"model": small, "sizes": sizes, "flops": small.pruning_report.flops_after}
+    flops_before = variants["round_to=1"]["model"].pruning_report.flops_before
+    want = keras.ops.convert_to_numpy(variants["round_to=1"]["model"](x, training=False))
+
+    workdir = tempfile.mkdtemp(prefix="round-to-")
+    rows = []
+    try:
+        dense.export(os.path.join(workdir, "dense"), format="tf_saved_model", verbose=False,
+                     input_signature=[tf.TensorSpec([None, 28, 28, 1], tf.float32, name="features")])
+        paths = {"tf.function": {"dense": tf.function(lambda t: dense(t, training=False))},
+                 "SavedModel": {"dense": saved_model_call(os.path.join(workdir, "dense"))}}
+        for name, v in variants.items():
+            r = int(name.split("=")[1])
+            export_pruned(dense, os.path.join(workdir, name), threshold=THRESHOLD, formats=("saved_model",),
+                          round_to=r)
+            paths["tf.function"][name] = tf.function(lambda t, m=v["model"]: m(t, training=False))
+            paths["SavedModel"][name] = saved_model_call(os.path.join(workdir, name, "saved_model"))
+            for fn in (paths["tf.function"][name], paths["SavedModel"][name]):
+                got = np.asarray(fn(tf.constant(x)))
+                np.testing.assert_allclose(got, want, rtol=0, atol=1e-4 * max(1.0, float(np.abs(want).max())))
+        for batch in (1, 256):
+            batch_x = tf.constant(x[:batch])
+            for path, fns in paths.items():
+                rates = throughputs(fns, batch_x, args.repeats, args.min_time)
+                rows.append({"path": path, "batch": batch, "rates": rates})
+                common.say(f"{path} batch {batch}: " + ", ".join(f"{k} {v[0]:,.0f}/s" for k, v in rates.items()))
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+    elapsed = time.perf_counter() - clock
+
+    names = list(variants)
+    table = common.markdown_table(
+        ["path", "batch", "dense [samples/s]"] + [f"{n}: pruned / dense (best, median, per CPU s)" for n in names],
+        [[r["path"], str(r["batch"]), f"{r['rates']['dense'][0]:,.0f}"]
+         + [" / ".join(f"{r['rates'][n][k] / r['rates']['dense'][k]:.2f}x" for k in range(3)) for n in names]
+         for r in rows])
+    sizes = common.markdown_table(
+        ["variant", "layer sizes (`pruning_plan.layer_sizes_after`)", "MACs/sample", "FLOP reduction"],
+        [["dense", "–", f"{flops_before:,}", "1.00x"]]
+        + [[n, ", ".join(map(str, v["sizes"])), f"{v['flops']:,}", f"{flops_before / v['flops']:.2f}x"]
+           for n, v in variants.items()])
+    notes = [
+        f"Network: the ResNet of `resnet_fashion.py`, widths {' '.join(map(str, args.channels))}, random weights; "
+        f"live channels per stage: stream {' '.join(map(str, args.stream))}, inner "
+        f"{' '.join(map(str, args.inner))}.",
+        f"Throughput: {args.repeats} interleaved rounds of >= {args.min_time} s per variant; TensorFlow, "
+        "`tf.function` without XLA and the SavedModel's `serving_default`.",
+    ]
+    text = ("# Channel counts and CPU inference: `prune_model(..., round_to=N)`\n\n"
+            + common.header(common.command_line(), [0], started, elapsed, notes) + "\n\n"
+            + sizes + "\n\n" + table + "\n")
+    output = Path(common.default_output(args.out_name, False))
+    common.write_text_atomically(output, text)
+    common.write_text_atomically(output.with_suffix(".json"), json.dumps(
+        {"args": vars(args), "flops_before": flops_before,
+         "variants": {n: {"sizes": list(v["sizes"]), "flops": v["flops"]} for n, v in variants.items()},
+         "rows": rows}, indent=1, default=float))
+    common.say(f"wrote {output}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
