@@ -79,6 +79,9 @@ def _add_prune(subparsers):
         default=["saved_model", "keras"],
         help="what to write (default: saved_model keras)",
     )
+    p.add_argument("--round-to", type=int, default=1, metavar="N",
+                   help="each hidden layer keeps a multiple of N units (default 1: only the live ones; "
+                   "8 often runs faster on CPUs and GPUs)")
     p.add_argument("--overwrite", action="store_true", help="replace a non-empty OUT_DIR")
     p.set_defaults(func=_run_prune)
 
@@ -108,6 +111,7 @@ def _run_prune(args):
             formats=tuple(dict.fromkeys(args.formats)),
             inputs=args.inputs,
             overwrite=args.overwrite,
+            round_to=args.round_to,
         )
     except (ValueError, TypeError, ImportError, OSError) as e:
         return error(str(e))

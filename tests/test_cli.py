@@ -117,6 +117,18 @@ def test_prune_bad_threshold(tmp_path, capsys):
     assert not (tmp_path / "out").exists()
 
 
+def test_prune_round_to(tmp_path, capsys):
+    _save_sparse_model(tmp_path / "m.keras")
+    code = main(["prune", str(tmp_path / "m.keras"), str(tmp_path / "out"), "--formats", "keras", "--round-to", "3"])
+    captured = capsys.readouterr()
+    assert code == 0, captured.err
+    assert "layers  10-6-3 -> 7-6-3" in captured.out  # 5 live hidden units, 6 kept
+    assert json.loads((tmp_path / "out" / "manifest.json").read_text())["round_to"] == 3
+    code = main(["prune", str(tmp_path / "m.keras"), str(tmp_path / "bad"), "--round-to", "0"])
+    _assert_failed(code, capsys, "argument `round_to` must be an integer >= 1; received 0.")
+    assert not (tmp_path / "bad").exists()
+
+
 def test_prune_bad_choice_is_a_usage_error(tmp_path, capsys):
     with pytest.raises(SystemExit) as info:
         main(["prune", "m.keras", str(tmp_path / "out"), "--inputs", "all"])
