@@ -1,12 +1,20 @@
 """Channel counts and CPU inference: ``prune_model`` with and without ``round_to``.
 
-The network is the ResNet of ``resnet_fashion.py`` (random weights, no
-training) with a sparsity pattern set by hand: in each of its three stages the
-inner convolution keeps ``--inner`` channels and the residual stream keeps
-``--stream`` channels (the rows of every layer that reads a removed channel
-are zero). The defaults, for widths 8 16 32, are the live channels of the
-λ = 1e-3 network of ``benchmarks/results/resnet_fashion.md``. Surgery keeps
-exactly the live channels (``round_to=1``) or a multiple of 8 or 16 of them.
+The network (random weights, no training) gets a sparsity pattern set by
+hand, the rows of every layer that reads a removed channel being zero:
+
+* ``--network resnet``: the ResNet of ``resnet_fashion.py``; in each of its
+  three stages the inner convolution keeps ``--inner`` channels and the
+  residual stream ``--stream`` channels. The defaults, for widths 8 16 32,
+  are the live channels of the λ = 1e-3 network of
+  ``benchmarks/results/resnet_fashion.md``.
+* ``--network cnn``: the CNN of ``cnn_fashion.py`` (16 and 32 channels, a
+  Dense(64) head); ``--live`` channels of conv1 and conv2 and units of the
+  Dense layer (default 15 10 22: the λ = 3e-4 Proximal network of
+  ``benchmarks/results/cnn_fashion.md``, seed 0, rounded).
+
+Surgery keeps exactly the live channels (``round_to=1``) or a multiple of 8
+or 16 of them.
 
 Measured on TensorFlow, in one process and interleaved round by round: the
 throughput (samples/s) of a ``tf.function`` of the Keras model and of its
@@ -19,6 +27,7 @@ Usage::
 
     KERAS_BACKEND=tensorflow python benchmarks/round_to.py        # -> benchmarks/results/round_to.md
     KERAS_BACKEND=tensorflow python benchmarks/round_to.py --channels 16 32 64 --stream 10 26 58 --inner 8 20 26
+    KERAS_BACKEND=tensorflow python benchmarks/round_to.py --network cnn --out-name round_to_cnn
 """
 
 import argparse
@@ -32,6 +41,8 @@ from pathlib import Path
 
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import numpy as np  # noqa: E402
 
 from benchmarks import common  # noqa: E402
 
@@ -52,6 +63,21 @@ def sparse_resnet(channels, stream, inner, seed=0):
     return model
 
 
+def sparse_cnn(live, seed=0):
+    """The CNN of ``cnn_fashion.py`` with ``live`` channels of conv1 and conv2 and units of its Dense layer."""
+    from benchmarks.cnn_fashion import build_cnn
+
+    model = build_cnn(seed)
+    zero_rows(model.get_layer("conv2"), live[0])
+    dense = model.get_layer("dense")
+    weights = dense.get_weights()
+    channels = model.get_layer("conv2").filters
+    weights[0][np.arange(weights[0].shape[0]) % channels >= live[1], :] = 0.0  # Flatten: row r is channel r % C
+    dense.set_weights(weights)
+    zero_rows(model.get_layer("logits"), live[2])
+    return model
+
+
 def zero_rows(layer, keep):
     weights = layer.get_weights()
     weights[0][..., keep:, :] = 0.0
@@ -60,6 +86,9 @@ def zero_rows(layer, keep):
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--network", choices=("resnet", "cnn"), default="resnet")
+    parser.add_argument("--live", type=common.positive_int, nargs=3, default=[15, 10, 22],
+                        metavar=("CONV1", "CONV2", "DENSE"), help="cnn: live channels and Dense units")
     parser.add_argument("--channels", type=common.positive_int, nargs=3, default=[8, 16, 32], metavar=("C1", "C2", "C3"))
     parser.add_argument("--stream", type=common.positive_int, nargs=3, default=[5, 13, 29],
                         help="live channels of each stage's residual stream")
@@ -72,9 +101,10 @@ def main(argv=None):
     for name in ("stream", "inner"):
         if any(k > c for k, c in zip(getattr(args, name), args.channels)):
             parser.error(f"--{name} {getattr(args, name)}: more channels than --channels {args.channels}")
+    if any(k > c for k, c in zip(args.live, (16, 32, 64))):
+        parser.error(f"--live {args.live}: the CNN has 16 and 32 channels and 64 Dense units")
 
     import keras
-    import numpy as np
 
     if keras.backend.backend() != "tensorflow":
         raise SystemExit("round_to.py measures TensorFlow inference: run it with KERAS_BACKEND=tensorflow")
@@ -84,7 +114,15 @@ def main(argv=None):
     from keras_group_lasso import export_pruned, prune_model
 
     started, clock = common.now(), time.perf_counter()
-    dense = sparse_resnet(args.channels, args.stream, args.inner)
+    if args.network == "resnet":
+        dense = sparse_resnet(args.channels, args.stream, args.inner)
+        pattern = (f"the ResNet of `resnet_fashion.py`, widths {' '.join(map(str, args.channels))}, random weights; "
+                   f"live channels per stage: stream {' '.join(map(str, args.stream))}, inner "
+                   f"{' '.join(map(str, args.inner))}.")
+    else:
+        dense = sparse_cnn(args.live)
+        pattern = (f"the CNN of `cnn_fashion.py` (conv 16, conv 32, Dense 64), random weights; live: "
+                   f"{' '.join(map(str, args.live))}.")
     x = np.random.default_rng(0).normal(size=(256, 28, 28, 1)).astype("float32")
     variants = {}
     for r in ROUNDINGS:
@@ -134,9 +172,7 @@ def main(argv=None):
         + [[n, ", ".join(map(str, v["sizes"])), f"{v['flops']:,}", f"{flops_before / v['flops']:.2f}x"]
            for n, v in variants.items()])
     notes = [
-        f"Network: the ResNet of `resnet_fashion.py`, widths {' '.join(map(str, args.channels))}, random weights; "
-        f"live channels per stage: stream {' '.join(map(str, args.stream))}, inner "
-        f"{' '.join(map(str, args.inner))}.",
+        f"Network: {pattern}",
         f"Throughput: {args.repeats} interleaved rounds of >= {args.min_time} s per variant; TensorFlow, "
         "`tf.function` without XLA and the SavedModel's `serving_default`.",
     ]
