@@ -82,6 +82,8 @@ def _add_prune(subparsers):
     p.add_argument("--round-to", type=int, default=1, metavar="N",
                    help="each hidden layer keeps a multiple of N units (default 1: only the live ones; "
                    "8 often runs faster on CPUs and GPUs)")
+    p.add_argument("--fold-batchnorm", action="store_true",
+                   help="merge each BatchNormalization that follows a Dense or convolution layer into it")
     p.add_argument("--overwrite", action="store_true", help="replace a non-empty OUT_DIR")
     p.set_defaults(func=_run_prune)
 
@@ -112,6 +114,7 @@ def _run_prune(args):
             inputs=args.inputs,
             overwrite=args.overwrite,
             round_to=args.round_to,
+            fold_batchnorm=args.fold_batchnorm,
         )
     except (ValueError, TypeError, ImportError, OSError) as e:
         return error(str(e))

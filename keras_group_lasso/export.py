@@ -223,6 +223,7 @@ def _manifest(report, small, threshold, inputs, formats):
         "threshold": float(threshold),
         "inputs": inputs,
         "round_to": int(small.pruning_plan.round_to),
+        "folded_batchnorms": dict(small.folded_batchnorms),
         "n_features": int(report.n_features),
         "kept_features": kept,
         "n_kept_features": len(kept),
@@ -278,10 +279,11 @@ def export_pruned(
     inputs="original",
     overwrite=False,
     round_to=1,
+    fold_batchnorm=False,
 ):
     """Prune ``model`` and write the smaller model plus a manifest to ``directory``.
 
-    The pruned model is ``prune_model(model, threshold, inputs, round_to)``: on any
+    The pruned model is ``prune_model(model, threshold, inputs, round_to, fold_batchnorm)``: on any
     input ``x`` it gives the outputs of ``model`` with every ``|w| <= threshold``
     set to 0, with dead input features, dead hidden units and constant units
     removed. ``model`` itself is never changed.
@@ -305,7 +307,9 @@ def export_pruned(
     ``manifest.json`` holds the kept feature indices, layer sizes and parameter
     counts before/after (``params_before`` / ``params_after`` as in the report,
     Dense kernels and biases; ``exported_model_params`` as the exported Keras
-    model counts them), the threshold, the formats and the package version.
+    model counts them), ``round_to``, ``folded_batchnorms`` (BatchNormalization
+    layers merged into the layer before them), the threshold, the formats and
+    the package version.
 
     Args:
         model: a trained Sequential or Functional Keras model (see
@@ -323,6 +327,8 @@ def export_pruned(
         overwrite: replace an existing non-empty ``directory``.
         round_to: each hidden layer keeps a multiple of it of its units (see
             :func:`~keras_group_lasso.surgery.prune_model`; 8 often runs faster).
+        fold_batchnorm: merge each BatchNormalization that follows a Dense or
+            convolution layer into it (see :func:`~keras_group_lasso.surgery.prune_model`).
 
     Returns:
         :class:`ExportResult` with the absolute paths, the manifest and the report.
@@ -357,13 +363,16 @@ def export_pruned(
     if not isinstance(overwrite, bool):
         fail(_OWNER, "overwrite", "a bool", overwrite)
     round_to = check_positive_int(_OWNER, "round_to", round_to)
+    if not isinstance(fold_batchnorm, bool):
+        fail(_OWNER, "fold_batchnorm", "a bool", fold_batchnorm)
     chief = is_chief()
     target = _check_directory(directory, overwrite, contents=chief)
     tf = _import_tensorflow(formats) if set(formats) - {"keras"} else None
 
     # Every process prunes (on JAX over several processes the model's arrays span them all, so the
     # surgery's computations are collective); only the chief writes.
-    small = surgery.prune_model(model, threshold=threshold, inputs=inputs, round_to=round_to)
+    small = surgery.prune_model(model, threshold=threshold, inputs=inputs, round_to=round_to,
+                                fold_batchnorm=fold_batchnorm)
     report = small.pruning_report
     paths = {f: os.path.join(target, _FILENAMES[f]) for f in formats}
     paths["manifest"] = os.path.join(target, _FILENAMES["manifest"])

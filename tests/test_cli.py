@@ -117,13 +117,15 @@ def test_prune_bad_threshold(tmp_path, capsys):
     assert not (tmp_path / "out").exists()
 
 
-def test_prune_round_to(tmp_path, capsys):
+def test_prune_round_to_and_fold_batchnorm(tmp_path, capsys):
     _save_sparse_model(tmp_path / "m.keras")
-    code = main(["prune", str(tmp_path / "m.keras"), str(tmp_path / "out"), "--formats", "keras", "--round-to", "3"])
+    code = main(["prune", str(tmp_path / "m.keras"), str(tmp_path / "out"), "--formats", "keras", "--round-to", "3",
+                 "--fold-batchnorm"])
     captured = capsys.readouterr()
     assert code == 0, captured.err
     assert "layers  10-6-3 -> 7-6-3" in captured.out  # 5 live hidden units, 6 kept
-    assert json.loads((tmp_path / "out" / "manifest.json").read_text())["round_to"] == 3
+    manifest = json.loads((tmp_path / "out" / "manifest.json").read_text())
+    assert manifest["round_to"] == 3 and manifest["folded_batchnorms"] == {}  # no BatchNormalization here
     code = main(["prune", str(tmp_path / "m.keras"), str(tmp_path / "bad"), "--round-to", "0"])
     _assert_failed(code, capsys, "argument `round_to` must be an integer >= 1; received 0.")
     assert not (tmp_path / "bad").exists()

@@ -58,6 +58,11 @@ def assert_rounded(model, x, round_to, report, flops=True):
     input features) keeps a multiple of ``round_to`` units, all of them, or none; at least its live ones."""
     rounded = prune_model(model, T, round_to=round_to)
     assert_same_outputs(rounded, model, x)
+    folded = prune_model(model, T, round_to=round_to, fold_batchnorm=True)  # the same model with fewer layers
+    assert_same_outputs(folded, model, x)
+    batchnorms = [layer.name for layer in folded.layers if type(layer) is L.BatchNormalization]
+    assert len(batchnorms) + len(folded.folded_batchnorms) == sum(
+        type(layer) is L.BatchNormalization for layer in rounded.layers)
     plan = rounded.pruning_plan
     assert plan.round_to == round_to and plan.to_dict()["round_to"] == round_to
     graph = model_graph(model)
@@ -76,9 +81,10 @@ def randomize_batchnorm(model, rng):
     """BatchNormalization layers with random statistics, scale and offset (a non-zero beta is a trap)."""
     for layer in model.layers:
         if type(layer) is L.BatchNormalization:
-            gamma, beta, mean, var = layer.get_weights()
-            layer.set_weights([rng.uniform(0.5, 1.5, gamma.shape), rng.normal(size=beta.shape),
-                               rng.normal(size=mean.shape), rng.uniform(0.5, 2.0, var.shape)])
+            shape = layer.moving_mean.shape
+            draws = {"gamma": rng.uniform(0.5, 1.5, shape), "beta": rng.normal(size=shape),
+                     "moving_mean": rng.normal(size=shape), "moving_variance": rng.uniform(0.5, 2.0, shape)}
+            layer.set_weights([draws[variable.name] for variable in layer.weights])  # without scale or center: fewer
 
 
 def kill_channels(model, rng, dead=0.3, constant=0.2):
@@ -378,6 +384,38 @@ def test_round_to_rounds_a_residual_stream_once():
     assert rounded.pruning_plan.layer_sizes_after == (1, 16, 8 // 2, 16)  # inner: 4 of 4, all it has
     x = np.random.default_rng(0).normal(size=(3, 6, 6, 1)).astype("float32")
     assert_same_outputs(rounded, model, x)
+
+
+def test_fold_batchnorm_merges_a_batchnorm_into_the_layer_it_follows(tmp_path):
+    keras.utils.set_random_seed(0)
+    inp = keras.Input((8, 8, 2))
+    a = L.BatchNormalization(name="bn_a")(L.Conv2D(6, 3, use_bias=False, name="a")(inp))
+    b = L.Conv2D(6, 3, activation="relu", name="b")(L.ReLU()(a))
+    b = L.BatchNormalization(name="bn_b")(b)  # after an activation: kept
+    c = L.Conv2D(6, 1, name="c")(b)
+    c = L.Add()([c, L.BatchNormalization(name="bn_c")(c)])  # c has another reader: kept
+    s = L.BatchNormalization(name="bn_s", center=False)(L.SeparableConv2D(4, 3, padding="same", name="s")(c))
+    model = keras.Model(inp, L.Dense(3, name="out")(L.GlobalAveragePooling2D()(s)))
+    rng = np.random.default_rng(0)
+    randomize_batchnorm(model, rng)
+    kernel = model.get_layer("b").get_weights()
+    kernel[0][..., 2, :] = 0.0  # a dead channel of a: bn_a is sliced, then merged
+    model.get_layer("b").set_weights(kernel)
+    x = rng.normal(size=(4, 8, 8, 2)).astype("float32")
+
+    small = prune_model(model, T, fold_batchnorm=True)
+    assert small.folded_batchnorms == {"bn_a": "a", "bn_s": "s"}
+    names = [layer.name for layer in small.layers]
+    assert "bn_a" not in names and "bn_s" not in names and "bn_b" in names and "bn_c" in names
+    assert small.get_layer("a").use_bias and small.get_layer("a").get_weights()[0].shape == (3, 3, 2, 5)
+    assert_same_outputs(small, model, x)
+    small.save(tmp_path / "folded.keras")
+    loaded = keras.saving.load_model(tmp_path / "folded.keras")
+    np.testing.assert_allclose(outputs(loaded, x)[0], outputs(small, x)[0], rtol=0, atol=1e-6)
+    assert prune_model(model, T).folded_batchnorms == {}
+    with pytest.raises(InvalidParameterError) as info:
+        prune_model(model, T, fold_batchnorm="yes")
+    assert str(info.value) == "prune_model: argument `fold_batchnorm` must be a bool; received 'yes'."
 
 
 @pytest.mark.parametrize("value", [0, -8, 2.5, True, "8", None])

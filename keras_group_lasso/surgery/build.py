@@ -5,7 +5,7 @@ import collections
 import keras
 import numpy as np
 
-from keras_group_lasso._validation import check_choice, check_positive_int
+from keras_group_lasso._validation import check_choice, check_positive_int, fail
 from keras_group_lasso.graph import registry
 from keras_group_lasso.graph.masks import needed_units, threshold_array
 from keras_group_lasso.surgery import plan as planning
@@ -15,7 +15,7 @@ __all__ = ["prune_model"]
 _INPUTS = ("original", "selected")
 
 
-def prune_model(model, threshold=1e-3, inputs="original", round_to=1):
+def prune_model(model, threshold=1e-3, inputs="original", round_to=1, fold_batchnorm=False):
     """A new, physically smaller model that computes what ``model`` computes after thresholding.
 
     On any input, ``prune_model(model, t)(x)`` equals the output of ``model``
@@ -47,8 +47,9 @@ def prune_model(model, threshold=1e-3, inputs="original", round_to=1):
     ``model`` is one, else a functional ``keras.Model``, uncompiled, with the
     attributes ``kept_features`` (tuple of input indices), ``pruning_report``
     (the :class:`~keras_group_lasso.SparsityReport` of ``model`` at
-    ``threshold``) and ``pruning_plan`` (the :class:`PruningPlan`). Those
-    attributes are not saved in a ``.keras`` file. The report and plan count
+    ``threshold``), ``pruning_plan`` (the :class:`PruningPlan`) and
+    ``folded_batchnorms`` (``{BatchNormalization name: the layer it was merged
+    into}``, see ``fold_batchnorm``). Those attributes are not saved in a ``.keras`` file. The report and plan count
     parameters of the compact layers; with ``inputs="original"`` the first
     Dense may hold zero rows or be preceded by a selection layer (see
     ``inputs``).
@@ -86,6 +87,14 @@ def prune_model(model, threshold=1e-3, inputs="original", round_to=1):
             shared by a residual stream are rounded once; input features and
             output units are left as they are. The plan and the report
             attached to the result count the units kept.
+        fold_batchnorm: ``True`` merges each ``BatchNormalization`` (on the
+            last axis) that directly follows a Dense or convolution layer
+            without activation, and is all that reads it, into that layer
+            (inference mode: ``K' = K * s``, ``b' = (b - mean) * s + beta``
+            with ``s = gamma / sqrt(variance + epsilon)``): one layer and one
+            pass over the data fewer, for a model meant for inference (its
+            outputs equal the original's up to float rounding; training it
+            further no longer normalizes batches). Default ``False``.
 
     Returns:
         The new ``keras.Model``.
@@ -115,6 +124,8 @@ def prune_model(model, threshold=1e-3, inputs="original", round_to=1):
     owner = "prune_model"
     inputs = check_choice(owner, "inputs", inputs, _INPUTS)
     round_to = check_positive_int(owner, "round_to", round_to)
+    if not isinstance(fold_batchnorm, bool):
+        fail(owner, "fold_batchnorm", "a bool", fold_batchnorm)
     plan = planning.build_plan(owner, model, threshold, round_to)
     result = plan.analysis
     graph = result.graph
@@ -122,6 +133,8 @@ def prune_model(model, threshold=1e-3, inputs="original", round_to=1):
     layers = graph.layers
     weights = _folded(result)
     needed = needed_units(graph, masks)
+    batchnorms = _foldable_batchnorms(graph, masks) if fold_batchnorm else {}
+    into = {units: bn for bn, units in batchnorms.items()}
 
     sliced_features = inputs == "selected" and graph.flat_features
     input_node = graph.nodes[0]
@@ -154,6 +167,9 @@ def prune_model(model, threshold=1e-3, inputs="original", round_to=1):
         if node.name in masks.detached:  # only a constant operand that its merge drops uses it
             tensors[node.name], present[node.name] = None, np.zeros(node.ids.size, bool)
             continue
+        if node.name in batchnorms:  # merged into the layer before it
+            tensors[node.name], present[node.name] = tensors[node.inputs[0]], present[node.inputs[0]]
+            continue
         fold = masks.merge_folds.get(node.name)
         src = node.inputs if fold is None else tuple(n for n, d in zip(node.inputs, fold.dropped) if not d)
         missing = [tensors[name] is None for name in src]
@@ -178,6 +194,8 @@ def prune_model(model, threshold=1e-3, inputs="original", round_to=1):
                 rows = have & want
             config, new = registry.slice_units(layer, weights[node.name], unode.in_units, np.flatnonzero(rows),
                                                np.flatnonzero(kept_out))
+            if node.name in into:
+                config, new = _merge_batchnorm(config, new, layers[into[node.name]], np.flatnonzero(kept_out))
             out_present = kept_out
         elif node.kind == "merge":
             want = needed[node.ids]
@@ -254,9 +272,60 @@ def prune_model(model, threshold=1e-3, inputs="original", round_to=1):
         _restore_initializers(layer, initializers)
 
     small.kept_features = plan.kept_features
+    small.folded_batchnorms = {names[bn]: names[units] for bn, units in batchnorms.items()}
     small.pruning_report = plan.report
     small.pruning_plan = plan
     return small
+
+
+_MERGES_A_BATCHNORM = ("Dense", "Conv1D", "Conv2D", "Conv3D", "SeparableConv1D", "SeparableConv2D")
+
+
+def _foldable_batchnorms(graph, masks):
+    """``{BatchNormalization name: units layer name}``: each that can be merged into the layer it reads.
+
+    The units layer has no activation, nothing else reads it, and the
+    BatchNormalization normalizes its last axis (its units).
+    """
+    readers = collections.Counter(name for node in graph.nodes for name in node.inputs)
+    out = {}
+    for node in graph.nodes:
+        layer = graph.layers.get(node.name)
+        if type(layer) is not keras.layers.BatchNormalization or len(node.inputs) != 1:
+            continue
+        (source,) = node.inputs
+        maker = graph.layers.get(source)
+        if (maker is None or type(maker).__name__ not in _MERGES_A_BATCHNORM
+                or type(maker) is not getattr(keras.layers, type(maker).__name__)
+                or keras.activations.serialize(maker.activation) != "linear"
+                or readers[source] != 1 or source in graph.outputs or source in masks.detached
+                or not masks.units[source].any()):
+            continue
+        axis = layer.axis if isinstance(layer.axis, int) else (layer.axis[0] if len(layer.axis) == 1 else None)
+        rank = len(maker.compute_output_shape(maker.input.shape))
+        if axis is None or axis % rank != rank - 1:
+            continue
+        out[node.name] = source
+    return out
+
+
+def _merge_batchnorm(config, weights, bn, kept):
+    """``(config, weights)`` of a units layer (already sliced to the units ``kept``) with ``bn`` merged in."""
+    def values(variable, default):
+        return default if variable is None else np.asarray(keras.ops.convert_to_numpy(variable), np.float64)[kept]
+
+    ones = np.ones(len(kept))
+    gamma = values(bn.gamma if bn.scale else None, ones)
+    beta = values(bn.beta if bn.center else None, 0 * ones)
+    scale = gamma / np.sqrt(values(bn.moving_variance, ones) + bn.epsilon)
+    mean = values(bn.moving_mean, 0 * ones)
+    kernels = [np.asarray(w) for w in weights]
+    has_bias = bool(config.get("use_bias", True))
+    bias = kernels.pop().astype(np.float64) if has_bias else np.zeros(len(kept))
+    last = kernels[-1]  # the kernel whose last axis holds the units (the pointwise one of a SeparableConv)
+    kernels[-1] = (last.astype(np.float64) * scale).astype(last.dtype)
+    config = dict(config, use_bias=True)
+    return config, kernels + [((bias - mean) * scale + beta).astype(last.dtype)]
 
 
 def _constant_operands(merge, fold, want, name):
