@@ -115,24 +115,37 @@ def main(argv=None):
 
     started, clock = common.now(), time.perf_counter()
     if args.network == "resnet":
-        dense = sparse_resnet(args.channels, args.stream, args.inner)
+        from benchmarks.resnet_fashion import build_resnet
+
+        dense, full = sparse_resnet(args.channels, args.stream, args.inner), build_resnet(0, tuple(args.channels))
         pattern = (f"the ResNet of `resnet_fashion.py`, widths {' '.join(map(str, args.channels))}, random weights; "
                    f"live channels per stage: stream {' '.join(map(str, args.stream))}, inner "
                    f"{' '.join(map(str, args.inner))}.")
     else:
-        dense = sparse_cnn(args.live)
+        from benchmarks.cnn_fashion import build_cnn
+
+        dense, full = sparse_cnn(args.live), build_cnn(0)
         pattern = (f"the CNN of `cnn_fashion.py` (conv 16, conv 32, Dense 64), random weights; live: "
                    f"{' '.join(map(str, args.live))}.")
     x = np.random.default_rng(0).normal(size=(256, 28, 28, 1)).astype("float32")
-    variants = {}
+    # name -> (model pruned, threshold, round_to, fold_batchnorm); "dense": the model itself, all its weights
+    variants = {"dense, fold_batchnorm": {"source": full, "threshold": 0.0, "round_to": 1, "fold": True}}
+    sizes_seen = []
     for r in ROUNDINGS:
         small = prune_model(dense, THRESHOLD, round_to=r)
-        sizes = small.pruning_plan.layer_sizes_after
-        if any(v["sizes"] == sizes for v in variants.values()):
+        if small.pruning_plan.layer_sizes_after in sizes_seen:
             continue  # the same network as a smaller rounding
-        variants[f"round_to={r}"] = {"model": small, "sizes": sizes, "flops": small.pruning_report.flops_after}
+        sizes_seen.append(small.pruning_plan.layer_sizes_after)
+        for fold in (False, True):
+            variants[f"round_to={r}" + (", fold_batchnorm" if fold else "")] = {
+                "source": dense, "threshold": THRESHOLD, "round_to": r, "fold": fold}
+    for v in variants.values():
+        v["model"] = prune_model(v["source"], v["threshold"], round_to=v["round_to"], fold_batchnorm=v["fold"])
+        v["sizes"] = v["model"].pruning_plan.layer_sizes_after
+        v["flops"] = v["model"].pruning_report.flops_after
     flops_before = variants["round_to=1"]["model"].pruning_report.flops_before
-    want = keras.ops.convert_to_numpy(variants["round_to=1"]["model"](x, training=False))
+    want = {id(m): keras.ops.convert_to_numpy(m(x, training=False)) for m in (dense, full)}
+    want[id(dense)] = keras.ops.convert_to_numpy(variants["round_to=1"]["model"](x, training=False))
 
     workdir = tempfile.mkdtemp(prefix="round-to-")
     rows = []
@@ -141,15 +154,16 @@ def main(argv=None):
                      input_signature=[tf.TensorSpec([None, 28, 28, 1], tf.float32, name="features")])
         paths = {"tf.function": {"dense": tf.function(lambda t: dense(t, training=False))},
                  "SavedModel": {"dense": saved_model_call(os.path.join(workdir, "dense"))}}
-        for name, v in variants.items():
-            r = int(name.split("=")[1])
-            export_pruned(dense, os.path.join(workdir, name), threshold=THRESHOLD, formats=("saved_model",),
-                          round_to=r)
+        for k, (name, v) in enumerate(variants.items()):
+            folder = os.path.join(workdir, f"v{k}")
+            export_pruned(v["source"], folder, threshold=v["threshold"], formats=("saved_model",),
+                          round_to=v["round_to"], fold_batchnorm=v["fold"])
             paths["tf.function"][name] = tf.function(lambda t, m=v["model"]: m(t, training=False))
-            paths["SavedModel"][name] = saved_model_call(os.path.join(workdir, name, "saved_model"))
+            paths["SavedModel"][name] = saved_model_call(os.path.join(folder, "saved_model"))
+            reference = want[id(v["source"])]
             for fn in (paths["tf.function"][name], paths["SavedModel"][name]):
                 got = np.asarray(fn(tf.constant(x)))
-                np.testing.assert_allclose(got, want, rtol=0, atol=1e-4 * max(1.0, float(np.abs(want).max())))
+                np.testing.assert_allclose(got, reference, rtol=0, atol=1e-4 * max(1.0, float(np.abs(reference).max())))
         for batch in (1, 256):
             batch_x = tf.constant(x[:batch])
             for path, fns in paths.items():
@@ -160,21 +174,27 @@ def main(argv=None):
         shutil.rmtree(workdir, ignore_errors=True)
     elapsed = time.perf_counter() - clock
 
-    names = list(variants)
+    names = ["dense"] + list(variants)
+    flops = dict({"dense": flops_before}, **{n: v["flops"] for n, v in variants.items()})
+    columns = [(r["path"], r["batch"]) for r in rows]
     table = common.markdown_table(
-        ["path", "batch", "dense [samples/s]"] + [f"{n}: pruned / dense (best, median, per CPU s)" for n in names],
-        [[r["path"], str(r["batch"]), f"{r['rates']['dense'][0]:,.0f}"]
-         + [" / ".join(f"{r['rates'][n][k] / r['rates']['dense'][k]:.2f}x" for k in range(3)) for n in names]
-         for r in rows])
+        ["variant", "FLOP reduction"] + [f"{path} batch {batch}" for path, batch in columns],
+        [[n, f"{flops_before / flops[n]:.2f}x"]
+         + [(f"{r['rates'][n][0]:,.0f}/s" if n == "dense" else
+             " / ".join(f"{r['rates'][n][k] / r['rates']['dense'][k]:.2f}x" for k in range(3))) for r in rows]
+         for n in names])
     sizes = common.markdown_table(
         ["variant", "layer sizes (`pruning_plan.layer_sizes_after`)", "MACs/sample", "FLOP reduction"],
         [["dense", "–", f"{flops_before:,}", "1.00x"]]
         + [[n, ", ".join(map(str, v["sizes"])), f"{v['flops']:,}", f"{flops_before / v['flops']:.2f}x"]
-           for n, v in variants.items()])
+           for n, v in variants.items() if "fold" not in n])
     notes = [
         f"Network: {pattern}",
         f"Throughput: {args.repeats} interleaved rounds of >= {args.min_time} s per variant; TensorFlow, "
-        "`tf.function` without XLA and the SavedModel's `serving_default`.",
+        "`tf.function` without XLA and the SavedModel's `serving_default`. The dense row gives samples/s of the "
+        "best round; the others their ratio to it: best round / median round / per CPU second. "
+        "`fold_batchnorm`: `prune_model(..., fold_batchnorm=True)` (each BatchNormalization merged into the "
+        "convolution before it); `dense, fold_batchnorm`: the same on the network with all its channels.",
     ]
     text = ("# Channel counts and CPU inference: `prune_model(..., round_to=N)`\n\n"
             + common.header(common.command_line(), [0], started, elapsed, notes) + "\n\n"
@@ -183,7 +203,8 @@ def main(argv=None):
     common.write_text_atomically(output, text)
     common.write_text_atomically(output.with_suffix(".json"), json.dumps(
         {"args": vars(args), "flops_before": flops_before,
-         "variants": {n: {"sizes": list(v["sizes"]), "flops": v["flops"]} for n, v in variants.items()},
+         "variants": {n: {"sizes": list(v["sizes"]), "flops": v["flops"], "round_to": v["round_to"],
+                          "fold_batchnorm": v["fold"]} for n, v in variants.items()},
          "rows": rows}, indent=1, default=float))
     common.say(f"wrote {output}")
     return 0
