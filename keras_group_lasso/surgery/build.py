@@ -48,11 +48,11 @@ def prune_model(model, threshold=1e-3, inputs="original", round_to=1, fold_batch
     attributes ``kept_features`` (tuple of input indices), ``pruning_report``
     (the :class:`~keras_group_lasso.SparsityReport` of ``model`` at
     ``threshold``), ``pruning_plan`` (the :class:`PruningPlan`) and
-    ``folded_batchnorms`` (``{BatchNormalization name: the layer it was merged
-    into}``, see ``fold_batchnorm``). Those attributes are not saved in a ``.keras`` file. The report and plan count
-    parameters of the compact layers; with ``inputs="original"`` the first
-    Dense may hold zero rows or be preceded by a selection layer (see
-    ``inputs``).
+    ``folded_batchnorms`` (``{BatchNormalization name: the layer it was
+    merged into}``, see ``fold_batchnorm``). Those attributes are not saved
+    in a ``.keras`` file. The report and plan count parameters of the
+    compact layers; with ``inputs="original"`` the first Dense may hold zero
+    rows or be preceded by a selection layer (see ``inputs``).
 
     The result is built from Keras's own layers only, so it saves to a
     ``.keras`` file that plain Keras loads without this package: the
@@ -302,7 +302,10 @@ def _foldable_batchnorms(graph, masks):
                 or not masks.units[source].any()):
             continue
         axis = layer.axis if isinstance(layer.axis, int) else (layer.axis[0] if len(layer.axis) == 1 else None)
-        rank = len(maker.compute_output_shape(maker.input.shape))
+        try:
+            rank = len(maker.compute_output_shape(maker.input.shape))
+        except Exception:  # noqa: BLE001 - no single input shape: it stays a layer of its own
+            continue
         if axis is None or axis % rank != rank - 1:
             continue
         out[node.name] = source
