@@ -278,7 +278,8 @@ def prune_model(model, threshold=1e-3, inputs="original", round_to=1, fold_batch
     return small
 
 
-_MERGES_A_BATCHNORM = ("Dense", "Conv1D", "Conv2D", "Conv3D", "SeparableConv1D", "SeparableConv2D")
+_MERGES_A_BATCHNORM = (keras.layers.Dense, keras.layers.Conv1D, keras.layers.Conv2D, keras.layers.Conv3D,
+                       keras.layers.SeparableConv1D, keras.layers.SeparableConv2D)
 
 
 def _foldable_batchnorms(graph, masks):
@@ -295,8 +296,7 @@ def _foldable_batchnorms(graph, masks):
             continue
         (source,) = node.inputs
         maker = graph.layers.get(source)
-        if (maker is None or type(maker).__name__ not in _MERGES_A_BATCHNORM
-                or type(maker) is not getattr(keras.layers, type(maker).__name__)
+        if (type(maker) not in _MERGES_A_BATCHNORM  # exact classes: a subclass may compute something else
                 or keras.activations.serialize(maker.activation) != "linear"
                 or readers[source] != 1 or source in graph.outputs or source in masks.detached
                 or not masks.units[source].any()):
