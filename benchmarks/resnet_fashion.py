@@ -9,7 +9,8 @@ widths), global average pooling and a Dense output (logits). Rows:
 * (b) group-sparse: ``add_group_sparsity(model, λ, penalty="group")`` -- every
   channel of a residual stream is one coupled group over all the layers that
   read it -- trained with ``Proximal(SGD(momentum))``, then ``prune_model``;
-  no fine-tuning. One row per λ of the grid.
+  no fine-tuning. One row per λ of the grid; with ``--budget-flops F`` each
+  trains under ``SparsityBudget(max_flops=F)``, λ its starting strength.
 * (c) peer: magnitude filter pruning of the dense network at the FLOPs of the
   best (b) row: in each block's inner convolution the filters with the
   smallest L1 norm go, and in each stream the channels whose filters (summed
@@ -115,7 +116,7 @@ def cosine(learning_rate, epochs, n_train):
     return keras.optimizers.schedules.CosineDecay(learning_rate, decay_steps=epochs * -(-n_train // BATCH))
 
 
-def fit(model, data, epochs, seed, label):
+def fit(model, data, epochs, seed, label, callbacks=()):
     import keras
 
     def line(epoch, logs):
@@ -124,7 +125,7 @@ def fit(model, data, epochs, seed, label):
     keras.utils.set_random_seed(seed + 1000)
     wall, cpu = time.perf_counter(), time.process_time()
     model.fit(data["x_train"], data["y_train"], batch_size=BATCH, epochs=epochs, shuffle=True, verbose=0,
-              callbacks=[keras.callbacks.LambdaCallback(on_epoch_end=line)])
+              callbacks=[*callbacks, keras.callbacks.LambdaCallback(on_epoch_end=line)])
     return time.perf_counter() - wall, time.process_time() - cpu
 
 
@@ -298,12 +299,14 @@ def main(argv=None):
                         metavar=("C1", "C2", "C3"), help="channels of the three stages (default 16 32 64)")
     parser.add_argument("--group-weight", choices=("size", "flops"), default="size",
                         help="add_group_sparsity's group_weight: sqrt(|g|) (the paper's) or each unit's multiply-adds")
+    parser.add_argument("--budget-flops", type=float, default=None, metavar="FRACTION",
+                        help="train each λ under SparsityBudget(max_flops=FRACTION): λ is then the starting strength")
     parser.add_argument("--out-name", default="resnet_fashion", help="results file name, without extension")
     parser.add_argument("--quick", action="store_true", help="3,000 training images, 1 epoch (a smoke run)")
     args = parser.parse_args(argv)
     import keras
 
-    from keras_group_lasso import Proximal, add_group_sparsity, sparsity_report
+    from keras_group_lasso import Proximal, SparsityBudget, add_group_sparsity, sparsity_report
 
     epochs = args.epochs or (1 if args.quick else EPOCHS)
     output = Path(common.default_output(args.out_name, args.quick))
@@ -327,12 +330,16 @@ def main(argv=None):
         model = add_group_sparsity(build_resnet(args.seed, channels), lam, penalty="group",
                                    group_weight=args.group_weight)
         compile_model(model, Proximal(keras.optimizers.SGD(cosine(SGD_LR, epochs, n_train), momentum=MOMENTUM)))
-        seconds = fit(model, data, epochs, args.seed, f"λ={lam}")
+        budget = [SparsityBudget(max_flops=args.budget_flops, threshold=THRESHOLD)] if args.budget_flops else []
+        seconds = fit(model, data, epochs, args.seed, f"λ={lam}", callbacks=budget)
         if not sparsity_report(model, THRESHOLD).flops_after:  # every kernel weight went: a constant output
             collapsed.append(lam)
             common.say(f"  λ={lam}: every kernel weight is 0, the output is a constant; no row")
             continue
-        record, _ = pruned_record(model, THRESHOLD, data, f"proximal λ={lam}")
+        label = f"proximal λ={lam}" + (f" + SparsityBudget(max_flops={args.budget_flops:g})" if budget else "")
+        record, _ = pruned_record(model, THRESHOLD, data, label)
+        if budget:
+            record["budget_cut"] = [int(v) for v in model.history.history.get("budget_cut", [])]
         record.update(lam=lam, train_s=seconds)
         sparse.append(record)
         models[lam] = model
@@ -378,7 +385,9 @@ def main(argv=None):
         f"Data: {n_train:,} training images, {len(data['x_val']):,} held out for λ, {len(data['y_test']):,} test "
         f"images; batch {BATCH}, {epochs} epochs, cosine learning rates; Adam {ADAM_LR} (dense), "
         f"Proximal(SGD({SGD_LR}, momentum {MOMENTUM})) (group-sparse), threshold {THRESHOLD}; "
-        f"`group_weight=\"{args.group_weight}\"`.",
+        f"`group_weight=\"{args.group_weight}\"`."
+        + (f" Each λ row trains under `SparsityBudget(max_flops={args.budget_flops:g}, threshold={THRESHOLD})`: "
+           "λ is the strength it starts from." if args.budget_flops else ""),
         f"Peer: {fraction:.0%} of the filters of every inner convolution and of the channels of every stream "
         f"(smallest L1), fine-tuned with Adam {FINETUNE_LR}.",
         "Inference (TensorFlow only): the chosen row's pruned model against the dense one, a `tf.function` and "
