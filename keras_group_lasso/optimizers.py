@@ -55,6 +55,7 @@ import numpy as np
 from keras import ops
 
 from keras_group_lasso import prox
+from keras_group_lasso._backend import torch_compiling
 from keras_group_lasso._validation import check_choice, fail
 from keras_group_lasso.regularizers import COUPLED_INDEX, CoupledGroupLasso, GroupSparseRegularizer
 
@@ -420,6 +421,14 @@ class Proximal(keras.optimizers.Optimizer):
         learning_rate = ops.convert_to_tensor(self.inner_optimizer.learning_rate)
         self.inner_optimizer.apply(grads, trainable_variables)
         if penalties:
+            if torch_compiling():
+                # One deliberate break between the wrapped update and the proximal steps:
+                # traced as one graph, Adam's slot updates next to the group norms crash
+                # TorchInductor's C++ code generation (KeyError in its outer-loop fusion,
+                # torch 2.14); split, both halves compile and the step is the same.
+                import torch
+
+                torch._dynamo.graph_break()
             self._apply_proximal_steps(penalties, learning_rate)
 
     def _without_penalty_gradients(self, grads, penalties):

@@ -69,7 +69,8 @@ def group_size(shape):
     shape = tuple(shape)
     if len(shape) < 2:
         return 1
-    return math.prod(int(d) for d in shape[:-2] + shape[-1:])
+    # A list, not a generator: torch.compile traces math.prod of a list without a graph break.
+    return math.prod([int(d) for d in shape[:-2] + shape[-1:]])
 
 
 def _as_tensor(x):

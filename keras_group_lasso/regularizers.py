@@ -21,6 +21,7 @@ import sys
 import keras
 
 from keras_group_lasso import prox
+from keras_group_lasso._backend import torch_compiling
 from keras_group_lasso._validation import check_non_negative, check_positive_int, fail
 
 __all__ = [
@@ -57,6 +58,21 @@ class _Described:
 
     def __repr__(self):
         return self.text
+
+
+def _caller_frame(depth):
+    """The frame ``depth`` levels above the caller, or ``None`` while ``torch.compile`` traces.
+
+    Frames are what tells a weight's penalty from an activity penalty and a
+    reading for ``Proximal`` from any other. ``torch.compile`` cannot trace
+    ``sys._getframe`` (it would split the compiled step in two at every
+    penalty). There a penalty accepts only a ``keras.Variable`` (what Keras
+    passes for a weight; see :meth:`GroupSparseRegularizer._check_weight`) and
+    keeps its gradient, which ``Proximal`` removes in closed form: the same step.
+    """
+    if torch_compiling():
+        return None
+    return sys._getframe(depth + 1)
 
 
 def _layer_calling_for_activity(regularizer, frame):
@@ -188,7 +204,7 @@ class GroupSparseRegularizer(keras.regularizers.Regularizer):
         return x if view == shape else keras.ops.reshape(x, view)
 
     def __call__(self, x):
-        frame = sys._getframe(1)
+        frame = _caller_frame(1)
         self._check_weight(x, frame)
         self.value_only = _read_for_proximal(self, frame)
         value = prox.group_sparse_penalty(self._grouped(x), self.factor, self.l1, gradient=not self.value_only)
@@ -204,6 +220,11 @@ class GroupSparseRegularizer(keras.regularizers.Regularizer):
                 "a weight tensor of rank >= 1 (a bias or a kernel), not a scalar",
                 x,
             )
+        if frame is None and not isinstance(x, keras.Variable):
+            # Under torch.compile the caller is unknown; Keras reads a weight's penalty
+            # with the variable itself, so anything else may be a layer's output.
+            fail(type(self).__name__, "x", _WEIGHT_ONLY + " (while torch.compile traces, the keras.Variable itself)",
+                 _Described(f"a {type(x).__name__} of shape {shape}"))
         layer = _layer_calling_for_activity(self, frame)
         if layer is not None or any(d is None for d in shape):
             received = (
@@ -423,16 +444,16 @@ class CoupledGroupLasso(GroupSparseRegularizer):
         self._members = list(members)
 
     def _masks(self, groups):
-        import numpy as np
-
+        """``(own (G,), onehot (G, K))`` float32 tensors: own groups, and each coupled group's key."""
         if len(self.coupled) != groups:
             fail(type(self).__name__, "coupled", f"one entry per group of the weight ({groups} groups)",
                  len(self.coupled))
-        keys = np.asarray(self.coupled, dtype=np.int64)
-        onehot = np.zeros((groups, max(len(self.scales), 1)), dtype="float32")
-        rows = np.flatnonzero(keys >= 0)
-        onehot[rows, keys[rows]] = 1.0
-        return (keys < 0).astype("float32"), onehot
+        # Built with tensor ops from the keys (not numpy), so that torch.compile traces it too.
+        keys = keras.ops.convert_to_tensor(list(self.coupled), "int32")
+        own = keras.ops.cast(keras.ops.less(keys, 0), "float32")
+        every_key = keras.ops.arange(max(len(self.scales), 1), dtype="int32")
+        onehot = keras.ops.cast(keras.ops.equal(keras.ops.expand_dims(keys, 1), every_key), "float32")
+        return own, onehot
 
     def _group_squares(self, x):
         """``(view, squares of each group (G,))`` of weight ``x``."""
@@ -465,7 +486,7 @@ class CoupledGroupLasso(GroupSparseRegularizer):
         return total
 
     def __call__(self, x):
-        frame = sys._getframe(1)
+        frame = _caller_frame(1)
         self._check_weight(x, frame)
         self.value_only = _read_for_proximal(self, frame)
         if self.scales and self._members is None:

@@ -449,6 +449,22 @@ def test_training_gives_exact_zero_groups_that_stay_zero(name):
     assert np.all(model.layers[0].kernel.numpy()[5:] == 0.0)
 
 
+def test_a_compiled_step_equals_an_eager_step():
+    # On torch, jit_compile=True is torch.compile: the penalties and the proximal step are traced
+    # (Adam's slots next to the proximal step once crashed the compiler's C++ code generation).
+    x, y = toy_data()
+    make, factor = OPTIMIZERS["adam"]
+    weights = {}
+    for jit_compile in (False, True):
+        model = toy_model(factor)
+        model.compile(Proximal(make()), "sparse_categorical_crossentropy", jit_compile=jit_compile)
+        model.fit(x, y, epochs=4, batch_size=8, shuffle=False, verbose=0)
+        weights[jit_compile] = [w.numpy() for w in model.trainable_weights]
+    for eager, compiled in zip(weights[False], weights[True]):
+        np.testing.assert_allclose(compiled, eager, atol=1e-5)
+    assert np.all(weights[True][0][5:] == 0.0)  # the dead inputs' groups: exact zeros, compiled too
+
+
 def test_a_zero_group_comes_back_only_when_the_data_pulls():
     x, y = toy_data()
     for factor, comes_back in ((1e-3, True), (3.0, False)):

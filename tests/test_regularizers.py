@@ -250,6 +250,39 @@ def test_trains_with_jit_compile_and_stays_finite(jit_compile, rng):
         assert np.all(np.isfinite(w))
 
 
+@pytest.mark.skipif(keras.backend.backend() != "torch", reason="torch.compile")
+def test_torch_compile_traces_every_penalty_whole():
+    # fullgraph=True fails on any graph break: the penalties, plain and coupled, must trace into one graph.
+    import torch
+
+    from keras_group_lasso import add_group_sparsity
+
+    inputs = keras.Input((4,))
+    branch = keras.layers.Dense(4)(keras.layers.Dense(3, activation="relu")(inputs))
+    stream = keras.layers.Add()([inputs, branch])
+    model = add_group_sparsity(keras.Model(inputs, keras.layers.Dense(2)(stream)), 0.05, penalty="sgl")
+    variable = keras.Variable(np.arange(12, dtype="float32").reshape(3, 4))
+    penalties = [cls(0.1) for cls in ALL_CLASSES]
+    for read in (lambda: list(model.losses), lambda: [penalty(variable) for penalty in penalties]):
+        traced = torch.compile(read, fullgraph=True)()
+        eager = read()
+        assert len(traced) == len(eager)
+        for a, b in zip(traced, eager):
+            assert float(a) == pytest.approx(float(b), rel=1e-6)
+
+
+@pytest.mark.skipif(keras.backend.backend() != "torch", reason="torch.compile")
+def test_activity_regularizer_use_is_refused_under_torch_compile(rng):
+    model = keras.Sequential(
+        [keras.Input((4,)), keras.layers.Dense(3, activity_regularizer=GroupLasso(0.1), name="hidden"),
+         keras.layers.Dense(1)]
+    )
+    model.compile(optimizer="sgd", loss="mse", jit_compile=True)
+    x = rng.random((8, 4)).astype("float32")
+    with pytest.raises(InvalidParameterError, match="GroupLasso: " + _ACTIVITY_MESSAGE):
+        model.fit(x, np.ones((8, 1)), epochs=1, batch_size=8, verbose=0)
+
+
 @pytest.mark.parametrize("policy", ["float16", "bfloat16", "mixed_float16", "mixed_bfloat16"])
 def test_mixed_precision(policy, rng):
     previous = keras.config.dtype_policy()
