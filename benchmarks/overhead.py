@@ -256,6 +256,8 @@ def main(argv=None):
     parser.add_argument("--min-seconds", type=float, default=2.0, help="shortest timed unit (default 2 s)")
     parser.add_argument("--jit", choices=["true", "false", "both"], default="both",
                         help="TensorFlow (both by default) and PyTorch (eager unless true); JAX always compiles")
+    parser.add_argument("--out-name", default=None,
+                        help="results file name without extension (default overhead_KIND_BACKEND)")
     parser.add_argument("--quick", action="store_true", help="3 rounds, 0.5 s units, 4,000 rows, print only")
     args = parser.parse_args(argv)
     if args.quick:
@@ -306,7 +308,7 @@ def main(argv=None):
     for jit, epochs, text, raw in sections:
         lines += [f"## jit_compile={jit} ({epochs} epochs per timed unit)", "", text, "", "Seconds per epoch, in run "
                   "order:", "", *raw, ""]
-    out = common.RESULTS_DIR / f"overhead_{args.kind}_{backend}.md"
+    out = common.RESULTS_DIR / f"{args.out_name or f'overhead_{args.kind}_{backend}'}.md"
     common.write_text_atomically(out, "\n".join(lines))
     common.say(f"wrote {out}")
     return 0
