@@ -55,7 +55,7 @@ import numpy as np
 from keras import ops
 
 from keras_group_lasso import prox
-from keras_group_lasso._backend import torch_compiling
+from keras_group_lasso._backend import torch_compiling, value_outside_trace
 from keras_group_lasso._validation import check_choice, fail
 from keras_group_lasso.regularizers import COUPLED_INDEX, CoupledGroupLasso, GroupSparseRegularizer
 
@@ -287,7 +287,7 @@ class Proximal(keras.optimizers.Optimizer):
 
             def initializer(shape, dtype=None):
                 # A copy: two variables sharing one buffer cannot both be donated (JAX).
-                return ops.cast(ops.copy(source.value), dtype or "float32")
+                return ops.cast(ops.copy(value_outside_trace(source)), dtype or "float32")
 
         self.penalty_multiplier = self.add_variable((2,), initializer=initializer, dtype="float32",
                                                     name="penalty_multiplier")

@@ -170,6 +170,24 @@ def test_proximal_adam_takes_the_joint_step_in_its_own_metric():
     assert zero_in[0][1] and zero_in[0][3] and not zero_in[0][0] and not zero_in[0][2]
 
 
+def test_a_compiled_coupled_step_equals_an_eager_step():
+    # torch: jit_compile=True is torch.compile, which traces the coupled penalties and their joint step too
+    # (Adam: the proximal step after a deliberate graph break; tests/test_optimizers.py has SGD's one graph).
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(64, 4)).astype("float32")
+    y = np.stack([x[:, 0] - x[:, 2], x[:, 0]], axis=1).astype("float32")
+    weights = {}
+    for jit_compile in (False, True):
+        keras.utils.set_random_seed(0)
+        model = add_group_sparsity(residual(), 0.1, penalty="sgl", bias=False)
+        model.compile(optimizer=Proximal(keras.optimizers.Adam(0.02)), loss="mse", jit_compile=jit_compile)
+        model.fit(x, y, epochs=6, batch_size=32, shuffle=False, verbose=0)
+        weights[jit_compile] = [w.numpy() for w in model.trainable_weights]
+    for eager, compiled in zip(weights[False], weights[True]):
+        np.testing.assert_allclose(compiled, eager, atol=1e-5)
+    assert any(np.any(w == 0.0) for w in weights[True])  # the joint step gave exact zeros, compiled too
+
+
 def test_an_unlinked_coupled_penalty_refuses_to_give_a_value():
     penalty = CoupledGroupLasso(0.1, coupled=[0, -1], scales=[1.0])
     with pytest.raises(ValueError, match="not linked to the other layers of its coupled groups"):
