@@ -70,23 +70,24 @@ class SparsityBudget(keras.callbacks.Callback):
     the schedule it shrinks by the same ratio (at most 0.9x, 0.5x when the
     size is below half its target).
 
-    The last ``settle`` fraction of the epochs trains within the budget: at
-    the end of the epoch before it, and of every later epoch, a model still
-    over the budget gets its weakest groups set to zero (a coupled group as
-    one; input groups for a feature budget, the others for a unit budget,
-    both for parameters and FLOPs), the fewest that meet the budget, and a
-    warning says how many. A cut group stays at zero for the rest of ``fit``
-    (its kernel gets a constraint that the optimizer applies after every
-    step, inside the compiled step; the kernel's own constraint still applies
-    first, and ``fit`` ends with the constraints the kernels had), so the
-    structure is what the cut made it and the survivors train within it,
-    with the strength the training started with, halved every epoch the
-    model is below 95 % of the budget. The score of a group is the
-    root mean square of its weights over the median of its kernel's, so each
-    layer loses its own weakest groups, and the strongest group of every
-    kernel stays. A training that stops earlier (``EarlyStopping``) is cut
-    the same way when it ends. ``fit`` therefore ends within the budget,
-    however the penalties were set.
+    The last ``settle`` fraction of the epochs trains within the budget, in a
+    fixed structure: at the end of the epoch before it, a model still over
+    the budget gets its weakest groups set to zero (a coupled group as one;
+    input groups for a feature budget, the others for a unit budget, both
+    for parameters and FLOPs), the fewest that meet the budget, and a
+    warning says how many. Then every group that is zero (``<= threshold``)
+    stays at zero for the rest of ``fit`` (its kernel gets a constraint that
+    the optimizer applies after every step, inside the compiled step; the
+    kernel's own constraint still applies first, and ``fit`` ends with the
+    constraints the kernels had), and the survivors train without the
+    penalties (multipliers 0), so no group comes back and the penalties
+    remove none: ``fit`` ends at the size settling began with. The model
+    keeps the multipliers the search reached. The score of a group is the root mean
+    square of its weights over the median of its kernel's, so each layer
+    loses its own weakest groups, and the strongest group of every kernel
+    stays. A training that stops earlier (``EarlyStopping``) is cut the same
+    way when it ends. ``fit`` therefore ends within the budget, however the
+    penalties were set.
 
     The epoch's ``logs`` (the progress bar, ``History``, a
     ``keras.callbacks.TensorBoard`` placed after it) get
@@ -96,7 +97,7 @@ class SparsityBudget(keras.callbacks.Callback):
     quantity (``budget_features``, ``budget_units``, ``budget_params``,
     ``budget_flops``) and ``budget_cut`` (groups set to zero). The
     multipliers are a variable of the model, saved with it: a training
-    resumed from a saved model starts from the strength it reached.
+    resumed from a saved model starts from the strength the search reached.
 
     Args:
         max_features: selected input features.
@@ -202,6 +203,7 @@ class SparsityBudget(keras.callbacks.Callback):
         self._release_frozen_groups()  # a fit that ended by an exception may have left them
         self._warned = False
         self._settling = False
+        self.reached = list(self.multiplier)
         self.phase = SEARCH
         self.last_sizes = None
 
@@ -248,22 +250,23 @@ class SparsityBudget(keras.callbacks.Callback):
         over = self._over(sizes)
         cut = 0
         if epoch + 1 >= search_end:
-            # Settling: the structure is fixed (by the cut, repeated if units come back) and the
-            # survivors train with the strength the training started with.
+            # Settling: the structure is fixed (by the cut if the model is over its budget) and the
+            # survivors train within it.
             if over > 1.0:
                 cut, sizes = self._cut_weakest_groups(epoch, sizes)
                 over = self._over(sizes)
                 self.phase = CUT
-                self._freeze_cut_groups()
             elif self.phase != CUT:
                 self.phase = WITHIN
             if not self._settling:
+                # The structure is fixed from here on: every group that is zero now stays zero,
+                # and the survivors train without the penalties, so nothing more goes either
+                # (under the penalties a cut network kept losing groups, far below its budget).
                 self._settling = True
-                self.multiplier = list(self.initial)
-            else:  # well below the budget: the penalty eases off, so training stops removing units
-                for entry, ratio in enumerate(self._entry_overs(sizes)):
-                    if ratio is not None and ratio < 0.95:
-                        self.multiplier[entry] *= 0.5
+                self.reached = list(self.multiplier)
+                self._cut_before |= self._dead_groups()
+                self.multiplier = [0.0, 0.0]
+            self._freeze_cut_groups()
         else:
             self._steer(sizes, epoch, search_end)
             self.phase = SEARCH if over > 1.0 else WITHIN
@@ -288,6 +291,8 @@ class SparsityBudget(keras.callbacks.Callback):
             _, self.last_sizes = self._cut_weakest_groups(None, sizes)
             self.phase = CUT
         self._release_frozen_groups()
+        if self._settling:  # the model keeps the strength the search reached (saved with it, resumed from)
+            set_penalty_multiplier(self.model, input=self.reached[0], hidden=self.reached[1])
 
     # ------------------------------------------------------------------ keeping cut groups at zero
 
@@ -320,6 +325,19 @@ class SparsityBudget(keras.callbacks.Callback):
             changed = True
         if changed:
             self.model.make_train_function(force=True)
+
+    def _dead_groups(self):
+        """``{(path, row)}``: the groups of every penalised kernel whose weights are all ``<= threshold``."""
+        dead = set()
+        for variable in self.model.weights:
+            penalty = getattr(variable, "regularizer", None)
+            if not isinstance(penalty, GroupSparseRegularizer) or len(variable.shape) < 2:
+                continue
+            view = penalty.group_shape(tuple(variable.shape))
+            value = np.abs(np.asarray(keras.ops.convert_to_numpy(variable))).reshape(view)
+            axes = tuple(a for a in range(len(view)) if a != len(view) - 2)
+            dead |= {(variable.path, int(row)) for row in np.flatnonzero(np.max(value, axis=axes) <= self.threshold)}
+        return dead
 
     def _release_frozen_groups(self):
         """Give every kernel back the constraint it had before the cut; the next ``fit`` traces without them."""

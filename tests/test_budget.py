@@ -54,9 +54,25 @@ def test_training_ends_within_a_feature_budget(rng, optimizer):
     assert history.history["budget_features"][-1] == report.n_selected_features
     for key in ("budget_multiplier_input", "budget_multiplier_hidden", "budget_phase", "budget_over", "budget_cut"):
         assert len(history.history[key]) == 12
-    # Only the input groups' strength was steered.
-    assert history.history["budget_multiplier_hidden"] == [1.0] * 12
+    # Only the input groups' strength was steered; the last fifth (3 epochs) trains without the penalties.
+    assert history.history["budget_multiplier_hidden"] == [1.0] * 9 + [0.0] * 3
+    assert history.history["budget_multiplier_input"][9:] == [0.0] * 3
     assert max(history.history["budget_multiplier_input"]) > 1.0
+    # The model keeps the strength the search reached.
+    reached = keras.ops.convert_to_numpy(model.penalty_multiplier).tolist()
+    assert reached == pytest.approx([history.history["budget_multiplier_input"][8], 1.0])
+
+
+def test_settling_keeps_the_structure_it_starts_with(rng):
+    # Strong penalties keep removing features under Proximal; once settling begins nothing goes or comes back.
+    x, y = data(rng)
+    model = mlp(factor=3e-3)
+    history, _ = fit(model, x, y, SparsityBudget(max_features=8, settle=0.5), epochs=6)
+    sizes = history.history["budget_features"]
+    assert sizes[2] <= 8 and sizes[2:] == [sizes[2]] * 4
+    kernel = keras.ops.convert_to_numpy(model.layers[0].kernel)
+    assert np.sum(np.all(kernel == 0.0, axis=1)) == 12 - sizes[2]
+    assert model.layers[0].kernel.constraint is None
 
 
 def test_the_cut_removes_the_fewest_groups_and_lands_on_the_budget(rng):
@@ -173,7 +189,7 @@ def test_the_multiplier_saves_and_a_resumed_budget_starts_from_it(rng, tmp_path)
     model = mlp()
     history, _ = fit(model, x, y, SparsityBudget(max_features=4, settle=0.5), epochs=4)
     reached = keras.ops.convert_to_numpy(model.penalty_multiplier).tolist()
-    assert reached[0] == pytest.approx(history.history["budget_multiplier_input"][-1])
+    assert reached[0] == pytest.approx(history.history["budget_multiplier_input"][0])  # the last searching epoch
     path = tmp_path / "budget.keras"
     model.save(path)
     loaded = keras.saving.load_model(path)
