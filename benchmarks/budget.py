@@ -285,12 +285,10 @@ def fashion_part(args):
 
 
 def _before_settling(history):
-    """Features at the end of the searching part (the epoch before the first possible cut)."""
-    import math
-
-    epochs = len(history["budget_features"])
-    search_end = max(1, math.ceil(0.8 * epochs))  # SparsityBudget's default settle=0.2
-    return history["budget_features"][max(0, search_end - 2)]
+    """Features at the end of the searching part: the last epoch before the multipliers went to 0."""
+    multipliers = history["budget_multiplier_input"]
+    start = next((e for e, m in enumerate(multipliers) if m == 0.0 and e > 0), len(multipliers))
+    return history["budget_features"][start - 1]
 
 
 def _cuts(records):
@@ -315,7 +313,8 @@ def _digits_lines(args, budget_rows, path_rows):
         "zero that were not zero; a cut group stays at zero for the rest of the fit, so the cut acts again "
         "only if other groups grow back over the budget). "
         "\"features before settling\": the features at the end of "
-        "the searching part (epoch 159 of 200), what the steered penalty reached by itself. The path's models "
+        "the searching part (the epoch before the multipliers go to 0: epoch 160 of 200 at the latest), what the "
+        "steered penalty reached by itself. The path's models "
         "train on 80 % of the training part (the other 20 % choose the point); the budgeted fits train on all "
         "of it and choose nothing.",
         "",

@@ -29,6 +29,7 @@ __all__ = ["SparsityBudget"]
 _OWNER = "SparsityBudget"
 _KINDS = ("features", "units", "params", "flops")
 SEARCH, WITHIN, CUT = 0, 1, 2  # the values of logs["budget_phase"]
+_NEAR = 0.05  # settling may begin early once the schedule is this close to the budget (a fraction of it)
 
 
 def _check_limit(name, value):
@@ -71,7 +72,10 @@ class SparsityBudget(keras.callbacks.Callback):
     size is below half its target).
 
     The last ``settle`` fraction of the epochs trains within the budget, in a
-    fixed structure: at the end of the epoch before it, a model still over
+    fixed structure; settling begins earlier when the model is within its
+    budget at an epoch where every scheduled size is within 5 % of its budget
+    (the penalties would take it further below the budget than it needs). At
+    the end of the epoch before the last ``settle`` fraction, a model still over
     the budget gets its weakest groups set to zero (a coupled group as one;
     input groups for a feature budget, the others for a unit budget, both
     for parameters and FLOPs), the fewest that meet the budget, and a
@@ -223,9 +227,9 @@ class SparsityBudget(keras.callbacks.Callback):
             entries.append(max(served) if served else None)
         return entries
 
-    def _steer(self, sizes, epoch, search_end):
+    def _steer(self, sizes, progress):
         """Move each multiplier entry so that the sizes follow :meth:`_targets` to the budget."""
-        targets = self._targets(min(1.0, (epoch + 1) / search_end))
+        targets = self._targets(progress)
         before = self.last_sizes or self.dense
         for entry, ratio in enumerate(self._entry_overs(sizes, targets)):
             if ratio is None:
@@ -239,6 +243,16 @@ class SparsityBudget(keras.callbacks.Callback):
             elif ratio < 0.98:  # ahead of it: weaker, so the rest of the network keeps its strength
                 self.multiplier[entry] *= max(ratio, 0.5 if ratio < 0.5 else 0.9)
 
+    def _near_budget(self, progress):
+        """Whether every scheduled size is within ``_NEAR`` of its budget: a model within its budget then settles.
+
+        Near the end of the schedule the penalties keep removing groups for a few epochs after they are
+        eased (under ``Proximal`` a shrinking group reaches zero and stays there); searching on would
+        take the model further below its budget than it needs.
+        """
+        targets = self._targets(progress)
+        return all(targets[kind] - limit <= _NEAR * limit for kind, limit in self.limits.items())
+
     def _targets(self, progress):
         """Sizes on the way to the budget: ``budget + (dense - budget) * (1 - progress) ** 3``."""
         return {kind: limit + (self.dense[kind] - limit) * (1.0 - progress) ** 3 for kind, limit in self.limits.items()}
@@ -249,7 +263,8 @@ class SparsityBudget(keras.callbacks.Callback):
         sizes = self._sizes(self._report())
         over = self._over(sizes)
         cut = 0
-        if epoch + 1 >= search_end:
+        progress = min(1.0, (epoch + 1) / search_end)
+        if self._settling or epoch + 1 >= search_end or (over <= 1.0 and self._near_budget(progress)):
             # Settling: the structure is fixed (by the cut if the model is over its budget) and the
             # survivors train within it.
             if over > 1.0:
@@ -263,12 +278,13 @@ class SparsityBudget(keras.callbacks.Callback):
                 # and the survivors train without the penalties, so nothing more goes either
                 # (under the penalties a cut network kept losing groups, far below its budget).
                 self._settling = True
+                self._warn_far_below(sizes, epoch)
                 self.reached = list(self.multiplier)
                 self._cut_before |= self._dead_groups()
                 self.multiplier = [0.0, 0.0]
             self._freeze_cut_groups()
         else:
-            self._steer(sizes, epoch, search_end)
+            self._steer(sizes, progress)
             self.phase = SEARCH if over > 1.0 else WITHIN
         set_penalty_multiplier(self.model, input=self.multiplier[0], hidden=self.multiplier[1])
         self.last_sizes = sizes
@@ -280,6 +296,19 @@ class SparsityBudget(keras.callbacks.Callback):
             logs["budget_cut"] = int(cut)
             for kind in self.limits:
                 logs[f"budget_{kind}"] = int(sizes[kind])
+
+    def _warn_far_below(self, sizes, epoch):
+        """Say so when settling begins below half a budget: the penalties took more than was asked."""
+        far = [f"{kind} {sizes[kind]} (budget {limit})" for kind, limit in self.limits.items()
+               if sizes[kind] < 0.5 * limit]
+        if far:
+            warnings.warn(
+                f"{_OWNER}: at the end of epoch {epoch + 1} the model was far below its budget: {', '.join(far)}. "
+                "The penalties removed more than the budget asks before they could be eased (with Proximal a "
+                "group at zero stays there); a smaller penalty factor lets the search land closer.",
+                RuntimeWarning,
+                stacklevel=3,
+            )
 
     def on_train_end(self, logs=None):
         # A training stopped before its settling part (EarlyStopping, a KeyboardInterrupt
