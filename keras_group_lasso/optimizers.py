@@ -67,32 +67,44 @@ _MIN_PRECONDITIONER = prox.MIN_METRIC
 weighted_sparse_group_soft_threshold = prox.weighted_sparse_group_soft_threshold  # its home before 0.3
 
 
-# The metric d of each Keras optimizer's own step, which is "lr * direction / d"
-# once the direction (a gradient average) has settled. A Python float is a
-# constant metric. Keras keeps the slot variables in per-class lists (not public
-# API); they are read here and only here, and tests/test_optimizers.py checks
-# every entry against the update the optimizer really makes.
+# The metric of each Keras optimizer's own step, which is "lr * direction / d"
+# once the direction (a gradient average) has settled, as a pair (m, c): d = m / c
+# with c a scalar (Adam's bias correction), so that a proximal step divides the
+# small thresholds by c instead of the weight-sized m (one pass over the weights
+# less, where ops run one by one). m is at least MIN_METRIC * c. A Python float m
+# is a constant metric. Keras keeps the slot variables in per-class lists (not
+# public API); they are read here and only here, and tests/test_optimizers.py
+# checks every entry against the update the optimizer really makes.
 def _sgd_d(opt, i, dtype):
     # Keras's velocity is v <- momentum * v - lr * g: a steady gradient moves
     # the weight by lr * g / (1 - momentum) per step (Nesterov too).
-    return max(1.0 - float(opt.momentum), _MIN_PRECONDITIONER)
+    return max(1.0 - float(opt.momentum), _MIN_PRECONDITIONER), 1.0
+
+
+def _floored(m, epsilon, c=1.0):
+    # m >= epsilon already: the floor is a pass over the weights only when epsilon is below it.
+    return m if float(epsilon) >= _MIN_PRECONDITIONER else ops.maximum(m, _MIN_PRECONDITIONER * c)
+
+
+def _bias_correction(opt, dtype):
+    t = ops.cast(opt.iterations, dtype)
+    return ops.sqrt(1.0 - ops.power(ops.cast(opt.beta_2, dtype), t))
 
 
 def _adam_d(opt, i, dtype):
     v = (opt._velocity_hats if opt.amsgrad else opt._velocities)[i]
-    t = ops.cast(opt.iterations, dtype)
-    correction = ops.sqrt(1.0 - ops.power(ops.cast(opt.beta_2, dtype), t))
-    return (ops.sqrt(ops.cast(v, dtype)) + opt.epsilon) / correction
+    c = _bias_correction(opt, dtype)
+    return _floored(ops.sqrt(ops.cast(v, dtype)) + opt.epsilon, opt.epsilon, c), c
 
 
 def _nadam_d(opt, i, dtype):
-    t = ops.cast(opt.iterations, dtype)
-    v_hat = ops.cast(opt._velocities[i], dtype) / (1.0 - ops.power(ops.cast(opt.beta_2, dtype), t))
-    return ops.sqrt(v_hat) + opt.epsilon
+    # sqrt(v / c^2) + eps = (sqrt(v) + eps * c) / c
+    c = _bias_correction(opt, dtype)
+    return _floored(ops.sqrt(ops.cast(opt._velocities[i], dtype)) + opt.epsilon * c, opt.epsilon, c), c
 
 
 def _adamax_d(opt, i, dtype):
-    return ops.cast(opt._u[i], dtype) + opt.epsilon
+    return _floored(ops.cast(opt._u[i], dtype) + opt.epsilon, opt.epsilon), 1.0
 
 
 def _rmsprop_d(opt, i, dtype):
@@ -100,11 +112,12 @@ def _rmsprop_d(opt, i, dtype):
     if opt.centered:
         v = v - ops.square(ops.cast(opt._average_gradients[i], dtype))
     # Like SGD's, RMSprop's momentum accumulates lr * g / sqrt(v + eps) undamped.
-    return ops.sqrt(v + opt.epsilon) * max(1.0 - float(opt.momentum), _MIN_PRECONDITIONER)
+    d = ops.sqrt(v + opt.epsilon) * max(1.0 - float(opt.momentum), _MIN_PRECONDITIONER)
+    return ops.maximum(d, _MIN_PRECONDITIONER), 1.0
 
 
 def _adagrad_d(opt, i, dtype):
-    return ops.sqrt(ops.cast(opt._accumulators[i], dtype) + opt.epsilon)
+    return ops.maximum(ops.sqrt(ops.cast(opt._accumulators[i], dtype) + opt.epsilon), _MIN_PRECONDITIONER), 1.0
 
 
 def _metrics():
@@ -120,11 +133,24 @@ def _metrics():
     )
 
 
-def _find_metric(optimizer):
+def _find_metric_parts(optimizer):
     for cls, fn in _metrics():
         if isinstance(optimizer, cls):
             return fn
     return None
+
+
+def _find_metric(optimizer):
+    """The metric ``d`` itself, ``m / c`` (``None`` for an optimizer whose metric is not known)."""
+    parts = _find_metric_parts(optimizer)
+    if parts is None:
+        return None
+
+    def metric(opt, i, dtype):
+        m, c = parts(opt, i, dtype)
+        return m / c if isinstance(m, float) else m / ops.cast(c, dtype)
+
+    return metric
 
 
 @keras.saving.register_keras_serializable(package=_PACKAGE, name="Proximal")
@@ -237,7 +263,7 @@ class Proximal(keras.optimizers.Optimizer):
                 "their proximal step instead of their gradient).",
                 stacklevel=2,
             )
-        known = _find_metric(inner)
+        known = _find_metric_parts(inner)
         if metric == "optimizer" and known is None:
             fail(
                 owner,
@@ -452,24 +478,31 @@ class Proximal(keras.optimizers.Optimizer):
             grads[index] = grad - ops.cast(scale, grad.dtype) * penalty_grad
         return grads
 
-    def _proximal_point(self, index, penalty, value, learning_rate):
-        """``prox`` of ``penalty`` at ``value`` (the weight after the wrapped update)."""
+    def _proximal_point(self, index, penalty, value, rate):
+        """``prox`` of ``penalty`` at ``value`` (the weight after the wrapped update); ``rate``: lr * multiplier."""
         value = ops.convert_to_tensor(value)
         shape = tuple(value.shape)
         view = penalty.group_shape(shape)  # groups along axis -2 (whole channels for channels=C)
         dtype = prox.compute_dtype(value.dtype)
         x = ops.reshape(ops.cast(value, dtype), view)
-        lr = ops.cast(learning_rate, dtype) * ops.cast(self.penalty_multiplier[penalty.multiplier_index], dtype)
-        d = 1.0 if self._metric is None else self._metric(self.inner_optimizer, index, dtype)
-        if isinstance(d, float):  # a constant metric: the Euclidean closed form, thresholds lr * λ / d
-            step = lr / d
+        rate = ops.cast(rate, dtype)
+        m, c = (1.0, 1.0) if self._metric is None else self._metric(self.inner_optimizer, index, dtype)
+        if isinstance(m, float):  # a constant metric: the Euclidean closed form, thresholds lr * λ / d
+            step = rate / m
             z = prox.sgl_step(x, step * penalty.factor, step * penalty.l1, use_l1=bool(penalty.l1))
-        else:
-            d = ops.maximum(ops.reshape(d, view), _MIN_PRECONDITIONER)
-            z = prox.weighted_sgl_step(x, d, lr * penalty.factor, lr * penalty.l1, use_l1=bool(penalty.l1))
+        else:  # d = m / c: the step in the metric m with thresholds times c (sgl_step is homogeneous)
+            if not isinstance(c, float):
+                rate = rate * ops.cast(c, dtype)
+            m = ops.reshape(m, view)
+            z = prox.weighted_sgl_step(x, m, rate * penalty.factor, rate * penalty.l1, use_l1=bool(penalty.l1))
         return ops.cast(ops.reshape(z, shape), value.dtype)
 
-    def _coupled_points(self, coupled, learning_rate):
+    def _rates(self, learning_rate):
+        """``lr * multiplier`` of each entry of the penalties' strength multiplier, once per step."""
+        lr = ops.cast(learning_rate, "float32")
+        return [lr * self.penalty_multiplier[0], lr * self.penalty_multiplier[1]]
+
+    def _coupled_points(self, coupled, rates):
         """Proximal points of the weights that share coupled groups, all read before any is written.
 
         In gradient units ``q = d * x`` (``d``: the metric), as
@@ -484,12 +517,12 @@ class Proximal(keras.optimizers.Optimizer):
             shape = tuple(value.shape)
             view = penalty.group_shape(shape)
             dtype = prox.compute_dtype(value.dtype)
-            lr = ops.cast(learning_rate, dtype)
-            lr_coupled = lr * ops.cast(self.penalty_multiplier[COUPLED_INDEX], dtype)
-            lr = lr * ops.cast(self.penalty_multiplier[penalty.multiplier_index], dtype)
+            lr_coupled = ops.cast(rates[COUPLED_INDEX], dtype)
+            lr = ops.cast(rates[penalty.multiplier_index], dtype)
             x = ops.reshape(ops.cast(value, dtype), view)
-            d = 1.0 if self._metric is None else self._metric(self.inner_optimizer, index, dtype)
-            d = ops.cast(d, dtype) if isinstance(d, float) else ops.maximum(ops.reshape(d, view), _MIN_PRECONDITIONER)
+            m, c = (1.0, 1.0) if self._metric is None else self._metric(self.inner_optimizer, index, dtype)
+            # The union's norm adds parts of several weights: each in gradient units, d = m / c.
+            d = ops.cast(m / c, dtype) if isinstance(m, float) else ops.reshape(m if isinstance(c, float) else m / c, view)
             q = ops.multiply(d, x)
             if penalty.l1:
                 t = lr * penalty.l1
@@ -528,26 +561,28 @@ class Proximal(keras.optimizers.Optimizer):
             else:
                 context.merge_call(self._distributed_proximal_steps, args=(penalties, learning_rate, coupled))
             return
-        points = self._coupled_points(coupled, learning_rate) if coupled else []
+        rates = self._rates(learning_rate)
+        points = self._coupled_points(coupled, rates) if coupled else []
         for index, penalty in penalties:
             variable = self._trainable_variables[index]
-            variable.assign(self._proximal_point(index, penalty, variable, learning_rate))
+            variable.assign(self._proximal_point(index, penalty, variable, rates[penalty.multiplier_index]))
         for index, z in points:
             self._trainable_variables[index].assign(z)
 
     def _distributed_proximal_steps(self, strategy, penalties, learning_rate, coupled=()):
         # Like Keras's own weight decay: one update per variable, on every replica.
-        for index, z in self._coupled_points(coupled, learning_rate) if coupled else []:
+        rates = self._rates(learning_rate)
+        for index, z in self._coupled_points(coupled, rates) if coupled else []:
             strategy.extended.update(
                 self._trainable_variables[index].value, lambda var, z: var.assign(z), args=(z,), group=False
             )
         for index, penalty in penalties:
 
-            def step(var, lr, index=index, penalty=penalty):
-                return var.assign(self._proximal_point(index, penalty, var, lr))
+            def step(var, rate, index=index, penalty=penalty):
+                return var.assign(self._proximal_point(index, penalty, var, rate))
 
             strategy.extended.update(
-                self._trainable_variables[index].value, step, args=(learning_rate,), group=False
+                self._trainable_variables[index].value, step, args=(rates[penalty.multiplier_index],), group=False
             )
 
     def get_config(self):

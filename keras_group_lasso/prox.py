@@ -150,11 +150,11 @@ def group_sparse_penalty(x, group_factor, l1_factor=0.0, gradient=True):
         x = ops.stop_gradient(x)
         if not axes:
             return (a + b) * ops.sum(ops.abs(x))
-        return _sgl_value(x, a * math.sqrt(group_size(shape)), b, axes)[0]
+        return _sgl_value(x, a * math.sqrt(group_size(shape)), b)[0]
     if not axes:
         return _l1_only(x, a + b)
     scale = a * math.sqrt(group_size(shape))
-    return _sgl(x, scale, b, axes)
+    return _sgl(x, scale, b)
 
 
 def _l1_only(x, c):
@@ -174,44 +174,60 @@ def _l1_only(x, c):
     return penalty(x)
 
 
-def _sgl_value(w, scale, b, axes):
+def _group_norm(x):
+    """``||g||_2`` of every group of ``x`` (rank >= 2), kept as ``(1, ..., groups, 1)``: one reduction.
+
+    One norm op instead of a square and a sum: one pass over the weights
+    where the ops run one by one (eager PyTorch and TensorFlow), the same
+    fused reduction under XLA. Rank > 3 is seen as ``(prod(shape[:-2]),
+    groups, out)`` (a free reshape) so that every backend's norm takes it.
+    """
+    shape = tuple(x.shape)
+    if len(shape) == 2:
+        return ops.norm(x, axis=1, keepdims=True)
+    view = (math.prod([int(d) for d in shape[:-2]]), shape[-2], shape[-1])
+    norms = ops.norm(ops.reshape(x, view), axis=(0, 2), keepdims=True)
+    return norms if len(shape) == 3 else ops.reshape(norms, (1,) * (len(shape) - 2) + (shape[-2], 1))
+
+
+def _sgl_value(w, scale, b):
     """``(value, 1 / ||g||)``: the penalty and the inverse group norms (0 for a zero group)."""
-    sq = ops.sum(ops.square(w), axis=axes, keepdims=True)
-    inv_norm = _inverse_norm(sq)
-    norms = ops.multiply(sq, inv_norm)  # sqrt(sq), 0 where sq == 0
+    norms = _group_norm(w)
     value = scale * ops.sum(norms)
     if b:
         value = value + b * ops.sum(ops.abs(w))
-    return value, inv_norm
+    return value, _inverse(norms)
 
 
-def _sgl(x, scale, b, axes):
+def _sgl(x, scale, b):
     @ops.custom_gradient
     def penalty(w):
-        value, inv_norm = _sgl_value(w, scale, b, axes)
+        value, inv_norm = _sgl_value(w, scale, b)
 
         def grad(*args, upstream=None):
             if upstream is None:
                 (upstream,) = args
-            # sign(w) recomputed here, not kept from the forward pass (see _l1_only).
-            return ops.multiply(upstream, _sgl_gradient(w, scale * inv_norm, b))
+            # sign(w) recomputed here, not kept from the forward pass (see _l1_only); the
+            # upstream scalar goes into the per-group scale and the l1 factor, not over w.
+            upstream = ops.cast(upstream, w.dtype)
+            return _sgl_gradient(w, upstream * (scale * inv_norm), upstream * b if b else 0.0)
 
         return value, grad
 
     return penalty(x)
 
 
-def _inverse_norm(sq):
-    """``1 / sqrt(sq)``, and 0 where ``sq == 0`` (double ``where``: no NaN, no inf)."""
-    positive = ops.greater(sq, 0)
-    return ops.where(positive, ops.rsqrt(ops.where(positive, sq, ops.ones_like(sq))), 0.0)
+def _inverse(norms):
+    """``1 / norms``, and 0 where a norm is 0 (double ``where``: no NaN, no inf)."""
+    positive = ops.greater(norms, 0)
+    return ops.where(positive, 1.0 / ops.where(positive, norms, ops.ones_like(norms)), 0.0)
 
 
 def _sgl_gradient(w, group_scale, b):
     # The one formula of the penalty gradient: the regularizers' custom gradient
     # and group_sparse_gradient (which Proximal subtracts) both end here.
     g = ops.multiply(w, group_scale)
-    if b:
+    if not isinstance(b, float) or b:
         g = g + b * ops.sign(w)
     return g
 
@@ -247,13 +263,14 @@ def group_sparse_gradient(x, group_factor, l1_factor=0.0):
     b = float(l1_factor)
     if not axes:
         return ops.cast((a + b) * ops.sign(wide), dtype)
-    sq = ops.sum(ops.square(wide), axis=axes, keepdims=True)
     scale = a * math.sqrt(group_size(shape))
-    return ops.cast(_sgl_gradient(wide, scale * _inverse_norm(sq), b), dtype)
+    return ops.cast(_sgl_gradient(wide, scale * _inverse(_group_norm(wide)), b), dtype)
 
 
-# Smallest normal number of the dtypes the proximal step is computed in.
+# Smallest normal number of the dtypes the proximal step is computed in, and its square root
+# (the floor of a group norm: a group whose squares underflow counts as zero).
 _TINY = {name: float(np.finfo(name).tiny) for name in ("float32", "float64")}
+_SQRT_TINY = {name: math.sqrt(tiny) for name, tiny in _TINY.items()}
 
 # Lower bound on a metric entry: keeps lr * lambda / d finite if a user
 # sets epsilon=0 and a coordinate never saw a gradient.
@@ -402,8 +419,8 @@ def sgl_step(x, a, b, use_l1=True):
     """The one kernel of the sparse-group-Lasso proximal step, in few ops (it runs every training step).
 
     ``S_t(x) = x - clip(x, -t, t)`` (exactly 0 inside); the group factor
-    ``max(0, 1 - c / ||g||)`` with ``||g||^2`` floored at the dtype's smallest
-    normal number, so an all-zero group, or one whose squares underflow, gets
+    ``max(0, 1 - c / ||g||)`` with ``||g||`` floored at the square root of the dtype's
+    smallest normal number, so an all-zero group, or one whose squares underflow, gets
     factor 0 (1 when ``c == 0``) without a ``where``. ``x`` is float32 or
     float64 (:func:`compute_dtype`); ``use_l1=False`` skips the soft threshold by ``b``.
     """
@@ -417,5 +434,5 @@ def sgl_step(x, a, b, use_l1=True):
         t = ops.cast(b, dtype)
         x = x - ops.clip(x, -t, t)
     c = a * math.sqrt(group_size(shape))
-    sq = ops.sum(ops.square(x), axis=group_axes(shape), keepdims=True)
-    return x * ops.maximum(1.0 - c * ops.rsqrt(ops.maximum(sq, _TINY[keras.backend.standardize_dtype(dtype)])), 0.0)
+    floor = _SQRT_TINY[keras.backend.standardize_dtype(dtype)]
+    return x * ops.maximum(1.0 - c / ops.maximum(_group_norm(x), floor), 0.0)
