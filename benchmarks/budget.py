@@ -496,8 +496,10 @@ def render(payloads, rendered_by=None):
             paths = [dict(p, budgets={int(k): v for k, v in p["budgets"].items()}) for p in payload["digits_path"]]
             lines += _digits_lines(args, payload["digits_budget"], paths)
     fashion = [payload["fashion"] for payload in payloads if payload.get("fashion")]
-    if len(fashion) > 1:
-        lines += _fashion_seeds_lines(fashion)
+    for epochs in sorted({run["epochs"] for run in fashion}):  # one table of seeds per training length
+        runs = [run for run in fashion if run["epochs"] == epochs]
+        if len(runs) > 1:
+            lines += _fashion_seeds_lines(runs)
     for one in fashion:
         lines += _fashion_lines(one)
     return "\n".join(lines) + "\n"
