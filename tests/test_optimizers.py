@@ -254,6 +254,25 @@ def test_adam_step_is_the_prox_in_adams_metric(rng):
     assert opt.resolved_metric == "optimizer"
 
 
+def test_a_metric_below_its_floor_is_raised_to_it(rng):
+    # epsilon below MIN_METRIC: where Adam saw no gradient its metric would be ~epsilon; it is
+    # floored at 1e-12 (the step stays finite, and the group goes).
+    w0 = rng.normal(size=(4, 3)).astype(np.float32)
+    g = rng.normal(size=(4, 3)).astype(np.float32)
+    g[1] = 0.0
+    reg = SparseGroupLasso(0.05, l1=0.01)
+    v = penalized_variable(w0, reg)
+    inner = keras.optimizers.Adam(0.1, epsilon=1e-14)
+    opt = Proximal(inner)
+    opt.build([v])
+    opt.apply([loss_gradient(g, w0, reg)], [v])
+    d_adam = (np.sqrt(0.001 * g.astype(np.float64) ** 2) + 1e-14) / math.sqrt(1 - 0.999)
+    u = w0 - 0.1 * g / d_adam
+    expected = np_weighted_sgl(u, np.maximum(d_adam, 1e-12), 0.1 * 0.05, 0.1 * 0.01)
+    np.testing.assert_allclose(v.numpy(), expected, rtol=1e-4, atol=1e-6)
+    assert np.all(v.numpy()[1] == 0.0) and np.all(np.isfinite(v.numpy()))
+
+
 @pytest.mark.parametrize(
     "make",
     [
