@@ -239,7 +239,8 @@ def fashion_part(args):
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", RuntimeWarning)
         history, wall = _fit_fashion(
-            model, data, args.fashion_epochs, seed, [SparsityBudget(max_params=budget, threshold=THRESHOLD)]
+            model, data, args.fashion_epochs, seed,
+            [SparsityBudget(max_params=budget, threshold=THRESHOLD, settle=args.fashion_settle)]
         )
     log = _budget_history(history)
     report = sparsity_report(model, threshold=THRESHOLD)
@@ -281,7 +282,7 @@ def fashion_part(args):
     }
     common.say(f"fashion dense {rows['dense_small']['layer_sizes']}: test {rows['dense_small']['test']:.4f}")
     return {"seed": seed, "epochs": args.fashion_epochs, "optimizer": args.fashion_optimizer,
-            "group_weight": args.fashion_group_weight, "rows": rows}
+            "group_weight": args.fashion_group_weight, "settle": args.fashion_settle, "rows": rows}
 
 
 def _before_settling(history):
@@ -412,6 +413,7 @@ def _fashion_lines(fashion):
     rows = fashion["rows"]
     l2, b = rows["L2"], rows["budget"]
     optimizer = fashion.get("optimizer", "Adam")
+    settle = "" if fashion.get("settle", 0.2) == 0.2 else f", settle={fashion['settle']:g}"
     weight = fashion.get("group_weight", "size")
     weighting = "" if weight == "size" else f', group_weight="{weight}"'
     # "10 % of L2's parameters": of the dense L2 network (what the budget was set from) and, stricter, of
@@ -451,7 +453,7 @@ def _fashion_lines(fashion):
         f"epochs for both rows, one seed ({fashion['seed']}), official 60k/10k split. L2: `L2(1e-4)` on every "
         f"kernel and bias, thresholded at 1e-3 after training. Budget: "
         f"`add_group_sparsity(model, 1e-4{weighting})` and "
-        f"`SparsityBudget(max_params={b['budget_params']:,})`, 10 % of the L2 network's "
+        f"`SparsityBudget(max_params={b['budget_params']:,}{settle})`, 10 % of the L2 network's "
         f"{l2['params_before']:,} parameters (`sparsity_report(l2_model).params_before`).",
         "",
     ] + table.splitlines() + [
@@ -496,8 +498,11 @@ def render(payloads, rendered_by=None):
             paths = [dict(p, budgets={int(k): v for k, v in p["budgets"].items()}) for p in payload["digits_path"]]
             lines += _digits_lines(args, payload["digits_budget"], paths)
     fashion = [payload["fashion"] for payload in payloads if payload.get("fashion")]
-    for epochs in sorted({run["epochs"] for run in fashion}):  # one table of seeds per training length
-        runs = [run for run in fashion if run["epochs"] == epochs]
+    def setting(run):
+        return run["epochs"], run.get("settle", 0.2)
+
+    for key in sorted({setting(run) for run in fashion}):  # one table of seeds per training length and settle
+        runs = [run for run in fashion if setting(run) == key]
         if len(runs) > 1:
             lines += _fashion_seeds_lines(runs)
     for one in fashion:
@@ -526,7 +531,10 @@ def _fashion_seeds_lines(runs):
     table = common.markdown_table(
         ["seed", "budget row", "L2 test [%]", "budget test [%]", "budget - L2 [points]",
          "plain dense at the budget's size [%]", "budget params", "budget layer sizes"], body)
-    return [f"## Fashion-MNIST over {len(runs)} seeds, {runs[0]['epochs']} epochs", ""] + table.splitlines() + [""]
+    settle = runs[0].get("settle", 0.2)
+    title = f"## Fashion-MNIST over {len(runs)} seeds, {runs[0]['epochs']} epochs" + (
+        "" if settle == 0.2 else f", settle={settle:g}")
+    return [title, ""] + table.splitlines() + [""]
 
 
 def main(argv=None):
@@ -540,6 +548,8 @@ def main(argv=None):
     parser.add_argument("--fashion-group-weight", choices=("size", "flops"), default="size",
                         help="add_group_sparsity's group_weight in the Fashion budget row")
     parser.add_argument("--fashion-seed", type=int, default=0)
+    parser.add_argument("--fashion-settle", type=float, default=0.2,
+                        help="SparsityBudget's settle in the Fashion budget row (default 0.2)")
     parser.add_argument("--skip-digits", action="store_true")
     parser.add_argument("--skip-fashion", action="store_true")
     parser.add_argument("--quick", action="store_true", help="1 seed, 20 epochs, 2 Fashion epochs on 6,000 images; "
