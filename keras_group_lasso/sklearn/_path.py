@@ -110,7 +110,7 @@ class RegularizationPath:
         >>> print(path)
         RegularizationPath: 3 points, ... s
                alpha  features  neurons  accuracy  penalized
-                   0         8       10    0.9200     0.8900
+                   0         8       10    0.9200        ...
                 0.01         3        9    0.9600     0.9600
                 0.02         2        8    0.9700     0.9400
         >>> best = path.best(max_features=2)
