@@ -301,6 +301,8 @@ def main(argv=None):
                         help="add_group_sparsity's group_weight: sqrt(|g|) (the paper's) or each unit's multiply-adds")
     parser.add_argument("--budget-flops", type=float, default=None, metavar="FRACTION",
                         help="train each λ under SparsityBudget(max_flops=FRACTION): λ is then the starting strength")
+    parser.add_argument("--budget-schedule-power", type=float, default=3.0,
+                        help="SparsityBudget's schedule_power (default 3)")
     parser.add_argument("--out-name", default="resnet_fashion", help="results file name, without extension")
     parser.add_argument("--quick", action="store_true", help="3,000 training images, 1 epoch (a smoke run)")
     args = parser.parse_args(argv)
@@ -330,13 +332,15 @@ def main(argv=None):
         model = add_group_sparsity(build_resnet(args.seed, channels), lam, penalty="group",
                                    group_weight=args.group_weight)
         compile_model(model, Proximal(keras.optimizers.SGD(cosine(SGD_LR, epochs, n_train), momentum=MOMENTUM)))
-        budget = [SparsityBudget(max_flops=args.budget_flops, threshold=THRESHOLD)] if args.budget_flops else []
+        budget = [SparsityBudget(max_flops=args.budget_flops, threshold=THRESHOLD,
+                                 schedule_power=args.budget_schedule_power)] if args.budget_flops else []
         seconds = fit(model, data, epochs, args.seed, f"λ={lam}", callbacks=budget)
         if not sparsity_report(model, THRESHOLD).flops_after:  # every kernel weight went: a constant output
             collapsed.append(lam)
             common.say(f"  λ={lam}: every kernel weight is 0, the output is a constant; no row")
             continue
-        label = f"proximal λ={lam}" + (f" + SparsityBudget(max_flops={args.budget_flops:g})" if budget else "")
+        power = "" if args.budget_schedule_power == 3.0 else f", schedule_power={args.budget_schedule_power:g}"
+        label = f"proximal λ={lam}" + (f" + SparsityBudget(max_flops={args.budget_flops:g}{power})" if budget else "")
         record, _ = pruned_record(model, THRESHOLD, data, label)
         if budget:
             record["budget_cut"] = [int(v) for v in model.history.history.get("budget_cut", [])]
@@ -386,7 +390,8 @@ def main(argv=None):
         f"images; batch {BATCH}, {epochs} epochs, cosine learning rates; Adam {ADAM_LR} (dense), "
         f"Proximal(SGD({SGD_LR}, momentum {MOMENTUM})) (group-sparse), threshold {THRESHOLD}; "
         f"`group_weight=\"{args.group_weight}\"`."
-        + (f" Each λ row trains under `SparsityBudget(max_flops={args.budget_flops:g}, threshold={THRESHOLD})`: "
+        + (f" Each λ row trains under `SparsityBudget(max_flops={args.budget_flops:g}, threshold={THRESHOLD}, "
+           f"schedule_power={args.budget_schedule_power:g})`: "
            "λ is the strength it starts from." if args.budget_flops else ""),
         f"Peer: {fraction:.0%} of the filters of every inner convolution and of the channels of every stream "
         f"(smallest L1), fine-tuned with Adam {FINETUNE_LR}.",

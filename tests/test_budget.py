@@ -105,6 +105,14 @@ def test_a_model_far_below_its_budget_when_settling_begins_is_said(rng):
     assert "(budget 6)" in str(warned[0].message)
 
 
+@pytest.mark.parametrize("power", [1.0, 3.0])
+def test_the_schedule_follows_its_power(power):
+    budget = SparsityBudget(max_features=10, schedule_power=power)
+    budget.dense, budget.limits = {"features": 50}, {"features": 10}
+    for progress in (0.0, 0.25, 0.5, 1.0):
+        assert budget._targets(progress)["features"] == pytest.approx(10 + 40 * (1 - progress) ** power)
+
+
 def test_the_cut_removes_the_fewest_groups_and_lands_on_the_budget(rng):
     x, y = data(rng)
     model = mlp(factor=1e-6)  # too weak to select anything in one epoch
@@ -242,6 +250,7 @@ def test_the_multiplier_saves_and_a_resumed_budget_starts_from_it(rng, tmp_path)
         ({"max_features": 3, "settle": 1.0}, r"argument `settle` must be a fraction in \[0, 1\); received 1.0"),
         ({"max_features": 3, "max_strength": 0.5}, "argument `max_strength` must be a number >= 1; received 0.5"),
         ({"max_features": 3, "threshold": -1}, "argument `threshold` must be a finite number >= 0"),
+        ({"max_features": 3, "schedule_power": 0}, "argument `schedule_power` must be a number > 0; received 0"),
     ],
 )
 def test_bad_arguments_are_named(kwargs, message):
