@@ -313,13 +313,15 @@ def train_dense(seed, data, epochs, jit_compile):
     return model, record
 
 
-def train_sparse(method, factor, seed, data, epochs, penalty, jit_compile, group_weight="size", max_flops=None):
+def train_sparse(method, factor, seed, data, epochs, penalty, jit_compile, group_weight="size", max_flops=None,
+                 schedule_power=3.0):
     """Rows (b), (c) and, with ``max_flops``, (e): ``Proximal`` steered by ``SparsityBudget(max_flops=...)``."""
     from keras_group_lasso import SparsityBudget
 
     optimizer = optimizer_for("proximal" if method == "budget" else method, epochs, len(data["x_train"]))
     model = compile_model(sparse_cnn(seed, factor, penalty, group_weight), optimizer, jit_compile)
-    budget = [SparsityBudget(max_flops=max_flops, threshold=THRESHOLD)] if method == "budget" else []
+    budget = ([SparsityBudget(max_flops=max_flops, threshold=THRESHOLD, schedule_power=schedule_power)]
+              if method == "budget" else [])
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", RuntimeWarning)
         wall, cpu = fit(model, data, epochs, seed, f"{method} lambda={factor:g} seed {seed}", callbacks=budget)
@@ -329,6 +331,7 @@ def train_sparse(method, factor, seed, data, epochs, penalty, jit_compile, group
                    "train_cpu_seconds": cpu})
     if budget:
         record["max_flops"] = max_flops
+        record["schedule_power"] = schedule_power
         record["budget_cut_groups"] = [int(v) for v in model.history.history.get("budget_cut", [])]
         record["budget_warnings"] = [str(w.message) for w in caught if "SparsityBudget" in str(w.message)]
     return model, small, record
@@ -579,6 +582,8 @@ def main(argv=None):
                         help="also row (e): Proximal steered by SparsityBudget(max_flops=FRACTION), every seed")
     parser.add_argument("--budget-lambda", type=float, default=None,
                         help="the starting lambda of row (e) (default: the first lambda of the proximal grid)")
+    parser.add_argument("--budget-schedule-power", type=float, default=3.0,
+                        help="row (e)'s SparsityBudget schedule_power (default 3)")
     parser.add_argument("--threads", type=common.positive_int, default=2, help="TensorFlow intra-op threads")
     parser.add_argument("--quick", action="store_true",
                         help="smoke run: 3,000 training images, 1 epoch, 1 seed, one lambda; -> benchmarks/out/")
@@ -654,7 +659,8 @@ def main(argv=None):
         budget_lambda = args.budget_lambda or grid["proximal"][0]
         for seed in seeds:
             model, _, record = train_sparse("budget", budget_lambda, seed, data, epochs, args.penalty, jit_compile,
-                                            args.group_weight, max_flops=args.budget_flops)
+                                            args.group_weight, max_flops=args.budget_flops,
+                                            schedule_power=args.budget_schedule_power)
             sparse_models[("budget", budget_lambda, seed)] = model
             keep(record)
 
@@ -700,10 +706,12 @@ def main(argv=None):
     labels = {"subgradient": "(b) subgradient + threshold, no fine-tuning",
               "proximal": "(c) Proximal, no fine-tuning"}
     letters = {"subgradient": "(b)", "proximal": "(c)"}
+    power = "" if args.budget_schedule_power == 3.0 else f", schedule_power={args.budget_schedule_power:g}"
     groups = [("(a) dense, Adam", dense_rows)]
     groups += [(labels[m], of(m, f)) for m, f in chosen.items()]
     if args.budget_flops:
-        groups.append((f"(e) Proximal + SparsityBudget(max_flops={args.budget_flops:g}), starting λ, no fine-tuning",
+        groups.append((f"(e) Proximal + SparsityBudget(max_flops={args.budget_flops:g}{power}), starting λ, "
+                       "no fine-tuning",
                        of("budget")))
 
     def peer_rows(key):
@@ -737,7 +745,7 @@ def main(argv=None):
         points = 100 * (_mean(rows, "test_accuracy") - dense_test)
         met = reduction >= TARGET_FLOPS and points >= -TARGET_POINTS
         cut = sum(1 for r in rows if any(r["budget_cut_groups"]))
-        verdict.append(f"- budget max_flops={args.budget_flops:g} ({len(rows)} seeds): {reduction:.2f}x fewer FLOPs, "
+        verdict.append(f"- budget max_flops={args.budget_flops:g}{power} ({len(rows)} seeds): {reduction:.2f}x fewer FLOPs, "
                        f"{points:+.2f} points test accuracy vs dense (the cut to the budget fired in {cut} of "
                        f"{len(rows)} runs): target {'met' if met else 'NOT met'}.")
     dense0 = of("dense", seed=0)[0]["test_accuracy"]
