@@ -86,6 +86,11 @@ def run(seed, args):
         "points_meeting_target": len(meets),
         "closest_point": list(closest),
         "informative_exit_ranks": ranks,
+        # Enough to compare rules for the point offline, without training again.
+        "alphas": [float(a) for a in clf.alphas_],
+        "fold_scores": clf.scores_path_.tolist(),
+        "point_selections": [[int(j) for j in point.selected_features] for point in clf.path_],
+        "exit_strengths": [float(v) for v in clf.path_.feature_importances_],
     }
     common.say(
         f"seed {seed}: {len(selected)} features, precision {result['precision']:.2f}, recall {result['recall']:.2f}, "
