@@ -111,7 +111,7 @@ def _surgery_check(model, x, y):
     }
 
 
-def budget_fit(data, budget, optimizer_name, seed, epochs, batch_size):
+def budget_fit(data, budget, optimizer_name, seed, epochs, batch_size, schedule_power=3.0):
     """One ``fit`` with ``SparsityBudget(max_features=budget)``; what it reached and how."""
     import keras
 
@@ -129,7 +129,7 @@ def budget_fit(data, budget, optimizer_name, seed, epochs, batch_size):
             epochs=epochs,
             batch_size=batch_size,
             verbose=0,
-            callbacks=[SparsityBudget(max_features=budget, threshold=THRESHOLD)],
+            callbacks=[SparsityBudget(max_features=budget, threshold=THRESHOLD, schedule_power=schedule_power)],
         )
         wall = time.perf_counter() - start
     log = _budget_history(history)
@@ -186,7 +186,8 @@ def digits_part(args):
         data = load_dataset("digits", seed=seed)
         for budget in BUDGETS:
             for name in OPTIMIZERS:
-                budget_rows.append(budget_fit(data, budget, name, seed, args.epochs, args.batch_size))
+                budget_rows.append(budget_fit(data, budget, name, seed, args.epochs, args.batch_size,
+                                              args.schedule_power))
         run = path_run(seed, args)
         path_rows.append({k: v for k, v in run.items() if k not in ("path", "data")})
     return budget_rows, path_rows
@@ -240,7 +241,8 @@ def fashion_part(args):
         warnings.simplefilter("always", RuntimeWarning)
         history, wall = _fit_fashion(
             model, data, args.fashion_epochs, seed,
-            [SparsityBudget(max_params=budget, threshold=THRESHOLD, settle=args.fashion_settle)]
+            [SparsityBudget(max_params=budget, threshold=THRESHOLD, settle=args.fashion_settle,
+                            schedule_power=args.schedule_power)]
         )
     log = _budget_history(history)
     report = sparsity_report(model, threshold=THRESHOLD)
@@ -282,7 +284,8 @@ def fashion_part(args):
     }
     common.say(f"fashion dense {rows['dense_small']['layer_sizes']}: test {rows['dense_small']['test']:.4f}")
     return {"seed": seed, "epochs": args.fashion_epochs, "optimizer": args.fashion_optimizer,
-            "group_weight": args.fashion_group_weight, "settle": args.fashion_settle, "rows": rows}
+            "group_weight": args.fashion_group_weight, "settle": args.fashion_settle,
+            "schedule_power": args.schedule_power, "rows": rows}
 
 
 def _before_settling(history):
@@ -304,7 +307,8 @@ def _digits_lines(args, budget_rows, path_rows):
         "",
         f"64-40-20-10 ReLU MLP, `add_group_sparsity(model, {ALPHA:g})` (SGL), trained on the whole training part "
         f"(1,347 images) for {args.epochs} epochs, batch {args.batch_size}, with "
-        f"`SparsityBudget(max_features=K)` (threshold {THRESHOLD:g}, settle 0.2); `Adam()` is subgradient training, "
+        f"`SparsityBudget(max_features=K)` (threshold {THRESHOLD:g}, settle 0.2, schedule_power "
+        f"{getattr(args, 'schedule_power', 3.0):g}); `Adam()` is subgradient training, "
         "`Proximal(Adam)` proximal training, both at Keras's default learning rate (1e-3). \"test\" is the trained "
         "model's accuracy on the 450 test images; \"pruned\" is `prune_model(model, 1e-3)`'s. The path row is "
         "the test accuracy of the path's best validation point with at most K features "
@@ -413,7 +417,7 @@ def _fashion_lines(fashion):
     rows = fashion["rows"]
     l2, b = rows["L2"], rows["budget"]
     optimizer = fashion.get("optimizer", "Adam")
-    settle = "" if fashion.get("settle", 0.2) == 0.2 else f", settle={fashion['settle']:g}"
+    settle = _settings(fashion)
     weight = fashion.get("group_weight", "size")
     weighting = "" if weight == "size" else f', group_weight="{weight}"'
     # "10 % of L2's parameters": of the dense L2 network (what the budget was set from) and, stricter, of
@@ -499,15 +503,21 @@ def render(payloads, rendered_by=None):
             lines += _digits_lines(args, payload["digits_budget"], paths)
     fashion = [payload["fashion"] for payload in payloads if payload.get("fashion")]
     def setting(run):
-        return run["epochs"], run.get("settle", 0.2)
+        return run["epochs"], run.get("settle", 0.2), run.get("schedule_power", 3.0)
 
-    for key in sorted({setting(run) for run in fashion}):  # one table of seeds per training length and settle
+    for key in sorted({setting(run) for run in fashion}):  # one table of seeds per length, settle and schedule
         runs = [run for run in fashion if setting(run) == key]
         if len(runs) > 1:
             lines += _fashion_seeds_lines(runs)
     for one in fashion:
         lines += _fashion_lines(one)
     return "\n".join(lines) + "\n"
+
+
+def _settings(run):
+    """``", settle=.., schedule_power=.."`` for the budget's arguments that are not the defaults."""
+    settle, power = run.get("settle", 0.2), run.get("schedule_power", 3.0)
+    return ("" if settle == 0.2 else f", settle={settle:g}") + ("" if power == 3.0 else f", schedule_power={power:g}")
 
 
 def _fashion_seeds_lines(runs):
@@ -531,9 +541,7 @@ def _fashion_seeds_lines(runs):
     table = common.markdown_table(
         ["seed", "budget row", "L2 test [%]", "budget test [%]", "budget - L2 [points]",
          "plain dense at the budget's size [%]", "budget params", "budget layer sizes"], body)
-    settle = runs[0].get("settle", 0.2)
-    title = f"## Fashion-MNIST over {len(runs)} seeds, {runs[0]['epochs']} epochs" + (
-        "" if settle == 0.2 else f", settle={settle:g}")
+    title = f"## Fashion-MNIST over {len(runs)} seeds, {runs[0]['epochs']} epochs{_settings(runs[0])}"
     return [title, ""] + table.splitlines() + [""]
 
 
@@ -550,6 +558,8 @@ def main(argv=None):
     parser.add_argument("--fashion-seed", type=int, default=0)
     parser.add_argument("--fashion-settle", type=float, default=0.2,
                         help="SparsityBudget's settle in the Fashion budget row (default 0.2)")
+    parser.add_argument("--schedule-power", type=float, default=3.0,
+                        help="SparsityBudget's schedule_power in every budgeted fit (default 3)")
     parser.add_argument("--skip-digits", action="store_true")
     parser.add_argument("--skip-fashion", action="store_true")
     parser.add_argument("--quick", action="store_true", help="1 seed, 20 epochs, 2 Fashion epochs on 6,000 images; "
