@@ -351,6 +351,27 @@ def test_alpha_changes_without_a_new_network(selection_problem, monkeypatch):
     assert np.linalg.norm(strong.coefs_[0]) < 0.5 * np.linalg.norm(weak.coefs_[0])
 
 
+def test_proximal_strength_changes_without_a_new_network(selection_problem, monkeypatch):
+    # Under proximal training the strengths are the multiplier Proximal reads: a cached network
+    # trained at another strength gives the same model as a fresh one, and a path compiles once.
+    x, y = selection_problem
+    params = dict(FAST, proximal=True, alpha=0.02, learning_rate=0.01)
+    _network.clear_cache()
+    fresh = GroupSparseMLPClassifier(**params).fit(x, y)
+    built = []
+    original = _network.Network.__init__
+    monkeypatch.setattr(_network.Network, "__init__", lambda self, spec: (built.append(spec), original(self, spec))[1])
+    weak = GroupSparseMLPClassifier(**dict(params, alpha=0.0)).fit(x, y)
+    cached = GroupSparseMLPClassifier(**params).fit(x, y)
+    path = GroupSparseMLPClassifier(**params).path(x, y, [0.0, 0.01, 0.03], validation_data=(x, y))
+    assert built == []
+    for w_fresh, w_cached in zip(fresh.coefs_ + fresh.intercepts_, cached.coefs_ + cached.intercepts_):
+        np.testing.assert_array_equal(w_fresh, w_cached)
+    assert np.sum(fresh.coefs_[0] == 0) > np.sum(weak.coefs_[0] == 0) + 10
+    assert [point.n_features for point in path] == sorted((point.n_features for point in path), reverse=True)
+    assert path[0].n_features > path[-1].n_features
+
+
 @pytest.mark.parametrize("penalty", ["sgl", "group", "l1", "l2"])
 def test_layer_penalties(penalty):
     from keras_group_lasso.regularizers import GroupSparseRegularizer
@@ -574,7 +595,7 @@ def test_proximal_path(selection_problem):
     est = GroupSparseMLPClassifier(
         hidden_layer_sizes=(16,), alpha=1e-3, epochs=30, learning_rate=3e-3, batch_size=50, proximal=True, random_state=0
     )
-    path = est.path(x, y, [0.0, 7e-3], epochs_per_alpha=40)  # one compiled step per strength
+    path = est.path(x, y, [0.0, 7e-3], epochs_per_alpha=40)
     assert path[1].selected_features == (0, 1, 2)
     for point in path:
         dropped = np.setdiff1d(np.arange(12), point.selected_features)

@@ -10,9 +10,10 @@ Two costs dominate a small scikit-learn-sized fit, and this module removes both:
   for a small MLP, more than the training itself on DIGITS). A compiled
   training network is kept in a small cache and reused by the next fit with
   the same shapes: its weights are re-initialised from the seed, its optimizer
-  state is zeroed, and the penalty strength ``alpha`` is a non-trainable
-  variable read inside the compiled step. So a ``GridSearchCV`` over ``alpha``
-  or a regularization path traces once, and two fits with the same seed give
+  state is zeroed, and the penalty strengths are non-trainable variables read
+  inside the compiled step (under proximal training, the strength multiplier
+  that :class:`~keras_group_lasso.Proximal` reads). So a ``GridSearchCV`` over
+  ``alpha`` or a regularization path traces once, and two fits with the same seed give
   the same weights whether the network came from the cache or not.
 
 The estimator never sees these training networks: after training, the weights
@@ -34,6 +35,7 @@ from keras_group_lasso.regularizers import (
     HiddenGroupLasso,
     InputGroupLasso,
     SparseGroupLasso,
+    link_penalty_multiplier,
 )
 
 logger = logging.getLogger("keras_group_lasso.sklearn")
@@ -82,7 +84,13 @@ class _Scaled(keras.regularizers.Regularizer):
 
 
 class _PenaltyStrength(keras.layers.Layer):
-    """First layer of a training network: owns ``alpha``, ``input_alpha`` and the feature mask.
+    """First layer of a training network: owns the penalty strengths and the feature mask.
+
+    ``alpha`` and ``input_alpha`` scale the penalties of subgradient training
+    (and Keras's ``L1`` / ``L2``); ``multiplier`` is ``[input_alpha, alpha]``,
+    the strength multiplier the group-sparse penalties of proximal training
+    are linked to (:func:`keras_group_lasso.regularizers.link_penalty_multiplier`),
+    which :class:`~keras_group_lasso.Proximal` keeps a copy of in its state.
 
     Its output is ``inputs * mask``: a feature whose mask entry is 0 reaches no
     weight, so its input group gets no data gradient (the regularization path
@@ -95,6 +103,7 @@ class _PenaltyStrength(keras.layers.Layer):
     def build(self, input_shape):
         self.alpha = self.add_weight(shape=(), initializer="zeros", trainable=False, name="alpha")
         self.input_alpha = self.add_weight(shape=(), initializer="zeros", trainable=False, name="input_alpha")
+        self.multiplier = self.add_weight(shape=(2,), initializer="zeros", trainable=False, name="multiplier")
         self.mask = self.add_weight(shape=(input_shape[-1],), initializer="ones", trainable=False, name="mask")
         super().build(input_shape)
 
@@ -114,9 +123,8 @@ Spec = collections.namedtuple(
 )
 Spec.__doc__ = """Everything that fixes a compiled training network (the cache key).
 
-``proximal`` is ``None`` for subgradient training (the strengths are then
-variables); under proximal training the optimizer reads the strengths when it
-traces, so ``proximal = (alpha, input_alpha)`` is part of the key.
+``proximal``: whether the network trains with :class:`~keras_group_lasso.Proximal`.
+The penalty strengths are variables either way, so they are not part of the key.
 """
 
 
@@ -145,14 +153,13 @@ class Network:
         sizes = tuple(spec.hidden) + (spec.n_outputs,)
         self.strength = _PenaltyStrength(name="penalty_strength")
         self.strength.build((None, spec.n_features))
-        proximal = spec.proximal is not None
+        # Penalties at strength 1, scaled by variables so that a new strength needs no retrace:
+        # by the strength multiplier Proximal reads for its proximal steps, else by a wrapper.
+        linked = spec.proximal and spec.penalty in ("sgl", "group")
         layers = [keras.Input((spec.n_features,)), self.strength]
         for position, units in enumerate(sizes):
-            if proximal:
-                alpha, input_alpha = spec.proximal
-                kernel_reg, bias_reg = layer_penalties(spec.penalty, alpha, spec.l1_ratio, position, input_alpha)
-            else:
-                kernel_reg, bias_reg = layer_penalties(spec.penalty, 1.0, spec.l1_ratio, position)
+            kernel_reg, bias_reg = layer_penalties(spec.penalty, 1.0, spec.l1_ratio, position)
+            if not linked:
                 strength = self.strength
                 kernel_reg = _Scaled(kernel_reg, strength.input_alpha if position == 0 else strength.alpha)
                 bias_reg = _Scaled(bias_reg, strength.alpha)
@@ -166,21 +173,32 @@ class Network:
                 )
             )
         self.model = keras.Sequential(layers)
+        if linked:
+            link_penalty_multiplier(self.model, self.strength.multiplier)
         self.dense = [layer for layer in self.model.layers if isinstance(layer, keras.layers.Dense)]
         # Keras on PyTorch refuses steps_per_execution > 1: there the monitor
         # counts the batches of a pass itself.
         per_call = 1 if keras.backend.backend() == "torch" else spec.steps_per_pass
         self.calls_per_pass = spec.steps_per_pass // per_call
         self.model.compile(
-            optimizer=_make_optimizer(spec.optimizer, 1e-3, proximal),
+            optimizer=_make_optimizer(spec.optimizer, 1e-3, spec.proximal),
             loss=_loss(spec.task),
             steps_per_execution=per_call,
         )
 
     def set_alpha(self, alpha, input_alpha=None):
         """Set the penalty strengths (``input_alpha`` defaults to ``alpha``)."""
+        input_alpha = alpha if input_alpha is None else input_alpha
         self.strength.alpha.assign(float(alpha))
-        self.strength.input_alpha.assign(float(alpha if input_alpha is None else input_alpha))
+        self.strength.input_alpha.assign(float(input_alpha))
+        self.strength.multiplier.assign(np.asarray([input_alpha, alpha], dtype="float32"))
+        self._copy_multiplier()
+
+    def _copy_multiplier(self):
+        # Proximal's copy of the multiplier, once it is built (it copies the model's when it builds).
+        own = getattr(self.model.optimizer, "penalty_multiplier", None)
+        if own is not None:
+            own.assign(np.asarray(ops.convert_to_numpy(self.strength.multiplier), dtype="float32"))
 
     def get_mask(self):
         """The current feature mask as a bool array."""
@@ -207,10 +225,9 @@ class Network:
     def reset_optimizer(self, learning_rate):
         """Zero the optimizer's state (step counter, moments) as if it were new."""
         optimizer = self.model.optimizer
-        multiplier = getattr(optimizer, "penalty_multiplier", None)  # Proximal's copy of the strength multiplier
         for variable in optimizer.variables:
-            fresh = np.ones if variable is multiplier else np.zeros
-            variable.assign(fresh(variable.shape, dtype=variable.dtype))
+            variable.assign(np.zeros(variable.shape, dtype=variable.dtype))
+        self._copy_multiplier()  # Proximal's copy of the strength multiplier is state, not a moment
         optimizer.learning_rate = float(learning_rate)
 
     def train(self, x, y, passes, seed, monitor, verbose=0):
@@ -490,7 +507,7 @@ def sparsity_of(spec, weights, threshold):
 def compile_export_model(model, spec, learning_rate):
     """Compile ``model`` like the training network (fresh optimizer state)."""
     model.compile(
-        optimizer=_make_optimizer(spec.optimizer, learning_rate, spec.proximal is not None),
+        optimizer=_make_optimizer(spec.optimizer, learning_rate, spec.proximal),
         loss=_loss(spec.task),
     )
     # Built now, so a saved model_ holds every optimizer variable (and loads without a mismatch warning).

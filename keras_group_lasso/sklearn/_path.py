@@ -111,13 +111,13 @@ class RegularizationPath:
         RegularizationPath: 3 points, ... s
                alpha  features  neurons  accuracy  penalized
                    0         8       10    0.9200        ...
-                0.01         3        9    0.9600     0.9600
-                0.02         2        8    0.9700     0.9400
+                0.01         3       10    0.9600     0.9500
+                0.02         2        9    0.9600     0.9500
         >>> best = path.best(max_features=2)
         >>> best.alpha, best.n_features, best.score
-        (0.02, 2, 0.97)
+        (0.02, 2, 0.96)
         >>> path.estimator(best).score(X_val, y_val)
-        0.97
+        0.96
         >>> ax = path.plot()   # validation score against the number of selected features
         >>> ax.get_xlabel()
         'selected features'
@@ -403,33 +403,6 @@ def _threshold(weights, threshold):
     return [np.where(np.abs(w) <= threshold, np.zeros((), w.dtype), w) for w in weights]
 
 
-class _Runner:
-    """Holds the training network across the path (switching networks only under proximal training)."""
-
-    def __init__(self, estimator, hidden, n_features, n_outputs, n_train):
-        self.estimator = estimator
-        self.shape = (hidden, n_features, n_outputs, n_train)
-        self.network = None
-
-    def use(self, input_alpha):
-        spec = self.estimator._spec(*self.shape, input_alpha=input_alpha)
-        if self.network is not None and self.network.spec == spec:
-            return self.network
-        new = _network.acquire(spec)
-        if self.network is not None:
-            new.set_weights(self.network.get_weights())
-            new.set_mask(self.network.get_mask())
-            new.reset_optimizer(self.estimator.learning_rate)
-            _network.release(self.network)
-        self.network = new
-        return new
-
-    def close(self):
-        if self.network is not None:
-            _network.release(self.network)
-            self.network = None
-
-
 def regularization_path(
     estimator,
     X,
@@ -531,7 +504,6 @@ def regularization_path(
         return int(phase_seeds.integers(0, 2**31 - 1))
 
     n_features = X.shape[1]
-    runner = _Runner(work, hidden, n_features, n_outputs, len(X_train))
     spec_for_export = work._spec(hidden, n_features, n_outputs, len(X_train))
     mask = np.ones(n_features, dtype=bool)
     points = []
@@ -553,11 +525,12 @@ def regularization_path(
         return monitor.passes
 
     grid = list(alphas) if alphas is not None else [0.0]
+    # One training network for the whole path: the strengths are variables it reads, so no point retraces.
+    network = _network.acquire(spec_for_export)
     try:
         index = 0
         while index < len(grid):
             alpha = float(grid[index])
-            network = runner.use(alpha)
             network.set_alpha(work.alpha, alpha)
             losses = []
             if index == 0:
@@ -580,7 +553,6 @@ def regularization_path(
             penalized_score = score(selected)
             final, final_report, final_score = selected, report, penalized_score
             if refit and mask.any():
-                network = runner.use(0.0)
                 network.set_alpha(work.alpha, 0.0)
                 network.set_weights(selected)
                 network.set_mask(mask)
@@ -589,7 +561,6 @@ def regularization_path(
                 final[0][~mask] = 0
                 final_report = export(final)
                 final_score = score(final)
-            network = runner.use(alpha if index + 1 >= len(grid) else float(grid[index + 1]))
             network.set_weights(selected)
             network.set_mask(mask)
             points.append(
@@ -633,7 +604,7 @@ def regularization_path(
                     grid.append(grid[-1] * path_multiplier)
             index += 1
     finally:
-        runner.close()
+        _network.release(network)
 
     names = getattr(work, "feature_names_in_", None)
     return RegularizationPath(
