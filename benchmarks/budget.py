@@ -303,7 +303,7 @@ def _cuts(records):
 def _digits_lines(args, budget_rows, path_rows):
     ms = common.mean_std
     lines = [
-        "## DIGITS: feature budgets against the regularization path",
+        f"## DIGITS: feature budgets against the regularization path, schedule_power={getattr(args, 'schedule_power', 3.0):g}",
         "",
         f"64-40-20-10 ReLU MLP, `add_group_sparsity(model, {ALPHA:g})` (SGL), trained on the whole training part "
         f"(1,347 images) for {args.epochs} epochs, batch {args.batch_size}, with "
@@ -449,8 +449,8 @@ def _fashion_lines(fashion):
                   f"{100 * small['test']:.2f} % test accuracy |")
     h = b["history"]
     return [
-        f"## Fashion-MNIST, {fashion['epochs']} epochs, budget row {optimizer}: the paper's Table 3 claim with a "
-        "parameter budget",
+        f"## Fashion-MNIST, seed {fashion['seed']}, {fashion['epochs']} epochs{settle}, budget row {optimizer}: the "
+        "paper's Table 3 claim with a parameter budget",
         "",
         f"784-400-300-100-10 ReLU MLP, softmax, Keras's default learning rate (1e-3) (budget row {optimizer}, "
         f"L2 row Adam), batch {FASHION_BATCH}, {fashion['epochs']} "
@@ -515,9 +515,10 @@ def render(payloads, rendered_by=None):
 
 
 def _settings(run):
-    """``", settle=.., schedule_power=.."`` for the budget's arguments that are not the defaults."""
+    """``", settle=.., schedule_power=.."`` for the budget's arguments that are not the defaults (runs before
+    ``--schedule-power`` existed used 3)."""
     settle, power = run.get("settle", 0.2), run.get("schedule_power", 3.0)
-    return ("" if settle == 0.2 else f", settle={settle:g}") + ("" if power == 3.0 else f", schedule_power={power:g}")
+    return ("" if settle == 0.2 else f", settle={settle:g}") + ("" if power == 1.0 else f", schedule_power={power:g}")
 
 
 def _fashion_seeds_lines(runs):
@@ -558,8 +559,8 @@ def main(argv=None):
     parser.add_argument("--fashion-seed", type=int, default=0)
     parser.add_argument("--fashion-settle", type=float, default=0.2,
                         help="SparsityBudget's settle in the Fashion budget row (default 0.2)")
-    parser.add_argument("--schedule-power", type=float, default=3.0,
-                        help="SparsityBudget's schedule_power in every budgeted fit (default 3)")
+    parser.add_argument("--schedule-power", type=float, default=1.0,
+                        help="SparsityBudget's schedule_power in every budgeted fit (default 1, its default)")
     parser.add_argument("--skip-digits", action="store_true")
     parser.add_argument("--skip-fashion", action="store_true")
     parser.add_argument("--quick", action="store_true", help="1 seed, 20 epochs, 2 Fashion epochs on 6,000 images; "

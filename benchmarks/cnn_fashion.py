@@ -314,7 +314,7 @@ def train_dense(seed, data, epochs, jit_compile):
 
 
 def train_sparse(method, factor, seed, data, epochs, penalty, jit_compile, group_weight="size", max_flops=None,
-                 schedule_power=3.0):
+                 schedule_power=1.0):
     """Rows (b), (c) and, with ``max_flops``, (e): ``Proximal`` steered by ``SparsityBudget(max_flops=...)``."""
     from keras_group_lasso import SparsityBudget
 
@@ -582,8 +582,8 @@ def main(argv=None):
                         help="also row (e): Proximal steered by SparsityBudget(max_flops=FRACTION), every seed")
     parser.add_argument("--budget-lambda", type=float, default=None,
                         help="the starting lambda of row (e) (default: the first lambda of the proximal grid)")
-    parser.add_argument("--budget-schedule-power", type=float, default=3.0,
-                        help="row (e)'s SparsityBudget schedule_power (default 3)")
+    parser.add_argument("--budget-schedule-power", type=float, default=1.0,
+                        help="row (e)'s SparsityBudget schedule_power (default 1)")
     parser.add_argument("--threads", type=common.positive_int, default=2, help="TensorFlow intra-op threads")
     parser.add_argument("--quick", action="store_true",
                         help="smoke run: 3,000 training images, 1 epoch, 1 seed, one lambda; -> benchmarks/out/")
@@ -706,7 +706,7 @@ def main(argv=None):
     labels = {"subgradient": "(b) subgradient + threshold, no fine-tuning",
               "proximal": "(c) Proximal, no fine-tuning"}
     letters = {"subgradient": "(b)", "proximal": "(c)"}
-    power = "" if args.budget_schedule_power == 3.0 else f", schedule_power={args.budget_schedule_power:g}"
+    power = "" if args.budget_schedule_power == 1.0 else f", schedule_power={args.budget_schedule_power:g}"
     groups = [("(a) dense, Adam", dense_rows)]
     groups += [(labels[m], of(m, f)) for m, f in chosen.items()]
     if args.budget_flops:

@@ -301,8 +301,8 @@ def main(argv=None):
                         help="add_group_sparsity's group_weight: sqrt(|g|) (the paper's) or each unit's multiply-adds")
     parser.add_argument("--budget-flops", type=float, default=None, metavar="FRACTION",
                         help="train each λ under SparsityBudget(max_flops=FRACTION): λ is then the starting strength")
-    parser.add_argument("--budget-schedule-power", type=float, default=3.0,
-                        help="SparsityBudget's schedule_power (default 3)")
+    parser.add_argument("--budget-schedule-power", type=float, default=1.0,
+                        help="SparsityBudget's schedule_power (default 1)")
     parser.add_argument("--out-name", default="resnet_fashion", help="results file name, without extension")
     parser.add_argument("--quick", action="store_true", help="3,000 training images, 1 epoch (a smoke run)")
     args = parser.parse_args(argv)
@@ -339,7 +339,7 @@ def main(argv=None):
             collapsed.append(lam)
             common.say(f"  λ={lam}: every kernel weight is 0, the output is a constant; no row")
             continue
-        power = "" if args.budget_schedule_power == 3.0 else f", schedule_power={args.budget_schedule_power:g}"
+        power = "" if args.budget_schedule_power == 1.0 else f", schedule_power={args.budget_schedule_power:g}"
         label = f"proximal λ={lam}" + (f" + SparsityBudget(max_flops={args.budget_flops:g}{power})" if budget else "")
         record, _ = pruned_record(model, THRESHOLD, data, label)
         if budget:

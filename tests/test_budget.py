@@ -83,7 +83,7 @@ def test_settling_begins_once_within_the_budget_near_the_end_of_the_schedule(rng
     # is fixed at the first epoch that is within the budget while the schedule is within 5 % of it.
     x, y = data(rng)
     model = mlp(factor=1e-2)
-    history, cuts = fit(model, x, y, SparsityBudget(max_features=8), epochs=10)
+    history, cuts = fit(model, x, y, SparsityBudget(max_features=8, schedule_power=3.0), epochs=10)
     sizes = history.history["budget_features"]
     multipliers = history.history["budget_multiplier_input"]
 
