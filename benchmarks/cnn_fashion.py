@@ -1,8 +1,10 @@
 """Fashion-MNIST CNN: channel pruning by group sparsity (no fine-tuning) vs magnitude filter pruning + fine-tuning.
 
-A VGG-style CNN with BatchNormalization,
+A CNN with BatchNormalization, by default
 ``Conv(16)-BN-ReLU-MaxPool, Conv(32)-BN-ReLU-MaxPool, Flatten, Dense(64)-ReLU, Dense(10)``
-(3x3 kernels, ``padding="same"``, logits out), trained on 55,000 Fashion-MNIST
+(3x3 kernels, ``padding="same"``, logits out); ``--channels`` and
+``--convs-per-stage`` make it deeper (``16 32 64`` with 2 per stage is a
+VGG-style network of six convolutions), trained on 55,000 Fashion-MNIST
 training images; 5,000 held-out training images choose lambda, the official
 10,000 test images are only reported. Rows:
 
@@ -49,6 +51,8 @@ Usage:
     python benchmarks/cnn_fashion.py --quick        # 3,000 images, 1 epoch; -> benchmarks/out/
     python benchmarks/cnn_fashion.py --channels 24 48 --units 128 --epochs 10 --sgd-lr 0.02 \
         --group-weight flops --budget-flops 0.12      # a wider network, FLOP-weighted groups, a FLOP budget
+    python benchmarks/cnn_fashion.py --channels 16 32 64 --convs-per-stage 2 --no-subgradient \
+        --group-weight flops --budget-flops 0.125     # VGG-style: two convolutions per stage, three stages
 """
 
 import argparse
@@ -68,6 +72,7 @@ if __package__ in (None, ""):
 from benchmarks import common  # noqa: E402
 
 CHANNELS = (16, 32)
+CONVS = 1  # convolutions per stage (2: VGG's doubled 3x3 convolutions before each pooling)
 UNITS = 64
 N_CLASSES = 10
 THRESHOLD = 1e-3
@@ -141,13 +146,15 @@ def build_cnn(seed):
     from keras import layers
 
     keras.utils.set_random_seed(seed)
-    c1, c2 = CHANNELS
+    stack, k = [keras.Input((28, 28, 1))], 0
+    for stage, filters in enumerate(CHANNELS, start=1):
+        for _ in range(CONVS):
+            k += 1
+            stack += [layers.Conv2D(filters, 3, padding="same", name=f"conv{k}"),
+                      layers.BatchNormalization(name=f"bn{k}"), layers.ReLU(name=f"relu{k}")]
+        stack.append(layers.MaxPooling2D(name=f"pool{stage}"))
     return keras.Sequential([
-        keras.Input((28, 28, 1)),
-        layers.Conv2D(c1, 3, padding="same", name="conv1"), layers.BatchNormalization(name="bn1"),
-        layers.ReLU(name="relu1"), layers.MaxPooling2D(name="pool1"),
-        layers.Conv2D(c2, 3, padding="same", name="conv2"), layers.BatchNormalization(name="bn2"),
-        layers.ReLU(name="relu2"), layers.MaxPooling2D(name="pool2"),
+        *stack,
         layers.Flatten(name="flatten"),
         layers.Dense(UNITS, activation="relu", name="dense"),
         layers.Dense(N_CLASSES, name="logits"),
@@ -155,7 +162,8 @@ def build_cnn(seed):
 
 
 def sparse_cnn(seed, factor, penalty, group_weight="size"):
-    """The dense CNN with the package's penalties: channel groups on conv2, channels=32 groups on the Dense head.
+    """The dense CNN with the package's penalties: channel groups on every convolution after the first, channel groups
+    on the Dense head (all the rows that read one flattened channel).
 
     ``input_factor=0``: conv1 reads one grey channel, a single group that
     cannot be deselected; penalising it would only shrink a kernel whose
@@ -292,6 +300,18 @@ def measure_pruned(model, threshold, data, repeats=3):
     }
 
 
+def filter_counts():
+    """Filters of every convolution, in order."""
+    return [filters for filters in CHANNELS for _ in range(CONVS)]
+
+
+def network_text():
+    stages = ", ".join(
+        ("Conv2D({0}, 3, same)-BN-ReLU" if CONVS == 1 else f"{CONVS} x [Conv2D({{0}}, 3, same)-BN-ReLU]").format(c)
+        + "-MaxPool" for c in CHANNELS)
+    return f"{stages}, Flatten, Dense({UNITS})-ReLU, Dense(10) logits"
+
+
 def train_dense(seed, data, epochs, jit_compile):
     import keras
 
@@ -307,7 +327,7 @@ def train_dense(seed, data, epochs, jit_compile):
         "val_accuracy": accuracy(model, data["x_val"], data["y_val"]),
         "flops_before": report.flops_before, "flops_after": report.flops_before, "flop_reduction": 1.0,
         "params_before": int(model.count_params()), "params_after": int(model.count_params()),
-        "channels": list(CHANNELS), "dense_units": [UNITS],
+        "channels": filter_counts(), "dense_units": [UNITS],
         "train_seconds": wall, "train_cpu_seconds": cpu,
     }
     return model, record
@@ -355,8 +375,8 @@ def remove_filters(model, keep_counts):
 
     copy = keras.models.clone_model(model)
     copy.set_weights(model.get_weights())
-    convs = [copy.get_layer("conv1"), copy.get_layer("conv2")]
-    readers = [copy.get_layer("conv2"), copy.get_layer("dense")]
+    convs = [layer for layer in copy.layers if isinstance(layer, keras.layers.Conv2D)]
+    readers = convs[1:] + [copy.get_layer("dense")]
     for conv, reader, keep in zip(convs, readers, keep_counts):
         n = conv.filters
         drop = l1_filter_order(conv)[: n - keep]
@@ -378,7 +398,7 @@ def magnitude_prune(model, budget):
     """The largest uniform keep fraction whose pruned FLOPs fit ``budget``; returns (zeroed copy, fraction)."""
     from keras_group_lasso import sparsity_report
 
-    filters = CHANNELS
+    filters = filter_counts()
     for keep_of_last in range(filters[-1], 0, -1):
         fraction = keep_of_last / filters[-1]
         keep = [max(1, round(fraction * n)) for n in filters]
@@ -511,7 +531,7 @@ def _channels(records):
 def main_table(groups, dense_test):
     """One row per (row, lambda) with every seed: means ± std."""
     header = ["row", "λ", "seeds", "test acc. [%]", "Δ vs dense [points]", "MACs/sample after", "FLOP reduction",
-              "params after", "live channels conv1-conv2 (-Dense units)", "train time [s] (wall / CPU)",
+              "params after", "live channels per convolution (-Dense units)", "train time [s] (wall / CPU)",
               "surgery [ms]", "max |pruned - thresholded|"]
     rows = []
     for label, records in groups:
@@ -538,7 +558,7 @@ def main_table(groups, dense_test):
 
 def grid_table(records, dense_val):
     header = ["method", "λ", "val. acc. [%]", "Δ val vs dense", "test acc. [%]", "FLOP reduction",
-              "live channels conv1-conv2-Dense"]
+              "live channels per convolution-Dense"]
     rows = []
     for r in sorted(records, key=lambda r: (r["method"], r["factor"])):
         rows.append([r["method"], f"{r['factor']:g}", f"{100 * r['val_accuracy']:.2f}",
@@ -560,7 +580,7 @@ def inference_table(result, flop_ratio):
 
 
 def main(argv=None):
-    global CHANNELS, UNITS, SGD_LR
+    global CHANNELS, CONVS, UNITS, SGD_LR
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--seeds", type=common.positive_int, default=3,
                         help="seeds 0..N-1 for the dense network, the chosen lambdas and the peer (default 3)")
@@ -572,8 +592,13 @@ def main(argv=None):
                         help=f"lambda grid of row (c) (default {' '.join(map(str, GRID['proximal']))})")
     parser.add_argument("--penalty", choices=("sgl", "group"), default="group",
                         help="add_group_sparsity's penalty (default group: only whole channels save FLOPs)")
-    parser.add_argument("--channels", type=common.positive_int, nargs=2, default=None, metavar=("C1", "C2"),
-                        help=f"filters of the two convolutions (default {CHANNELS[0]} {CHANNELS[1]})")
+    parser.add_argument("--channels", type=common.positive_int, nargs="+", default=None, metavar="C",
+                        help="filters of the convolutions of each stage (a stage ends with 2x2 max pooling; "
+                        f"default {' '.join(map(str, CHANNELS))})")
+    parser.add_argument("--convs-per-stage", type=common.positive_int, default=CONVS,
+                        help=f"3x3 convolutions per stage (default {CONVS}; 2 is VGG's)")
+    parser.add_argument("--no-subgradient", action="store_true",
+                        help="leave out row (b) (subgradient + threshold); its grid trains one network per lambda")
     parser.add_argument("--units", type=common.positive_int, default=None, help=f"hidden Dense units (default {UNITS})")
     parser.add_argument("--sgd-lr", type=float, default=None, help=f"Proximal SGD learning rate (default {SGD_LR})")
     parser.add_argument("--group-weight", choices=("size", "flops"), default="size",
@@ -592,6 +617,7 @@ def main(argv=None):
                         "the JSON goes next to it")
     args = parser.parse_args(argv)
     CHANNELS = tuple(args.channels or CHANNELS)
+    CONVS = args.convs_per_stage
     UNITS = args.units or UNITS
     SGD_LR = args.sgd_lr or SGD_LR
 
@@ -605,6 +631,8 @@ def main(argv=None):
         "subgradient": args.subgradient or (QUICK_GRID if args.quick else GRID)["subgradient"],
         "proximal": args.proximal or (QUICK_GRID if args.quick else GRID)["proximal"],
     }
+    if args.no_subgradient:
+        del grid["subgradient"]
     output = Path(args.output or common.default_output("cnn_fashion", args.quick))
     checkpoint = output.parent / f".{output.stem}.partial.json"
     output.parent.mkdir(parents=True, exist_ok=True)
@@ -636,7 +664,7 @@ def main(argv=None):
     dense_models, sparse_models = {}, {}
     dense_models[0], record = train_dense(0, data, epochs, jit_compile)
     keep(record)
-    for method in ("subgradient", "proximal"):
+    for method in grid:
         for factor in grid[method]:
             model, _, record = train_sparse(method, factor, 0, data, epochs, args.penalty, jit_compile,
                                             args.group_weight)
@@ -779,8 +807,7 @@ def main(argv=None):
         ]
     weight = ', group_weight="flops"' if args.group_weight == "flops" else ""
     notes = [
-        f"Network: Conv2D({CHANNELS[0]}, 3, same)-BN-ReLU-MaxPool, Conv2D({CHANNELS[1]}, 3, same)-BN-ReLU-MaxPool, "
-        f"Flatten, Dense({UNITS})-ReLU, Dense(10) logits; {records[0]['flops_before']:,} multiply-adds per sample, "
+        f"Network: {network_text()}; {records[0]['flops_before']:,} multiply-adds per sample, "
         f"{records[0]['params_before']:,} parameters.",
         f"Data: {len(data['x_train']):,} training images, {len(data['x_val']):,} validation images held out of the "
         f"official training set (they choose λ), {len(data['x_test']):,} test images; batch {BATCH}, {epochs} epochs "
@@ -789,7 +816,7 @@ def main(argv=None):
         f"Adam lr {ADAM_LR:g}, then threshold {THRESHOLD:g} and `prune_model`. (c) the same penalties with "
         f"`Proximal(SGD({SGD_LR:g}, momentum={MOMENTUM:g}))`, threshold {THRESHOLD:g} (the zeros are already exact). "
         "`input_factor=0`: conv1's only input group is the grey channel, which cannot go. "
-        "(d) per seed, the dense network of that seed; in conv1 and conv2 the same fraction of filters kept (largest "
+        "(d) per seed, the dense network of that seed; in every convolution the same fraction of filters kept (largest "
         "L1 kernel norm), the largest fraction that fits the budget (mean MACs/sample of the row named); the filters "
         "and the weights reading their maps set to 0, then `prune_model(zeroed, 0)`; fine-tuning of the pruned model "
         f"with Adam lr {FINETUNE_LR:g}, batch {BATCH}.",
