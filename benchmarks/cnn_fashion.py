@@ -597,6 +597,11 @@ def main(argv=None):
                         f"default {' '.join(map(str, CHANNELS))})")
     parser.add_argument("--convs-per-stage", type=common.positive_int, default=CONVS,
                         help=f"3x3 convolutions per stage (default {CONVS}; 2 is VGG's)")
+    parser.add_argument("--first-seed", type=int,
+                        default=0, help="seeds FIRST..FIRST+N-1 (default 0); the first one runs the lambda grids")
+    parser.add_argument("--budget-only", action="store_true",
+                        help="only rows (a), (e) and the peer at (e)'s FLOPs: no lambda grids (needs --budget-flops "
+                        "and --budget-lambda)")
     parser.add_argument("--no-subgradient", action="store_true",
                         help="leave out row (b) (subgradient + threshold); its grid trains one network per lambda")
     parser.add_argument("--units", type=common.positive_int, default=None, help=f"hidden Dense units (default {UNITS})")
@@ -616,6 +621,8 @@ def main(argv=None):
                         help="Markdown result (default benchmarks/results/cnn_fashion.md; benchmarks/out/ with --quick); "
                         "the JSON goes next to it")
     args = parser.parse_args(argv)
+    if args.budget_only and not (args.budget_flops and args.budget_lambda):
+        parser.error("--budget-only needs --budget-flops and --budget-lambda")
     CHANNELS = tuple(args.channels or CHANNELS)
     CONVS = args.convs_per_stage
     UNITS = args.units or UNITS
@@ -626,13 +633,16 @@ def main(argv=None):
     set_threads(args.threads)
     jit_compile = keras.backend.backend() != "tensorflow"  # measured below: XLA convolutions are slower on CPU
     epochs = args.epochs or (1 if args.quick else EPOCHS)
-    seeds = list(range(1 if args.quick else args.seeds))
+    seeds = list(range(args.first_seed, args.first_seed + (1 if args.quick else args.seeds)))
+    s0 = seeds[0]
     grid = {
         "subgradient": args.subgradient or (QUICK_GRID if args.quick else GRID)["subgradient"],
         "proximal": args.proximal or (QUICK_GRID if args.quick else GRID)["proximal"],
     }
     if args.no_subgradient:
         del grid["subgradient"]
+    if args.budget_only:
+        grid = {}
     output = Path(args.output or common.default_output("cnn_fashion", args.quick))
     checkpoint = output.parent / f".{output.stem}.partial.json"
     output.parent.mkdir(parents=True, exist_ok=True)
@@ -660,20 +670,20 @@ def main(argv=None):
             common.say(f"training step, jit_compile={jit}: {1e3 * step[str(jit)][0]:.0f} ms wall, "
                        f"{1e3 * step[str(jit)][1]:.0f} ms CPU per batch of {BATCH}")
 
-    # Seed 0: the dense baseline and the lambda grids; the validation images choose lambda.
+    # The first seed: the dense baseline and the lambda grids; the validation images choose lambda.
     dense_models, sparse_models = {}, {}
-    dense_models[0], record = train_dense(0, data, epochs, jit_compile)
+    dense_models[s0], record = train_dense(s0, data, epochs, jit_compile)
     keep(record)
     for method in grid:
         for factor in grid[method]:
-            model, _, record = train_sparse(method, factor, 0, data, epochs, args.penalty, jit_compile,
+            model, _, record = train_sparse(method, factor, s0, data, epochs, args.penalty, jit_compile,
                                             args.group_weight)
-            sparse_models[(method, factor, 0)] = model
+            sparse_models[(method, factor, s0)] = model
             record["grid"] = True
             keep(record)
     dense_val0 = records[0]["val_accuracy"]
     chosen = {method: choose(records, method, dense_val0) for method in grid}
-    common.say(f"chosen lambda (validation, seed 0): {chosen}")
+    common.say(f"chosen lambda (validation, seed {s0}): {chosen}")
 
     for seed in seeds[1:]:
         dense_models[seed], record = train_dense(seed, data, epochs, jit_compile)
@@ -701,18 +711,21 @@ def main(argv=None):
     dense_rows = of("dense")
     dense_val = _mean(dense_rows, "val_accuracy")
     candidates = [(m, f, of(m, f)) for m, f in chosen.items()]
+    if args.budget_only:
+        candidates.append(("budget", args.budget_lambda, of("budget")))
     within = [c for c in candidates if 100 * (dense_val - _mean(c[2], "val_accuracy")) <= TARGET_POINTS]
     best = (max(within, key=lambda c: _mean(c[2], "flop_reduction")) if within
             else max(candidates, key=lambda c: _mean(c[2], "val_accuracy")))
     # Where the FLOP target lives: the most accurate seed-0 grid point with at least 8x fewer FLOPs (else the
     # one with the largest reduction); the peer is run at its budget too.
     grid_rows = [r for r in records if r.get("grid")]
-    eight = [r for r in grid_rows if r["flop_reduction"] >= TARGET_FLOPS]
-    high = (max(eight, key=lambda r: r["val_accuracy"]) if eight else max(grid_rows, key=lambda r: r["flop_reduction"]))
-    budgets = {"best": (best[0], best[1], _mean(best[2], "flops_after"), len(best[2])),
-               "high": (high["method"], high["factor"], high["flops_after"], 1)}
-    if (budgets["high"][0], budgets["high"][1]) == (best[0], best[1]):
-        del budgets["high"]
+    budgets = {"best": (best[0], best[1], _mean(best[2], "flops_after"), len(best[2]))}
+    if grid_rows:
+        eight = [r for r in grid_rows if r["flop_reduction"] >= TARGET_FLOPS]
+        high = (max(eight, key=lambda r: r["val_accuracy"]) if eight
+                else max(grid_rows, key=lambda r: r["flop_reduction"]))
+        if (high["method"], high["factor"]) != (best[0], best[1]):
+            budgets["high"] = (high["method"], high["factor"], high["flops_after"], 1)
     for key, (method, factor, budget, _) in budgets.items():
         common.say(f"peer at the budget of {method} lambda={factor:g}: {budget:,.0f} MACs/sample")
         for seed in seeds:
@@ -723,17 +736,17 @@ def main(argv=None):
     repeats, min_time = (3, 0.02) if args.quick else (9, 0.1)
     infer = {}
     for key, (method, factor, _, _) in budgets.items():
-        common.say(f"inference: dense vs pruned {method} lambda={factor:g} (seed 0)")
-        infer[key] = inference(dense_models[0], sparse_models[(method, factor, 0)], data, repeats, min_time)
-        infer[key]["flop_reduction"] = of(method, factor, 0)[0]["flop_reduction"]
-        infer[key]["flops_after"] = of(method, factor, 0)[0]["flops_after"]
+        common.say(f"inference: dense vs pruned {method} lambda={factor:g} (seed {s0})")
+        infer[key] = inference(dense_models[s0], sparse_models[(method, factor, s0)], data, repeats, min_time)
+        infer[key]["flop_reduction"] = of(method, factor, s0)[0]["flop_reduction"]
+        infer[key]["flops_after"] = of(method, factor, s0)[0]["flops_after"]
     elapsed, cpu = time.perf_counter() - t0, time.process_time() - cpu0
 
     # ------------------------------------------------------------------ write
     dense_test = _mean(dense_rows, "test_accuracy")
     labels = {"subgradient": "(b) subgradient + threshold, no fine-tuning",
               "proximal": "(c) Proximal, no fine-tuning"}
-    letters = {"subgradient": "(b)", "proximal": "(c)"}
+    letters = {"subgradient": "(b)", "proximal": "(c)", "budget": "(e)"}
     power = "" if args.budget_schedule_power == 1.0 else f", schedule_power={args.budget_schedule_power:g}"
     groups = [("(a) dense, Adam", dense_rows)]
     groups += [(labels[m], of(m, f)) for m, f in chosen.items()]
@@ -754,8 +767,8 @@ def main(argv=None):
     groups += peer_rows("best")
     if "high" in budgets:
         method, factor = budgets["high"][:2]
-        groups.append((f"{letters[method]} λ={factor:g}, seed 0 only (grid point with the most FLOPs removed "
-                       f"at >= {TARGET_FLOPS:g}x, or the most removed)", of(method, factor, 0)))
+        groups.append((f"{letters[method]} λ={factor:g}, seed {s0} only (grid point with the most FLOPs removed "
+                       f"at >= {TARGET_FLOPS:g}x, or the most removed)", of(method, factor, s0)))
         groups += peer_rows("high")
     table = main_table(groups, dense_test)
 
@@ -776,19 +789,22 @@ def main(argv=None):
         verdict.append(f"- budget max_flops={args.budget_flops:g}{power} ({len(rows)} seeds): {reduction:.2f}x fewer FLOPs, "
                        f"{points:+.2f} points test accuracy vs dense (the cut to the budget fired in {cut} of "
                        f"{len(rows)} runs): target {'met' if met else 'NOT met'}.")
-    dense0 = of("dense", seed=0)[0]["test_accuracy"]
+    dense0 = of("dense", seed=s0)[0]["test_accuracy"]
     for r in grid_rows:
         if r["flop_reduction"] >= TARGET_FLOPS and 100 * (r["test_accuracy"] - dense0) >= -TARGET_POINTS:
-            verdict.append(f"- seed 0 grid point {r['method']} λ={r['factor']:g} meets it on the test images "
+            verdict.append(f"- seed {s0} grid point {r['method']} λ={r['factor']:g} meets it on the test images "
                            f"({r['flop_reduction']:.2f}x, {100 * (r['test_accuracy'] - dense0):+.2f} "
-                           "points vs the seed-0 dense network), but was not the validation choice.")
-    best_of_grid = max(grid_rows, key=lambda r: r["test_accuracy"] if r["flop_reduction"] >= TARGET_FLOPS else -1)
-    if best_of_grid["flop_reduction"] >= TARGET_FLOPS:
-        verdict.append(f"- The most accurate seed-0 grid point with >= {TARGET_FLOPS:g}x fewer FLOPs: "
+                           f"points vs the seed-{s0} dense network), but was not the validation choice.")
+    best_of_grid = max(grid_rows, default=None,
+                       key=lambda r: r["test_accuracy"] if r["flop_reduction"] >= TARGET_FLOPS else -1)
+    if best_of_grid is None:
+        pass
+    elif best_of_grid["flop_reduction"] >= TARGET_FLOPS:
+        verdict.append(f"- The most accurate seed-{s0} grid point with >= {TARGET_FLOPS:g}x fewer FLOPs: "
                        f"{best_of_grid['method']} λ={best_of_grid['factor']:g}, {best_of_grid['flop_reduction']:.2f}x, "
-                       f"{100 * (best_of_grid['test_accuracy'] - dense0):+.2f} points vs the seed-0 dense network.")
+                       f"{100 * (best_of_grid['test_accuracy'] - dense0):+.2f} points vs the seed-{s0} dense network.")
     else:
-        verdict.append(f"- No seed-0 grid point removes {TARGET_FLOPS:g}x of the FLOPs.")
+        verdict.append(f"- No seed-{s0} grid point removes {TARGET_FLOPS:g}x of the FLOPs.")
 
     infer_sections = []
     for key, result in infer.items():
@@ -797,7 +813,7 @@ def main(argv=None):
         saved = [r for r in result["rows"] if r["path"] == "SavedModel" and r["batch"] == 256][0]
         speedup = saved["pruned"][0] / saved["dense"][0]
         infer_sections += [
-            f"### Dense vs pruned {method} λ={factor:g}, seed 0 ({result['flops_after']:,} MACs/sample, "
+            f"### Dense vs pruned {method} λ={factor:g}, seed {s0} ({result['flops_after']:,} MACs/sample, "
             f"{flop_ratio:.2f}x fewer)",
             f"`export_pruned` (prune + SavedModel) took {result['export_seconds']:.2f} s.",
             inference_table(result, flop_ratio),
@@ -820,7 +836,7 @@ def main(argv=None):
         "L1 kernel norm), the largest fraction that fits the budget (mean MACs/sample of the row named); the filters "
         "and the weights reading their maps set to 0, then `prune_model(zeroed, 0)`; fine-tuning of the pruned model "
         f"with Adam lr {FINETUNE_LR:g}, batch {BATCH}.",
-        "λ: the largest of the grid whose seed-0 validation accuracy is within 1 point of the dense network's; "
+        f"λ: the largest of the grid whose seed-{s0} validation accuracy is within 1 point of the dense network's; "
         "the test images play no part in the choice.",
         "Accuracies of (b), (c) and (d) are those of the pruned Keras model; the last column is the largest "
         f"difference between its logits and the thresholded original's on {GAP_IMAGES:,} test images (logits of "
@@ -849,9 +865,8 @@ def main(argv=None):
         f"Target: at least {TARGET_FLOPS:g}x fewer FLOPs and at most {TARGET_POINTS:g} point lower test accuracy "
         f"than the dense baseline ({100 * dense_test:.2f}%), no fine-tuning:",
         "\n".join(verdict),
-        "## λ grid (seed 0)",
-        grid_table(grid_rows, dense_val0),
-        f"## Inference (seed 0): throughput, best of {repeats} interleaved rounds of >= {min_time:g} s",
+    ] + ([f"## λ grid (seed {s0})", grid_table(grid_rows, dense_val0)] if grid_rows else []) + [
+        f"## Inference (seed {s0}): throughput, best of {repeats} interleaved rounds of >= {min_time:g} s",
         "Ratios of the median rounds and per CPU second next to the best; `tensor in`: the batch is a backend "
         "tensor made once outside the timed calls. The dense SavedModel is `model.export`, the pruned one "
         "`export_pruned`.",
