@@ -21,7 +21,10 @@ median), at batch 1 and 256, on the TensorFlow backend:
 * ``round_to=8, BN folded``: the pruned network with every layer's channel
   count rounded up to a multiple of 8 (``prune_model(.., round_to=8)``: more
   multiply-adds, but channel counts the convolution kernels are made for);
-* ``tf.function``: the Keras models called in a compiled function.
+* ``tf.function``: the Keras models called in a compiled function;
+* ``TFLite, BN folded``: the folded SavedModels converted with
+  ``tf.lite.TFLiteConverter`` (as ``export_pruned`` writes ``.tflite``), run by
+  ``tf.lite.Interpreter`` with ``--threads`` threads.
 
 Reported next to the FLOP reduction: the issue asks for a batch-256 speed-up of
 at least 0.6 x the FLOP ratio.
@@ -48,6 +51,30 @@ from benchmarks import cnn_fashion, common  # noqa: E402
 
 BATCHES = (1, 256)
 TARGET = 0.6
+FOLDED = ("dense, BN folded", "pruned, BN folded")
+
+
+def tflite_calls(saved_model_path, threads):
+    """``{batch: call}``: the SavedModel converted to TFLite, one interpreter per batch size."""
+    import numpy as np
+    import tensorflow as tf
+
+    content = tf.lite.TFLiteConverter.from_saved_model(saved_model_path).convert()
+    calls = {}
+    for batch in BATCHES:
+        interpreter = tf.lite.Interpreter(model_content=content, num_threads=threads)
+        source = interpreter.get_input_details()[0]["index"]
+        interpreter.resize_tensor_input(source, [batch, 28, 28, 1])
+        interpreter.allocate_tensors()
+        target = interpreter.get_output_details()[0]["index"]
+
+        def call(x, interpreter=interpreter, source=source, target=target):
+            interpreter.set_tensor(source, np.asarray(x))
+            interpreter.invoke()
+            return interpreter.get_tensor(target)
+
+        calls[batch] = call
+    return calls
 
 
 def with_statistics(model, seed):
@@ -116,13 +143,18 @@ def main(argv=None):
 
     workdir = tempfile.mkdtemp(prefix="cnn-inference-")
     try:
-        saved, compiled = {}, {}
+        saved, compiled, lite = {}, {}, {}
         for name, model in models.items():
             path = os.path.join(workdir, name.replace(", ", "_").replace(" ", "_"))
             model.export(path, format="tf_saved_model", verbose=False,
                          input_signature=[tf.TensorSpec([None, 28, 28, 1], tf.float32, name="features")])
             saved[name] = saved_model_call(path)
             np.testing.assert_allclose(saved[name](tf.constant(x_all)), want[name], atol=1e-4, err_msg=name)
+            if name in FOLDED:
+                lite[name] = tflite_calls(path, args.threads)
+                for batch in BATCHES:
+                    np.testing.assert_allclose(lite[name][batch](x_all[:batch]), want[name][:batch], atol=1e-3,
+                                               err_msg=f"TFLite {name}")
             if "folded" not in name:
                 fn = tf.function(lambda x, model=model: model(x, training=False))
                 compiled[name] = lambda x, fn=fn: fn(x).numpy()
@@ -131,6 +163,8 @@ def main(argv=None):
             x = tf.constant(x_all[:batch])
             rates = throughputs({**{f"SavedModel {k}": f for k, f in saved.items()},
                                  **{f"tf.function {k}": f for k, f in compiled.items()}}, x, args.rounds, args.min_time)
+            rates.update(throughputs({f"TFLite {k}": f[batch] for k, f in lite.items()}, x_all[:batch], args.rounds,
+                                     args.min_time))
             for label, dense_key, pruned_key in (
                 ("SavedModel", "SavedModel dense", "SavedModel pruned"),
                 ("SavedModel, BN folded (both)", "SavedModel dense, BN folded", "SavedModel pruned, BN folded"),
@@ -139,6 +173,7 @@ def main(argv=None):
                 ("round_to=8, BN folded (both)", "SavedModel dense, BN folded",
                  "SavedModel pruned, round_to=8, BN folded"),
                 ("tf.function", "tf.function dense", "tf.function pruned"),
+                ("TFLite, BN folded (both)", "TFLite dense, BN folded", "TFLite pruned, BN folded"),
             ):
                 d, p = rates[dense_key], rates[pruned_key]
                 rows.append({"path": label, "batch": batch, "dense": d, "pruned": p})
@@ -157,7 +192,7 @@ def main(argv=None):
         f"- batch 256, {r['path']}: {r['pruned'][0] / r['dense'][0]:.2f}x for {ratio:.2f}x fewer FLOPs "
         f"({r['pruned'][0] / r['dense'][0] / ratio:.2f} of the FLOP ratio; target >= {TARGET}): "
         f"{'met' if r['pruned'][0] / r['dense'][0] >= TARGET * ratio else 'NOT met'}."
-        for r in rows if r["batch"] == 256 and r["path"].startswith(("SavedModel", "pruned"))]
+        for r in rows if r["batch"] == 256 and r["path"].startswith(("SavedModel", "pruned", "TFLite"))]
     body = "\n\n".join([
         "# Channel-pruned CNN vs dense: inference, with and without BatchNormalization folded",
         "\n".join([
