@@ -602,6 +602,8 @@ def main(argv=None):
     parser.add_argument("--budget-only", action="store_true",
                         help="only rows (a), (e) and the peer at (e)'s FLOPs: no lambda grids (needs --budget-flops "
                         "and --budget-lambda)")
+    parser.add_argument("--no-proximal", action="store_true",
+                        help="leave out row (c) (Proximal); row (e) then needs --budget-lambda")
     parser.add_argument("--no-subgradient", action="store_true",
                         help="leave out row (b) (subgradient + threshold); its grid trains one network per lambda")
     parser.add_argument("--units", type=common.positive_int, default=None, help=f"hidden Dense units (default {UNITS})")
@@ -623,6 +625,10 @@ def main(argv=None):
     args = parser.parse_args(argv)
     if args.budget_only and not (args.budget_flops and args.budget_lambda):
         parser.error("--budget-only needs --budget-flops and --budget-lambda")
+    if args.no_proximal and args.budget_flops and not args.budget_lambda:
+        parser.error("--no-proximal with --budget-flops needs --budget-lambda")
+    if args.no_proximal and args.no_subgradient and not args.budget_only:
+        parser.error("--no-proximal and --no-subgradient leave no row to train; add --budget-only")
     CHANNELS = tuple(args.channels or CHANNELS)
     CONVS = args.convs_per_stage
     UNITS = args.units or UNITS
@@ -641,6 +647,8 @@ def main(argv=None):
     }
     if args.no_subgradient:
         del grid["subgradient"]
+    if args.no_proximal:
+        del grid["proximal"]
     if args.budget_only:
         grid = {}
     output = Path(args.output or common.default_output("cnn_fashion", args.quick))
