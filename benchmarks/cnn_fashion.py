@@ -805,13 +805,11 @@ def main(argv=None):
                            f"points vs the seed-{s0} dense network), but was not the validation choice.")
     best_of_grid = max(grid_rows, default=None,
                        key=lambda r: r["test_accuracy"] if r["flop_reduction"] >= TARGET_FLOPS else -1)
-    if best_of_grid is None:
-        pass
-    elif best_of_grid["flop_reduction"] >= TARGET_FLOPS:
+    if best_of_grid is not None and best_of_grid["flop_reduction"] >= TARGET_FLOPS:
         verdict.append(f"- The most accurate seed-{s0} grid point with >= {TARGET_FLOPS:g}x fewer FLOPs: "
                        f"{best_of_grid['method']} λ={best_of_grid['factor']:g}, {best_of_grid['flop_reduction']:.2f}x, "
                        f"{100 * (best_of_grid['test_accuracy'] - dense0):+.2f} points vs the seed-{s0} dense network.")
-    else:
+    elif best_of_grid is not None:
         verdict.append(f"- No seed-{s0} grid point removes {TARGET_FLOPS:g}x of the FLOPs.")
 
     infer_sections = []
