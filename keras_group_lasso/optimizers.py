@@ -72,10 +72,13 @@ weighted_sparse_group_soft_threshold = prox.weighted_sparse_group_soft_threshold
 # with c a scalar (Adam's bias correction), so that a proximal step divides the
 # small thresholds by c instead of the weight-sized m (one pass over the weights
 # less, where ops run one by one). m is at least MIN_METRIC * c. A Python float m
-# is a constant metric. Keras keeps the slot variables in per-class lists (not
-# public API); they are read here and only here, and tests/test_optimizers.py
-# checks every entry against the update the optimizer really makes.
-def _sgd_d(opt, i, dtype):
+# is a constant metric. ``step`` is a dict that lives for one optimizer step: the
+# scalars every weight shares (c) are computed once per step, not once per weight
+# (eager backends dispatch every op from Python). Keras keeps the slot variables
+# in per-class lists (not public API); they are read here and only here, and
+# tests/test_optimizers.py checks every entry against the update the optimizer
+# really makes.
+def _sgd_d(opt, i, dtype, step):
     # Keras's velocity is v <- momentum * v - lr * g: a steady gradient moves
     # the weight by lr * g / (1 - momentum) per step (Nesterov too).
     return max(1.0 - float(opt.momentum), _MIN_PRECONDITIONER), 1.0
@@ -86,38 +89,52 @@ def _floored(m, epsilon, c=1.0):
     return m if float(epsilon) >= _MIN_PRECONDITIONER else ops.maximum(m, _MIN_PRECONDITIONER * c)
 
 
-def _bias_correction(opt, dtype):
-    t = ops.cast(opt.iterations, dtype)
-    return ops.sqrt(1.0 - ops.power(ops.cast(opt.beta_2, dtype), t))
+def _bias_correction(opt, dtype, step):
+    key = ("bias_correction", dtype)
+    if key not in step:
+        t = ops.cast(opt.iterations, dtype)
+        step[key] = ops.sqrt(1.0 - ops.power(ops.cast(opt.beta_2, dtype), t))
+    return step[key]
 
 
-def _adam_d(opt, i, dtype):
+def _adam_d(opt, i, dtype, step):
     v = (opt._velocity_hats if opt.amsgrad else opt._velocities)[i]
-    c = _bias_correction(opt, dtype)
-    return _floored(ops.sqrt(ops.cast(v, dtype)) + opt.epsilon, opt.epsilon, c), c
+    c = _bias_correction(opt, dtype, step)
+    return _floored(ops.sqrt(_cast(v, dtype)) + opt.epsilon, opt.epsilon, c), c
 
 
-def _nadam_d(opt, i, dtype):
+def _nadam_d(opt, i, dtype, step):
     # sqrt(v / c^2) + eps = (sqrt(v) + eps * c) / c
-    c = _bias_correction(opt, dtype)
-    return _floored(ops.sqrt(ops.cast(opt._velocities[i], dtype)) + opt.epsilon * c, opt.epsilon, c), c
+    c = _bias_correction(opt, dtype, step)
+    return _floored(ops.sqrt(_cast(opt._velocities[i], dtype)) + opt.epsilon * c, opt.epsilon, c), c
 
 
-def _adamax_d(opt, i, dtype):
-    return _floored(ops.cast(opt._u[i], dtype) + opt.epsilon, opt.epsilon), 1.0
+def _adamax_d(opt, i, dtype, step):
+    return _floored(_cast(opt._u[i], dtype) + opt.epsilon, opt.epsilon), 1.0
 
 
-def _rmsprop_d(opt, i, dtype):
-    v = ops.cast(opt._velocities[i], dtype)
+def _rmsprop_d(opt, i, dtype, step):
+    v = _cast(opt._velocities[i], dtype)
     if opt.centered:
-        v = v - ops.square(ops.cast(opt._average_gradients[i], dtype))
+        v = v - ops.square(_cast(opt._average_gradients[i], dtype))
     # Like SGD's, RMSprop's momentum accumulates lr * g / sqrt(v + eps) undamped.
     d = ops.sqrt(v + opt.epsilon) * max(1.0 - float(opt.momentum), _MIN_PRECONDITIONER)
     return ops.maximum(d, _MIN_PRECONDITIONER), 1.0
 
 
-def _adagrad_d(opt, i, dtype):
-    return ops.maximum(ops.sqrt(ops.cast(opt._accumulators[i], dtype) + opt.epsilon), _MIN_PRECONDITIONER), 1.0
+def _adagrad_d(opt, i, dtype, step):
+    return ops.maximum(ops.sqrt(_cast(opt._accumulators[i], dtype) + opt.epsilon), _MIN_PRECONDITIONER), 1.0
+
+
+def _cast(x, dtype):
+    """``x`` as a tensor of ``dtype``; no cast op where it already is one."""
+    x = ops.convert_to_tensor(x)
+    return x if keras.backend.standardize_dtype(x.dtype) == dtype else ops.cast(x, dtype)
+
+
+def _reshaped(x, shape):
+    """``x`` in ``shape``; no reshape op where it already has it."""
+    return x if tuple(x.shape) == tuple(shape) else ops.reshape(x, shape)
 
 
 def _metrics():
@@ -147,7 +164,7 @@ def _find_metric(optimizer):
         return None
 
     def metric(opt, i, dtype):
-        m, c = parts(opt, i, dtype)
+        m, c = parts(opt, i, dtype, {})
         return m / c if isinstance(m, float) else m / ops.cast(c, dtype)
 
     return metric
@@ -478,31 +495,35 @@ class Proximal(keras.optimizers.Optimizer):
             grads[index] = grad - ops.cast(scale, grad.dtype) * penalty_grad
         return grads
 
-    def _proximal_point(self, index, penalty, value, rate):
-        """``prox`` of ``penalty`` at ``value`` (the weight after the wrapped update); ``rate``: lr * multiplier."""
+    def _proximal_point(self, index, penalty, value, rate, step):
+        """``prox`` of ``penalty`` at ``value`` (the weight after the wrapped update); ``rate``: lr * multiplier.
+
+        ``step``: the dict of this step's shared scalars (see ``_sgd_d``).
+        """
         value = ops.convert_to_tensor(value)
         shape = tuple(value.shape)
         view = penalty.group_shape(shape)  # groups along axis -2 (whole channels for channels=C)
         dtype = prox.compute_dtype(value.dtype)
-        x = ops.reshape(ops.cast(value, dtype), view)
-        rate = ops.cast(rate, dtype)
-        m, c = (1.0, 1.0) if self._metric is None else self._metric(self.inner_optimizer, index, dtype)
+        x = _reshaped(_cast(value, dtype), view)
+        m, c = (1.0, 1.0) if self._metric is None else self._metric(self.inner_optimizer, index, dtype, step)
         if isinstance(m, float):  # a constant metric: the Euclidean closed form, thresholds lr * λ / d
-            step = rate / m
-            z = prox.sgl_step(x, step * penalty.factor, step * penalty.l1, use_l1=bool(penalty.l1))
+            rate = _cast(rate, dtype) / m
+            z = prox.sgl_step(x, rate * penalty.factor, rate * penalty.l1, use_l1=bool(penalty.l1))
         else:  # d = m / c: the step in the metric m with thresholds times c (sgl_step is homogeneous)
-            if not isinstance(c, float):
-                rate = rate * ops.cast(c, dtype)
-            m = ops.reshape(m, view)
-            z = prox.weighted_sgl_step(x, m, rate * penalty.factor, rate * penalty.l1, use_l1=bool(penalty.l1))
-        return ops.cast(ops.reshape(z, shape), value.dtype)
+            key = ("rate", penalty.multiplier_index, dtype)
+            if key not in step:
+                step[key] = _cast(rate, dtype) if isinstance(c, float) else _cast(rate, dtype) * _cast(c, dtype)
+            rate = step[key]
+            z = prox.weighted_sgl_step(x, _reshaped(m, view), rate * penalty.factor, rate * penalty.l1,
+                                       use_l1=bool(penalty.l1))
+        return _cast(_reshaped(z, shape), keras.backend.standardize_dtype(value.dtype))
 
     def _rates(self, learning_rate):
         """``lr * multiplier`` of each entry of the penalties' strength multiplier, once per step."""
         lr = ops.cast(learning_rate, "float32")
         return [lr * self.penalty_multiplier[0], lr * self.penalty_multiplier[1]]
 
-    def _coupled_points(self, coupled, rates):
+    def _coupled_points(self, coupled, rates, step):
         """Proximal points of the weights that share coupled groups, all read before any is written.
 
         In gradient units ``q = d * x`` (``d``: the metric), as
@@ -520,7 +541,7 @@ class Proximal(keras.optimizers.Optimizer):
             lr_coupled = ops.cast(rates[COUPLED_INDEX], dtype)
             lr = ops.cast(rates[penalty.multiplier_index], dtype)
             x = ops.reshape(ops.cast(value, dtype), view)
-            m, c = (1.0, 1.0) if self._metric is None else self._metric(self.inner_optimizer, index, dtype)
+            m, c = (1.0, 1.0) if self._metric is None else self._metric(self.inner_optimizer, index, dtype, step)
             # The union's norm adds parts of several weights: each in gradient units, d = m / c.
             d = ops.cast(m / c, dtype) if isinstance(m, float) else ops.reshape(m if isinstance(c, float) else m / c, view)
             q = ops.multiply(d, x)
@@ -561,25 +582,25 @@ class Proximal(keras.optimizers.Optimizer):
             else:
                 context.merge_call(self._distributed_proximal_steps, args=(penalties, learning_rate, coupled))
             return
-        rates = self._rates(learning_rate)
-        points = self._coupled_points(coupled, rates) if coupled else []
+        rates, step = self._rates(learning_rate), {}
+        points = self._coupled_points(coupled, rates, step) if coupled else []
         for index, penalty in penalties:
             variable = self._trainable_variables[index]
-            variable.assign(self._proximal_point(index, penalty, variable, rates[penalty.multiplier_index]))
+            variable.assign(self._proximal_point(index, penalty, variable, rates[penalty.multiplier_index], step))
         for index, z in points:
             self._trainable_variables[index].assign(z)
 
     def _distributed_proximal_steps(self, strategy, penalties, learning_rate, coupled=()):
         # Like Keras's own weight decay: one update per variable, on every replica.
-        rates = self._rates(learning_rate)
-        for index, z in self._coupled_points(coupled, rates) if coupled else []:
+        rates, shared = self._rates(learning_rate), {}
+        for index, z in self._coupled_points(coupled, rates, shared) if coupled else []:
             strategy.extended.update(
                 self._trainable_variables[index].value, lambda var, z: var.assign(z), args=(z,), group=False
             )
         for index, penalty in penalties:
 
             def step(var, rate, index=index, penalty=penalty):
-                return var.assign(self._proximal_point(index, penalty, var, rate))
+                return var.assign(self._proximal_point(index, penalty, var, rate, shared))
 
             strategy.extended.update(
                 self._trainable_variables[index].value, step, args=(rates[penalty.multiplier_index],), group=False
