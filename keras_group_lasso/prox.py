@@ -142,15 +142,15 @@ def group_sparse_penalty(x, group_factor, l1_factor=0.0, gradient=True):
     x = _as_tensor(x)
     shape = tuple(x.shape)
     dtype = compute_dtype(x.dtype)
-    x = ops.cast(x, dtype)
     axes = group_axes(shape)
     a = float(group_factor)
     b = float(l1_factor)
-    if not gradient:
-        x = ops.stop_gradient(x)
+    if not gradient:  # stop_gradient reads a variable; a cast op only where the dtype changes
+        x = ops.stop_gradient(x if keras.backend.standardize_dtype(x.dtype) == dtype else ops.cast(x, dtype))
         if not axes:
             return (a + b) * ops.sum(ops.abs(x))
-        return _sgl_value(x, a * math.sqrt(group_size(shape)), b)[0]
+        return _value(x, _group_norm(x), a * math.sqrt(group_size(shape)), b)
+    x = ops.cast(x, dtype)  # a tensor, not a variable, inside the custom gradient
     if not axes:
         return _l1_only(x, a + b)
     scale = a * math.sqrt(group_size(shape))
@@ -190,13 +190,16 @@ def _group_norm(x):
     return norms if len(shape) == 3 else ops.reshape(norms, (1,) * (len(shape) - 2) + (shape[-2], 1))
 
 
+def _value(w, norms, scale, b):
+    """``scale * sum(norms) + b * sum |w|``: the penalty from the group norms of ``w``."""
+    value = scale * ops.sum(norms)
+    return value + b * ops.sum(ops.abs(w)) if b else value
+
+
 def _sgl_value(w, scale, b):
     """``(value, 1 / ||g||)``: the penalty and the inverse group norms (0 for a zero group)."""
     norms = _group_norm(w)
-    value = scale * ops.sum(norms)
-    if b:
-        value = value + b * ops.sum(ops.abs(w))
-    return value, _inverse(norms)
+    return _value(w, norms, scale, b), _inverse(norms)
 
 
 def _sgl(x, scale, b):
