@@ -72,7 +72,6 @@ if __package__ in (None, ""):
 from benchmarks import common  # noqa: E402
 
 CHANNELS = (16, 32)
-ACTIVATION_COST = 0.0  # add_group_sparsity's activation_cost with group_weight="flops" (--activation-cost)
 CONVS = 1  # convolutions per stage (2: VGG's doubled 3x3 convolutions before each pooling)
 UNITS = 64
 N_CLASSES = 10
@@ -172,9 +171,7 @@ def sparse_cnn(seed, factor, penalty, group_weight="size"):
     """
     from keras_group_lasso import add_group_sparsity
 
-    cost = ACTIVATION_COST if group_weight == "flops" else 0.0
-    return add_group_sparsity(build_cnn(seed), factor, input_factor=0.0, penalty=penalty, group_weight=group_weight,
-                              activation_cost=cost)
+    return add_group_sparsity(build_cnn(seed), factor, input_factor=0.0, penalty=penalty, group_weight=group_weight)
 
 
 def compile_model(model, optimizer, jit_compile):
@@ -583,7 +580,7 @@ def inference_table(result, flop_ratio):
 
 
 def main(argv=None):
-    global CHANNELS, CONVS, UNITS, SGD_LR, ACTIVATION_COST
+    global CHANNELS, CONVS, UNITS, SGD_LR
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--seeds", type=common.positive_int, default=3,
                         help="seeds 0..N-1 for the dense network, the chosen lambdas and the peer (default 3)")
@@ -613,9 +610,6 @@ def main(argv=None):
     parser.add_argument("--sgd-lr", type=float, default=None, help=f"Proximal SGD learning rate (default {SGD_LR})")
     parser.add_argument("--group-weight", choices=("size", "flops"), default="size",
                         help="add_group_sparsity's group_weight (default size: the paper's sqrt(|g|))")
-    parser.add_argument("--activation-cost", type=float, default=0.0, metavar="MACS",
-                        help="with --group-weight flops: add_group_sparsity's activation_cost, the multiply-adds one "
-                        "element of a unit's map is worth (default 0)")
     parser.add_argument("--budget-flops", type=float, default=None, metavar="FRACTION",
                         help="also row (e): Proximal steered by SparsityBudget(max_flops=FRACTION), every seed")
     parser.add_argument("--budget-lambda", type=float, default=None,
@@ -636,9 +630,6 @@ def main(argv=None):
     if args.no_proximal and args.no_subgradient and not args.budget_only:
         parser.error("--no-proximal and --no-subgradient leave no row to train; add --budget-only")
     CHANNELS = tuple(args.channels or CHANNELS)
-    if args.activation_cost and args.group_weight != "flops":
-        parser.error(f"--activation-cost needs --group-weight flops; received --group-weight {args.group_weight}")
-    ACTIVATION_COST = args.activation_cost
     CONVS = args.convs_per_stage
     UNITS = args.units or UNITS
     SGD_LR = args.sgd_lr or SGD_LR
@@ -837,8 +828,6 @@ def main(argv=None):
             f"{'met' if speedup >= 0.6 * flop_ratio else 'NOT met'}.",
         ]
     weight = ', group_weight="flops"' if args.group_weight == "flops" else ""
-    if ACTIVATION_COST:
-        weight += f", activation_cost={ACTIVATION_COST:g}"
     notes = [
         f"Network: {network_text()}; {records[0]['flops_before']:,} multiply-adds per sample, "
         f"{records[0]['params_before']:,} parameters.",

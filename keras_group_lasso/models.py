@@ -234,7 +234,7 @@ def _refresh_normalization(model):
 
 
 def add_group_sparsity(model, factor=1e-3, *, l1=None, input_factor=None, penalty="sgl", bias=True,
-                       group_weight="size", activation_cost=0.0):
+                       group_weight="size"):
     """Return a copy of ``model`` with group-sparse penalties on every Dense and convolution layer.
 
     Layers that read the model input get :class:`InputGroupLasso` (feature
@@ -268,12 +268,7 @@ def add_group_sparsity(model, factor=1e-3, *, l1=None, input_factor=None, penalt
     convolution, computed at every position of a large map, then weighs far
     more than a unit of a Dense head, so the penalty removes FLOPs rather than
     parameters. The groups of one layer share its strength, the mean cost of
-    the units it reads; a coupled group gets its own. ``activation_cost``
-    adds memory traffic to that cost: ``activation_cost`` times the positions
-    of the map each unit is made on (the model input's for an input channel),
-    i.e. the multiply-adds one element of an activation map is worth. On a CPU
-    a channel of a large early map costs writing and reading the map, which its
-    multiply-adds do not show.
+    the units it reads; a coupled group gets its own.
 
     Args:
         model: a built Sequential or Functional ``keras.Model``; a nested
@@ -290,8 +285,6 @@ def add_group_sparsity(model, factor=1e-3, *, l1=None, input_factor=None, penalt
             ``factor`` whatever ``group_weight`` is.
         group_weight: ``"size"`` (the paper's ``sqrt(|g|)``) or ``"flops"``
             (the cost of the group's unit, see above).
-        activation_cost: with ``group_weight="flops"``, the multiply-adds one
-            element of a unit's map costs (finite, >= 0; 0: multiply-adds only).
 
     Returns:
         A new, uncompiled model with the same weights whose penalties share a
@@ -326,9 +319,6 @@ def add_group_sparsity(model, factor=1e-3, *, l1=None, input_factor=None, penalt
     if not isinstance(bias, bool):
         fail(owner, "bias", "True or False", bias)
     group_weight = check_choice(owner, "group_weight", group_weight, _GROUP_WEIGHTS)
-    activation_cost = check_non_negative(owner, "activation_cost", activation_cost)
-    if activation_cost and group_weight != "flops":
-        fail(owner, "activation_cost", "0 unless group_weight='flops' (it is part of a unit's cost)", activation_cost)
     _check_graph_model(owner, model)
     roles = _roles_by_layer(owner, model)
     input_l1 = l1 if penalty == "sgl" else 0.0
@@ -337,7 +327,7 @@ def add_group_sparsity(model, factor=1e-3, *, l1=None, input_factor=None, penalt
     coupled = _coupling(graph, factor, input_factor)
     scale = {}
     if group_weight == "flops":
-        scale, scales = _flop_weights(graph, coupled, factor, input_factor, activation_cost)
+        scale, scales = _flop_weights(graph, coupled, factor, input_factor)
         coupled = _Coupling(coupled.members, scales, coupled.groups)
 
     def clone(layer):
@@ -415,32 +405,19 @@ def _coupling(graph, factor, input_factor):
     return _Coupling(members, tuple(scales), tuple(groups))
 
 
-def _flop_weights(graph, coupled, factor, input_factor, activation_cost=0.0):
+def _flop_weights(graph, coupled, factor, input_factor):
     """``group_weight="flops"``: a multiplier of each layer's strength, and the coupled groups' scales.
 
-    A group's weight becomes the cost of its unit (the multiply-adds of making
-    it in every producer and reading it in every reader, plus
-    ``activation_cost`` times the positions of each map it is made on) over
-    the mean of that cost, times the mean ``sqrt(|g|)``; means over the groups
-    with a strength above 0.
+    A group's weight becomes the multiply-adds of its unit (making it in every
+    producer, reading it in every reader) over the mean of that cost, times
+    the mean ``sqrt(|g|)``; means over the groups with a strength above 0.
     """
-    cost, inputs_seen = {}, set()
+    cost = {}
     for node in graph.units:
-        layer = graph.layers[node.name]
-        flops = registry.node_flops(layer, node)
+        flops = registry.node_flops(graph.layers[node.name], node)
         for ids, count in ((node.out_ids, node.out_units), (node.in_ids, node.in_units)):
             for unit in ids:
                 cost[int(unit)] = cost.get(int(unit), 0.0) + flops / count
-        if activation_cost:
-            made = activation_cost * _positions(registry.output_shape(layer, node.out_units))
-            for unit in node.out_ids:
-                cost[int(unit)] += made
-            if node.reads_input:  # the model input's map, counted once per feature
-                read = activation_cost * _positions(registry.input_shape(layer, node.in_units))
-                for unit in node.in_ids:
-                    if int(unit) not in inputs_seen:
-                        inputs_seen.add(int(unit))
-                        cost[int(unit)] += read
     coupled_units = {unit for unit, _, _ in coupled.groups}
     groups = []  # (layer name or None, cost, sqrt(size), strength > 0)
     for node in graph.units:
@@ -466,11 +443,6 @@ def _flop_weights(graph, coupled, factor, input_factor, activation_cost=0.0):
         for unit, _, _ in coupled.groups
     )
     return scale, scales
-
-
-def _positions(shape):
-    """Positions per sample of a ``(batch, ..., units)`` map (1 for a vector)."""
-    return math.prod(int(d) for d in shape[1:-1]) if len(shape) > 2 else 1
 
 
 @dataclasses.dataclass(frozen=True)

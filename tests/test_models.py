@@ -77,20 +77,17 @@ def small_cnn():
     ])
 
 
-@pytest.mark.parametrize("activation_cost", [0.0, 50.0])
-def test_flop_group_weights_are_the_cost_of_each_unit(activation_cost):
+def test_flop_group_weights_are_the_cost_of_each_unit():
     model = small_cnn()
-    sparse = add_group_sparsity(model, 1e-3, input_factor=2e-3, penalty="group", group_weight="flops",
-                                activation_cost=activation_cost)
+    sparse = add_group_sparsity(model, 1e-3, input_factor=2e-3, penalty="group", group_weight="flops")
     # Multiply-adds per sample of each layer: conv1 10x10 positions, conv2 3x3 (a 5x5 map, valid), dense 9 positions.
     macs = {"conv1": 100 * 9 * 2 * 4, "conv2": 9 * 9 * 4 * 6, "dense": 9 * 6 * 7, "out": 7 * 3}
-    # A group is one unit that a layer reads: its cost is making it (producer MACs / its units) + reading it,
-    # plus activation_cost per position of the map it is made on (the 10x10 input's for an input channel).
+    # A group is one unit that a layer reads: its cost is making it (producer MACs / its units) + reading it.
     cost = {
-        "conv1": macs["conv1"] / 2 + activation_cost * 100,  # an input channel: read only
-        "conv2": macs["conv1"] / 4 + macs["conv2"] / 4 + activation_cost * 100,
-        "dense": macs["conv2"] / 6 + macs["dense"] / 6 + activation_cost * 9,
-        "out": macs["dense"] / 7 + macs["out"] / 7 + activation_cost * 1,
+        "conv1": macs["conv1"] / 2,  # an input channel: read only
+        "conv2": macs["conv1"] / 4 + macs["conv2"] / 4,
+        "dense": macs["conv2"] / 6 + macs["dense"] / 6,
+        "out": macs["dense"] / 7 + macs["out"] / 7,
     }
     groups = {"conv1": 2, "conv2": 4, "dense": 6, "out": 7}
     root = {"conv1": np.sqrt(9 * 4), "conv2": np.sqrt(9 * 6), "dense": np.sqrt(9 * 7), "out": np.sqrt(3)}
@@ -177,11 +174,6 @@ def test_bad_arguments():
         add_group_sparsity(sequential(), bias=1)
     with pytest.raises(InvalidParameterError, match=r"argument `group_weight` must be one of 'size', 'flops'; received 'macs'\."):
         add_group_sparsity(sequential(), group_weight="macs")
-    with pytest.raises(InvalidParameterError, match=r"argument `activation_cost` must be a finite number >= 0; received -1\.0\."):
-        add_group_sparsity(sequential(), group_weight="flops", activation_cost=-1)
-    with pytest.raises(InvalidParameterError, match=r"argument `activation_cost` must be 0 unless group_weight='flops' "
-                                                   r"\(it is part of a unit's cost\); received 10\.0\."):
-        add_group_sparsity(sequential(), activation_cost=10)
 
     class Subclassed(keras.Model):
         def __init__(self):

@@ -337,19 +337,10 @@ def slice_units(layer, weights, in_units, kept_in, kept_out):
 
 def output_shape(layer, out_units):
     """The layer's output shape, ``(None, out_units)`` for a layer inside a model the graph cannot see into."""
-    return _shape(layer, "output", out_units)
-
-
-def input_shape(layer, in_units):
-    """The layer's input shape, ``(None, in_units)`` for a layer inside a model the graph cannot see into."""
-    return _shape(layer, "input", in_units)
-
-
-def _shape(layer, end, units):
     try:
-        return tuple(getattr(layer, end).shape)
-    except Exception:  # noqa: BLE001 - Keras raises several types for a layer with no single input or output
-        return (None, units)
+        return tuple(layer.output.shape)
+    except Exception:  # noqa: BLE001 - Keras raises several types for a layer with no single output
+        return (None, out_units)
 
 
 def node_flops(layer, node):
