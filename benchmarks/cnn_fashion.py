@@ -17,7 +17,9 @@ training images; 5,000 held-out training images choose lambda, the official
 * (e) with ``--budget-flops F``: row (c)'s training steered by
   ``SparsityBudget(max_flops=F)`` from a starting lambda, every seed (the
   last fifth of the epochs trains the structure the budget fixed); no
-  fine-tuning after surgery.
+  fine-tuning after surgery. ``--budget-round-to 16`` ends every
+  convolution with a multiple of 16 live channels (``SparsityBudget(..,
+  round_to=16)``).
 * (d) peer: magnitude filter pruning (Li et al. 2017, "Pruning Filters for
   Efficient ConvNets") of each dense network: in every convolution the filters
   with the smallest L1 kernel norm go, the same fraction in each, as many as
@@ -53,6 +55,8 @@ Usage:
         --group-weight flops --budget-flops 0.12      # a wider network, FLOP-weighted groups, a FLOP budget
     python benchmarks/cnn_fashion.py --channels 16 32 64 --convs-per-stage 2 --no-subgradient \
         --group-weight flops --budget-flops 0.125     # VGG-style: two convolutions per stage, three stages
+    python benchmarks/cnn_fashion.py --seeds 1 --budget-only --epochs 15 --channels 32 64 128 --convs-per-stage 2 \
+        --group-weight flops --budget-flops 0.125 --budget-lambda 3e-4 --budget-round-to 16  # widths in blocks of 16
 """
 
 import argparse
@@ -334,13 +338,14 @@ def train_dense(seed, data, epochs, jit_compile):
 
 
 def train_sparse(method, factor, seed, data, epochs, penalty, jit_compile, group_weight="size", max_flops=None,
-                 schedule_power=1.0):
+                 schedule_power=1.0, round_to=1):
     """Rows (b), (c) and, with ``max_flops``, (e): ``Proximal`` steered by ``SparsityBudget(max_flops=...)``."""
     from keras_group_lasso import SparsityBudget
 
     optimizer = optimizer_for("proximal" if method == "budget" else method, epochs, len(data["x_train"]))
     model = compile_model(sparse_cnn(seed, factor, penalty, group_weight), optimizer, jit_compile)
-    budget = ([SparsityBudget(max_flops=max_flops, threshold=THRESHOLD, schedule_power=schedule_power)]
+    budget = ([SparsityBudget(max_flops=max_flops, threshold=THRESHOLD, schedule_power=schedule_power,
+                              round_to=round_to)]
               if method == "budget" else [])
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", RuntimeWarning)
@@ -352,6 +357,8 @@ def train_sparse(method, factor, seed, data, epochs, penalty, jit_compile, group
     if budget:
         record["max_flops"] = max_flops
         record["schedule_power"] = schedule_power
+        record["round_to"] = round_to
+        record["rounded_widths"] = {name: list(pair) for name, pair in budget[0].rounded.items()}
         record["budget_cut_groups"] = [int(v) for v in model.history.history.get("budget_cut", [])]
         record["budget_warnings"] = [str(w.message) for w in caught if "SparsityBudget" in str(w.message)]
     return model, small, record
@@ -616,6 +623,8 @@ def main(argv=None):
                         help="the starting lambda of row (e) (default: the first lambda of the proximal grid)")
     parser.add_argument("--budget-schedule-power", type=float, default=1.0,
                         help="row (e)'s SparsityBudget schedule_power (default 1)")
+    parser.add_argument("--budget-round-to", type=common.positive_int, default=1,
+                        help="row (e)'s SparsityBudget round_to: settled widths in multiples of it (default 1)")
     parser.add_argument("--threads", type=common.positive_int, default=2, help="TensorFlow intra-op threads")
     parser.add_argument("--quick", action="store_true",
                         help="smoke run: 3,000 training images, 1 epoch, 1 seed, one lambda; -> benchmarks/out/")
@@ -706,7 +715,8 @@ def main(argv=None):
         for seed in seeds:
             model, _, record = train_sparse("budget", budget_lambda, seed, data, epochs, args.penalty, jit_compile,
                                             args.group_weight, max_flops=args.budget_flops,
-                                            schedule_power=args.budget_schedule_power)
+                                            schedule_power=args.budget_schedule_power,
+                                            round_to=args.budget_round_to)
             sparse_models[("budget", budget_lambda, seed)] = model
             keep(record)
 
@@ -756,6 +766,7 @@ def main(argv=None):
               "proximal": "(c) Proximal, no fine-tuning"}
     letters = {"subgradient": "(b)", "proximal": "(c)", "budget": "(e)"}
     power = "" if args.budget_schedule_power == 1.0 else f", schedule_power={args.budget_schedule_power:g}"
+    power += "" if args.budget_round_to == 1 else f", round_to={args.budget_round_to}"
     groups = [("(a) dense, Adam", dense_rows)]
     groups += [(labels[m], of(m, f)) for m, f in chosen.items()]
     if args.budget_flops:

@@ -192,6 +192,72 @@ def test_fractions_units_params_and_flops_budgets_hold_and_surgery_stays_exact(r
     np.testing.assert_allclose(small.predict(images, verbose=0), reference.predict(images, verbose=0), atol=1e-5)
 
 
+def test_round_to_lands_every_hidden_width_on_a_multiple_within_the_budget(rng):
+    x, y = data(rng)
+    model = mlp(hidden=(24, 20))
+    dense = sparsity_report(model, 1e-3)
+    budget = SparsityBudget(max_params=0.3, round_to=8)
+    history, _ = fit(model, x, y, budget, epochs=10)
+    report = sparsity_report(model, 1e-3)
+    assert report.params_after <= int(0.3 * dense.params_before)
+    assert budget.rounded and all(after % 8 == 0 for _, after in budget.rounded.values())
+    assert all(width % 8 == 0 for width in report.layer_sizes[1:])
+    assert history.history["budget_params"][-1] == report.params_after  # the logs count the rounded model
+
+    images = rng.normal(size=(64, 8, 8, 2)).astype("float32")
+    labels = (images[..., 0].mean(axis=(1, 2)) > 0).astype("float32")
+    cnn = add_group_sparsity(keras.Sequential([
+        keras.Input((8, 8, 2)), keras.layers.Conv2D(12, 3, padding="same"), keras.layers.BatchNormalization(),
+        keras.layers.ReLU(), keras.layers.Conv2D(12, 3, padding="same", activation="relu"),
+        keras.layers.Flatten(), keras.layers.Dense(1, activation="sigmoid"),
+    ]), 1e-3, input_factor=0.0)
+    before = sparsity_report(cnn, 1e-3).flops_before
+    budget = SparsityBudget(max_flops=0.3, round_to=4)
+    fit(cnn, images, labels, budget, epochs=4)
+    report = sparsity_report(cnn, 1e-3)
+    assert report.flops_after <= int(0.3 * before)
+    assert all(layer.units_alive % 4 == 0 or layer.units_alive < 4 for layer in report.layers if not layer.is_output)
+    small = prune_model(cnn, 1e-3)
+    reference = keras.models.clone_model(cnn)
+    reference.set_weights(cnn.get_weights())
+    apply_threshold(reference, 1e-3)
+    np.testing.assert_allclose(small.predict(images, verbose=0), reference.predict(images, verbose=0), atol=1e-5)
+
+
+def test_round_to_grows_a_narrow_layer_into_dead_units_that_then_train(rng):
+    x, y = data(rng)
+    model = mlp(hidden=(16, 12), factor=1e-9)  # too weak to change the structure set below
+    def leave_three(model):  # 3 of the first layer's 16 units: no weight in or out, no bias, so none comes back
+        for variable, where in ((model.layers[0].kernel, np.s_[:, 3:]), (model.layers[0].bias, np.s_[3:]),
+                                (model.layers[1].kernel, np.s_[3:])):
+            value = keras.ops.convert_to_numpy(variable).copy()
+            value[where] = 0.0
+            variable.assign(value)
+
+    leave_three(model)
+    first = model.layers[1].kernel  # its rows are the first layer's units
+    budget = SparsityBudget(max_units=28, round_to=8, settle=0.5)
+    grown_at = []  # the rows right after the budget grew the layer (a callback after the budget's)
+    record = keras.callbacks.LambdaCallback(
+        on_epoch_end=lambda epoch, logs: grown_at.append(keras.ops.convert_to_numpy(first).copy()))
+    history, _ = fit(model, x, y, [budget, record], epochs=2)
+    assert budget.rounded == {model.layers[0].name: (3, 8)}  # the 12-unit layer keeps all its units
+    assert sparsity_report(model, 1e-3).layer_sizes[1:] == (8, 12)
+    assert history.history["budget_units"] == [20, 20]  # counted after the rounding
+    rows = np.abs(keras.ops.convert_to_numpy(first)).max(axis=1)
+    grown = np.flatnonzero(rows > 1e-3)
+    assert len(grown) == 8 and set(range(3)) <= set(grown)
+    assert np.all(np.abs(grown_at[0][grown[3:]]).max(axis=1) > 1e-3)  # re-initialized, not zero
+    assert not np.allclose(grown_at[0][grown[3:]], keras.ops.convert_to_numpy(first)[grown[3:]])  # and trained
+
+    late = mlp(hidden=(16, 12), factor=1e-9)
+    leave_three(late)
+    budget = SparsityBudget(max_units=24, round_to=8, settle=0.0)  # settling at the last epoch: nothing to train
+    fit(late, x, y, budget, epochs=2)
+    assert budget.rounded == {}
+    assert sparsity_report(late, 1e-3).layer_sizes[1:] == (3, 12)
+
+
 def test_the_compiled_step_reads_the_multiplier_without_recompiling(rng):
     x, y = data(rng, n=32)
     model = mlp()
@@ -251,6 +317,8 @@ def test_the_multiplier_saves_and_a_resumed_budget_starts_from_it(rng, tmp_path)
         ({"max_features": 3, "max_strength": 0.5}, "argument `max_strength` must be a number >= 1; received 0.5"),
         ({"max_features": 3, "threshold": -1}, "argument `threshold` must be a finite number >= 0"),
         ({"max_features": 3, "schedule_power": 0}, "argument `schedule_power` must be a number > 0; received 0"),
+        ({"max_features": 3, "round_to": 0}, "argument `round_to` must be an integer >= 1; received 0"),
+        ({"max_features": 3, "round_to": 2.0}, "argument `round_to` must be an integer >= 1; received 2.0"),
     ],
 )
 def test_bad_arguments_are_named(kwargs, message):
