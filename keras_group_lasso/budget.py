@@ -102,11 +102,12 @@ class SparsityBudget(keras.callbacks.Callback):
     multiple at or above its live units all along (the logs too), and when
     settling begins each layer grows to that width: it keeps its live units
     and the dead ones it grows into get random weights in and out (small
-    ones out) and train in the settling epochs. Should the rounded model be
-    over the budget (a model settling at its last epoch is only rounded
-    down), the layer whose step down loses the least group strength per
-    budget share goes a step down until it fits; a layer below ``round_to``
-    may then keep its width. ``rounded`` holds ``{layer name: (live units
+    ones out) and train in the settling epochs. A model over its budget
+    when settling begins is cut in whole blocks rather than single groups:
+    the layer whose step down loses the least group strength per budget
+    share goes down a block until the budget holds (a model settling at its
+    last epoch is only rounded down); a layer goes below ``round_to`` only
+    when whole blocks cannot meet the budget. ``rounded`` holds ``{layer name: (live units
     before, after)}``. Processors compute channels in blocks (a CPU's vector
     registers hold 16 float32 numbers with AVX-512): a convolution with 4
     output channels can take as long as one with 16, so widths in whole
@@ -315,10 +316,17 @@ class SparsityBudget(keras.callbacks.Callback):
         if self._settling or epoch + 1 >= search_end or (over <= 1.0 and self._near_budget(progress)):
             # Settling: the structure is fixed (by the cut if the model is over its budget) and the
             # survivors train within it.
-            if over > 1.0:
-                cut, sizes = self._cut_weakest_groups(epoch, sizes)
+            if not self._settling and self.round_to > 1:
+                # Whole blocks: widths step down a block at a time where the budget needs it (a cut of
+                # single groups would remove units that free nothing until a block empties).
+                self.rounded, cut = self._round_widths(epoch, grow=epoch + 1 < epochs)
+                sizes = self._measure()
                 over = self._over(sizes)
-                self.phase = CUT
+                if cut:
+                    self.phase = CUT
+            if over > 1.0:
+                more, sizes = self._cut_weakest_groups(epoch, sizes)
+                cut, over, self.phase = cut + more, self._over(sizes), CUT
             elif self.phase != CUT:
                 self.phase = WITHIN
             if not self._settling:
@@ -327,13 +335,6 @@ class SparsityBudget(keras.callbacks.Callback):
                 # (under the penalties a cut network kept losing groups, far below its budget).
                 self._settling = True
                 self._warn_far_below(sizes, epoch)
-                if self.round_to > 1:
-                    self.rounded = self._round_widths(grow=epoch + 1 < epochs)
-                    sizes = self._measure()
-                    over = self._over(sizes)
-                    if over > 1.0:  # the rounding's estimate missed (a revived unit still constant): cut
-                        more, sizes = self._cut_weakest_groups(epoch, sizes)
-                        cut, over, self.phase = cut + more, self._over(sizes), CUT
                 self.reached = list(self.multiplier)
                 self._cut_before |= self._dead_groups()
                 self.multiplier = [0.0, 0.0]
@@ -475,69 +476,81 @@ class SparsityBudget(keras.callbacks.Callback):
             best = assign(count)
         self._cut_before |= {(variables[i].path, row) for _, rows, _ in groups[:count] for i, row in rows}
         newly = sum(1 for _, _, was_zero in groups[:count] if not was_zero)
-        if newly and not self._warned:
-            self._warned = True
-            details = ", ".join(f"{kind} {best[kind]} (budget {limit})" for kind, limit in self.limits.items())
-            when = "at the end of training" if epoch is None else f"at the end of epoch {epoch + 1}"
-            warnings.warn(
-                f"{_OWNER}: {when} the model was still over its budget; {newly} of its weakest groups were set "
-                f"to zero to meet it: {details} (logs['budget_cut'] counts them at every later epoch). A larger "
-                "penalty factor or more epochs let the training get closer by itself.",
-                RuntimeWarning,
-                stacklevel=2,
-            )
+        if newly:
+            self._warn_cut(f"{newly} of its weakest groups were set to zero", best, epoch)
         return newly, best
+
+    def _warn_cut(self, what, sizes, epoch):
+        """Say once per ``fit`` that ``what`` (groups, units) was set to zero to meet the budget."""
+        if self._warned:
+            return
+        self._warned = True
+        details = ", ".join(f"{kind} {sizes[kind]} (budget {limit})" for kind, limit in self.limits.items())
+        when = "at the end of training" if epoch is None else f"at the end of epoch {epoch + 1}"
+        warnings.warn(
+            f"{_OWNER}: {when} the model was still over its budget; {what} to meet it: {details} "
+            "(logs['budget_cut'] counts them at every later epoch). A larger penalty factor or more epochs let "
+            "the training get closer by itself.",
+            RuntimeWarning,
+            stacklevel=3,
+        )
 
     # ------------------------------------------------------------------ widths in multiples of round_to
 
-    def _round_widths(self, grow):
+    def _round_widths(self, epoch, grow):
         """Give each roundable layer a multiple of ``round_to`` live units, within the budget.
 
         Every layer starts at the multiple at or above its live units (or all
         its units: what :meth:`_measure` counts), then, while the model is over
         its budget, the layer whose step down loses the least group strength
-        per budget share goes a step down. The strongest units of a layer
-        stay; dead ones that a layer grows into are re-initialized (``grow``;
-        only while epochs are left to train them). Returns ``{layer name:
-        (live units before, after)}`` of the layers that changed.
+        per budget share goes a step down; a layer goes below ``round_to``
+        only when whole blocks cannot meet the budget. The strongest units of
+        a layer stay; dead ones that a layer grows into are re-initialized
+        (``grow``; only while epochs are left to train them). Returns
+        ``({layer name: (live units before, after)}, live units removed)``.
         """
         found = analysis.analyze(self.model, self.threshold, owner=_OWNER)
         sizes = self._sizes(found.report)
         layers = self._rounded_up(found, grow)
         if not layers:
-            return {}
-
-        def estimate():
-            return _sizes_with(found, sizes, {layer.name: layer for layer in layers})
+            return {}, 0
+        by_name = {layer.name: layer for layer in layers}
 
         def load(estimated):  # budgets' sum of size / limit: what a step down buys
             return sum(estimated[kind] / max(limit, 1) for kind, limit in self.limits.items())
 
-        current = estimate()
-        while self._over(current) > 1.0:
-            best = None
-            for layer in layers:
-                lower = [c for c in layer.choices if c < layer.width]
-                if not lower:
-                    continue
-                width, layer.width = layer.width, max(lower)
-                smaller = estimate()
-                layer.width, lost = width, float(np.sum(layer.scores[max(lower):width]))
-                gain = load(current) - load(smaller)
-                if gain > 0 and (best is None or lost / gain < best[0]):
-                    best = (lost / gain, layer, max(lower), smaller)
-            if best is None:
-                return {}
-            _, layer, layer_width, current = best
-            layer.width = layer_width
+        current = _sizes_with(found, sizes, by_name)
+        for narrow in (False, True):
+            while self._over(current) > 1.0:
+                best = None
+                for layer in layers:
+                    lower = [c for c in layer.choices if c < layer.width
+                             and (narrow or c % self.round_to == 0 or c == layer.units)]
+                    if not lower:
+                        continue
+                    width, layer.width = layer.width, max(lower)
+                    smaller = _sizes_with(found, sizes, by_name)
+                    layer.width, lost = width, float(np.sum(layer.scores[max(lower):width]))
+                    gain = load(current) - load(smaller)
+                    if gain > 0 and (best is None or lost / gain < best[0]):
+                        best = (lost / gain, layer, max(lower), smaller)
+                if best is None:
+                    break
+                _, layer, layer_width, current = best
+                layer.width = layer_width
+        if self._over(current) > 1.0:
+            return {}, 0  # blocks cannot meet it: the cut of single groups takes over
         rng = np.random.default_rng(0)
-        changed = {}
+        changed, removed = {}, 0
         for layer in layers:
             if layer.width != layer.live:
                 self._cut_before -= _apply_width(layer, self.threshold, rng)
                 changed[layer.name] = (layer.live, layer.width)
-        return changed
-
+                removed += max(0, layer.live - layer.width)
+        if removed:
+            self._warn_cut(f"{removed} live units went, in blocks of {self.round_to} (round_to)", self._measure(),
+                           epoch)
+        return changed, removed
 
 class _FrozenGroups(keras.constraints.Constraint):
     """Zero the cut groups of one kernel (a variable's constraint while a budgeted ``fit`` settles).
