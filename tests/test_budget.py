@@ -224,6 +224,18 @@ def test_round_to_lands_every_hidden_width_on_a_multiple_within_the_budget(rng):
     np.testing.assert_allclose(small.predict(images, verbose=0), reference.predict(images, verbose=0), atol=1e-5)
 
 
+def test_round_to_cuts_a_model_over_its_budget_in_whole_blocks(rng):
+    x, y = data(rng)
+    model = mlp(hidden=(24, 20), factor=1e-6)  # too weak to remove anything: the settling cut does it all
+    budget = SparsityBudget(max_units=24, round_to=8, settle=0.5)
+    history, cuts = fit(model, x, y, budget, epochs=2)
+    sizes = sparsity_report(model, 1e-3).layer_sizes[1:]
+    assert sum(sizes) <= 24 and all(width % 8 == 0 for width in sizes)
+    assert len(cuts) == 1 and f"{44 - sum(sizes)} live units went, in blocks of 8" in str(cuts[0].message)
+    assert history.history["budget_phase"] == [2, 2]
+    assert history.history["budget_cut"][0] == 44 - sum(sizes)
+
+
 def test_round_to_grows_a_narrow_layer_into_dead_units_that_then_train(rng):
     x, y = data(rng)
     model = mlp(hidden=(16, 12), factor=1e-9)  # too weak to change the structure set below
