@@ -184,6 +184,7 @@ class SparsityBudget(keras.callbacks.Callback):
             fail(_OWNER, "schedule_power", "a number > 0", schedule_power)
         self.round_to = check_positive_int(_OWNER, "round_to", round_to)
         self.rounded = {}
+        self._rounded_now = False
         self.limits = None
         self.multiplier = None  # [input groups, other groups]
         self.phase = SEARCH
@@ -199,8 +200,9 @@ class SparsityBudget(keras.callbacks.Callback):
         return analysis.sparsity_report(self.model, threshold=self.threshold)
 
     def _measure(self):
-        """The budgeted sizes of the model now; with ``round_to`` > 1, at the widths rounding up would give."""
-        if self.round_to == 1:
+        """The budgeted sizes of the model now; with ``round_to`` > 1, until settling rounds the widths, at the
+        widths rounding up would give."""
+        if self.round_to == 1 or self._rounded_now:
             return self._sizes(self._report())
         found = analysis.analyze(self.model, self.threshold, owner=_OWNER)
         sizes = self._sizes(found.report)
@@ -254,6 +256,7 @@ class SparsityBudget(keras.callbacks.Callback):
         self._release_frozen_groups()  # a fit that ended by an exception may have left them
         self._warned = False
         self._settling = False
+        self._rounded_now = False
         self.rounded = {}
         self.reached = list(self.multiplier)
         self.phase = SEARCH
@@ -538,6 +541,7 @@ class SparsityBudget(keras.callbacks.Callback):
                     break
                 _, layer, layer_width, current = best
                 layer.width = layer_width
+        self._rounded_now = True  # from here on the sizes are the model's own
         if self._over(current) > 1.0:
             return {}, 0  # blocks cannot meet it: the cut of single groups takes over
         rng = np.random.default_rng(0)
@@ -758,6 +762,17 @@ def _apply_width(layer, threshold, rng):
     out_scale = max(0.1 * _rms(view[..., live_rows, :]), 4.0 * threshold)
     live_cols = [j for j in keep if np.max(np.abs(own[:, j])) > threshold]
     in_scale = max(_rms(own[:, live_cols]), 4.0 * threshold)
+    # A new column reads only the inputs that are live now: a zero input group stays zero (a unit cut
+    # from the layer before must not come back through the weights of a unit that grows here).
+    own_penalty = getattr(layer.layer.kernel, "regularizer", None)
+    if isinstance(own_penalty, GroupSparseRegularizer):
+        groups = own_value.reshape(own_penalty.group_shape(own_value.shape))
+        axes = tuple(a for a in range(groups.ndim) if a != groups.ndim - 2)
+        alive = np.max(np.abs(groups), axis=axes) > threshold
+        reads = np.broadcast_to(alive.reshape((1,) * (groups.ndim - 2) + (-1, 1)), groups.shape)
+        reads = reads.reshape(own.shape)[:, 0]
+    else:
+        reads = np.ones(own.shape[0], dtype=bool)
     back = set()
     for j in range(layer.units):
         row = int(layer.rows[j])
@@ -768,7 +783,7 @@ def _apply_width(layer, threshold, rng):
             view[..., row, :] = rng.normal(scale=out_scale, size=view[..., row, :].shape)
             back.add((kernel.path, row))
         if np.max(np.abs(own[:, j])) <= threshold:
-            own[:, j] = rng.normal(scale=in_scale, size=own.shape[0])
+            own[:, j] = rng.normal(scale=in_scale, size=own.shape[0]) * reads
     kernel.assign(value)
     layer.layer.kernel.assign(own_value)
     return back

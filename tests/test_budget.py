@@ -236,6 +236,42 @@ def test_round_to_cuts_a_model_over_its_budget_in_whole_blocks(rng):
     assert history.history["budget_cut"][0] == 44 - sum(sizes)
 
 
+@pytest.mark.parametrize("fraction", [0.15, 0.2])
+def test_round_to_lands_each_layer_at_its_width_when_neighbours_grow_and_shrink(rng, fraction):
+    def block(filters):
+        return [keras.layers.Conv2D(filters, 3, padding="same"), keras.layers.BatchNormalization(),
+                keras.layers.ReLU()]
+
+    model = add_group_sparsity(keras.Sequential(
+        [keras.Input((16, 16, 1)), *block(32), *block(32), keras.layers.MaxPooling2D(), *block(64), *block(64),
+         keras.layers.MaxPooling2D(), keras.layers.Flatten(), keras.layers.Dense(64, activation="relu"),
+         keras.layers.Dense(10)]), 1e-4, input_factor=0.0, group_weight="flops")
+    for layer in model.layers:  # 70 % of every layer's units cut (their rows in the next layer at zero)
+        penalty = getattr(getattr(layer, "kernel", None), "regularizer", None)
+        if penalty is not None and not isinstance(penalty, InputGroupLasso):
+            value = keras.ops.convert_to_numpy(layer.kernel).copy()
+            view = value.reshape(penalty.group_shape(value.shape))
+            view[..., rng.choice(view.shape[-2], int(0.7 * view.shape[-2]), replace=False), :] = 0.0
+            layer.kernel.assign(value)
+    model.compile("sgd", "mse")
+    budget = SparsityBudget(max_flops=fraction, round_to=16, settle=0.5)
+    budget.set_model(model)
+    budget.params = {"epochs": 2}
+    budget.on_train_begin()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        budget.on_epoch_end(0, {})  # settling begins: the widths are rounded
+    grown = [name for name, (before, after) in budget.rounded.items() if after > before]
+    shrunk = [name for name, (before, after) in budget.rounded.items() if after < before]
+    assert grown and shrunk
+    report = sparsity_report(model, 1e-3)
+    alive = {layer.name: layer.units_alive for layer in report.layers}
+    assert {name: alive[name] for name in budget.rounded} == {name: after for name, (_, after) in
+                                                               budget.rounded.items()}
+    assert report.flops_after <= int(fraction * report.flops_before)
+    budget.on_train_end()
+
+
 def test_round_to_grows_a_narrow_layer_into_dead_units_that_then_train(rng):
     x, y = data(rng)
     model = mlp(hidden=(16, 12), factor=1e-9)  # too weak to change the structure set below
