@@ -674,7 +674,7 @@ def _roundable_layers(found):
     graph, masks = found.graph, found.masks
     makers, readers = {}, {}
     for node in graph.units:
-        for j, unit in enumerate(node.out_ids):
+        for unit in node.out_ids:
             makers.setdefault(int(unit), []).append(node.name)
         for row, unit in enumerate(node.in_ids):
             readers.setdefault(int(unit), []).append((node.name, row))

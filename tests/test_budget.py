@@ -42,6 +42,15 @@ def fit(model, x, y, budget, epochs=10, optimizer=None):
     return history, cuts
 
 
+def assert_surgery_exact(model, x):
+    """The pruned model's outputs equal the thresholded original's."""
+    small = prune_model(model, 1e-3)
+    reference = keras.models.clone_model(model)
+    reference.set_weights(model.get_weights())
+    apply_threshold(reference, 1e-3)
+    np.testing.assert_allclose(small.predict(x, verbose=0), reference.predict(x, verbose=0), atol=1e-5)
+
+
 @pytest.mark.parametrize("optimizer", ["proximal", "adam"])
 def test_training_ends_within_a_feature_budget(rng, optimizer):
     x, y = data(rng)
@@ -185,11 +194,7 @@ def test_fractions_units_params_and_flops_budgets_hold_and_surgery_stays_exact(r
     before = sparsity_report(cnn, 1e-3).flops_before
     fit(cnn, images, labels, SparsityBudget(max_flops=0.25), epochs=3)
     assert sparsity_report(cnn, 1e-3).flops_after <= before // 4
-    small = prune_model(cnn, 1e-3)
-    reference = keras.models.clone_model(cnn)
-    reference.set_weights(cnn.get_weights())
-    apply_threshold(reference, 1e-3)
-    np.testing.assert_allclose(small.predict(images, verbose=0), reference.predict(images, verbose=0), atol=1e-5)
+    assert_surgery_exact(cnn, images)
 
 
 def test_round_to_lands_every_hidden_width_on_a_multiple_within_the_budget(rng):
@@ -217,11 +222,7 @@ def test_round_to_lands_every_hidden_width_on_a_multiple_within_the_budget(rng):
     report = sparsity_report(cnn, 1e-3)
     assert report.flops_after <= int(0.3 * before)
     assert all(layer.units_alive % 4 == 0 or layer.units_alive < 4 for layer in report.layers if not layer.is_output)
-    small = prune_model(cnn, 1e-3)
-    reference = keras.models.clone_model(cnn)
-    reference.set_weights(cnn.get_weights())
-    apply_threshold(reference, 1e-3)
-    np.testing.assert_allclose(small.predict(images, verbose=0), reference.predict(images, verbose=0), atol=1e-5)
+    assert_surgery_exact(cnn, images)
 
 
 def test_round_to_cuts_a_model_over_its_budget_in_whole_blocks(rng):
