@@ -220,8 +220,13 @@ def progress(label):
 
     def line(epoch, logs):
         logs = logs or {}
+        budget = ""
+        if "budget_phase" in logs:  # the budget writes its logs before this callback runs
+            budget = (f", budget flops {logs.get('budget_flops', -1):,} over {logs['budget_over']:.2f} "
+                      f"multiplier {logs['budget_multiplier_hidden']:.3g} phase {logs['budget_phase']} "
+                      f"cut {logs['budget_cut']}")
         common.say(f"  {label} epoch {epoch + 1}: loss {logs.get('loss', float('nan')):.4f} "
-                   f"acc {logs.get('accuracy', float('nan')):.4f}")
+                   f"acc {logs.get('accuracy', float('nan')):.4f}{budget}")
 
     return keras.callbacks.LambdaCallback(on_epoch_end=line)
 
@@ -233,7 +238,7 @@ def fit(model, data, epochs, seed, label, batch_size=BATCH, callbacks=()):
     keras.utils.set_random_seed(seed + 1000)  # the shuffling of each epoch
     wall, cpu = time.perf_counter(), time.process_time()
     model.fit(data["x_train"], data["y_train"], batch_size=batch_size, epochs=epochs, shuffle=True,
-              verbose=0, callbacks=[progress(label), *callbacks])
+              verbose=0, callbacks=[*callbacks, progress(label)])
     return time.perf_counter() - wall, time.process_time() - cpu
 
 
@@ -338,14 +343,14 @@ def train_dense(seed, data, epochs, jit_compile):
 
 
 def train_sparse(method, factor, seed, data, epochs, penalty, jit_compile, group_weight="size", max_flops=None,
-                 schedule_power=1.0, round_to=1):
+                 schedule_power=1.0, round_to=1, settle=0.2):
     """Rows (b), (c) and, with ``max_flops``, (e): ``Proximal`` steered by ``SparsityBudget(max_flops=...)``."""
     from keras_group_lasso import SparsityBudget
 
     optimizer = optimizer_for("proximal" if method == "budget" else method, epochs, len(data["x_train"]))
     model = compile_model(sparse_cnn(seed, factor, penalty, group_weight), optimizer, jit_compile)
     budget = ([SparsityBudget(max_flops=max_flops, threshold=THRESHOLD, schedule_power=schedule_power,
-                              round_to=round_to)]
+                              round_to=round_to, settle=settle)]
               if method == "budget" else [])
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", RuntimeWarning)
@@ -358,8 +363,13 @@ def train_sparse(method, factor, seed, data, epochs, penalty, jit_compile, group
         record["max_flops"] = max_flops
         record["schedule_power"] = schedule_power
         record["round_to"] = round_to
+        record["settle"] = settle
         record["rounded_widths"] = {name: list(pair) for name, pair in budget[0].rounded.items()}
-        record["budget_cut_groups"] = [int(v) for v in model.history.history.get("budget_cut", [])]
+        history = model.history.history
+        record["budget_cut_groups"] = [int(v) for v in history.get("budget_cut", [])]
+        record["budget_history"] = {key: [float(v) for v in history[key]] for key in
+                                    ("budget_flops", "budget_over", "budget_multiplier_hidden", "budget_phase")
+                                    if key in history}
         record["budget_warnings"] = [str(w.message) for w in caught if "SparsityBudget" in str(w.message)]
     return model, small, record
 
@@ -625,6 +635,9 @@ def main(argv=None):
                         help="row (e)'s SparsityBudget schedule_power (default 1)")
     parser.add_argument("--budget-round-to", type=common.positive_int, default=1,
                         help="row (e)'s SparsityBudget round_to: settled widths in multiples of it (default 1)")
+    parser.add_argument("--budget-settle", type=float, default=0.2,
+                        help="row (e)'s SparsityBudget settle: the last fraction of the epochs trains the fixed "
+                             "structure (default 0.2)")
     parser.add_argument("--threads", type=common.positive_int, default=2, help="TensorFlow intra-op threads")
     parser.add_argument("--quick", action="store_true",
                         help="smoke run: 3,000 training images, 1 epoch, 1 seed, one lambda; -> benchmarks/out/")
@@ -716,7 +729,7 @@ def main(argv=None):
             model, _, record = train_sparse("budget", budget_lambda, seed, data, epochs, args.penalty, jit_compile,
                                             args.group_weight, max_flops=args.budget_flops,
                                             schedule_power=args.budget_schedule_power,
-                                            round_to=args.budget_round_to)
+                                            round_to=args.budget_round_to, settle=args.budget_settle)
             sparse_models[("budget", budget_lambda, seed)] = model
             keep(record)
 
@@ -767,6 +780,7 @@ def main(argv=None):
     letters = {"subgradient": "(b)", "proximal": "(c)", "budget": "(e)"}
     power = "" if args.budget_schedule_power == 1.0 else f", schedule_power={args.budget_schedule_power:g}"
     power += "" if args.budget_round_to == 1 else f", round_to={args.budget_round_to}"
+    power += "" if args.budget_settle == 0.2 else f", settle={args.budget_settle:g}"
     groups = [("(a) dense, Adam", dense_rows)]
     groups += [(labels[m], of(m, f)) for m, f in chosen.items()]
     if args.budget_flops:
