@@ -321,10 +321,21 @@ def network_text():
     return f"{stages}, Flatten, Dense({UNITS})-ReLU, Dense(10) logits"
 
 
-def train_dense(seed, data, epochs, jit_compile):
-    import keras
-
+def train_dense(seed, data, epochs, jit_compile, cache=None):
+    """Row (a). With ``cache`` (a folder), a dense network trained by an earlier run with the same network,
+    epochs, data and seed is loaded from it instead of trained again (and one trained here is saved there)."""
     model = compile_model(build_cnn(seed), optimizer_for("dense", epochs, len(data["x_train"])), jit_compile)
+    stem = None
+    if cache:
+        widths = "-".join(str(c) for c in filter_counts())
+        stem = os.path.join(cache, f"dense_{widths}_u{UNITS}_e{epochs}_n{len(data['x_train'])}_seed{seed}")
+    if stem and os.path.exists(stem + ".json") and os.path.exists(stem + ".weights.h5"):
+        model.load_weights(stem + ".weights.h5")
+        with open(stem + ".json") as f:
+            record = json.load(f)
+        record["dense_from"] = stem + ".weights.h5"
+        common.say(f"dense seed {seed}: loaded from {stem}.weights.h5")
+        return model, record
     wall, cpu = fit(model, data, epochs, seed, f"dense seed {seed}")
     from keras_group_lasso import sparsity_report
 
@@ -339,6 +350,11 @@ def train_dense(seed, data, epochs, jit_compile):
         "channels": filter_counts(), "dense_units": [UNITS],
         "train_seconds": wall, "train_cpu_seconds": cpu,
     }
+    if stem:
+        os.makedirs(cache, exist_ok=True)
+        model.save_weights(stem + ".weights.h5")
+        with open(stem + ".json", "w") as f:
+            json.dump(record, f)
     return model, record
 
 
@@ -638,6 +654,9 @@ def main(argv=None):
     parser.add_argument("--budget-settle", type=float, default=0.2,
                         help="row (e)'s SparsityBudget settle: the last fraction of the epochs trains the fixed "
                              "structure (default 0.2)")
+    parser.add_argument("--dense-cache", default=None, metavar="DIR",
+                        help="load row (a)'s dense networks from DIR when an earlier run with the same network, "
+                             "epochs, data and seed saved them there (and save them there otherwise)")
     parser.add_argument("--threads", type=common.positive_int, default=2, help="TensorFlow intra-op threads")
     parser.add_argument("--quick", action="store_true",
                         help="smoke run: 3,000 training images, 1 epoch, 1 seed, one lambda; -> benchmarks/out/")
@@ -702,7 +721,7 @@ def main(argv=None):
 
     # The first seed: the dense baseline and the lambda grids; the validation images choose lambda.
     dense_models, sparse_models = {}, {}
-    dense_models[s0], record = train_dense(s0, data, epochs, jit_compile)
+    dense_models[s0], record = train_dense(s0, data, epochs, jit_compile, args.dense_cache)
     keep(record)
     for method in grid:
         for factor in grid[method]:
@@ -716,7 +735,7 @@ def main(argv=None):
     common.say(f"chosen lambda (validation, seed {s0}): {chosen}")
 
     for seed in seeds[1:]:
-        dense_models[seed], record = train_dense(seed, data, epochs, jit_compile)
+        dense_models[seed], record = train_dense(seed, data, epochs, jit_compile, args.dense_cache)
         keep(record)
         for method, factor in chosen.items():
             model, _, record = train_sparse(method, factor, seed, data, epochs, args.penalty, jit_compile,
@@ -881,7 +900,9 @@ def main(argv=None):
            f"`jit_compile=True` (CPU {1e3 * step['False'][1]:.0f} / {1e3 * step['True'][1]:.0f} ms)."
            if step else ""),
         "Times are wall and process-CPU seconds on a 2-core machine shared with other jobs: compare within the table.",
-    ]
+    ] + [f"Dense network of seed {r['seed']} loaded from `{r['dense_from']}`, trained by an earlier run of this "
+         "script with the same network, epochs, data and seed (its training times are that run's)."
+         for r in records if r.get("dense_from")]
     info = "\n".join([
         f"- Command: `{common.command_line()}`",
         f"- Date: {started:%Y-%m-%d %H:%M} UTC; wall time {elapsed / 60:.1f} min, CPU time {cpu / 60:.1f} min",
