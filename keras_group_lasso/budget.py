@@ -556,6 +556,7 @@ class SparsityBudget(keras.callbacks.Callback):
                            epoch)
         return changed, removed
 
+
 class _FrozenGroups(keras.constraints.Constraint):
     """Zero the cut groups of one kernel (a variable's constraint while a budgeted ``fit`` settles).
 
