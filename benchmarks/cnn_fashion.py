@@ -57,6 +57,10 @@ Usage:
         --group-weight flops --budget-flops 0.125     # VGG-style: two convolutions per stage, three stages
     python benchmarks/cnn_fashion.py --seeds 1 --budget-only --epochs 15 --channels 32 64 128 --convs-per-stage 2 \
         --group-weight flops --budget-flops 0.125 --budget-lambda 3e-4 --budget-round-to 16  # widths in blocks of 16
+
+``--dense-cache DIR`` saves each seed's dense network in DIR and loads it in a
+later run with the same network, epochs, data and seed (the result says so), so
+a budget experiment trains only its own network.
 """
 
 import argparse
