@@ -20,6 +20,10 @@ training images; 5,000 held-out training images choose lambda, the official
   fine-tuning after surgery. ``--budget-round-to 16`` ends every
   convolution with a multiple of 16 live channels (``SparsityBudget(..,
   round_to=16)``).
+* (f) with ``--scratch``: the structure row (e) reached (live channels and
+  units of each seed) built anew and trained from scratch as row (a) is (Adam,
+  the same epochs, no penalties): the small network one could have chosen by
+  hand, against the one the budget found and trained in the same single run.
 * (d) peer: magnitude filter pruning (Li et al. 2017, "Pruning Filters for
   Efficient ConvNets") of each dense network: in every convolution the filters
   with the smallest L1 kernel norm go, the same fraction in each, as many as
@@ -148,23 +152,23 @@ def load(quick, seed=0):
     }
 
 
-def build_cnn(seed):
-    """The dense CNN, seeded."""
+def build_cnn(seed, filters=None, units=None):
+    """The dense CNN, seeded; ``filters`` (one count per convolution) and ``units`` narrow it."""
     import keras
     from keras import layers
 
     keras.utils.set_random_seed(seed)
-    stack, k = [keras.Input((28, 28, 1))], 0
-    for stage, filters in enumerate(CHANNELS, start=1):
-        for _ in range(CONVS):
-            k += 1
-            stack += [layers.Conv2D(filters, 3, padding="same", name=f"conv{k}"),
-                      layers.BatchNormalization(name=f"bn{k}"), layers.ReLU(name=f"relu{k}")]
-        stack.append(layers.MaxPooling2D(name=f"pool{stage}"))
+    counts = list(filters or filter_counts())
+    stack = [keras.Input((28, 28, 1))]
+    for k, count in enumerate(counts, start=1):
+        stack += [layers.Conv2D(count, 3, padding="same", name=f"conv{k}"),
+                  layers.BatchNormalization(name=f"bn{k}"), layers.ReLU(name=f"relu{k}")]
+        if k % CONVS == 0:
+            stack.append(layers.MaxPooling2D(name=f"pool{k // CONVS}"))
     return keras.Sequential([
         *stack,
         layers.Flatten(name="flatten"),
-        layers.Dense(UNITS, activation="relu", name="dense"),
+        layers.Dense(units or UNITS, activation="relu", name="dense"),
         layers.Dense(N_CLASSES, name="logits"),
     ], name="cnn")
 
@@ -392,6 +396,29 @@ def train_sparse(method, factor, seed, data, epochs, penalty, jit_compile, group
                                     if key in history}
         record["budget_warnings"] = [str(w.message) for w in caught if "SparsityBudget" in str(w.message)]
     return model, small, record
+
+
+def train_scratch(pruned, data, epochs, jit_compile):
+    """Row (f): the structure row (e) reached (``pruned``, its record), trained from scratch as the dense network is
+    (Adam, the same epochs and seed, no penalties): what the budget's one training gives against training the small
+    network that one could have chosen by hand."""
+    from keras_group_lasso import sparsity_report
+
+    seed = pruned["seed"]
+    model = build_cnn(seed, pruned["channels"], pruned["dense_units"][0])
+    model = compile_model(model, optimizer_for("dense", epochs, len(data["x_train"])), jit_compile)
+    wall, cpu = fit(model, data, epochs, seed, f"scratch seed {seed}")
+    report = sparsity_report(model, THRESHOLD)
+    return {
+        "row": "scratch", "method": "scratch", "factor": 0.0, "seed": seed, "epochs": epochs,
+        "test_accuracy": accuracy(model, data["x_test"], data["y_test"]),
+        "val_accuracy": accuracy(model, data["x_val"], data["y_val"]),
+        "flops_before": pruned["flops_before"], "flops_after": report.flops_before,
+        "flop_reduction": pruned["flops_before"] / report.flops_before,
+        "params_before": pruned["params_before"], "params_after": int(model.count_params()),
+        "channels": list(pruned["channels"]), "dense_units": list(pruned["dense_units"]),
+        "train_seconds": wall, "train_cpu_seconds": cpu,
+    }
 
 
 # ----------------------------------------------------------------------------- the peer
@@ -658,6 +685,9 @@ def main(argv=None):
     parser.add_argument("--budget-settle", type=float, default=0.2,
                         help="row (e)'s SparsityBudget settle: the last fraction of the epochs trains the fixed "
                              "structure (default 0.2)")
+    parser.add_argument("--scratch", action="store_true",
+                        help="also row (f): each seed's structure from row (e) trained from scratch like the dense "
+                             "network (Adam, no penalties)")
     parser.add_argument("--dense-cache", default=None, metavar="DIR",
                         help="load row (a)'s dense networks from DIR when an earlier run with the same network, "
                              "epochs, data and seed saved them there (and save them there otherwise)")
@@ -668,6 +698,8 @@ def main(argv=None):
                         help="Markdown result (default benchmarks/results/cnn_fashion.md; benchmarks/out/ with --quick); "
                         "the JSON goes next to it")
     args = parser.parse_args(argv)
+    if args.scratch and not args.budget_flops:
+        parser.error("--scratch needs --budget-flops (it trains row (e)'s structure)")
     if args.budget_only and not (args.budget_flops and args.budget_lambda):
         parser.error("--budget-only needs --budget-flops and --budget-lambda")
     if args.no_proximal and args.budget_flops and not args.budget_lambda:
@@ -755,6 +787,8 @@ def main(argv=None):
                                             round_to=args.budget_round_to, settle=args.budget_settle)
             sparse_models[("budget", budget_lambda, seed)] = model
             keep(record)
+            if args.scratch:
+                keep(train_scratch(record, data, epochs, jit_compile))
 
     def of(method, factor=None, seed=None):
         return [r for r in records if r["method"] == method and (factor is None or r["factor"] == factor)
@@ -810,6 +844,8 @@ def main(argv=None):
         groups.append((f"(e) Proximal + SparsityBudget(max_flops={args.budget_flops:g}{power}), starting λ, "
                        "no fine-tuning",
                        of("budget")))
+    if args.scratch:
+        groups.append(("(f) the structure of (e), trained from scratch as (a) (Adam, no penalties)", of("scratch")))
 
     def peer_rows(key):
         peers = [r for r in records if r["row"] == "peer" and r["budget_of"] == key]
@@ -845,6 +881,12 @@ def main(argv=None):
         verdict.append(f"- budget max_flops={args.budget_flops:g}{power} ({len(rows)} seeds): {reduction:.2f}x fewer FLOPs, "
                        f"{points:+.2f} points test accuracy vs dense (the cut to the budget fired in {cut} of "
                        f"{len(rows)} runs): target {'met' if met else 'NOT met'}.")
+    if args.scratch:
+        for budgeted in of("budget"):
+            alone = of("scratch", seed=budgeted["seed"])[0]
+            verdict.append(f"- seed {budgeted['seed']}: the budget's network {100 * budgeted['test_accuracy']:.2f}%, "
+                           f"the same structure trained from scratch {100 * alone['test_accuracy']:.2f}% "
+                           f"({100 * (budgeted['test_accuracy'] - alone['test_accuracy']):+.2f} points).")
     dense0 = of("dense", seed=s0)[0]["test_accuracy"]
     for r in grid_rows:
         if r["flop_reduction"] >= TARGET_FLOPS and 100 * (r["test_accuracy"] - dense0) >= -TARGET_POINTS:
