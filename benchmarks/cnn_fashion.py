@@ -367,14 +367,14 @@ def train_dense(seed, data, epochs, jit_compile, cache=None):
 
 
 def train_sparse(method, factor, seed, data, epochs, penalty, jit_compile, group_weight="size", max_flops=None,
-                 schedule_power=1.0, round_to=1, settle=0.2):
+                 schedule_power=1.0, round_to=1, settle=0.2, update_freq="epoch"):
     """Rows (b), (c) and, with ``max_flops``, (e): ``Proximal`` steered by ``SparsityBudget(max_flops=...)``."""
     from keras_group_lasso import SparsityBudget
 
     optimizer = optimizer_for("proximal" if method == "budget" else method, epochs, len(data["x_train"]))
     model = compile_model(sparse_cnn(seed, factor, penalty, group_weight), optimizer, jit_compile)
     budget = ([SparsityBudget(max_flops=max_flops, threshold=THRESHOLD, schedule_power=schedule_power,
-                              round_to=round_to, settle=settle)]
+                              round_to=round_to, settle=settle, update_freq=update_freq)]
               if method == "budget" else [])
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", RuntimeWarning)
@@ -685,6 +685,8 @@ def main(argv=None):
     parser.add_argument("--budget-settle", type=float, default=0.2,
                         help="row (e)'s SparsityBudget settle: the last fraction of the epochs trains the fixed "
                              "structure (default 0.2)")
+    parser.add_argument("--budget-update-freq", type=common.positive_int, default=None, metavar="N",
+                        help="row (e)'s SparsityBudget update_freq: also steer every N batches (default: per epoch)")
     parser.add_argument("--scratch", action="store_true",
                         help="also row (f): each seed's structure from row (e) trained from scratch like the dense "
                              "network (Adam, no penalties)")
@@ -784,7 +786,8 @@ def main(argv=None):
             model, _, record = train_sparse("budget", budget_lambda, seed, data, epochs, args.penalty, jit_compile,
                                             args.group_weight, max_flops=args.budget_flops,
                                             schedule_power=args.budget_schedule_power,
-                                            round_to=args.budget_round_to, settle=args.budget_settle)
+                                            round_to=args.budget_round_to, settle=args.budget_settle,
+                                            update_freq=args.budget_update_freq or "epoch")
             sparse_models[("budget", budget_lambda, seed)] = model
             keep(record)
             if args.scratch:
@@ -838,6 +841,7 @@ def main(argv=None):
     power = "" if args.budget_schedule_power == 1.0 else f", schedule_power={args.budget_schedule_power:g}"
     power += "" if args.budget_round_to == 1 else f", round_to={args.budget_round_to}"
     power += "" if args.budget_settle == 0.2 else f", settle={args.budget_settle:g}"
+    power += "" if args.budget_update_freq is None else f", update_freq={args.budget_update_freq}"
     groups = [("(a) dense, Adam", dense_rows)]
     groups += [(labels[m], of(m, f)) for m, f in chosen.items()]
     if args.budget_flops:

@@ -14,6 +14,7 @@ later epoch, so ``fit`` always ends within it.
 """
 
 import math
+import numbers
 import warnings
 
 import keras
@@ -62,7 +63,8 @@ class SparsityBudget(keras.callbacks.Callback):
     read inside the compiled step, with subgradient training and with
     :class:`~keras_group_lasso.Proximal` alike): the input groups' for
     ``max_features``, the other groups' for ``max_units``, both for
-    ``max_params`` and ``max_flops``. Each size follows a schedule from the
+    ``max_params`` and ``max_flops`` (with ``update_freq``, also every few
+    batches). Each size follows a schedule from the
     dense size to the budget over the searching part of the epochs,
     ``budget + (dense - budget) * (1 - progress) ** schedule_power`` (the
     default 1 is linear: groups go late, when the network has trained; 3 goes
@@ -72,6 +74,19 @@ class SparsityBudget(keras.callbacks.Callback):
     ``max_strength`` times the strength the training started with; ahead of
     the schedule it shrinks by the same ratio (at most 0.9x, 0.5x when the
     size is below half its target).
+
+    With ``update_freq`` an integer ``n`` (``"batch"``: 1) the multipliers
+    are also steered after every ``n`` batches of an epoch, with the schedule
+    at that point of the epoch and the same rates per epoch, taken in steps
+    (a step after a tenth of an epoch moves a multiplier by at most ``2 **
+    0.1``, and so on): when the size passes its target in the middle of an
+    epoch the strength eases at once instead of at the epoch's end, which
+    lands closer to the budget when a few epochs remove many groups.
+    Settling, the cut and the rounding stay at epoch ends. Each check reads
+    the model's weights and analyses them as :func:`~keras_group_lasso.sparsity_report`
+    does (on JAX, Keras first writes the training state back to the model). Without a
+    known number of steps per epoch (a dataset of unknown length) the first
+    epoch is steered at its end only and later ones use its count.
 
     The last ``settle`` fraction of the epochs trains within the budget, in a
     fixed structure; settling begins earlier when the model is within its
@@ -138,11 +153,14 @@ class SparsityBudget(keras.callbacks.Callback):
         schedule_power: the exponent of the schedule (> 0).
         round_to: an integer >= 1; above 1, the settled layers' widths are
             multiples of it (see above). 1 (default): widths as training left them.
+        update_freq: ``"epoch"`` (default): the multipliers are steered at
+            the end of every epoch; ``"batch"`` or an integer ``n >= 1``: also
+            after every ``n`` batches (see above).
 
     Raises:
         InvalidParameterError: no budget, or a budget, ``threshold``,
-            ``settle``, ``max_strength``, ``schedule_power`` or ``round_to``
-            out of range; at the start of ``fit``, a model made without
+            ``settle``, ``max_strength``, ``schedule_power``, ``round_to`` or
+            ``update_freq`` out of range; at the start of ``fit``, a model made without
             :func:`keras_group_lasso.add_group_sparsity` (its penalties have
             no shared multiplier) or whose group penalties all have
             ``factor`` 0.
@@ -162,7 +180,7 @@ class SparsityBudget(keras.callbacks.Callback):
     """
 
     def __init__(self, max_features=None, max_units=None, max_params=None, max_flops=None, *, threshold=1e-3,
-                 settle=0.2, max_strength=20.0, schedule_power=1.0, round_to=1):
+                 settle=0.2, max_strength=20.0, schedule_power=1.0, round_to=1, update_freq="epoch"):
         super().__init__()
         self.max_features = _check_limit("max_features", max_features)
         self.max_units = _check_limit("max_units", max_units)
@@ -183,6 +201,17 @@ class SparsityBudget(keras.callbacks.Callback):
         if self.schedule_power <= 0.0:
             fail(_OWNER, "schedule_power", "a number > 0", schedule_power)
         self.round_to = check_positive_int(_OWNER, "round_to", round_to)
+        if isinstance(update_freq, str) and update_freq in ("epoch", "batch"):
+            self.update_freq = "epoch" if update_freq == "epoch" else 1
+        elif isinstance(update_freq, bool) or not isinstance(update_freq, numbers.Integral) or update_freq < 1:
+            fail(_OWNER, "update_freq", "'epoch', 'batch' or an integer >= 1 (batches between checks)", update_freq)
+        else:
+            self.update_freq = int(update_freq)
+        if self.update_freq != "epoch":
+            # Only then a batch hook: Keras dispatches the batches of a fit whose callbacks have none
+            # asynchronously.
+            self.on_train_batch_end = self._check_batch
+        self._epoch = 0
         self.rounded = {}
         self._rounded_now = False
         self.limits = None
@@ -261,6 +290,32 @@ class SparsityBudget(keras.callbacks.Callback):
         self.reached = list(self.multiplier)
         self.phase = SEARCH
         self.last_sizes = None
+        self._steps = self.params.get("steps") if self.params else None  # None: a dataset of unknown length
+        self._done = self._checked = 0  # batches of this epoch: done, done at the last check
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self._epoch = epoch
+        self._done = self._checked = 0
+
+    def _check_batch(self, batch, logs=None):
+        """With ``update_freq`` batches: steer after every ``update_freq`` of them (Keras's ``on_train_batch_end``)."""
+        self._done = batch + 1
+        if (self._settling or self.limits is None or not self._steps
+                or self._done - self._checked < self.update_freq or self._done >= self._steps):
+            return  # the epoch's end checks the last batches itself
+        sizes = self._measure()  # (on JAX, Keras writes the training state back to the model when we read it)
+        progress = min(1.0, (self._epoch + self._done / self._steps) / self._search_end())
+        self._steer(sizes, progress, (self._done - self._checked) / self._steps)
+        self._checked = self._done
+        set_penalty_multiplier(self.model, input=self.multiplier[0], hidden=self.multiplier[1])
+        self.last_sizes = sizes
+
+    def _epochs(self):
+        return int(self.params.get("epochs", self._epoch + 1) if self.params else self._epoch + 1)
+
+    def _search_end(self):
+        """The number of epochs before the settling part."""
+        return max(1, int(math.ceil((1.0 - self.settle) * self._epochs())))
 
     def _entry_overs(self, sizes, targets=None):
         """``[size / target]`` of the budgets each multiplier entry serves (input groups, other groups).
@@ -278,8 +333,11 @@ class SparsityBudget(keras.callbacks.Callback):
             entries.append(max(served) if served else None)
         return entries
 
-    def _steer(self, sizes, progress):
-        """Move each multiplier entry so that the sizes follow :meth:`_targets` to the budget."""
+    def _steer(self, sizes, progress, fraction=1.0):
+        """Move each multiplier entry so that the sizes follow :meth:`_targets` to the budget.
+
+        ``fraction``: the part of an epoch since the last check; the per-epoch rates are taken to this power.
+        """
         targets = self._targets(progress)
         before = self.last_sizes or self.dense
         for entry, ratio in enumerate(self._entry_overs(sizes, targets)):
@@ -289,10 +347,10 @@ class SparsityBudget(keras.callbacks.Callback):
             untouched = all(sizes[k] >= self.dense[k] for k in kinds)
             stalled = all(sizes[k] >= before[k] for k in kinds)
             if ratio > 1.02:  # behind the schedule: stronger; faster while nothing has gone yet
-                self.multiplier[entry] *= min(ratio, 2.0 if untouched else 1.2 if stalled else 1.1)
+                self.multiplier[entry] *= min(ratio, 2.0 if untouched else 1.2 if stalled else 1.1) ** fraction
                 self.multiplier[entry] = min(self.multiplier[entry], self.initial[entry] * self.max_strength)
             elif ratio < 0.98:  # ahead of it: weaker, so the rest of the network keeps its strength
-                self.multiplier[entry] *= max(ratio, 0.5 if ratio < 0.5 else 0.9)
+                self.multiplier[entry] *= max(ratio, 0.5 if ratio < 0.5 else 0.9) ** fraction
 
     def _near_budget(self, progress):
         """Whether every scheduled size is within ``_NEAR`` of its budget: a model within its budget then settles.
@@ -310,8 +368,14 @@ class SparsityBudget(keras.callbacks.Callback):
                 for kind, limit in self.limits.items()}
 
     def on_epoch_end(self, epoch, logs=None):
-        epochs = int(self.params.get("epochs", epoch + 1) if self.params else epoch + 1)
-        search_end = max(1, int(math.ceil((1.0 - self.settle) * epochs)))  # epochs before the settling part
+        self._epoch = epoch
+        epochs, search_end = self._epochs(), self._search_end()
+        if self.update_freq == "epoch":
+            fraction = 1.0
+        else:
+            if not self._steps:  # a dataset of unknown length: its first epoch gives the count
+                self._steps = self._done or None
+            fraction = (self._done - self._checked) / max(self._done, 1)  # since the last check
         sizes = self._measure()
         over = self._over(sizes)
         cut = 0
@@ -343,7 +407,7 @@ class SparsityBudget(keras.callbacks.Callback):
                 self.multiplier = [0.0, 0.0]
             self._freeze_cut_groups()
         else:
-            self._steer(sizes, progress)
+            self._steer(sizes, progress, fraction)
             self.phase = SEARCH if over > 1.0 else WITHIN
         set_penalty_multiplier(self.model, input=self.multiplier[0], hidden=self.multiplier[1])
         self.last_sizes = sizes

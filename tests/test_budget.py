@@ -368,6 +368,12 @@ def test_the_multiplier_saves_and_a_resumed_budget_starts_from_it(rng, tmp_path)
         ({"max_features": 3, "schedule_power": 0}, "argument `schedule_power` must be a number > 0; received 0"),
         ({"max_features": 3, "round_to": 0}, "argument `round_to` must be an integer >= 1; received 0"),
         ({"max_features": 3, "round_to": 2.0}, "argument `round_to` must be an integer >= 1; received 2.0"),
+        ({"max_features": 3, "update_freq": "step"},
+         r"argument `update_freq` must be 'epoch', 'batch' or an integer >= 1 \(batches between checks\); "
+         "received 'step'"),
+        ({"max_features": 3, "update_freq": 0}, "argument `update_freq` must be .* received 0"),
+        ({"max_features": 3, "update_freq": 2.0}, "argument `update_freq` must be .* received 2.0"),
+        ({"max_features": 3, "update_freq": True}, "argument `update_freq` must be .* received True"),
     ],
 )
 def test_bad_arguments_are_named(kwargs, message):
@@ -392,3 +398,59 @@ def test_a_model_whose_penalties_have_no_multiplier_is_refused_by_name(rng):
     with pytest.raises(InvalidParameterError, match="set_penalty_multiplier: argument `model` must be a model made "
                                                     "by add_group_sparsity"):
         set_penalty_multiplier(plain, 2.0)
+
+
+class _Recorder(keras.callbacks.Callback):
+    """The multiplier variable after every batch, as the next train step will read it."""
+
+    def __init__(self, budget):
+        super().__init__()
+        self.budget, self.seen, self.epoch_starts = budget, [], []
+
+    def _value(self):
+        if hasattr(self.model, "jax_state_sync"):
+            self.model.jax_state_sync()
+        return keras.ops.convert_to_numpy(self.model.penalty_multiplier).tolist()
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self.epoch_starts.append(self._value()[0])
+
+    def on_train_batch_end(self, batch, logs=None):
+        value = self._value()
+        assert value == pytest.approx(self.budget.multiplier)  # what the budget set, not a stale state
+        self.seen.append(value[0])
+
+
+@pytest.mark.parametrize("update_freq, changes", [("epoch", []), (4, [3, 7, 11]), ("batch", list(range(1, 15)))])
+def test_update_freq_steers_within_an_epoch_at_the_per_epoch_rates(rng, update_freq, changes):
+    x, y = data(rng)  # 16 batches of 32 per epoch
+    model = mlp(factor=1e-4)  # weak: nothing goes in the first epochs, the input multiplier keeps growing
+    budget = SparsityBudget(max_features=2, update_freq=update_freq)
+    recorder = _Recorder(budget)
+    history, _ = fit(model, x, y, [budget, recorder], epochs=3)
+    first = recorder.seen[:16]  # after batch 1, ..., 16 of the first epoch
+    # Checks after batches 4, 8, 12 (every batch) of 16 set new strengths; the epoch's end checks the last ones.
+    assert [i for i in range(1, 16) if first[i] != first[i - 1]] == changes
+    # The epoch's steps together move the multiplier by at most what the epoch's end alone would: the size
+    # over its target there (12 features over 2 + 10 * (1 - 1/3), the schedule of 3 searching epochs).
+    ends = history.history["budget_multiplier_input"]
+    at_end = 12 / (2 + 10 * (2 / 3))
+    if update_freq == "epoch":
+        assert ends[0] == pytest.approx(at_end)
+    else:
+        assert 1.05 < ends[0] <= at_end + 1e-6
+    assert recorder.epoch_starts[1] == pytest.approx(ends[0])  # the next epoch trains with it
+
+
+def test_update_freq_without_a_known_epoch_length_counts_the_first_epoch(rng):
+    tf = pytest.importorskip("tensorflow")
+    x, y = data(rng)
+    unknown = tf.data.Dataset.from_tensor_slices((x, y)).filter(lambda a, b: True).batch(32)  # 16 batches
+    model = mlp(factor=1e-4)
+    model.compile(Proximal(keras.optimizers.SGD(0.1, momentum=0.9)), "binary_crossentropy")
+    budget = SparsityBudget(max_features=2, update_freq=4)
+    recorder = _Recorder(budget)
+    model.fit(unknown, epochs=3, verbose=0, shuffle=False, callbacks=[budget, recorder])
+    first, second = recorder.seen[:16], recorder.seen[16:32]
+    assert len(set(first)) == 1  # the first epoch is steered at its end only
+    assert [i for i in range(1, 16) if second[i] != second[i - 1]] == [3, 7, 11]
