@@ -19,7 +19,8 @@ training images; 5,000 held-out training images choose lambda, the official
   last fifth of the epochs trains the structure the budget fixed); no
   fine-tuning after surgery. ``--budget-round-to 16`` ends every
   convolution with a multiple of 16 live channels (``SparsityBudget(..,
-  round_to=16)``).
+  round_to=16)``); ``--budget-update-freq N`` also steers the strength every N
+  batches (``update_freq=N``).
 * (f) with ``--scratch``: the structure row (e) reached (live channels and
   units of each seed) built anew and trained from scratch as row (a) is (Adam,
   the same epochs, no penalties): the small network one could have chosen by
