@@ -20,7 +20,8 @@ training images; 5,000 held-out training images choose lambda, the official
   fine-tuning after surgery. ``--budget-round-to 16`` ends every
   convolution with a multiple of 16 live channels (``SparsityBudget(..,
   round_to=16)``); ``--budget-update-freq N`` also steers the strength every N
-  batches (``update_freq=N``).
+  batches (``update_freq=N``); ``--budget-spare-block`` keeps the penalties off
+  each layer's ``round_to`` strongest channels (``spare_block=True``).
 * (f) with ``--scratch``: the structure row (e) reached (live channels and
   units of each seed) built anew and trained from scratch as row (a) is (Adam,
   the same epochs, no penalties): the small network one could have chosen by
@@ -368,14 +369,15 @@ def train_dense(seed, data, epochs, jit_compile, cache=None):
 
 
 def train_sparse(method, factor, seed, data, epochs, penalty, jit_compile, group_weight="size", max_flops=None,
-                 schedule_power=1.0, round_to=1, settle=0.2, update_freq="epoch"):
+                 schedule_power=1.0, round_to=1, settle=0.2, update_freq="epoch", spare_block=False):
     """Rows (b), (c) and, with ``max_flops``, (e): ``Proximal`` steered by ``SparsityBudget(max_flops=...)``."""
     from keras_group_lasso import SparsityBudget
 
     optimizer = optimizer_for("proximal" if method == "budget" else method, epochs, len(data["x_train"]))
     model = compile_model(sparse_cnn(seed, factor, penalty, group_weight), optimizer, jit_compile)
     budget = ([SparsityBudget(max_flops=max_flops, threshold=THRESHOLD, schedule_power=schedule_power,
-                              round_to=round_to, settle=settle, update_freq=update_freq)]
+                              round_to=round_to, settle=settle, update_freq=update_freq,
+                              spare_block=spare_block)]
               if method == "budget" else [])
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", RuntimeWarning)
@@ -389,6 +391,7 @@ def train_sparse(method, factor, seed, data, epochs, penalty, jit_compile, group
         record["schedule_power"] = schedule_power
         record["round_to"] = round_to
         record["settle"] = settle
+        record["spare_block"] = spare_block
         record["rounded_widths"] = {name: list(pair) for name, pair in budget[0].rounded.items()}
         history = model.history.history
         record["budget_cut_groups"] = [int(v) for v in history.get("budget_cut", [])]
@@ -688,6 +691,9 @@ def main(argv=None):
                              "structure (default 0.2)")
     parser.add_argument("--budget-update-freq", type=common.positive_int, default=None, metavar="N",
                         help="row (e)'s SparsityBudget update_freq: also steer every N batches (default: per epoch)")
+    parser.add_argument("--budget-spare-block", action="store_true",
+                        help="row (e)'s SparsityBudget spare_block=True: the penalties leave each layer's round_to "
+                             "strongest channels alone")
     parser.add_argument("--scratch", action="store_true",
                         help="also row (f): each seed's structure from row (e) trained from scratch like the dense "
                              "network (Adam, no penalties)")
@@ -788,7 +794,8 @@ def main(argv=None):
                                             args.group_weight, max_flops=args.budget_flops,
                                             schedule_power=args.budget_schedule_power,
                                             round_to=args.budget_round_to, settle=args.budget_settle,
-                                            update_freq=args.budget_update_freq or "epoch")
+                                            update_freq=args.budget_update_freq or "epoch",
+                                            spare_block=args.budget_spare_block)
             sparse_models[("budget", budget_lambda, seed)] = model
             keep(record)
             if args.scratch:
@@ -843,6 +850,7 @@ def main(argv=None):
     power += "" if args.budget_round_to == 1 else f", round_to={args.budget_round_to}"
     power += "" if args.budget_settle == 0.2 else f", settle={args.budget_settle:g}"
     power += "" if args.budget_update_freq is None else f", update_freq={args.budget_update_freq}"
+    power += ", spare_block=True" if args.budget_spare_block else ""
     groups = [("(a) dense, Adam", dense_rows)]
     groups += [(labels[m], of(m, f)) for m, f in chosen.items()]
     if args.budget_flops:

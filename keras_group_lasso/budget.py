@@ -128,6 +128,16 @@ class SparsityBudget(keras.callbacks.Callback):
     output channels can take as long as one with 16, so widths in whole
     blocks make the pruned model faster for the same multiply-adds.
 
+    With ``spare_block=True`` (and ``round_to`` > 1) the penalties leave
+    alone, during this ``fit``, the ``round_to`` strongest units of every
+    layer rounding may resize (their outgoing groups in the one layer that
+    reads them: the penalty's ``spared``). Rounding keeps a whole block of
+    such a layer anyway and the budget counts it at that width all along,
+    so the block costs nothing more; without it, the penalties can empty a
+    layer to a few units and settling re-grows the rest of its block from
+    random weights. The train step is traced again at the start and at the
+    end of ``fit`` (a compiled step holds what it was traced with).
+
     The epoch's ``logs`` (the progress bar, ``History``, a
     ``keras.callbacks.TensorBoard`` placed after it) get
     ``budget_multiplier_input``, ``budget_multiplier_hidden``,
@@ -156,11 +166,14 @@ class SparsityBudget(keras.callbacks.Callback):
         update_freq: ``"epoch"`` (default): the multipliers are steered at
             the end of every epoch; ``"batch"`` or an integer ``n >= 1``: also
             after every ``n`` batches (see above).
+        spare_block: with ``round_to`` > 1, keep the penalties off the
+            ``round_to`` strongest units of each layer rounding may resize
+            (see above). Default False.
 
     Raises:
         InvalidParameterError: no budget, or a budget, ``threshold``,
-            ``settle``, ``max_strength``, ``schedule_power``, ``round_to`` or
-            ``update_freq`` out of range; at the start of ``fit``, a model made without
+            ``settle``, ``max_strength``, ``schedule_power``, ``round_to``,
+            ``update_freq`` or ``spare_block`` out of range; at the start of ``fit``, a model made without
             :func:`keras_group_lasso.add_group_sparsity` (its penalties have
             no shared multiplier) or whose group penalties all have
             ``factor`` 0.
@@ -180,7 +193,8 @@ class SparsityBudget(keras.callbacks.Callback):
     """
 
     def __init__(self, max_features=None, max_units=None, max_params=None, max_flops=None, *, threshold=1e-3,
-                 settle=0.2, max_strength=20.0, schedule_power=1.0, round_to=1, update_freq="epoch"):
+                 settle=0.2, max_strength=20.0, schedule_power=1.0, round_to=1, update_freq="epoch",
+                 spare_block=False):
         super().__init__()
         self.max_features = _check_limit("max_features", max_features)
         self.max_units = _check_limit("max_units", max_units)
@@ -207,6 +221,9 @@ class SparsityBudget(keras.callbacks.Callback):
             fail(_OWNER, "update_freq", "'epoch', 'batch' or an integer >= 1 (batches between checks)", update_freq)
         else:
             self.update_freq = int(update_freq)
+        if not isinstance(spare_block, (bool, np.bool_)):
+            fail(_OWNER, "spare_block", "True or False", spare_block)
+        self.spare_block = bool(spare_block)
         if self.update_freq != "epoch":
             # Only then a batch hook: Keras dispatches the batches of a fit whose callbacks have none
             # asynchronously.
@@ -283,6 +300,7 @@ class SparsityBudget(keras.callbacks.Callback):
         self.initial = list(self.multiplier)
         self._cut_before = set()
         self._release_frozen_groups()  # a fit that ended by an exception may have left them
+        self._release_spared()
         self._warned = False
         self._settling = False
         self._rounded_now = False
@@ -292,6 +310,31 @@ class SparsityBudget(keras.callbacks.Callback):
         self.last_sizes = None
         self._steps = self.params.get("steps") if self.params else None  # None: a dataset of unknown length
         self._done = self._checked = 0  # batches of this epoch: done, done at the last check
+        self._spare_blocks()
+
+    def _spare_blocks(self):
+        """With ``spare_block``: the reader penalty of every roundable layer spares that layer's ``round_to``
+        strongest units for this ``fit`` (the train step is traced again, as it holds what it was traced with)."""
+        self.spared = {}
+        if not (self.spare_block and self.round_to > 1):
+            return
+        for layer in _roundable_layers(analysis.analyze(self.model, self.threshold, owner=_OWNER)):
+            penalty = layer.reader.kernel.regularizer
+            groups = penalty.group_shape(tuple(layer.reader.kernel.shape))[-2]
+            if len(layer.rows) == groups and self.round_to < layer.units:  # the reader reads this layer alone
+                penalty.spared = self.round_to
+                self.spared[layer.name] = self.round_to
+        if self.spared:
+            self.model.make_train_function(force=True)
+
+    def _release_spared(self):
+        """Every penalty of the model spares nothing again; the next ``fit`` traces without it."""
+        changed = False
+        for _, penalty in group_sparse_penalties(self.model):
+            changed = changed or bool(penalty.spared)
+            penalty.spared = 0
+        if changed:
+            self.model.make_train_function(force=True)
 
     def on_epoch_begin(self, epoch, logs=None):
         self._epoch = epoch
@@ -443,6 +486,7 @@ class SparsityBudget(keras.callbacks.Callback):
             _, self.last_sizes = self._cut_weakest_groups(None, sizes)
             self.phase = CUT
         self._release_frozen_groups()
+        self._release_spared()
         if self._settling:  # the model keeps the strength the search reached (saved with it, resumed from)
             set_penalty_multiplier(self.model, input=self.reached[0], hidden=self.reached[1])
 

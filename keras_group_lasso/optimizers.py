@@ -516,6 +516,7 @@ class Proximal(keras.optimizers.Optimizer):
             rate = step[key]
             z = prox.weighted_sgl_step(x, _reshaped(m, view), rate * penalty.factor, rate * penalty.l1,
                                        use_l1=bool(penalty.l1))
+        z = penalty.keep_spared(x, z)
         return _cast(_reshaped(z, shape), keras.backend.standardize_dtype(value.dtype))
 
     def _rates(self, learning_rate):

@@ -134,6 +134,12 @@ class GroupSparseRegularizer(keras.regularizers.Regularizer):
             rows of one channel (so the penalty removes whole channels, not
             single positions of a map).
         role: ``"input"``, ``"hidden"`` or ``"any"``.
+        spared: the number of strongest groups (largest norms, read at each
+            step) that the penalty leaves alone: they add nothing to its
+            value or gradient and its proximal step keeps them as they are.
+            0 by default; :class:`~keras_group_lasso.SparsityBudget` with
+            ``spare_block`` sets it during ``fit``. Not saved; a compiled step
+            holds the value it was traced with.
         value_only: whether the last call gave the value alone, with no
             gradient: Keras read the penalty for a model compiled with
             :class:`~keras_group_lasso.Proximal`, whose proximal step applies it.
@@ -155,6 +161,9 @@ class GroupSparseRegularizer(keras.regularizers.Regularizer):
             channels = check_positive_int(owner, "channels", channels)
         self.channels = channels
         self.multiplier = None
+        # The number of strongest groups the penalty leaves alone (a SparsityBudget with
+        # round_to sets it during fit; never saved). Read when a step is traced.
+        self.spared = 0
         # Set by every call: whether the value returned last carries no gradient
         # (read for a model that trains with Proximal, see _read_for_proximal).
         self.value_only = False
@@ -203,11 +212,42 @@ class GroupSparseRegularizer(keras.regularizers.Regularizer):
         view = self.group_shape(shape)
         return x if view == shape else keras.ops.reshape(x, view)
 
+    def spared_mask(self, view):
+        """``(G,)``: 1 for the ``spared`` strongest groups (largest norms) of ``view`` (the group view), else 0.
+
+        Ties go to the lower index. Example:
+            >>> penalty = GroupLasso(0.1)
+            >>> penalty.spared = 1
+            >>> penalty.spared_mask(np.array([[1.0, 0.0], [3.0, 0.0], [2.0, 2.0]])).tolist()
+            [0.0, 1.0, 0.0]
+        """
+        view = keras.ops.stop_gradient(keras.ops.convert_to_tensor(view))
+        axes = prox.group_axes(tuple(view.shape))
+        sq = keras.ops.sum(keras.ops.square(view), axis=axes) if axes else keras.ops.square(view)
+        sq = keras.ops.reshape(sq, (-1,))
+        groups = int(sq.shape[0])
+        _, index = keras.ops.top_k(sq, min(self.spared, groups))
+        return keras.ops.sum(keras.ops.one_hot(index, groups, dtype=sq.dtype), axis=0)
+
+    def _spared_axis(self, view):
+        """The spared mask of ``view`` shaped to broadcast over it (groups along axis -2)."""
+        shape = [1] * len(view.shape)
+        shape[-2 if len(view.shape) > 1 else 0] = -1
+        return keras.ops.reshape(self.spared_mask(view), shape)
+
+    def _unspared(self, view):
+        """``view`` with its spared groups set to zero (the groups the penalty reads)."""
+        if not self.spared:
+            return view
+        view = keras.ops.convert_to_tensor(view)
+        return keras.ops.multiply(view, 1.0 - keras.ops.cast(self._spared_axis(view), view.dtype))
+
     def __call__(self, x):
         frame = _caller_frame(1)
         self._check_weight(x, frame)
         self.value_only = _read_for_proximal(self, frame)
-        value = prox.group_sparse_penalty(self._grouped(x), self.factor, self.l1, gradient=not self.value_only)
+        view = self._unspared(self._grouped(x))
+        value = prox.group_sparse_penalty(view, self.factor, self.l1, gradient=not self.value_only)
         return self._times_multiplier(value)
 
     def _check_weight(self, x, frame):
@@ -243,8 +283,15 @@ class GroupSparseRegularizer(keras.regularizers.Regularizer):
         x = keras.ops.convert_to_tensor(x)
         if self.multiplier is not None:
             step = step * float(keras.ops.convert_to_numpy(self.multiplier)[self.multiplier_index])
-        z = prox.sparse_group_soft_threshold(self._grouped(x), step * self.factor, step * self.l1)
-        return keras.ops.reshape(z, tuple(x.shape))
+        view = self._grouped(x)
+        z = prox.sparse_group_soft_threshold(view, step * self.factor, step * self.l1)
+        return keras.ops.reshape(self.keep_spared(view, z), tuple(x.shape))
+
+    def keep_spared(self, view, z):
+        """``z`` (a proximal point of ``view``, both in the group view) with the spared groups of ``view`` as they were."""
+        if not self.spared:
+            return z
+        return keras.ops.where(keras.ops.cast(self._spared_axis(view), "bool"), keras.ops.cast(view, z.dtype), z)
 
     def gradient(self, x, multiplier=None):
         """The penalty's gradient at ``x`` (:func:`keras_group_lasso.prox.group_sparse_gradient`), shape of ``x``.
@@ -253,7 +300,7 @@ class GroupSparseRegularizer(keras.regularizers.Regularizer):
         one (:func:`link_penalty_multiplier`).
         """
         x = keras.ops.convert_to_tensor(x)
-        g = prox.group_sparse_gradient(self._grouped(x), self.factor, self.l1)
+        g = prox.group_sparse_gradient(self._unspared(self._grouped(x)), self.factor, self.l1)
         return self._times_multiplier(keras.ops.reshape(g, tuple(x.shape)), multiplier)
 
     def _with_channels(self, config):

@@ -374,6 +374,7 @@ def test_the_multiplier_saves_and_a_resumed_budget_starts_from_it(rng, tmp_path)
         ({"max_features": 3, "update_freq": 0}, "argument `update_freq` must be .* received 0"),
         ({"max_features": 3, "update_freq": 2.0}, "argument `update_freq` must be .* received 2.0"),
         ({"max_features": 3, "update_freq": True}, "argument `update_freq` must be .* received True"),
+        ({"max_features": 3, "spare_block": 1}, "argument `spare_block` must be True or False; received 1"),
     ],
 )
 def test_bad_arguments_are_named(kwargs, message):
@@ -454,3 +455,36 @@ def test_update_freq_without_a_known_epoch_length_counts_the_first_epoch(rng):
     first, second = recorder.seen[:16], recorder.seen[16:32]
     assert len(set(first)) == 1  # the first epoch is steered at its end only
     assert [i for i in range(1, 16) if second[i] != second[i - 1]] == [3, 7, 11]
+
+
+@pytest.mark.parametrize("spare_block", [False, True])
+def test_spare_block_keeps_a_block_of_trained_units_in_every_layer_through_the_search(rng, spare_block):
+    x, y = data(rng)
+    model = add_group_sparsity(keras.Sequential([
+        keras.Input((12,)), keras.layers.Dense(24, activation="relu"), keras.layers.Dense(20, activation="relu"),
+        keras.layers.Dense(1, activation="sigmoid"),
+    ]), 3e-2, input_factor=0.0, penalty="group")
+    readers = [model.layers[1].kernel_regularizer, model.layers[2].kernel_regularizer]
+    budget = SparsityBudget(max_units=16, round_to=8, settle=0.3, spare_block=spare_block)
+    searched, spared = [], []
+
+    def record(epoch, logs):
+        spared.append([p.spared for p in readers])
+        if not budget._settling:  # an epoch of the search
+            searched.append(sparsity_report(model, 1e-3).layer_sizes[1:3])
+
+    fit(model, x, y, [budget, keras.callbacks.LambdaCallback(on_epoch_end=record)], epochs=6)
+    assert searched
+    if spare_block:
+        assert budget.spared == {model.layers[0].name: 8, model.layers[1].name: 8}
+        assert spared == [[8, 8]] * 6
+        assert all(min(sizes) >= 8 for sizes in searched)  # the penalties never empty a block
+        assert sparsity_report(model, 1e-3).layer_sizes[1:3] == (8, 8)
+    else:
+        assert budget.spared == {} and spared == [[0, 0]] * 6
+        assert min(min(sizes) for sizes in searched) < 8  # the same penalties do without it
+    assert [p.spared for p in readers] == [0, 0]
+    # The next fit traces its step again, with nothing spared: a strong penalty empties the hidden layers.
+    set_penalty_multiplier(model, 1e4)
+    model.fit(x, y, epochs=1, batch_size=32, verbose=0)
+    assert sparsity_report(model, 1e-3).layer_sizes[1:3] == (0, 0)

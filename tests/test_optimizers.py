@@ -926,3 +926,27 @@ def test_a_custom_loop_step_equals_a_fit_step(how):
     # A penalty counted twice or not at all moves these weights by ~lr * 0.05, far beyond the tolerance.
     for got, want in zip(kernels(model), kernels(reference)):
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
+def test_the_proximal_step_leaves_the_spared_groups_as_the_wrapped_update_left_them(rng):
+    x = rng.normal(size=(64, 6)).astype("float32")
+    y = rng.normal(size=(64, 1)).astype("float32")
+
+    def model(factor, spared):
+        keras.utils.set_random_seed(3)
+        penalty = GroupLasso(factor)
+        penalty.spared = spared
+        built = keras.Sequential([keras.Input((6,)), keras.layers.Dense(8, activation="relu"),
+                                  keras.layers.Dense(1, kernel_regularizer=penalty)])
+        built.compile(Proximal(keras.optimizers.SGD(0.1, momentum=0.9)), "mse")
+        return built
+
+    spared, unpenalised = model(1e3, 3), model(0.0, 0)  # the penalty empties every group it reads
+    spared.train_on_batch(x, y)  # one step: the data gradients are the same in both
+    unpenalised.train_on_batch(x, y)
+    kernel = keras.ops.convert_to_numpy(spared.layers[1].kernel)[:, 0]
+    reference = keras.ops.convert_to_numpy(unpenalised.layers[1].kernel)[:, 0]
+    kept = np.flatnonzero(kernel)
+    assert len(kept) == 3
+    np.testing.assert_allclose(kernel[kept], reference[kept], rtol=1e-5)
+    assert set(kept) == set(np.argsort(-np.abs(reference))[:3])

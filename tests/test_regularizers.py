@@ -396,3 +396,47 @@ def test_channels_config_round_trip_and_bad_values():
     with pytest.raises(InvalidParameterError, match=r"argument `channels` must be a divisor of the rows of a Dense "
                                                     r"kernel \(the kernel has shape \(10, 2\)\); received 4\."):
         GroupLasso(1e-3, channels=4)(np.ones((10, 2), np.float32))
+
+
+def _groups_first(view):
+    return np.moveaxis(np.asarray(view, dtype=np.float64), -2, 0)
+
+
+@pytest.mark.parametrize("shape, channels", [((6, 4), None), ((3, 3, 5, 4), None), ((12, 3), 4)])
+@pytest.mark.parametrize("cls", [GroupLasso, SparseGroupLasso])
+def test_spared_groups_are_left_out_of_the_value_the_gradient_and_the_prox(cls, shape, channels, rng):
+    x = rng.normal(size=shape).astype("float32")
+    plain, spared = cls(0.1, channels=channels), cls(0.1, channels=channels)
+    spared.spared = 2
+    view = x.reshape(plain.group_shape(shape))
+    norms = np.sqrt((_groups_first(view) ** 2).reshape(view.shape[-2], -1).sum(axis=1))
+    strongest = np.argsort(-norms)[:2]
+    mask = np.zeros(view.shape[-2], bool)
+    mask[strongest] = True
+    assert ops.convert_to_numpy(spared.spared_mask(view)).astype(bool).tolist() == mask.tolist()
+
+    others = _groups_first(view).copy()
+    others[mask] = 0.0
+    others = np.moveaxis(others, 0, -2).reshape(shape).astype("float32")
+    np.testing.assert_allclose(float(spared(x)), float(plain(others)), rtol=1e-5)
+
+    gradient = _groups_first(ops.convert_to_numpy(spared.gradient(x)).reshape(view.shape))
+    reference = _groups_first(ops.convert_to_numpy(plain.gradient(x)).reshape(view.shape))
+    assert np.all(gradient[mask] == 0.0)
+    np.testing.assert_allclose(gradient[~mask], reference[~mask], rtol=1e-5, atol=1e-7)
+
+    z = _groups_first(ops.convert_to_numpy(spared.prox(x, 50.0)).reshape(view.shape))
+    z_plain = _groups_first(ops.convert_to_numpy(plain.prox(x, 50.0)).reshape(view.shape))
+    np.testing.assert_array_equal(z[mask], _groups_first(view)[mask])
+    np.testing.assert_allclose(z[~mask], z_plain[~mask], rtol=1e-6, atol=1e-7)
+    assert np.all(z[~mask] == 0.0)  # a step of 50 empties every group the penalty reads
+
+
+def test_sparing_more_groups_than_there_are_spares_them_all_and_is_never_saved():
+    penalty = GroupLasso(0.1)
+    penalty.spared = 10
+    x = np.arange(12, dtype="float32").reshape(3, 4)
+    assert float(penalty(x)) == 0.0
+    np.testing.assert_array_equal(ops.convert_to_numpy(penalty.prox(x, 100.0)), x)
+    assert "spared" not in penalty.get_config()
+    assert kgl_regularizers.GroupLasso.from_config(penalty.get_config()).spared == 0
