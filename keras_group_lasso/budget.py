@@ -135,8 +135,9 @@ class SparsityBudget(keras.callbacks.Callback):
     such a layer anyway and the budget counts it at that width all along,
     so the block costs nothing more; without it, the penalties can empty a
     layer to a few units and settling re-grows the rest of its block from
-    random weights. The train step is traced again at the start and at the
-    end of ``fit`` (a compiled step holds what it was traced with).
+    random weights. ``spared`` holds ``{layer name: units spared}``. The
+    train step is traced again at the start and at the end of ``fit`` (a
+    compiled step holds what it was traced with).
 
     The epoch's ``logs`` (the progress bar, ``History``, a
     ``keras.callbacks.TensorBoard`` placed after it) get
