@@ -215,7 +215,7 @@ class GroupSparseRegularizer(keras.regularizers.Regularizer):
     def spared_mask(self, view):
         """``(G,)``: 1 for the ``spared`` strongest groups (largest norms) of ``view`` (the group view), else 0.
 
-        Ties go to the lower index. Example:
+        Example:
             >>> penalty = GroupLasso(0.1)
             >>> penalty.spared = 1
             >>> penalty.spared_mask(np.array([[1.0, 0.0], [3.0, 0.0], [2.0, 2.0]])).tolist()
@@ -226,6 +226,8 @@ class GroupSparseRegularizer(keras.regularizers.Regularizer):
         sq = keras.ops.sum(keras.ops.square(view), axis=axes) if axes else keras.ops.square(view)
         sq = keras.ops.reshape(sq, (-1,))
         groups = int(sq.shape[0])
+        if not self.spared:
+            return keras.ops.zeros((groups,), sq.dtype)
         _, index = keras.ops.top_k(sq, min(self.spared, groups))
         return keras.ops.sum(keras.ops.one_hot(index, groups, dtype=sq.dtype), axis=0)
 
