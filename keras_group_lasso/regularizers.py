@@ -218,7 +218,7 @@ class GroupSparseRegularizer(keras.regularizers.Regularizer):
         Example:
             >>> penalty = GroupLasso(0.1)
             >>> penalty.spared = 1
-            >>> penalty.spared_mask(np.array([[1.0, 0.0], [3.0, 0.0], [2.0, 2.0]])).tolist()
+            >>> keras.ops.convert_to_numpy(penalty.spared_mask(np.array([[1.0, 0.0], [3.0, 0.0], [2.0, 2.0]]))).tolist()
             [0.0, 1.0, 0.0]
         """
         view = keras.ops.stop_gradient(keras.ops.convert_to_tensor(view))
