@@ -290,7 +290,7 @@ class GroupSparseRegularizer(keras.regularizers.Regularizer):
         return keras.ops.reshape(self.keep_spared(view, z), tuple(x.shape))
 
     def keep_spared(self, view, z):
-        """``z`` (a proximal point of ``view``, both in the group view) with the spared groups of ``view`` as they were."""
+        """``z`` (a proximal point of ``view``, both in the group view), the spared groups of ``view`` as they were."""
         if not self.spared:
             return z
         return keras.ops.where(keras.ops.cast(self._spared_axis(view), "bool"), keras.ops.cast(view, z.dtype), z)
