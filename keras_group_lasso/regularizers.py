@@ -233,9 +233,7 @@ class GroupSparseRegularizer(keras.regularizers.Regularizer):
 
     def _spared_axis(self, view):
         """The spared mask of ``view`` shaped to broadcast over it (groups along axis -2)."""
-        shape = [1] * len(view.shape)
-        shape[-2 if len(view.shape) > 1 else 0] = -1
-        return keras.ops.reshape(self.spared_mask(view), shape)
+        return _along_groups(self.spared_mask(view), view)
 
     def _unspared(self, view):
         """``view`` with its spared groups set to zero (the groups the penalty reads)."""
@@ -567,9 +565,7 @@ class CoupledGroupLasso(GroupSparseRegularizer):
             per_key = keras.ops.convert_to_tensor(self.scales, sq.dtype) * _safe_rsqrt(union)
             per_key = self._times_multiplier(per_key, multiplier, index=COUPLED_INDEX)
             scale = scale + keras.ops.matmul(keras.ops.cast(onehot, sq.dtype), keras.ops.reshape(per_key, (-1, 1)))[:, 0]
-        shape = [1] * len(view.shape)
-        shape[-2 if len(view.shape) > 1 else 0] = -1
-        g = view * keras.ops.reshape(scale, shape)
+        g = view * _along_groups(scale, view)
         if self.l1:
             g = g + self._times_multiplier(self.l1 * keras.ops.sign(view), multiplier)
         return keras.ops.reshape(g, tuple(x.shape))
@@ -583,6 +579,13 @@ class CoupledGroupLasso(GroupSparseRegularizer):
     def get_config(self):
         return self._with_channels({"factor": self.factor, "l1": self.l1, "coupled": list(self.coupled),
                                     "scales": list(self.scales), "anchor": self.anchor, "role": self.role})
+
+
+def _along_groups(values, view):
+    """``values`` (one per group) reshaped to broadcast over ``view`` (groups along axis -2, or 0 for a vector)."""
+    shape = [1] * len(view.shape)
+    shape[-2 if len(view.shape) > 1 else 0] = -1
+    return keras.ops.reshape(values, shape)
 
 
 def _safe_sqrt(sq):
