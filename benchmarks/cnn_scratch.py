@@ -104,7 +104,8 @@ def main(argv=None):
     notes = [f"Network: {cnn_fashion.network_text()}; every row trained with Adam lr {cnn_fashion.ADAM_LR:g} "
              f"(cosine decay to 0), batch {cnn_fashion.BATCH}, {args.epochs} epoch{'s' if args.epochs > 1 else ''}, "
              f"seed {args.seed} "
-             f"(data split, weights, shuffling); {len(data['x_train']):,} training, {len(data['x_test']):,} test images.",
+             f"(data split, weights, shuffling); {len(data['x_train']):,} training, "
+             f"{len(data['x_test']):,} test images.",
              f"TensorFlow intra-op threads {args.threads}; jit_compile={jit_compile}."]
     body = "\n\n".join([
         "# A CNN family's small networks trained from scratch",
