@@ -69,28 +69,23 @@ def main(argv=None):
 
     import keras
 
-    from keras_group_lasso import sparsity_report
-
     cnn_fashion.set_threads(args.threads)
     jit_compile = keras.backend.backend() != "tensorflow"
     output = Path(args.output or common.default_output("cnn_scratch", True))
     started, t0 = common.now(), time.perf_counter()
     data = cnn_fashion.load(False, args.seed)
-    dense, record = cnn_fashion.train_dense(args.seed, data, args.epochs, jit_compile, args.dense_cache)
+    _, record = cnn_fashion.train_dense(args.seed, data, args.epochs, jit_compile, args.dense_cache)
     dense_flops = record["flops_before"]
     rows = [{"structure": "dense", "channels": counts, "units": cnn_fashion.UNITS, "flops": dense_flops,
              "test_accuracy": record["test_accuracy"], "val_accuracy": record["val_accuracy"],
              "train_seconds": record["train_seconds"], "loaded": "dense_from" in record}]
     for filters, units in args.structure:
-        model = cnn_fashion.build_cnn(args.seed, filters, units)
-        optimizer = cnn_fashion.optimizer_for("dense", args.epochs, len(data["x_train"]))
-        model = cnn_fashion.compile_model(model, optimizer, jit_compile)
-        wall, _ = cnn_fashion.fit(model, data, args.epochs, args.seed, f"scratch {filters} {units}")
-        flops = sparsity_report(model, cnn_fashion.THRESHOLD).flops_before
-        rows.append({"structure": "scratch", "channels": filters, "units": units, "flops": flops,
-                     "test_accuracy": cnn_fashion.accuracy(model, data["x_test"], data["y_test"]),
-                     "val_accuracy": cnn_fashion.accuracy(model, data["x_val"], data["y_val"]),
-                     "train_seconds": wall})
+        alone = cnn_fashion.train_scratch({"seed": args.seed, "channels": filters, "dense_units": [units],
+                                           "flops_before": dense_flops, "params_before": record["params_before"]},
+                                          data, args.epochs, jit_compile)
+        rows.append({"structure": "scratch", "channels": filters, "units": units, "flops": alone["flops_after"],
+                     "test_accuracy": alone["test_accuracy"], "val_accuracy": alone["val_accuracy"],
+                     "train_seconds": alone["train_seconds"]})
         common.say(f"{rows[-1]} (elapsed {(time.perf_counter() - t0) / 60:.1f} min)")
 
     dense_test = rows[0]["test_accuracy"]
