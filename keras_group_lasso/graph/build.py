@@ -671,6 +671,12 @@ def _units_graph(order, layers, producers, consumers, kinds, input_name, output_
                 info[name] = dict(ids=first["ids"], positions=1, elements=False)
             else:
                 shape = _input_shape(layer)
+                variable = [axis + 1 for axis, d in enumerate(shape[:-1] if shape else ()) if d is None]
+                if variable:  # how many features it makes depends on the input's size
+                    flagged.setdefault(name, f"a Flatten of a map whose axis {variable[0]} has a variable size "
+                                             f"(None in its input shape {(None,) + tuple(shape)}); use global "
+                                             "pooling, whose output does not depend on the size")
+                    return None
                 spatial = math.prod(int(d) for d in shape[:-1]) if shape and len(shape) > 1 else 1
                 info[name] = dict(ids=first["ids"], positions=first["positions"] * spatial, elements=False)
         elif kind == "merge":

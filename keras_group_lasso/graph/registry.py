@@ -53,6 +53,7 @@ __all__ = [
     "rule_of",
     "supported_text",
     "kernel_view",
+    "variable_axes",
     "ELEMENTWISE_ACTIVATIONS",
 ]
 
@@ -344,8 +345,27 @@ def output_shape(layer, out_units):
 
 
 def node_flops(layer, node):
-    """Multiply-adds per sample of the units node ``node`` (of ``layer``) with all its units."""
+    """Multiply-adds per sample of the units node ``node`` (of ``layer``) with all its units.
+
+    Per position of its output's variable axes when it has some (:func:`variable_axes`).
+    """
     return units_flops(layer, node.positions, node.in_units, node.out_units, output_shape(layer, node.out_units))
+
+
+def variable_axes(output_shape):
+    """The axes of a units layer's output, between batch and units, whose size is not known (``None``).
+
+    A model built on ``keras.Input((None, 8))`` or ``(None, None, 3)`` takes
+    sequences or images of any size: a layer before global pooling then has
+    output positions that depend on the input, and its multiply-adds are
+    counted per position of those axes (:func:`units_flops`).
+
+    Example:
+        >>> variable_axes((None, None, 12, 4)), variable_axes((None, 5, 4)), variable_axes((None, 4))
+        ((1,), (), ())
+    """
+    shape = tuple(output_shape)
+    return tuple(axis for axis in range(1, len(shape) - 1) if shape[axis] is None)
 
 
 def units_flops(layer, positions, in_units, out_units, output_shape):
@@ -355,9 +375,16 @@ def units_flops(layer, positions, in_units, out_units, output_shape):
     the positions of a flattened map for a Dense layer), so a Dense layer
     costs ``positions * in * out`` and a convolution ``output positions *
     window * in * out``; a SeparableConv ``output positions * (window * in +
-    in * out)``.
+    in * out)``. An output axis of unknown size (``None``, see
+    :func:`variable_axes`) counts as 1: the result is then the cost per
+    position of those axes (the known axes counted in full).
+
+    Example:
+        >>> conv = keras.layers.Conv1D(4, 3)
+        >>> units_flops(conv, 3, 8, 4, (None, 10, 4)), units_flops(conv, 3, 8, 4, (None, None, 4))
+        (960, 96)
     """
-    spatial = math.prod(int(d) for d in output_shape[1:-1]) if len(output_shape) > 2 else 1
+    spatial = math.prod(int(d) for d in output_shape[1:-1] if d is not None) if len(output_shape) > 2 else 1
     if is_separable(layer):
         return spatial * (positions * in_units + in_units * out_units)
     return spatial * positions * in_units * out_units
@@ -431,7 +458,9 @@ def _per_element(values, shape):
 
 
 def _input_shape(layer):
-    return tuple(int(d) for d in layer.input.shape[1:])
+    # An axis of unknown size (None) counts as 1: only values that are the same at every position
+    # along it (one per channel) reach a slicer there (one per element is refused on such a map).
+    return tuple(1 if d is None else int(d) for d in layer.input.shape[1:])
 
 
 def _normalization(layer, kept):
@@ -545,7 +574,9 @@ def _shapes(layer):
 
 def _merge_refusal(layer):
     shapes = _shapes(layer)
-    if not shapes or any(None in s for s in shapes):
+    # A variable axis (None, e.g. time) is fine where every operand has it: the channels line up whatever
+    # its size; an unknown channel count is not.
+    if not shapes or any(not s or s[-1] is None for s in shapes):
         return "a merge whose operand shapes are unknown"
     if len(set(shapes)) != 1:
         return f"a merge of tensors of different shapes {', '.join(str(s) for s in shapes)} (broadcasting)"
