@@ -303,8 +303,13 @@ class LayerSparsity:
             they output a constant, which surgery folds into the next bias.
         is_output: the layer produces the model output.
         kind: the layer's class name.
-        flops_before: multiply-adds per sample of the layer.
+        flops_before: multiply-adds per sample of the layer (per position of
+            its variable axes when ``flops_per_position``).
         flops_after: the same with only the kept input and output units.
+        flops_per_position: the layer's output has axes of unknown size
+            (``None``, e.g. the time axis of ``keras.Input((None, 8))``), so its
+            FLOPs are counted at one position of those axes (the known axes
+            in full); ``False``: per sample.
     """
 
     name: str
@@ -321,6 +326,7 @@ class LayerSparsity:
     kind: str = "Dense"
     flops_before: int = 0
     flops_after: int = 0
+    flops_per_position: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -344,8 +350,20 @@ class SparsityReport:
             channel of a residual stream) counts once.
         params_before: parameters (kernels and biases) of the layers that make units.
         params_after: the same after removing the dead features and units.
-        flops_before: multiply-adds per sample of those layers.
+        flops_before: multiply-adds per sample of those layers; per position
+            when ``flops_per_position``.
         flops_after: the same after removing the dead features and units.
+        flops_per_position: some layer's output has axes of unknown size (a
+            model on ``keras.Input((None, 8))`` or ``(None, None, 3)`` takes
+            any length or image size): the FLOPs of such a layer depend on
+            the input's size, so each layer is counted at one position of its
+            variable axes (see :attr:`LayerSparsity.flops_per_position`) and
+            the layers after global pooling per sample. The totals and
+            ``flops_ratio`` add up these counts: a summary that does not
+            depend on the input's size, not the cost of any real input, so a
+            FLOP limit per sample cannot be read against them. Selected
+            features, units, parameters and surgery do not depend on the size
+            and are exact.
         uninterpreted_layers: ``"name (Class)"`` for each layer the analysis
             could not see through; when not empty the unit counts are
             conservative and :func:`~keras_group_lasso.prune_model` refuses the model.
@@ -370,6 +388,7 @@ class SparsityReport:
     flops_after: int = 0
     neurons: int = None
     streams: tuple = ()
+    flops_per_position: bool = False
 
     @property
     def n_selected_features(self):
@@ -432,7 +451,8 @@ class SparsityReport:
             f"  params:            {self.params_before:,} -> {self.params_after:,}"
             f" ({100 * self.compression:.1f}%)",
             f"  FLOPs:             {self.flops_before:,} -> {self.flops_after:,} multiply-adds per sample"
-            f" ({100 * self.flops_ratio:.1f}%)",
+            + (" (per position of the variable (None) axes)" if self.flops_per_position else "")
+            + f" ({100 * self.flops_ratio:.1f}%)",
         ]
         for stream in self.streams:
             lines.append(f"  stream {stream.name}: {stream.channels_alive}/{stream.channels} channels "
@@ -450,6 +470,12 @@ def sparsity_report(model, threshold=1e-3):
     connections"; biases excluded). Selected features, live neurons and
     channels, layer sizes, parameters and FLOPs after pruning come from
     :func:`unit_masks`, so they are those of :func:`~keras_group_lasso.prune_model`.
+
+    A model whose input has axes of unknown size (``keras.Input((None, 8))``,
+    ``(None, None, 1)``) is analysed like any other: its groups and what
+    survives do not depend on the size. The multiply-adds of a layer before
+    global pooling do: they are counted per position of its variable axes,
+    and ``report.flops_per_position`` is ``True`` (``str(report)`` says so).
 
     Args:
         model: a built ``keras.Model`` with at least one Dense or convolution layer.
@@ -536,9 +562,9 @@ def _report_from(graph, weights, masks, threshold):
         kept_out = int(masks.units[name].sum())
         has_bias = w["bias"] is not None
         is_output = masks.is_output[name]
+        shape = registry.output_shape(layer, node.out_units)
         before = registry.node_flops(layer, node)
-        after = registry.units_flops(layer, node.positions, kept_in, kept_out,
-                                     registry.output_shape(layer, node.out_units))
+        after = registry.units_flops(layer, node.positions, kept_in, kept_out, shape)
         params = registry.units_params(layer, node.positions, node.in_units, node.out_units, has_bias)
         params_kept = registry.units_params(layer, node.positions, kept_in, kept_out, has_bias)
         per_layer.append(
@@ -557,6 +583,7 @@ def _report_from(graph, weights, masks, threshold):
                 kind=type(layer).__name__,
                 flops_before=int(before),
                 flops_after=int(after),
+                flops_per_position=bool(registry.variable_axes(shape)),
             )
         )
         total += size
@@ -589,6 +616,7 @@ def _report_from(graph, weights, masks, threshold):
         flops_after=int(flops_after),
         neurons=neurons,
         streams=streams,
+        flops_per_position=any(layer.flops_per_position for layer in per_layer),
     )
 
 

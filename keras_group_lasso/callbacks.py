@@ -135,6 +135,14 @@ class SparsityMonitor(keras.callbacks.Callback):
     when the input is an image, the image ``input_feature_strength`` (see
     :func:`feature_strength_image`).
 
+    A model whose input has axes of unknown size (``keras.Input((None, 8))``,
+    ``(None, None, 1)``) is monitored like any other; its FLOPs are counted per
+    position of those axes (``report.flops_per_position``, see
+    :class:`~keras_group_lasso.analysis.SparsityReport`): ``logs["flops"]`` is
+    the ratio of those counts, and the scalar ``flops/after`` is written as
+    ``flops/after_per_position`` instead, so that it is not drawn next to
+    counts per sample.
+
     On epochs that are not logged the keys are absent from ``logs``; a
     ``CSVLogger`` fixes its columns at the first epoch, so use ``every=1`` with it.
 
@@ -272,7 +280,7 @@ class SparsityMonitor(keras.callbacks.Callback):
             ("sparsity/total", report.sparsity),
             ("selected_features", len(report.selected_features)),
             ("live_neurons", report.live_neurons),
-            ("flops/after", report.flops_after),
+            ("flops/after_per_position" if report.flops_per_position else "flops/after", report.flops_after),
             ("flops/ratio", report.flops_ratio),
         ]
         for layer in report.layers:

@@ -43,6 +43,12 @@ def prune_model(model, threshold=1e-3, inputs="original", round_to=1, fold_batch
     where an operand that comes from the input still holds dropped features,
     a ``select_features`` layer (below) picks the kept ones before the merge.
 
+    A model whose input has axes of unknown size (``keras.Input((None, 8))``,
+    ``(None, None, 3)``: any length or image size) is pruned in the same way,
+    since what is dead does not depend on the size; the result takes inputs
+    of any size too. A ``Flatten`` of a map with such an axis is refused (the
+    number of features it makes depends on the size).
+
     Output units are never removed. The result is a ``keras.Sequential`` when
     ``model`` is one, else a functional ``keras.Model``, uncompiled, with the
     attributes ``kept_features`` (tuple of input indices), ``pruning_report``
