@@ -9,8 +9,12 @@ writes into one directory::
       model.tflite    TFLite flatbuffer (only with ``"tflite"`` in ``formats``)
       manifest.json   kept features, layer sizes and parameter counts before/after
 
-Everything is built in a hidden temporary directory next to the target and
-renamed into place at the end, so a failure leaves nothing partial behind.
+Everything is built in a hidden staging directory and renamed into place, one
+whole artifact at a time, so no artifact is ever half-written under its final
+name and a failure leaves nothing partial behind. Only these four names are
+ever written, replaced or removed: other files in the directory are never
+touched. Directories and files get the permissions of ``os.makedirs`` and
+``open`` under the current umask.
 TensorFlow is imported only for the SavedModel and TFLite formats. The pruned
 model is made of Keras's own layers, so every artifact loads and runs with
 plain Keras / TensorFlow, without this package.
@@ -19,10 +23,11 @@ plain Keras / TensorFlow, without this package.
 import dataclasses
 import json
 import os
+import secrets
 import shutil
 import subprocess
 import sys
-import tempfile
+import warnings
 
 import keras
 
@@ -30,7 +35,7 @@ from keras_group_lasso import surgery
 from keras_group_lasso._distributed import is_chief
 from keras_group_lasso._validation import check_choice, check_non_negative, check_positive_int, fail
 
-__all__ = ["export_pruned", "ExportResult", "FORMATS"]
+__all__ = ["export_pruned", "ExportResult", "FORMATS", "ARTIFACTS"]
 
 _OWNER = "export_pruned"
 FORMATS = ("saved_model", "keras", "tflite")
@@ -40,6 +45,8 @@ _FILENAMES = {
     "tflite": "model.tflite",
     "manifest": "manifest.json",
 }
+# The only names export_pruned writes, replaces or removes in its directory.
+ARTIFACTS = tuple(_FILENAMES.values())
 SIGNATURE = "serving_default"
 INPUT_NAME = "features"
 MANIFEST_VERSION = 1
@@ -49,6 +56,9 @@ MANIFEST_VERSION = 1
 class ExportResult:
     """What :func:`export_pruned` wrote.
 
+    On a process that is not the chief, the same result as on the chief,
+    except ``replaced`` and ``removed``, which are empty: it writes nothing.
+
     Attributes:
         directory: absolute path of the export directory.
         paths: absolute path of each written artifact, keyed by format
@@ -56,12 +66,19 @@ class ExportResult:
         manifest: the content of ``manifest.json``.
         report: the :class:`~keras_group_lasso.analysis.SparsityReport` the
             pruning was based on (``str(report)`` is the before/after table).
+        replaced: absolute paths of the artifacts that were already there and
+            were replaced by new ones (only with ``overwrite=True``).
+        removed: absolute paths of the artifacts of an earlier export, in a
+            format not written this time, that were removed (only with
+            ``overwrite=True``; the earlier ``manifest.json`` records them).
     """
 
     directory: str
     paths: dict
     manifest: dict
     report: object
+    replaced: tuple = ()
+    removed: tuple = ()
 
 
 def _check_formats(formats):
@@ -92,14 +109,44 @@ def _check_directory(directory, overwrite, contents=True):
     if contents and os.path.lexists(target):
         if not os.path.isdir(target) or os.path.islink(target):
             fail(_OWNER, "directory", "a directory path, not an existing file or link", directory)
-        if os.listdir(target) and not overwrite:
-            fail(
-                _OWNER,
-                "directory",
-                "a new or empty directory (pass overwrite=True to replace it)",
-                directory,
-            )
+        if not overwrite:
+            _refuse_an_earlier_export(target, directory)
     return target
+
+
+def _artifacts_in(target):
+    """The names of :data:`ARTIFACTS` that exist in ``target``, in that order."""
+    return [name for name in ARTIFACTS if os.path.lexists(os.path.join(target, name))]
+
+
+def _refuse_an_earlier_export(target, directory):
+    found = _artifacts_in(target)
+    if found:
+        fail(
+            _OWNER,
+            "directory",
+            "a directory without an earlier export (it holds "
+            + ", ".join(repr(name) for name in found)
+            + "; pass overwrite=True to replace them)",
+            directory,
+        )
+
+
+def _recorded_artifacts(target):
+    """The artifact names that the ``manifest.json`` of an earlier export in ``target`` records as written."""
+    try:
+        with open(os.path.join(target, _FILENAMES["manifest"]), encoding="utf-8") as f:
+            manifest = json.load(f)
+    except (OSError, ValueError):
+        return set()
+    if not isinstance(manifest, dict) or manifest.get("package") != "keras-group-lasso":
+        return set()
+    formats = manifest.get("formats")
+    if not isinstance(formats, dict):
+        return set()
+    # Only names this package writes, whatever the file says: nothing else is ever removed.
+    names = {_FILENAMES[f] for f, name in formats.items() if f in FORMATS and name == _FILENAMES[f]}
+    return names | {_FILENAMES["manifest"]}
 
 
 def _import_tensorflow(formats):
@@ -255,20 +302,85 @@ def _write_manifest_file(path, manifest):
         f.write("\n")
 
 
-def _move_into_place(staging, target, parent):
-    if not os.path.lexists(target):
-        os.rename(staging, target)
-        return
-    # Move the old directory aside first, so the target is never half-replaced.
-    old = tempfile.mkdtemp(prefix=f".{os.path.basename(target)}.old-", dir=parent)
-    os.rmdir(old)
-    os.rename(target, old)
+def _make_directory(parent, prefix):
+    """A new directory ``parent/prefix<random>`` with the mode ``os.makedirs`` gives under the umask.
+
+    ``tempfile.mkdtemp`` would make it 0700 whatever the umask, and the staging directory of a new
+    export becomes the export directory itself.
+    """
+    for _ in range(100):
+        path = os.path.join(parent, prefix + secrets.token_hex(4))
+        try:
+            os.mkdir(path)
+        except FileExistsError:
+            continue
+        return path
+    raise FileExistsError(f"{_OWNER}: no free name {prefix}XXXXXXXX in {parent!r}")
+
+
+def _replace_artifacts(staging, target, written, overwrite, directory):
+    """Rename the artifacts ``written`` (names) from ``staging`` into the existing ``target``.
+
+    Returns ``(replaced, removed)``: the names of earlier artifacts replaced by new ones, and of
+    earlier artifacts in a format not written this time that the earlier ``manifest.json`` records
+    (those are removed, so that no stale artifact disagrees with the new manifest). Files that are not
+    artifacts are never touched; an artifact the earlier manifest does not record and that is not
+    written this time is left in place, with a warning.
+
+    Each artifact is moved whole: the earlier one aside into ``staging/.replaced``, then the new one
+    into place. ``manifest.json`` goes aside first and its new version comes last, so a directory that
+    has a ``manifest.json`` always holds one complete export. If a rename fails, the renames done so
+    far are undone and the error is raised; the earlier artifacts are deleted only after the last
+    rename succeeded.
+    """
+    present = _artifacts_in(target)
+    if present and not overwrite:  # written by someone else while this process pruned
+        _refuse_an_earlier_export(target, directory)
+    recorded = _recorded_artifacts(target)
+    manifest = _FILENAMES["manifest"]
+    replaced = [name for name in present if name in written]
+    removed = [name for name in present if name not in written and name in recorded]
+    unrecorded = [name for name in replaced if name not in recorded]
+    left = [name for name in present if name not in written and name not in recorded]
+    aside = os.path.join(staging, ".replaced")
+    os.mkdir(aside)
+    done = []
+
+    def move(source, destination):
+        os.rename(source, destination)
+        done.append((source, destination))
+
     try:
-        os.rename(staging, target)
-    except BaseException:
-        os.rename(old, target)
+        order = [manifest] + [name for name in ARTIFACTS if name != manifest]
+        for name in order:
+            if name in replaced or name in removed:
+                move(os.path.join(target, name), os.path.join(aside, name))
+            if name in written and name != manifest:
+                move(os.path.join(staging, name), os.path.join(target, name))
+        move(os.path.join(staging, manifest), os.path.join(target, manifest))
+    except BaseException as error:
+        try:
+            for source, destination in reversed(done):
+                os.rename(destination, source)
+        except OSError as restore_error:
+            raise OSError(
+                f"{_OWNER}: replacing the artifacts in {target!r} failed ({error!r}) and putting the "
+                f"earlier ones back failed too ({restore_error!r}); the earlier ones are in {aside!r}"
+            ) from error
         raise
-    shutil.rmtree(old, ignore_errors=True)
+    for name in unrecorded:
+        warnings.warn(
+            f"{_OWNER}: replaced {os.path.join(target, name)!r}, which no manifest.json of an earlier "
+            "export records (overwrite=True replaces every artifact this export writes).",
+            stacklevel=3,
+        )
+    for name in left:
+        warnings.warn(
+            f"{_OWNER}: left {os.path.join(target, name)!r} in place: this export did not write it and "
+            "no manifest.json of an earlier export records it, so the new manifest.json does not describe it.",
+            stacklevel=3,
+        )
+    return replaced, removed
 
 
 def export_pruned(
@@ -311,11 +423,21 @@ def export_pruned(
     layers merged into the layer before them), the threshold, the formats and
     the package version.
 
+    Every artifact is built in a hidden staging directory (next to a new
+    ``directory``, inside an existing one) and renamed into place whole: no
+    artifact is ever half-written under its final name, and a failure leaves
+    the directory as it was. When artifacts are replaced, ``manifest.json``
+    is taken away first and written back last, so a directory with a
+    ``manifest.json`` always holds one complete export. Directories and files
+    get the permissions ``os.makedirs`` and ``open`` give under the umask.
+
     Args:
         model: a trained Sequential or Functional Keras model (see
             :func:`~keras_group_lasso.surgery.prune_model` for what is supported).
-        directory: where to write; created if missing. It must not exist or
-            be empty unless ``overwrite=True``. When training spans several
+        directory: where to write; created if missing. It may hold other
+            files (they are left as they are), but none of the artifact names
+            (``saved_model``, ``model.keras``, ``model.tflite``,
+            ``manifest.json``) unless ``overwrite=True``. When training spans several
             processes, call this on every process: each prunes, only the
             chief (:func:`keras_group_lasso.is_chief`) checks and writes the
             directory, and every process gets the same result.
@@ -324,18 +446,25 @@ def export_pruned(
         inputs: ``"original"`` (the exported model takes the full feature
             vector) or ``"selected"`` (it takes only the kept features, in the
             order of ``manifest["kept_features"]``).
-        overwrite: replace an existing non-empty ``directory``.
+        overwrite: replace the artifacts of an earlier export in
+            ``directory``: each artifact written this time replaces the one
+            of the same name (a warning says so when no earlier
+            ``manifest.json`` records it), and the artifacts the earlier
+            ``manifest.json`` records in a format not written this time are
+            removed. Nothing else in ``directory`` is touched. The result's
+            ``replaced`` and ``removed`` list those paths.
         round_to: each hidden layer keeps a multiple of it of its units (see
             :func:`~keras_group_lasso.surgery.prune_model`; 8 often runs faster).
         fold_batchnorm: merge each BatchNormalization that follows a Dense or
             convolution layer into it (see :func:`~keras_group_lasso.surgery.prune_model`).
 
     Returns:
-        :class:`ExportResult` with the absolute paths, the manifest and the report.
+        :class:`ExportResult` with the absolute paths, the manifest, the report
+        and the earlier artifacts replaced or removed.
 
     Raises:
-        InvalidParameterError: for bad arguments or a non-empty ``directory``
-            without ``overwrite=True``.
+        InvalidParameterError: for bad arguments or a ``directory`` that holds
+            an artifact without ``overwrite=True``.
         keras_group_lasso.surgery.UnsupportedModelError: if the model cannot be
             pruned (nothing is written).
         ImportError: if a format needs TensorFlow and it is not installed.
@@ -376,26 +505,53 @@ def export_pruned(
     report = small.pruning_report
     paths = {f: os.path.join(target, _FILENAMES[f]) for f in formats}
     paths["manifest"] = os.path.join(target, _FILENAMES["manifest"])
+    manifest = _manifest(report, small, threshold, inputs, formats)
     if not chief:
-        manifest = _manifest(report, small, threshold, inputs, formats)
         return ExportResult(directory=target, paths=paths, manifest=manifest, report=report)
 
+    written = [_FILENAMES[f] for f in formats] + [_FILENAMES["manifest"]]
     parent = os.path.dirname(target)
     os.makedirs(parent, exist_ok=True)
-    staging = tempfile.mkdtemp(prefix=f".{os.path.basename(target)}.partial-", dir=parent)
+    new = not os.path.lexists(target)
+    # A new export is built whole next to the target and renamed into place; into an existing
+    # directory (perhaps a mount point) the artifacts are built inside it and renamed one by one.
+    if new:
+        staging = _make_directory(parent, f".{os.path.basename(target)}.partial-")
+    else:
+        staging = _make_directory(target, ".keras_group_lasso.partial-")
+    replaced = removed = ()
     try:
         if "keras" in formats:
             small.save(os.path.join(staging, _FILENAMES["keras"]))
         if "saved_model" in formats or "tflite" in formats:
             _write_serving_formats(tf, small, staging, formats)
-        manifest = _manifest(report, small, threshold, inputs, formats)
         _write_manifest_file(os.path.join(staging, _FILENAMES["manifest"]), manifest)
-        _move_into_place(staging, target, parent)
+        if new:
+            os.rename(staging, target)
+        else:
+            replaced, removed = _replace_artifacts(staging, target, written, overwrite, directory)
     except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
+        _remove_staging(staging)
         raise
+    if not new:
+        shutil.rmtree(staging, ignore_errors=True)  # with the earlier artifacts, now replaced
 
-    return ExportResult(directory=target, paths=paths, manifest=manifest, report=report)
+    return ExportResult(
+        directory=target,
+        paths=paths,
+        manifest=manifest,
+        report=report,
+        replaced=tuple(os.path.join(target, name) for name in replaced),
+        removed=tuple(os.path.join(target, name) for name in removed),
+    )
+
+
+def _remove_staging(staging):
+    """Remove a failed export's staging directory, unless it holds earlier artifacts not put back."""
+    aside = os.path.join(staging, ".replaced")
+    if os.path.isdir(aside) and os.listdir(aside):
+        return
+    shutil.rmtree(staging, ignore_errors=True)
 
 
 if __name__ == "__main__":

@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -358,21 +359,208 @@ def test_every_artifact_loads_and_runs_with_plain_keras(tmp_path):
 # ----------------------------------------------------------------------------- directories
 
 
-def test_refuses_a_non_empty_directory_unless_overwrite(tmp_path):
-    model = _sparse_model()
-    target = tmp_path / "out"
+def _tree(directory):
+    """{relative path: bytes or None for a directory} of everything under ``directory``."""
+    tree = {}
+    for root, dirs, files in os.walk(directory):
+        for name in dirs:
+            tree[os.path.relpath(os.path.join(root, name), directory)] = None
+        for name in files:
+            with open(os.path.join(root, name), "rb") as f:
+                tree[os.path.relpath(os.path.join(root, name), directory)] = f.read()
+    return tree
+
+
+def _users_files(target):
+    """A directory holding a user's own files, among them a trained model."""
     target.mkdir()
     (target / "keep.txt").write_text("user data")
+    (target / "data").mkdir()
+    (target / "data" / "x.csv").write_text("1,2\n")
+    _sparse_model(seed=3).save(target / "trained.keras")
+    return _tree(target)
+
+
+def test_writes_next_to_the_users_files_and_refuses_an_earlier_export_without_overwrite(tmp_path):
+    model = _sparse_model()
+    target = tmp_path / "out"
+    users = _users_files(target)
+    result = export_pruned(model, target, formats=("keras",))
+    assert sorted(os.listdir(target)) == ["data", "keep.txt", "manifest.json", "model.keras", "trained.keras"]
+    assert result.replaced == () and result.removed == ()
+    before = _tree(target)
     with pytest.raises(InvalidParameterError) as info:
-        export_pruned(model, target, formats=("keras",))
+        export_pruned(model, target, formats=("saved_model",))
     assert str(info.value) == (
-        "export_pruned: argument `directory` must be a new or empty directory "
-        f"(pass overwrite=True to replace it); received {target!r}."
+        "export_pruned: argument `directory` must be a directory without an earlier export "
+        f"(it holds 'model.keras', 'manifest.json'; pass overwrite=True to replace them); received {target!r}."
     )
-    assert os.listdir(target) == ["keep.txt"]
-    export_pruned(model, target, formats=("keras",), overwrite=True)
-    assert sorted(os.listdir(target)) == ["manifest.json", "model.keras"]
+    assert _tree(target) == before
+    assert {k: v for k, v in before.items() if k in users} == users
     assert sorted(os.listdir(tmp_path)) == ["out"]
+
+
+@pytest.mark.parametrize("name", ["model.keras", "manifest.json", "model.tflite", "saved_model"])
+def test_any_artifact_name_is_refused_without_overwrite(tmp_path, name):
+    target = tmp_path / "out"
+    target.mkdir()
+    (target / name).write_text("someone's")
+    with pytest.raises(InvalidParameterError, match=f"without an earlier export \\(it holds '{name}';"):
+        export_pruned(_sparse_model(), target, formats=("keras",))
+    assert os.listdir(target) == [name]
+
+
+def test_overwrite_replaces_only_the_artifacts_and_keeps_every_other_file(tmp_path):
+    target = tmp_path / "out"
+    users = _users_files(target)
+    export_pruned(_sparse_model(), target, formats=("keras",))
+    result = export_pruned(_sparse_model(seed=1), target, threshold=0.0, formats=("keras",), overwrite=True)
+    after = _tree(target)
+    assert {k: v for k, v in after.items() if k in users} == users  # the user's files, byte for byte
+    assert sorted(set(after) - set(users)) == ["manifest.json", "model.keras"]  # no staging left behind
+    assert result.replaced == (str(target / "model.keras"), str(target / "manifest.json"))
+    assert result.removed == ()
+    with open(target / "manifest.json") as f:
+        assert json.load(f) == result.manifest and result.manifest["threshold"] == 0.0
+    reloaded = keras.saving.load_model(target / "model.keras")
+    small = prune_model(_sparse_model(seed=1), 0.0)
+    np.testing.assert_allclose(keras.ops.convert_to_numpy(reloaded(_x())), keras.ops.convert_to_numpy(small(_x())),
+                               atol=1e-6)
+    assert sorted(os.listdir(tmp_path)) == ["out"]
+
+
+def test_overwrite_removes_the_stale_artifacts_the_earlier_manifest_records(tmp_path):
+    pytest.importorskip("tensorflow", reason="SavedModel needs TensorFlow")
+    target = tmp_path / "out"
+    users = _users_files(target)
+    export_pruned(_sparse_model(), target, formats=("saved_model", "keras"))
+    result = export_pruned(_sparse_model(), target, formats=("keras",), overwrite=True)
+    assert result.replaced == (str(target / "model.keras"), str(target / "manifest.json"))
+    assert result.removed == (str(target / "saved_model"),)
+    assert sorted(set(_tree(target)) - set(users)) == ["manifest.json", "model.keras"]
+    assert result.manifest["formats"] == {"keras": "model.keras"}
+
+
+def test_overwrite_warns_about_artifact_names_no_earlier_manifest_records(tmp_path):
+    target = tmp_path / "out"
+    target.mkdir()
+    (target / "model.keras").write_text("someone's model")
+    (target / "model.tflite").write_text("someone's flatbuffer")
+    with pytest.warns(UserWarning) as record:
+        result = export_pruned(_sparse_model(), target, formats=("keras",), overwrite=True)
+    messages = sorted(str(w.message) for w in record if str(w.message).startswith("export_pruned:"))
+    assert messages == [
+        f"export_pruned: left {str(target / 'model.tflite')!r} in place: this export did not write it and no "
+        "manifest.json of an earlier export records it, so the new manifest.json does not describe it.",
+        f"export_pruned: replaced {str(target / 'model.keras')!r}, which no manifest.json of an earlier export "
+        "records (overwrite=True replaces every artifact this export writes).",
+    ]
+    assert result.replaced == (str(target / "model.keras"),) and result.removed == ()
+    assert (target / "model.tflite").read_text() == "someone's flatbuffer"
+    assert sorted(os.listdir(target)) == ["manifest.json", "model.keras", "model.tflite"]
+
+
+def test_artifacts_are_built_apart_and_the_manifest_comes_last(tmp_path, monkeypatch):
+    target = tmp_path / "out"
+    export_pruned(_sparse_model(), target, formats=("keras",))
+    earlier = _tree(target)
+    seen = {}
+    write_manifest, rename = export_module._write_manifest_file, os.rename
+
+    def spying_write(path, manifest):
+        seen["while writing"] = _tree(target)
+        write_manifest(path, manifest)
+
+    def spying_rename(source, destination):
+        if os.fspath(destination) == str(target / "model.keras"):  # the new model goes into place
+            seen["model placed"] = os.listdir(target)
+        rename(source, destination)
+
+    monkeypatch.setattr(export_module, "_write_manifest_file", spying_write)
+    monkeypatch.setattr(export_module.os, "rename", spying_rename)
+    export_pruned(_sparse_model(seed=1), target, formats=("keras",), overwrite=True)
+    new = sorted(k for k in seen["while writing"] if k not in earlier)
+    assert {k: v for k, v in seen["while writing"].items() if k in earlier} == earlier  # untouched until all is built
+    assert len(new) == 2 and new[0].startswith(".keras_group_lasso.partial-")  # built apart, in a staging directory
+    assert new[1] == os.path.join(new[0], "model.keras")
+    assert "manifest.json" not in seen["model placed"]  # no manifest while the artifacts are swapped
+    assert sorted(os.listdir(target)) == ["manifest.json", "model.keras"]
+
+
+def _rename_failing_once_into(path, monkeypatch, always=False):
+    rename, failed = os.rename, []
+
+    def failing_rename(source, destination):
+        if os.fspath(destination) == str(path) and (always or not failed):
+            failed.append(source)
+            raise OSError("disk full")
+        rename(source, destination)
+
+    monkeypatch.setattr(export_module.os, "rename", failing_rename)
+
+
+def test_a_failure_while_replacing_puts_the_earlier_export_back(tmp_path, monkeypatch):
+    target = tmp_path / "out"
+    users = _users_files(target)
+    export_pruned(_sparse_model(), target, formats=("keras",))
+    earlier = _tree(target)
+    _rename_failing_once_into(target / "model.keras", monkeypatch)  # after the earlier model went aside
+    with pytest.raises(OSError, match="disk full"):
+        export_pruned(_sparse_model(seed=1), target, formats=("keras",), overwrite=True)
+    assert _tree(target) == earlier
+    assert {k: v for k, v in earlier.items() if k in users} == users
+
+
+def test_a_failure_to_put_the_earlier_export_back_keeps_it_and_says_where(tmp_path, monkeypatch):
+    target = tmp_path / "out"
+    export_pruned(_sparse_model(), target, formats=("keras",))
+    earlier = _tree(target)
+    _rename_failing_once_into(target / "model.keras", monkeypatch, always=True)
+    with pytest.raises(OSError, match=r"putting the earlier ones back failed too .*; the earlier ones are in '(.*)'$") \
+            as info:
+        export_pruned(_sparse_model(seed=1), target, formats=("keras",), overwrite=True)
+    aside = re.search(r"the earlier ones are in '(.*)'$", str(info.value)).group(1)
+    assert sorted(os.listdir(aside)) == ["manifest.json", "model.keras"]
+    for name in os.listdir(aside):
+        with open(os.path.join(aside, name), "rb") as f:
+            assert f.read() == earlier[name]
+
+
+@pytest.mark.parametrize("umask", [0o022, 0o077, 0o027], ids=oct)
+@pytest.mark.parametrize("existing", [False, True], ids=["new", "existing"])
+def test_permissions_follow_the_umask(tmp_path, umask, existing):
+    target = tmp_path / "out"
+    if existing:
+        target.mkdir(mode=0o751)
+        os.chmod(target, 0o751)  # the user's choice, kept
+    old = os.umask(umask)
+    try:
+        export_pruned(_sparse_model(), target, formats=("keras",))
+        export_pruned(_sparse_model(), target, formats=("keras",), overwrite=True)
+    finally:
+        os.umask(old)
+    modes = {os.path.relpath(os.path.join(root, name), tmp_path): os.stat(os.path.join(root, name)).st_mode & 0o777
+             for root, dirs, files in os.walk(tmp_path) for name in dirs + files}
+    assert modes == {
+        "out": 0o751 if existing else 0o777 & ~umask,
+        os.path.join("out", "manifest.json"): 0o666 & ~umask,
+        os.path.join("out", "model.keras"): 0o666 & ~umask,
+    }
+
+
+def test_serving_formats_follow_the_umask(tmp_path):
+    pytest.importorskip("tensorflow", reason="SavedModel and TFLite need TensorFlow")
+    old = os.umask(0o027)
+    try:
+        export_pruned(_sparse_model(), tmp_path / "out", formats=("saved_model", "tflite"))
+    finally:
+        os.umask(old)
+    for root, dirs, files in os.walk(tmp_path / "out"):
+        for name in dirs:
+            assert os.stat(os.path.join(root, name)).st_mode & 0o777 == 0o750, name
+        for name in files:
+            assert os.stat(os.path.join(root, name)).st_mode & 0o777 == 0o640, name
+    assert (tmp_path / "out").stat().st_mode & 0o777 == 0o750
 
 
 def test_an_existing_empty_directory_is_used(tmp_path):
