@@ -60,10 +60,12 @@ def _add_prune(subparsers):
         description="Load MODEL (a .keras file, Keras safe mode), remove every input feature and "
         "hidden unit whose outgoing weights are all <= threshold, and write the smaller model "
         "to OUT_DIR (SavedModel, .keras, optionally TFLite, plus manifest.json). "
+        "Other files in OUT_DIR are left as they are. "
         "Nothing is written into OUT_DIR when anything fails.",
     )
     p.add_argument("model", metavar="MODEL", help="trained model saved as .keras")
-    p.add_argument("out_dir", metavar="OUT_DIR", help="export directory (new or empty)")
+    p.add_argument("out_dir", metavar="OUT_DIR",
+                   help="export directory (created if missing; it must not hold an earlier export unless --overwrite)")
     p.add_argument("--threshold", type=float, default=1e-3, help="weights with |w| <= threshold count as zero (default 1e-3)")
     p.add_argument(
         "--inputs",
@@ -84,7 +86,9 @@ def _add_prune(subparsers):
                    "8 often runs faster on CPUs and GPUs)")
     p.add_argument("--fold-batchnorm", action="store_true",
                    help="merge each BatchNormalization that follows a Dense or convolution layer into it")
-    p.add_argument("--overwrite", action="store_true", help="replace a non-empty OUT_DIR")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace an earlier export in OUT_DIR: only saved_model/, model.keras, model.tflite and "
+                   "manifest.json are replaced or removed, other files stay")
     p.set_defaults(func=_run_prune)
 
 
@@ -101,6 +105,13 @@ def _run_prune(args):
 
     if not os.path.isfile(args.model):
         return error(f"no such model file: {args.model!r}")
+    if args.overwrite:
+        clash = _export_would_replace(args.model, args.out_dir)
+        if clash:
+            return error(
+                f"MODEL {args.model!r} is {clash!r}, which --overwrite would replace; "
+                "write to another OUT_DIR or move the model first"
+            )
     try:
         model = keras.saving.load_model(args.model, compile=False, safe_mode=True)
     except Exception as e:  # a corrupt or foreign file: any loader error means "cannot load"
@@ -133,7 +144,24 @@ def _run_prune(args):
     print(f"params  {before} -> {after}{ratio}")
     for i, path in enumerate(result.paths.values()):
         print(("wrote   " if i == 0 else "        ") + path)
+    for word, paths in (("replaced", result.replaced), ("removed ", result.removed)):
+        for i, path in enumerate(paths):
+            print((word if i == 0 else "        ") + path)
     return 0
+
+
+def _export_would_replace(model, out_dir):
+    """The artifact of OUT_DIR that MODEL is (the export would replace it with --overwrite), or None."""
+    import os
+
+    from keras_group_lasso.export import ARTIFACTS
+
+    model, out_dir = os.path.realpath(model), os.path.realpath(out_dir)
+    for name in ARTIFACTS:
+        artifact = os.path.join(out_dir, name)
+        if model == artifact or model.startswith(artifact + os.sep):
+            return artifact
+    return None
 
 
 def _load_error(path, error):

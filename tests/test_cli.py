@@ -97,17 +97,52 @@ def test_prune_unsupported_model(tmp_path, capsys):
     assert sorted(os.listdir(tmp_path)) == ["res.keras"]
 
 
-def test_prune_refuses_a_non_empty_out_dir(tmp_path, capsys):
+def test_prune_writes_next_to_the_users_files_and_refuses_an_earlier_export(tmp_path, capsys):
     _save_sparse_model(tmp_path / "m.keras")
     out = tmp_path / "out"
     out.mkdir()
     (out / "notes.txt").write_text("mine")
     code = main(["prune", str(tmp_path / "m.keras"), str(out), "--formats", "keras"])
-    _assert_failed(code, capsys, "new or empty directory", "overwrite")
-    assert os.listdir(out) == ["notes.txt"]
+    assert code == 0, capsys.readouterr().err
+    assert sorted(os.listdir(out)) == ["manifest.json", "model.keras", "notes.txt"]
+    before = (out / "model.keras").read_bytes()
+    code = main(["prune", str(tmp_path / "m.keras"), str(out), "--formats", "keras"])
+    _assert_failed(code, capsys, "without an earlier export", "(it holds 'model.keras', 'manifest.json';", "overwrite")
+    assert (out / "model.keras").read_bytes() == before
     code = main(["prune", str(tmp_path / "m.keras"), str(out), "--formats", "keras", "--overwrite"])
-    assert code == 0
-    assert sorted(os.listdir(out)) == ["manifest.json", "model.keras"]
+    captured = capsys.readouterr()
+    assert code == 0, captured.err
+    assert f"replaced{out / 'model.keras'}\n        {out / 'manifest.json'}\n" in captured.out
+    assert sorted(os.listdir(out)) == ["manifest.json", "model.keras", "notes.txt"]
+    assert (out / "notes.txt").read_text() == "mine"
+
+
+def test_prune_overwrite_keeps_the_input_model_and_the_users_files_in_out_dir(tmp_path, capsys):
+    out = tmp_path / "out"
+    out.mkdir()
+    _save_sparse_model(out / "trained.keras")
+    trained = (out / "trained.keras").read_bytes()
+    (out / "data").mkdir()
+    (out / "data" / "x.csv").write_text("1,2\n")
+    assert main(["prune", str(out / "trained.keras"), str(out), "--formats", "keras"]) == 0
+    code = main(["prune", str(out / "trained.keras"), str(out), "--formats", "keras", "--overwrite",
+                 "--threshold", "0"])
+    assert code == 0, capsys.readouterr().err
+    assert sorted(os.listdir(out)) == ["data", "manifest.json", "model.keras", "trained.keras"]
+    assert (out / "trained.keras").read_bytes() == trained
+    assert (out / "data" / "x.csv").read_text() == "1,2\n"
+    assert json.loads((out / "manifest.json").read_text())["threshold"] == 0.0
+
+
+def test_prune_refuses_to_overwrite_its_own_input(tmp_path, capsys):
+    out = tmp_path / "out"
+    out.mkdir()
+    _save_sparse_model(out / "model.keras")
+    trained = (out / "model.keras").read_bytes()
+    code = main(["prune", str(out / "model.keras"), str(out), "--formats", "saved_model", "--overwrite"])
+    _assert_failed(code, capsys, f"MODEL {str(out / 'model.keras')!r} is", "which --overwrite would replace")
+    assert os.listdir(out) == ["model.keras"]
+    assert (out / "model.keras").read_bytes() == trained
 
 
 def test_prune_bad_threshold(tmp_path, capsys):
