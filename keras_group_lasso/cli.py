@@ -105,6 +105,9 @@ def _run_prune(args):
 
     if not os.path.isfile(args.model):
         return error(f"no such model file: {args.model!r}")
+    unreadable = _unreadable_archive(args.model)
+    if unreadable:
+        return error(unreadable)
     if args.overwrite:
         clash = _export_would_replace(args.model, args.out_dir)
         if clash:
@@ -148,6 +151,25 @@ def _run_prune(args):
         for i, path in enumerate(paths):
             print((word if i == 0 else "        ") + path)
     return 0
+
+
+def _unreadable_archive(path):
+    """Why ``path``, named ``*.keras``, is not a .keras archive (a zip file holding config.json), or None.
+
+    Keras says "File not found" for such a file, which exists.
+    """
+    import zipfile
+
+    if not path.endswith(".keras"):
+        return None  # Keras names the formats it reads
+    try:
+        with zipfile.ZipFile(path) as archive:
+            if "config.json" in archive.namelist():
+                return None
+            cause = "a zip archive without config.json"
+    except (zipfile.BadZipFile, OSError) as e:
+        cause = f"{type(e).__name__}: {e}"
+    return f"cannot load {path!r}: it is not a readable .keras archive (a zip file holding config.json): {cause}"
 
 
 def _export_would_replace(model, out_dir):

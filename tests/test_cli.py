@@ -145,6 +145,31 @@ def test_prune_refuses_to_overwrite_its_own_input(tmp_path, capsys):
     assert (out / "model.keras").read_bytes() == trained
 
 
+@pytest.mark.parametrize("content", ["empty", "truncated", "random"])
+def test_prune_a_file_that_is_not_a_keras_archive_says_so(tmp_path, capsys, content):
+    model = tmp_path / "m.keras"
+    _save_sparse_model(model)
+    data = model.read_bytes()
+    model.write_bytes({"empty": b"", "truncated": data[: len(data) // 2],
+                       "random": np.random.default_rng(0).bytes(len(data))}[content])
+    out = tmp_path / "out"
+    code = main(["prune", str(model), str(out), "--formats", "keras"])
+    captured = _assert_failed(
+        code, capsys, f"cannot load {str(model)!r}: it is not a readable .keras archive", "BadZipFile: "
+    )
+    assert "not found" not in captured.err
+    assert not out.exists()
+
+
+def test_prune_a_zip_without_a_keras_config_says_so(tmp_path, capsys):
+    import zipfile
+
+    with zipfile.ZipFile(tmp_path / "m.keras", "w") as archive:
+        archive.writestr("notes.txt", "not a model")
+    code = main(["prune", str(tmp_path / "m.keras"), str(tmp_path / "out")])
+    _assert_failed(code, capsys, "it is not a readable .keras archive", "a zip archive without config.json")
+
+
 def test_prune_bad_threshold(tmp_path, capsys):
     _save_sparse_model(tmp_path / "m.keras")
     code = main(["prune", str(tmp_path / "m.keras"), str(tmp_path / "out"), "--threshold", "-1"])
