@@ -2,7 +2,9 @@
 
 A script takes ``process count ports out`` (``ports``: comma-separated, one per process) and writes
 ``weights{process}.npz``, ``manifest{process}.json`` (what ``export_pruned`` returned) and, on the chief,
-``logs/`` (TensorBoard) and ``export/`` into ``out``; it prints ``OK`` when it ends well.
+``logs/`` (TensorBoard) and ``export/`` into ``out``; it prints ``OK`` when it ends well. With
+``export_per_process``, each process asks ``export_pruned`` for ``export{process}/`` instead, so that a process
+other than the chief that writes is seen: only ``export0/`` may exist.
 """
 
 import glob
@@ -50,7 +52,7 @@ def run_single_and_cluster(script, tmp_path, env, count=2, ports_per_cluster=1, 
     return single, cluster
 
 
-def assert_cluster_matches_single(single, cluster, count=2, atol=1e-5):
+def assert_cluster_matches_single(single, cluster, count=2, atol=1e-5, export_per_process=False):
     """Every process ends with the single process's weights and exact zeros; only the chief wrote files."""
     expected = np.load(single / "weights0.npz")
     for process in range(count):
@@ -61,8 +63,12 @@ def assert_cluster_matches_single(single, cluster, count=2, atol=1e-5):
     zeros = sum(int((expected[key] == 0).sum()) for key in expected)
     assert 0 < zeros < sum(expected[key].size for key in expected)  # some exact zeros, not all
     assert len(glob.glob(str(cluster / "logs" / "**" / "events.out.tfevents.*"), recursive=True)) == 1  # the chief's
-    assert os.path.isfile(cluster / "export" / "model.keras")
-    with open(cluster / "export" / "manifest.json") as f:
+    export = cluster / ("export0" if export_per_process else "export")
+    if export_per_process:
+        exports = sorted(p.name for p in cluster.iterdir() if p.name.startswith("export"))
+        assert exports == ["export0"], f"only the chief (process 0) may write its export; found {exports}"
+    assert sorted(os.listdir(export)) == ["manifest.json", "model.keras"]
+    with open(export / "manifest.json") as f:
         written = json.load(f)
     for process in range(count):  # a process that did not write got the chief's result
         with open(cluster / f"manifest{process}.json") as f:

@@ -7,7 +7,7 @@ strategy: ``strategy.run`` of a step that takes the gradient of the data loss
 plus ``sum(model.losses)`` and calls the optimizer, here ``Proximal``. A
 ``SparsityMonitor`` driven through ``keras.callbacks.CallbackList`` writes
 TensorBoard from the chief only, and ``export_pruned`` is called on every
-worker and writes from the chief only.
+worker, each with a directory of its own, and only the chief's is written.
 """
 
 import os
@@ -70,7 +70,9 @@ WORKER = textwrap.dedent(
         assert monitor.last_report is not None
     callbacks.on_train_end()
     np.savez(os.path.join(out, f"weights{index}.npz"), *[np.asarray(w) for w in model.get_weights()])
-    result = export_pruned(model, os.path.join(out, "export"), formats=["keras"])  # every worker prunes
+    # Every worker prunes, each asking for its own directory: only the chief's may exist afterwards (in
+    # one shared directory a second writer would go unnoticed).
+    result = export_pruned(model, os.path.join(out, f"export{index}"), formats=["keras"])
     with open(os.path.join(out, f"manifest{index}.json"), "w") as f:
         json.dump(result.manifest, f)
     assert is_chief() == (index == 0)
@@ -85,4 +87,4 @@ def test_two_tensorflow_workers_train_to_the_single_worker_weights_and_only_the_
     env = dict(os.environ, KERAS_BACKEND="tensorflow", TF_CPP_MIN_LOG_LEVEL="3")
     env.pop("TF_CONFIG", None)
     single, cluster = _cluster.run_single_and_cluster(script, tmp_path, env, ports_per_cluster=2)
-    _cluster.assert_cluster_matches_single(single, cluster)
+    _cluster.assert_cluster_matches_single(single, cluster, export_per_process=True)
