@@ -22,8 +22,8 @@ import numpy as np
 
 from keras_group_lasso import analysis
 from keras_group_lasso._validation import check_non_negative, check_positive_int, fail
+from keras_group_lasso.declared import declare_group_penalties
 from keras_group_lasso.graph import registry
-from keras_group_lasso.models import set_penalty_multiplier
 from keras_group_lasso.regularizers import CoupledGroupLasso, GroupSparseRegularizer, group_sparse_penalties
 
 __all__ = ["SparsityBudget"]
@@ -32,19 +32,25 @@ _OWNER = "SparsityBudget"
 _KINDS = ("features", "units", "params", "flops")
 SEARCH, WITHIN, CUT = 0, 1, 2  # the values of logs["budget_phase"]
 _NEAR = 0.05  # settling may begin early once the schedule is this close to the budget (a fraction of it)
+_KINDS_ORDER = ("features", "units", "params", "flops")
+# The budget's progress, kept in the model (declared state `budget`, float32): every decision reads it
+# from there, so a training resumed from saved weights decides exactly as the uninterrupted one.
+_STARTED, _PHASE, _SETTLING, _INITIAL, _REACHED, _LAST, _HAS_LAST, _CUT, _ROUNDED, _DECIDED = (
+    0, 1, 2, 3, 5, 7, 11, 12, 13, 14)
 
 
 def _check_limit(name, value):
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
-        fail(_OWNER, name, "an int >= 0 (a count) or a float in (0, 1] (a fraction of the dense model)", value)
+        fail(_OWNER, name, "an int >= 1 (a count) or a float in (0, 1] (a fraction of the dense model)", value)
     if isinstance(value, (int, np.integer)):
-        if value < 0:
-            fail(_OWNER, name, "an int >= 0 (a count) or a float in (0, 1] (a fraction of the dense model)", value)
+        if value < 1:
+            # The strongest group of every layer stays, so no training can reach 0.
+            fail(_OWNER, name, "an int >= 1 (a count) or a float in (0, 1] (a fraction of the dense model)", value)
         return int(value)
     if not (0.0 < value <= 1.0):
-        fail(_OWNER, name, "an int >= 0 (a count) or a float in (0, 1] (a fraction of the dense model)", value)
+        fail(_OWNER, name, "an int >= 1 (a count) or a float in (0, 1] (a fraction of the dense model)", value)
     return float(value)
 
 
@@ -231,11 +237,10 @@ class SparsityBudget(keras.callbacks.Callback):
             self.on_train_batch_end = self._check_batch
         self._epoch = 0
         self.rounded = {}
-        self._rounded_now = False
+        self.spared = {}
         self.limits = None
-        self.multiplier = None  # [input groups, other groups]
-        self.phase = SEARCH
-        self.last_sizes = None
+        self._declared = None
+        self._first_epoch = None
 
     # ------------------------------------------------------------------ measuring
 
@@ -278,13 +283,69 @@ class SparsityBudget(keras.callbacks.Callback):
             worst = max(worst, size / limit if limit > 0 else (math.inf if size > 0 else 0.0))
         return worst
 
+    # ------------------------------------------------------------------ state (the model's)
+
+    def _state(self):
+        return self._declared.budget_values()
+
+    def _write(self, state):
+        self._declared.set_budget_values(state)
+
+    @property
+    def multiplier(self):
+        """``[input groups, other groups]``: the strength multiplier the model trains with now."""
+        return None if self._declared is None else self._declared.multiplier_values()
+
+    @property
+    def phase(self):
+        return SEARCH if self._declared is None else int(self._state()[_PHASE])
+
+    @property
+    def initial(self):
+        return None if self._declared is None else [float(v) for v in self._state()[_INITIAL:_INITIAL + 2]]
+
+    @property
+    def reached(self):
+        return None if self._declared is None else [float(v) for v in self._state()[_REACHED:_REACHED + 2]]
+
+    @property
+    def last_sizes(self):
+        state = None if self._declared is None else self._state()
+        if state is None or not state[_HAS_LAST]:
+            return None
+        return {kind: float(v) for kind, v in zip(_KINDS_ORDER, state[_LAST:_LAST + 4])}
+
+    @property
+    def _settling(self):
+        return self._declared is not None and bool(self._state()[_SETTLING])
+
+    @property
+    def _rounded_now(self):
+        return self._declared is not None and bool(self._state()[_ROUNDED])
+
+    def _set(self, **values):
+        state = self._state()
+        for key, value in values.items():
+            index = {"phase": _PHASE, "settling": _SETTLING, "cut": _CUT, "rounded": _ROUNDED}[key]
+            state[index] = float(value)
+        self._write(state)
+
+    def _record_sizes(self, sizes):
+        state = self._state()
+        state[_LAST:_LAST + 4] = [float(sizes[kind]) for kind in _KINDS_ORDER]
+        state[_HAS_LAST] = 1.0
+        self._write(state)
+
     # ------------------------------------------------------------------ Keras hooks
 
+    def set_model(self, model):
+        super().set_model(model)
+        # Declared before any callback's on_train_begin, so BackupAndRestore finds the state to restore
+        # whatever the order of the callbacks.
+        self._declared = declare_group_penalties(model, _OWNER)
+
     def on_train_begin(self, logs=None):
-        variable = getattr(self.model, "penalty_multiplier", None)
-        if not isinstance(variable, keras.Variable):
-            fail(_OWNER, "model", "a model made by add_group_sparsity (a GroupSparseModel or "
-                 "GroupSparseSequential), whose penalties read a shared multiplier", self.model)
+        # Only what the model's structure fixes: a restore by another callback may come before or after.
         penalties = [p for _, p in group_sparse_penalties(self.model)]
         if not any(_strength(p) > 0 for p in penalties):
             fail(_OWNER, "model", "a model with group penalties of factor > 0 (the budget scales their strength)",
@@ -292,32 +353,70 @@ class SparsityBudget(keras.callbacks.Callback):
         report = self._report()
         dense = {"features": report.n_features, "units": report.neurons, "params": report.params_before,
                  "flops": report.flops_before}
+        if self.max_flops is not None and getattr(report, "flops_per_position", False):
+            fail(_OWNER, "max_flops", "None for a model with inputs of variable size (its multiply-adds are "
+                 "counted per position, not per sample): use max_params or max_units", self.max_flops)
         self.dense = dense
         self.limits = {}
+        above = []
         for kind, limit in self._budgets().items():
             if limit is not None:
-                self.limits[kind] = limit if isinstance(limit, int) else int(math.floor(limit * dense[kind]))
-        self.multiplier = [float(v) if v > 0 else 1.0 for v in keras.ops.convert_to_numpy(variable)]
-        self.initial = list(self.multiplier)
-        self._cut_before = set()
+                count = limit if isinstance(limit, int) else int(math.floor(limit * dense[kind]))
+                if count >= dense[kind]:
+                    above.append(f"max_{kind}={limit!r} (the model has {dense[kind]})")
+                self.limits[kind] = min(count, dense[kind])
+        if above:
+            warnings.warn(f"{_OWNER}: {', '.join(above)}: the dense model is within it already; the budget "
+                          "removes nothing for it.", RuntimeWarning, stacklevel=2)
         self._release_frozen_groups()  # a fit that ended by an exception may have left them
         self._release_spared()
         self._warned = False
-        self._settling = False
-        self._rounded_now = False
         self.rounded = {}
-        self.reached = list(self.multiplier)
-        self.phase = SEARCH
-        self.last_sizes = None
+        self._first_epoch = None
         self._steps = self.params.get("steps") if self.params else None  # None: a dataset of unknown length
         self._done = self._checked = 0  # batches of this epoch: done, done at the last check
+
+    def _start(self):
+        """A new search: the strength the model has now (1 where it is 0) is where it starts."""
+        start = [v if v > 0 else 1.0 for v in self._declared.multiplier_values()]
+        state = np.zeros_like(self._state())
+        state[_STARTED] = 1.0
+        state[_PHASE] = SEARCH
+        state[_INITIAL:_INITIAL + 2] = start
+        state[_REACHED:_REACHED + 2] = start
+        self._write(state)
+        self._declared.set_multiplier(*start)
+
+    def on_epoch_begin(self, epoch, logs=None):
+        """A new search at epoch 0; later, a resumed training catches up with the decision of the epoch before.
+
+        The end of every epoch decides (steering, settling, the cut) and records that it did in the model's
+        state. A checkpoint written at the end of an epoch by a callback that runs before this one
+        (``BackupAndRestore``, ``ModelCheckpoint``) holds the state before that decision: a training
+        resumed from it takes the decision here, from the same weights and state, so it goes on exactly as
+        the uninterrupted one, whatever the order of the callbacks.
+        """
+        self._epoch = epoch
+        self._done = self._checked = 0
+        if self._first_epoch is not None:
+            return
+        self._first_epoch = epoch
+        state = self._state()
+        if epoch == 0 or not state[_STARTED]:
+            self._start()
+            self._spare_blocks()
+            return
         self._spare_blocks()
+        if int(state[_DECIDED]) < epoch:
+            self._decide(epoch - 1)
+        elif self._settling:  # resumed inside the settling part: hold the cut groups at zero again
+            self._freeze_cut_groups()
 
     def _spare_blocks(self):
         """With ``spare_block``: the reader penalty of every roundable layer spares that layer's ``round_to``
         strongest units for this ``fit`` (the train step is traced again, as it holds what it was traced with)."""
         self.spared = {}
-        if not (self.spare_block and self.round_to > 1):
+        if not (self.spare_block and self.round_to > 1) or self._settling:
             return
         for layer in _roundable_layers(analysis.analyze(self.model, self.threshold, owner=_OWNER)):
             penalty = layer.reader.kernel.regularizer
@@ -337,10 +436,6 @@ class SparsityBudget(keras.callbacks.Callback):
         if changed:
             self.model.make_train_function(force=True)
 
-    def on_epoch_begin(self, epoch, logs=None):
-        self._epoch = epoch
-        self._done = self._checked = 0
-
     def _check_batch(self, batch, logs=None):
         """With ``update_freq`` batches: steer after every ``update_freq`` of them (Keras's ``on_train_batch_end``)."""
         self._done = batch + 1
@@ -351,8 +446,7 @@ class SparsityBudget(keras.callbacks.Callback):
         progress = min(1.0, (self._epoch + self._done / self._steps) / self._search_end())
         self._steer(sizes, progress, (self._done - self._checked) / self._steps)
         self._checked = self._done
-        set_penalty_multiplier(self.model, input=self.multiplier[0], hidden=self.multiplier[1])
-        self.last_sizes = sizes
+        self._record_sizes(sizes)
 
     def _epochs(self):
         return int(self.params.get("epochs", self._epoch + 1) if self.params else self._epoch + 1)
@@ -384,6 +478,7 @@ class SparsityBudget(keras.callbacks.Callback):
         """
         targets = self._targets(progress)
         before = self.last_sizes or self.dense
+        multiplier, initial = self.multiplier, self.initial
         for entry, ratio in enumerate(self._entry_overs(sizes, targets)):
             if ratio is None:
                 continue
@@ -391,10 +486,11 @@ class SparsityBudget(keras.callbacks.Callback):
             untouched = all(sizes[k] >= self.dense[k] for k in kinds)
             stalled = all(sizes[k] >= before[k] for k in kinds)
             if ratio > 1.02:  # behind the schedule: stronger; faster while nothing has gone yet
-                self.multiplier[entry] *= min(ratio, 2.0 if untouched else 1.2 if stalled else 1.1) ** fraction
-                self.multiplier[entry] = min(self.multiplier[entry], self.initial[entry] * self.max_strength)
+                multiplier[entry] *= min(ratio, 2.0 if untouched else 1.2 if stalled else 1.1) ** fraction
+                multiplier[entry] = min(multiplier[entry], initial[entry] * self.max_strength)
             elif ratio < 0.98:  # ahead of it: weaker, so the rest of the network keeps its strength
-                self.multiplier[entry] *= max(ratio, 0.5 if ratio < 0.5 else 0.9) ** fraction
+                multiplier[entry] *= max(ratio, 0.5 if ratio < 0.5 else 0.9) ** fraction
+        self._declared.set_multiplier(*multiplier)
 
     def _near_budget(self, progress):
         """Whether every scheduled size is within ``_NEAR`` of its budget: a model within its budget then settles.
@@ -411,55 +507,79 @@ class SparsityBudget(keras.callbacks.Callback):
         return {kind: limit + (self.dense[kind] - limit) * (1.0 - progress) ** self.schedule_power
                 for kind, limit in self.limits.items()}
 
-    def on_epoch_end(self, epoch, logs=None):
-        self._epoch = epoch
+    def _last_fraction(self):
+        """The part of an epoch after its last batch check (``update_freq``), from the number of steps."""
+        if self.update_freq == "epoch" or not self._steps:
+            return 1.0
+        last = ((self._steps - 1) // self.update_freq) * self.update_freq
+        return (self._steps - last) / self._steps
+
+    def _decide(self, epoch):
+        """What the end of ``epoch`` decides: steer the strength, or settle (round, cut, freeze).
+
+        Returns the number of groups this decision set to zero.
+        """
         epochs, search_end = self._epochs(), self._search_end()
-        if self.update_freq == "epoch":
-            fraction = 1.0
-        else:
-            if not self._steps:  # a dataset of unknown length: its first epoch gives the count
-                self._steps = self._done or None
-            fraction = (self._done - self._checked) / max(self._done, 1)  # since the last check
         sizes = self._measure()
         over = self._over(sizes)
-        cut = 0
         progress = min(1.0, (epoch + 1) / search_end)
         if self._settling or epoch + 1 >= search_end or (over <= 1.0 and self._near_budget(progress)):
             # Settling: the structure is fixed (by the cut if the model is over its budget) and the
             # survivors train within it.
+            cut, phase = 0, self.phase
             if not self._settling and self.round_to > 1:
                 # Whole blocks: widths step down a block at a time where the budget needs it (a cut of
                 # single groups would remove units that free nothing until a block empties).
                 self.rounded, cut = self._round_widths(epoch, grow=epoch + 1 < epochs)
+                self._set(rounded=1)
                 sizes = self._measure()
                 over = self._over(sizes)
                 if cut:
-                    self.phase = CUT
+                    phase = CUT
             if over > 1.0:
                 more, sizes = self._cut_weakest_groups(epoch, sizes)
-                cut, over, self.phase = cut + more, self._over(sizes), CUT
-            elif self.phase != CUT:
-                self.phase = WITHIN
+                cut, over, phase = cut + more, self._over(sizes), CUT
+            elif phase != CUT:
+                phase = WITHIN
+            state = self._state()
+            state[_PHASE] = phase
+            state[_CUT] += cut
             if not self._settling:
                 # The structure is fixed from here on: every group that is zero now stays zero,
                 # and the survivors train without the penalties, so nothing more goes either
                 # (under the penalties a cut network kept losing groups, far below its budget).
-                self._settling = True
                 self._warn_far_below(sizes, epoch)
-                self.reached = list(self.multiplier)
-                self._cut_before |= self._dead_groups()
-                self.multiplier = [0.0, 0.0]
+                state[_SETTLING] = 1.0
+                state[_REACHED:_REACHED + 2] = self.multiplier
+                self._write(state)
+                self._zero_dead_groups()
+                self._declared.set_multiplier(0.0, 0.0)
+            else:
+                self._write(state)
             self._freeze_cut_groups()
         else:
-            self._steer(sizes, progress, fraction)
-            self.phase = SEARCH if over > 1.0 else WITHIN
-        set_penalty_multiplier(self.model, input=self.multiplier[0], hidden=self.multiplier[1])
-        self.last_sizes = sizes
+            cut = 0
+            self._steer(sizes, progress, self._last_fraction())
+            self._set(phase=SEARCH if over > 1.0 else WITHIN)
+        self._record_sizes(sizes)
+        state = self._state()
+        state[_DECIDED] = epoch + 1
+        self._write(state)
+        return cut, sizes
+
+    def on_epoch_end(self, epoch, logs=None):
+        self._epoch = epoch
+        if self.update_freq != "epoch" and not self._steps:  # a dataset of unknown length: its first epoch counts
+            self._steps = self._done or None
+        if self.limits is None:
+            return
+        cut, sizes = self._decide(epoch)
         if logs is not None:
-            logs["budget_multiplier_input"] = float(self.multiplier[0])
-            logs["budget_multiplier_hidden"] = float(self.multiplier[1])
+            multiplier = self.multiplier
+            logs["budget_multiplier_input"] = float(multiplier[0])
+            logs["budget_multiplier_hidden"] = float(multiplier[1])
             logs["budget_phase"] = int(self.phase)
-            logs["budget_over"] = float(over)
+            logs["budget_over"] = float(self._over(sizes))
             logs["budget_cut"] = int(cut)
             for kind in self.limits:
                 logs[f"budget_{kind}"] = int(sizes[kind])
@@ -467,7 +587,7 @@ class SparsityBudget(keras.callbacks.Callback):
     def _warn_far_below(self, sizes, epoch):
         """Say so when settling begins below half a budget: the penalties took more than was asked."""
         far = [f"{kind} {sizes[kind]} (budget {limit})" for kind, limit in self.limits.items()
-               if sizes[kind] < 0.5 * limit]
+               if sizes[kind] < 0.5 * limit and sizes[kind] < self.dense[kind]]
         if far:
             warnings.warn(
                 f"{_OWNER}: at the end of epoch {epoch + 1} the model was far below its budget: {', '.join(far)}. "
@@ -478,18 +598,41 @@ class SparsityBudget(keras.callbacks.Callback):
             )
 
     def on_train_end(self, logs=None):
-        # A training stopped before its settling part (EarlyStopping, a KeyboardInterrupt
-        # handled by the caller, fewer epochs): the budget still holds when fit returns.
+        # A training stopped before its settling part (EarlyStopping, a KeyboardInterrupt handled by the
+        # caller, fewer epochs): the budget still holds when fit returns. A callback after this one may
+        # still restore other weights (EarlyStopping(restore_best_weights=True)): the check then runs
+        # once more after every callback, at the end of fit's History.
         if self.limits is None:
             return
+        self._finish()
+        history = getattr(self.model, "history", None)
+        if isinstance(history, keras.callbacks.History) and "on_train_end" not in vars(history):
+            def after_every_callback(logs=None, history=history):
+                del history.on_train_end
+                history.on_train_end(logs)
+                self._finish(after_others=True)
+
+            history.on_train_end = after_every_callback
+
+    def _finish(self, after_others=False):
         sizes = self._measure()
         if self._over(sizes) > 1.0:
-            _, self.last_sizes = self._cut_weakest_groups(None, sizes)
-            self.phase = CUT
+            if after_others:
+                warnings.warn(
+                    f"{_OWNER}: a callback after it gave the model weights over its budget when fit ended "
+                    "(EarlyStopping(restore_best_weights=True) restores weights from an epoch before the budget was "
+                    "reached); their weakest groups are set to zero again to meet it.",
+                    RuntimeWarning,
+                    stacklevel=2,
+                )
+                self._warned = False
+            more, sizes = self._cut_weakest_groups(None, sizes)
+            self._set(phase=CUT, cut=self._state()[_CUT] + more)
+        self._record_sizes(sizes)
         self._release_frozen_groups()
         self._release_spared()
         if self._settling:  # the model keeps the strength the search reached (saved with it, resumed from)
-            set_penalty_multiplier(self.model, input=self.reached[0], hidden=self.reached[1])
+            self._declared.set_multiplier(*self.reached)
 
     # ------------------------------------------------------------------ keeping cut groups at zero
 
@@ -502,7 +645,7 @@ class SparsityBudget(keras.callbacks.Callback):
         change, since a compiled step holds the constraints it was traced with.
         """
         rows_by_path = {}
-        for path, row in self._cut_before:
+        for path, row in self._dead_groups(exact=True):
             rows_by_path.setdefault(path, set()).add(row)
         changed = False
         for variable in self.model.weights:
@@ -523,8 +666,29 @@ class SparsityBudget(keras.callbacks.Callback):
         if changed:
             self.model.make_train_function(force=True)
 
-    def _dead_groups(self):
-        """``{(path, row)}``: the groups of every penalised kernel whose weights are all ``<= threshold``."""
+    def _zero_dead_groups(self):
+        """Set every group at or below the threshold exactly to zero (settling holds exactly these at zero).
+
+        The model's thresholded outputs do not change; from here on the cut groups are the ones that are
+        exactly zero, which a training resumed from saved weights reads again.
+        """
+        for variable in self._penalised_kernels():
+            view = variable.regularizer.group_shape(tuple(variable.shape))
+            value = np.array(keras.ops.convert_to_numpy(variable))
+            grouped = value.reshape(view)
+            axes = tuple(a for a in range(len(view)) if a != len(view) - 2)
+            dead = np.max(np.abs(grouped), axis=axes) <= self.threshold
+            if dead.any() and np.any(grouped[..., dead, :] != 0.0):
+                grouped[..., dead, :] = 0.0
+                variable.assign(value)
+
+    def _penalised_kernels(self):
+        return [v for v in self.model.weights
+                if isinstance(getattr(v, "regularizer", None), GroupSparseRegularizer) and len(v.shape) >= 2]
+
+    def _dead_groups(self, exact=False):
+        """``{(path, row)}``: the groups of every penalised kernel whose weights are all ``<= threshold``
+        (``exact``: all exactly zero)."""
         dead = set()
         for variable in self.model.weights:
             penalty = getattr(variable, "regularizer", None)
@@ -533,7 +697,9 @@ class SparsityBudget(keras.callbacks.Callback):
             view = penalty.group_shape(tuple(variable.shape))
             value = np.abs(np.asarray(keras.ops.convert_to_numpy(variable))).reshape(view)
             axes = tuple(a for a in range(len(view)) if a != len(view) - 2)
-            dead |= {(variable.path, int(row)) for row in np.flatnonzero(np.max(value, axis=axes) <= self.threshold)}
+            largest = np.max(value, axis=axes)
+            dead |= {(variable.path, int(row))
+                     for row in np.flatnonzero(largest == 0.0 if exact else largest <= self.threshold)}
         return dead
 
     def _release_frozen_groups(self):
@@ -563,7 +729,7 @@ class SparsityBudget(keras.callbacks.Callback):
         roles = {"input"} if (input_over or 0.0) > 1.0 else set()
         if (hidden_over or 0.0) > 1.0:
             roles.add("hidden")
-        groups, variables = _ranked_groups(self.model, roles, self._cut_before)
+        groups, variables = _ranked_groups(self.model, roles, self._dead_groups(exact=True))
         values = [np.array(keras.ops.convert_to_numpy(v)) for v in variables]
 
         def assign(count):
@@ -586,9 +752,17 @@ class SparsityBudget(keras.callbacks.Callback):
                     low = middle + 1
             count = low
             best = assign(count)
-        self._cut_before |= {(variables[i].path, row) for _, rows, _ in groups[:count] for i, row in rows}
         newly = sum(1 for _, _, was_zero in groups[:count] if not was_zero)
-        if newly:
+        if self._over(best) > 1.0:
+            details = ", ".join(f"{kind} {best[kind]} (budget {limit})" for kind, limit in self.limits.items())
+            warnings.warn(
+                f"{_OWNER}: the budget cannot be met: with every group it may cut set to zero ({newly} newly) the "
+                f"model has {details}. The strongest group of every layer stays, and layers without a group "
+                "penalty keep their size; ask for a larger budget.",
+                RuntimeWarning,
+                stacklevel=3,
+            )
+        elif newly:
             self._warn_cut(f"{newly} of its weakest groups were set to zero", best, epoch)
         return newly, best
 
@@ -601,7 +775,7 @@ class SparsityBudget(keras.callbacks.Callback):
         when = "at the end of training" if epoch is None else f"at the end of epoch {epoch + 1}"
         warnings.warn(
             f"{_OWNER}: {when} the model was still over its budget; {what} to meet it: {details} "
-            "(logs['budget_cut'] counts them at every later epoch). A larger penalty factor or more epochs let "
+            "(logs['budget_cut'] counts them at the epoch they went). A larger penalty factor or more epochs let "
             "the training get closer by itself.",
             RuntimeWarning,
             stacklevel=3,
@@ -650,14 +824,14 @@ class SparsityBudget(keras.callbacks.Callback):
                     break
                 _, layer, layer_width, current = best
                 layer.width = layer_width
-        self._rounded_now = True  # from here on the sizes are the model's own
+        self._set(rounded=1)  # from here on the sizes are the model's own
         if self._over(current) > 1.0:
             return {}, 0  # blocks cannot meet it: the cut of single groups takes over
         rng = np.random.default_rng(0)
         changed, removed = {}, 0
         for layer in layers:
             if layer.width != layer.live:
-                self._cut_before -= _apply_width(layer, self.threshold, rng)
+                _apply_width(layer, self.threshold, rng)
                 changed[layer.name] = (layer.live, layer.width)
                 removed += max(0, layer.live - layer.width)
         if removed:

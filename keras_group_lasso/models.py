@@ -8,16 +8,16 @@ import numpy as np
 
 from keras_group_lasso._validation import check_choice, check_non_negative, fail
 from keras_group_lasso.analysis import dense_roles, input_dense_layers
+from keras_group_lasso.declared import PenaltyState, declare_group_penalties
 from keras_group_lasso.graph import registry
 from keras_group_lasso.graph.build import model_graph
 from keras_group_lasso.regularizers import (
     CoupledGroupLasso,
     GroupLasso,
+    GroupSparseRegularizer,
     HiddenGroupLasso,
     InputGroupLasso,
     SparseGroupLasso,
-    link_coupled_penalties,
-    link_penalty_multiplier,
 )
 
 __all__ = [
@@ -30,30 +30,36 @@ __all__ = [
 ]
 
 
-def _add_multiplier(model):
-    # A model variable (not trainable): saved with the model, and part of the state a
-    # compiled JAX train step receives, so a new value reaches the next step.
+def _declare(model):
+    # Model variables (not trainable): saved with the model, and part of the state a compiled
+    # JAX train step receives, so a new value reaches the next step.
     model.penalty_multiplier = model.add_weight(
         shape=(2,), initializer="ones", trainable=False, name="penalty_multiplier", dtype="float32"
     )
-    link_penalty_multiplier(model, model.penalty_multiplier)
+    model.group_penalty_state = PenaltyState(with_multiplier=False)
+    declare_group_penalties(model, type(model).__name__, multiplier=model.penalty_multiplier,
+                            state=model.group_penalty_state)
 
 
 class _MultiplierState:
     """``get_weights`` / ``set_weights`` are the layers' weights, as for the plain model, without the
-    multiplier (state of the penalties, saved with the model), so weights move between this model and a
-    plain clone (``keras.models.clone_model`` of a Sequential gives a plain one)."""
+    penalties' state (the multiplier and a budget's progress, saved with the model), so weights move
+    between this model and a plain clone (``keras.models.clone_model`` of a Sequential gives a plain one)."""
+
+    def _layer_variables(self):
+        state = {id(self.penalty_multiplier)} | {id(v) for v in self.group_penalty_state.weights}
+        return [v for v in self.weights if id(v) not in state]
 
     def get_weights(self):
-        return [keras.ops.convert_to_numpy(v) for v in self.weights if v is not self.penalty_multiplier]
+        return [keras.ops.convert_to_numpy(v) for v in self._layer_variables()]
 
     def set_weights(self, weights):
-        variables = [v for v in self.weights if v is not self.penalty_multiplier]
+        variables = self._layer_variables()
         weights = list(weights)
         if len(weights) != len(variables):
             raise ValueError(
                 f"set_weights on model '{self.name}': expected {len(variables)} weights (the layers' weights, "
-                f"without the penalty multiplier), received {len(weights)}."
+                f"without the penalties' state), received {len(weights)}."
             )
         for variable, value in zip(variables, weights):
             if tuple(variable.shape) != tuple(getattr(value, "shape", ())):
@@ -93,8 +99,7 @@ class GroupSparseModel(_MultiplierState, keras.Model):
 
     def __init__(self, inputs, outputs, name=None, **kwargs):
         super().__init__(inputs=inputs, outputs=outputs, name=name, **kwargs)
-        link_coupled_penalties(self)
-        _add_multiplier(self)
+        _declare(self)
 
 
 @keras.saving.register_keras_serializable(package="keras_group_lasso", name="GroupSparseSequential")
@@ -114,27 +119,32 @@ class GroupSparseSequential(_MultiplierState, keras.Sequential):
 
     def __init__(self, layers=None, trainable=True, name=None):
         super().__init__(layers=layers, trainable=trainable, name=name)
-        _add_multiplier(self)
+        _declare(self)
 
     def add(self, layer, rebuild=True):
         super().add(layer, rebuild=rebuild)
         if hasattr(self, "penalty_multiplier"):
-            link_penalty_multiplier(self, self.penalty_multiplier)
+            declare_group_penalties(self, type(self).__name__).link()
 
 
 def set_penalty_multiplier(model, value=None, *, input=None, hidden=None):
-    """Set the strength multiplier of the group-sparse penalties of ``model`` (and of its ``Proximal`` optimizer).
+    """Set the strength multiplier of the group-sparse penalties of ``model``.
 
     The penalties then act as ``m * (factor * group Lasso + l1 * Lasso)``
-    from the next training step on, without recompiling: ``m = input`` for
-    the input groups (feature selection), ``m = hidden`` for all other
-    groups; ``value`` sets both. An argument left ``None`` keeps its entry.
-    ``model`` is what :func:`add_group_sparsity` returns (a
-    :class:`GroupSparseModel` or :class:`GroupSparseSequential`).
+    from the next training step on, without recompiling, in the loss and in
+    the proximal steps of :class:`~keras_group_lasso.Proximal` alike (both
+    read the one multiplier the model declares): ``m = input`` for the input
+    groups (feature selection), ``m = hidden`` for all other groups; ``value``
+    sets both. An argument left ``None`` keeps its entry. ``model`` is any
+    model whose layers carry this package's penalties: one made by
+    :func:`add_group_sparsity` holds the multiplier itself
+    (``penalty_multiplier``); another gets it declared now (see
+    :mod:`keras_group_lasso.declared`). Assigning ``model.penalty_multiplier``
+    directly is the same.
 
     Raises:
         InvalidParameterError: a value is not a finite number >= 0, or the
-            model has no ``penalty_multiplier``.
+            model carries no penalty of this package.
 
     Example:
         >>> model = add_group_sparsity(keras.Sequential([keras.Input((4,)), keras.layers.Dense(2)]), 1e-3)
@@ -147,23 +157,8 @@ def set_penalty_multiplier(model, value=None, *, input=None, hidden=None):
     value = check_non_negative(owner, "value", value, allow_none=True)
     input = check_non_negative(owner, "input", input, allow_none=True)
     hidden = check_non_negative(owner, "hidden", hidden, allow_none=True)
-    variable = getattr(model, "penalty_multiplier", None)
-    if not isinstance(variable, keras.Variable):
-        fail(owner, "model", "a model made by add_group_sparsity (a GroupSparseModel or GroupSparseSequential), "
-             "whose penalties read a shared multiplier", model)
-    current = [float(v) for v in keras.ops.convert_to_numpy(variable)]
-    for index, given in enumerate((input, hidden)):
-        given = value if given is None else given
-        if given is not None:
-            current[index] = given
-    # Numbers, not one array: two variables sharing one buffer cannot both be donated (JAX).
-    variable.assign(np.asarray(current, dtype="float32"))
-    optimizer = getattr(model, "optimizer", None)
-    if isinstance(optimizer, keras.optimizers.LossScaleOptimizer):
-        optimizer = optimizer.inner_optimizer
-    own = getattr(optimizer, "penalty_multiplier", None)
-    if isinstance(own, keras.Variable):
-        own.assign(np.asarray(current, dtype="float32"))
+    declared = declare_group_penalties(model, owner)
+    declared.set_multiplier(input=value if input is None else input, hidden=value if hidden is None else hidden)
 
 _PENALTIES = ("sgl", "group")
 _GROUP_WEIGHTS = ("size", "flops")

@@ -16,14 +16,13 @@ How the pieces fit (Keras 3; TensorFlow, JAX and PyTorch):
   layer or a model. Compiling the same model with another optimizer later
   (directly, after ``load_model`` or on a ``clone_model``) trains it with the
   ordinary subgradients of the same penalties.
-* The penalties ask the model whose ``losses`` Keras reads for its optimizer:
-  while it is a ``Proximal`` (also inside a ``LossScaleOptimizer``), each
-  group-sparse penalty adds its value to the loss without a gradient, since
-  the proximal step applies it (no penalty gradient is computed only to be
-  removed again). Read any other way (a model compiled with another
-  optimizer or not compiled, a layer's own ``losses``, a call of the
-  penalty), a penalty gives its gradient too, and :meth:`Proximal.apply`
-  removes that part, known in closed form
+* A penalty declared by a model (:mod:`keras_group_lasso.declared`) that is
+  compiled with a ``Proximal`` (also inside a ``LossScaleOptimizer``) adds its
+  value to the loss without a gradient, since the proximal step applies it
+  (no penalty gradient is computed only to be removed again). Otherwise (a
+  model compiled with another optimizer or not compiled, penalties no model
+  declared), a penalty gives its gradient too, and :meth:`Proximal.apply`
+  asks the same declaration and removes that part, known in closed form
   (:func:`keras_group_lasso.prox.group_sparse_gradient`, the formula the
   penalties' own gradient uses). Either way the wrapped optimizer gets the
   data gradient, then each penalised weight is replaced by its proximal point. Like
@@ -47,7 +46,6 @@ How the pieces fit (Keras 3; TensorFlow, JAX and PyTorch):
 """
 
 import math
-import sys
 import warnings
 
 import keras
@@ -319,21 +317,42 @@ class Proximal(keras.optimizers.Optimizer):
             return
         self.inner_optimizer.build(variables)
         super().build(variables)
-        # The strength multiplier of the penalties (a SparsityBudget steers it): the
-        # model's own copy lives in the loss, this one in the optimizer state, which a
-        # compiled JAX step receives; set_penalty_multiplier assigns both.
-        linked = {id(m): m for m in (getattr(getattr(v, "regularizer", None), "multiplier", None)
-                                     for v in variables) if isinstance(m, keras.Variable)}
-        initializer = "ones"
-        if len(linked) == 1:
-            source = next(iter(linked.values()))
-
-            def initializer(shape, dtype=None):
-                # A copy: two variables sharing one buffer cannot both be donated (JAX).
-                return ops.cast(ops.copy(value_outside_trace(source)), dtype or "float32")
-
-        self.penalty_multiplier = self.add_variable((2,), initializer=initializer, dtype="float32",
+        # The strength multiplier of the penalties is the one their model declares; a compiled JAX
+        # step passes the optimizer only its own variables and the trainable ones, so there this
+        # variable holds the declared value, read afresh each time the trainer gathers the
+        # optimizer's state (`variables`). Other backends read the declared variable itself.
+        self.penalty_multiplier = self.add_variable((2,), initializer="ones", dtype="float32",
                                                     name="penalty_multiplier")
+        self._refresh_multiplier()
+
+    def _declared_multiplier(self):
+        """The multiplier variable the model of the penalties declares, or ``None`` (strength 1)."""
+        for _, penalty in self._declared_penalties():
+            if penalty.declared is not None:
+                return penalty.declared.multiplier
+        return None
+
+    def _refresh_multiplier(self):
+        """On JAX, copy the declared multiplier into ``penalty_multiplier`` (outside any trace), which the step reads."""
+        source = self._declared_multiplier()
+        if source is None or not self.built or keras.backend.backend() != "jax":
+            return
+        import jax
+
+        try:
+            current, value = self.penalty_multiplier.value, source.value
+        except TypeError:
+            return  # the trainer holds the variables in its state for now (detached) and passes the copy
+        if isinstance(current, jax.core.Tracer):
+            return  # inside the compiled step: the trainer passed the value gathered before it
+        self.penalty_multiplier.assign(ops.copy(value))
+
+    def _multiplier(self):
+        """The ``(2,)`` strength multiplier the proximal step uses now."""
+        source = self._declared_multiplier()
+        if source is None or keras.backend.backend() == "jax":
+            return self.penalty_multiplier
+        return source
 
     def penalties(self):
         """``[(variable, penalty)]``: the group-sparse penalties this optimizer applies, read now.
@@ -393,13 +412,8 @@ class Proximal(keras.optimizers.Optimizer):
 
     @property
     def variables(self):
-        if self.built:
-            # A JAX trainer reads these first, before it detaches the model's own
-            # variables for the compiled loop: refuse another model here, while
-            # nothing of it has been touched.
-            caller = _calling_model()
-            if caller is not None and _optimizer_of(caller) is self:
-                self._check_same_variables(list(caller.trainable_variables))
+        if self.built and keras.backend.backend() == "jax":
+            self._refresh_multiplier()  # the trainer is gathering the state of its next steps
         return self._variables + self.inner_optimizer.variables
 
     @property
@@ -422,14 +436,10 @@ class Proximal(keras.optimizers.Optimizer):
 
     def stateless_apply(self, optimizer_variables, grads, trainable_variables):
         # The JAX trainer passes the values of the model's variables, not the
-        # variables: find the model whose train step is calling, to refuse a
-        # second model (the values would be matched to the first model's
-        # variables by position, and its penalties applied).
+        # variables: refuse values that cannot be this optimizer's variables
+        # (they would be matched to them by position, and their penalties applied).
         if self.built:
             self._check_same_shapes(trainable_variables)
-            caller = _calling_model()
-            if caller is not None:
-                self._check_same_variables(list(caller.trainable_variables))
         return super().stateless_apply(optimizer_variables, grads, trainable_variables)
 
     def apply(self, grads, trainable_variables=None):
@@ -491,7 +501,7 @@ class Proximal(keras.optimizers.Optimizer):
                 continue
             grad = ops.convert_to_tensor(grad)
             value = self._trainable_variables[index]
-            penalty_grad = penalty.gradient(ops.cast(value, grad.dtype), multiplier=self.penalty_multiplier)
+            penalty_grad = penalty.gradient(ops.cast(value, grad.dtype), multiplier=self._multiplier())
             grads[index] = grad - ops.cast(scale, grad.dtype) * penalty_grad
         return grads
 
@@ -522,7 +532,8 @@ class Proximal(keras.optimizers.Optimizer):
     def _rates(self, learning_rate):
         """``lr * multiplier`` of each entry of the penalties' strength multiplier, once per step."""
         lr = ops.cast(learning_rate, "float32")
-        return [lr * self.penalty_multiplier[0], lr * self.penalty_multiplier[1]]
+        multiplier = ops.cast(self._multiplier(), "float32")
+        return [lr * multiplier[0], lr * multiplier[1]]
 
     def _coupled_points(self, coupled, rates, step):
         """Proximal points of the weights that share coupled groups, all read before any is written.
@@ -630,26 +641,6 @@ def _num_replicas():
     import tensorflow as tf
 
     return tf.distribute.get_strategy().num_replicas_in_sync
-
-
-def _optimizer_of(model):
-    optimizer = getattr(model, "optimizer", None)
-    if isinstance(optimizer, keras.optimizers.LossScaleOptimizer):
-        return optimizer.inner_optimizer
-    return optimizer
-
-
-def _calling_model(depth=6):
-    """The ``keras.Model`` whose method called into the optimizer, if one is near on the stack."""
-    frame = sys._getframe(2)
-    for _ in range(depth):
-        if frame is None:
-            return None
-        owner = frame.f_locals.get("self")
-        if isinstance(owner, keras.Model):
-            return owner
-        frame = frame.f_back
-    return None
 
 
 def _resolve_optimizer(owner, optimizer):

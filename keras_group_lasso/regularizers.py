@@ -16,12 +16,11 @@ model that uses them saves to ``.keras`` and loads back without
 """
 
 import math
-import sys
 
 import keras
 
+from keras_group_lasso import declared as _declared
 from keras_group_lasso import prox
-from keras_group_lasso._backend import torch_compiling
 from keras_group_lasso._validation import check_non_negative, check_positive_int, fail
 
 __all__ = [
@@ -60,65 +59,6 @@ class _Described:
         return self.text
 
 
-def _caller_frame(depth):
-    """The frame ``depth`` levels above the caller, or ``None`` while ``torch.compile`` traces.
-
-    Frames are what tells a weight's penalty from an activity penalty and a
-    reading for ``Proximal`` from any other. ``torch.compile`` cannot trace
-    ``sys._getframe`` (it would split the compiled step in two at every
-    penalty). There a penalty accepts only a ``keras.Variable`` (what Keras
-    passes for a weight; see :meth:`GroupSparseRegularizer._check_weight`) and
-    keeps its gradient, which ``Proximal`` removes in closed form: the same step.
-    """
-    if torch_compiling():
-        return None
-    return sys._getframe(depth + 1)
-
-
-def _layer_calling_for_activity(regularizer, frame):
-    """The layer calling ``regularizer`` as its ``activity_regularizer``, or ``None``.
-
-    Keras calls ``layer.activity_regularizer(output)`` from ``Layer.__call__``
-    for every output, and a weight's regularizer from elsewhere (with the
-    variable, or its value inside a stateless scope). Under JAX tracing a
-    weight's value and a layer's output are both tracers of a fixed shape, so
-    only the caller tells them apart.
-    """
-    # Skip a subclass's own __call__ that called super().__call__.
-    while frame is not None and frame.f_code.co_name == "__call__" and frame.f_locals.get("self") is regularizer:
-        frame = frame.f_back
-    if frame is None or frame.f_code.co_name != "__call__":
-        return None
-    layer = frame.f_locals.get("self")
-    if isinstance(layer, keras.layers.Layer) and getattr(layer, "activity_regularizer", None) is regularizer:
-        return layer
-    return None
-
-
-def _read_for_proximal(regularizer, frame):
-    """Whether Keras reads this penalty (``frame``: the caller's) for a model that trains with ``Proximal``.
-
-    Keras adds a weight's penalty to the loss from ``_get_regularization_losses``
-    of the model whose ``losses`` are read (``fit``, ``evaluate``, a custom
-    loop's ``sum(model.losses)``). When that model is compiled with an
-    optimizer that applies the group-sparse penalties itself, by their
-    proximal step (``Proximal``: ``applies_group_penalties``), the loss needs
-    their value only: their gradient would be computed and then removed again.
-    """
-    # Skip a subclass's own __call__ that called super().__call__.
-    while frame is not None and frame.f_code.co_name == "__call__" and frame.f_locals.get("self") is regularizer:
-        frame = frame.f_back
-    if frame is None or frame.f_code.co_name != "_get_regularization_losses":
-        return False
-    model = frame.f_locals.get("self")
-    if not isinstance(model, keras.Model):
-        return False
-    optimizer = getattr(model, "optimizer", None)
-    if isinstance(optimizer, keras.optimizers.LossScaleOptimizer):
-        optimizer = optimizer.inner_optimizer
-    return bool(getattr(optimizer, "applies_group_penalties", False))
-
-
 class GroupSparseRegularizer(keras.regularizers.Regularizer):
     """Base of every penalty here: ``factor * group Lasso + l1 * Lasso``.
 
@@ -140,15 +80,24 @@ class GroupSparseRegularizer(keras.regularizers.Regularizer):
             0 by default; :class:`~keras_group_lasso.SparsityBudget` with
             ``spare_block`` sets it during ``fit``. Not saved; a compiled step
             holds the value it was traced with.
-        value_only: whether the last call gave the value alone, with no
-            gradient: Keras read the penalty for a model compiled with
-            :class:`~keras_group_lasso.Proximal`, whose proximal step applies it.
+        declared: the :class:`~keras_group_lasso.declared.GroupPenalties` of
+            the model whose layer carries the penalty (``None`` until a model
+            declares it): the strength multiplier the value is scaled by, and
+            whether the model's optimizer applies the penalty itself.
+
+    The value is a function of the weight and of the declared state only:
+    ``multiplier * (factor * sum_g sqrt(|g|) ||w_g|| + l1 * ||w||_1)``. While
+    the declaring model is compiled with an optimizer that applies the group
+    penalties by their proximal step (:class:`~keras_group_lasso.Proximal`),
+    the value carries no gradient (:attr:`value_only`).
 
     Raises:
-        InvalidParameterError: when called on a scalar, on a tensor with an
-            unknown dimension, or as a layer's ``activity_regularizer`` (on its
-            output): a group penalty belongs on ``kernel_regularizer`` or
-            ``bias_regularizer``.
+        InvalidParameterError: when called on a scalar or on a tensor with an
+            unknown dimension (a layer's output, not a weight). A group penalty
+            belongs on ``kernel_regularizer`` or ``bias_regularizer``; a model
+            that uses one as ``activity_regularizer`` is refused when it
+            declares its penalties (``add_group_sparsity``, ``SparsityBudget``,
+            ``set_penalty_multiplier``).
     """
 
     role = "any"
@@ -160,13 +109,20 @@ class GroupSparseRegularizer(keras.regularizers.Regularizer):
         if channels is not None:
             channels = check_positive_int(owner, "channels", channels)
         self.channels = channels
-        self.multiplier = None
+        self.declared = None
         # The number of strongest groups the penalty leaves alone (a SparsityBudget with
         # round_to sets it during fit; never saved). Read when a step is traced.
         self.spared = 0
-        # Set by every call: whether the value returned last carries no gradient
-        # (read for a model that trains with Proximal, see _read_for_proximal).
-        self.value_only = False
+
+    @property
+    def multiplier(self):
+        """The declared ``(2,)`` strength multiplier variable, or ``None`` (strength 1)."""
+        return None if self.declared is None else self.declared.multiplier
+
+    @property
+    def value_only(self):
+        """Whether the value carries no gradient: the declaring model's optimizer applies the penalty itself."""
+        return self.declared is not None and self.declared.applied_by_optimizer()
 
     @property
     def multiplier_index(self):
@@ -243,15 +199,13 @@ class GroupSparseRegularizer(keras.regularizers.Regularizer):
         return keras.ops.multiply(view, 1.0 - keras.ops.cast(self._spared_axis(view), view.dtype))
 
     def __call__(self, x):
-        frame = _caller_frame(1)
-        self._check_weight(x, frame)
-        self.value_only = _read_for_proximal(self, frame)
+        self._check_weight(x)
         view = self._unspared(self._grouped(x))
         value = prox.group_sparse_penalty(view, self.factor, self.l1, gradient=not self.value_only)
         return self._times_multiplier(value)
 
-    def _check_weight(self, x, frame):
-        """Refuse a scalar, an unknown dimension, or a layer's output (``frame``: the caller's)."""
+    def _check_weight(self, x):
+        """Refuse a scalar or a tensor with an unknown dimension (no weight has one)."""
         shape = tuple(getattr(x, "shape", ()))
         if len(shape) == 0:
             fail(
@@ -260,19 +214,8 @@ class GroupSparseRegularizer(keras.regularizers.Regularizer):
                 "a weight tensor of rank >= 1 (a bias or a kernel), not a scalar",
                 x,
             )
-        if frame is None and not isinstance(x, keras.Variable):
-            # Under torch.compile the caller is unknown; Keras reads a weight's penalty
-            # with the variable itself, so anything else may be a layer's output.
-            fail(type(self).__name__, "x", _WEIGHT_ONLY + " (while torch.compile traces, the keras.Variable itself)",
-                 _Described(f"a {type(x).__name__} of shape {shape}"))
-        layer = _layer_calling_for_activity(self, frame)
-        if layer is not None or any(d is None for d in shape):
-            received = (
-                f"the output of layer '{layer.name}' ({type(layer).__name__}), shape {shape}"
-                if layer is not None
-                else f"a tensor of shape {shape}, which no weight has"
-            )
-            fail(type(self).__name__, "x", _WEIGHT_ONLY, _Described(received))
+        if any(d is None for d in shape):
+            fail(type(self).__name__, "x", _WEIGHT_ONLY, _Described(f"a tensor of shape {shape}, which no weight has"))
 
     def prox(self, x, step):
         """Proximal step of this penalty with step size ``step`` (e.g. the learning rate).
@@ -533,9 +476,8 @@ class CoupledGroupLasso(GroupSparseRegularizer):
         return total
 
     def __call__(self, x):
-        frame = _caller_frame(1)
-        self._check_weight(x, frame)
-        self.value_only = _read_for_proximal(self, frame)
+        self._check_weight(x)
+        value_only = self.value_only
         if self.scales and self._members is None:
             self.union_squares()  # raises: unlinked, this kernel's coupled groups would be missing from the loss
         view, sq = self._group_squares(x)
@@ -550,7 +492,7 @@ class CoupledGroupLasso(GroupSparseRegularizer):
             coupled = keras.ops.sum(keras.ops.convert_to_tensor(self.scales, union.dtype) * _safe_sqrt(union))
             value = value + self._times_multiplier(coupled, index=COUPLED_INDEX)
         # The anchor's term reads the other members too: stop the whole value.
-        return keras.ops.stop_gradient(value) if self.value_only else value
+        return keras.ops.stop_gradient(value) if value_only else value
 
     def gradient(self, x, multiplier=None):
         """The gradient of every coupled group and own group at ``x`` (the other members at their current values)."""
@@ -633,24 +575,7 @@ def group_sparse_penalties(model):
     package's (:class:`GroupSparseRegularizer`), read from the layers, so
     they are found before the layers are built.
     """
-    found = []
-    for layer in _all_layers(model):
-        for attribute in _PENALTY_ATTRIBUTES:
-            penalty = getattr(layer, attribute, None)
-            if isinstance(penalty, GroupSparseRegularizer):
-                found.append((f"{layer.name}.{attribute}", penalty))
-    return found
-
-
-_PENALTY_ATTRIBUTES = ("kernel_regularizer", "bias_regularizer", "depthwise_regularizer", "pointwise_regularizer")
-
-
-def _all_layers(model):
-    for layer in model.layers:
-        if isinstance(layer, keras.Model):
-            yield from _all_layers(layer)
-        else:
-            yield layer
+    return [(path, penalty) for path, _, penalty in _declared.group_sparse_penalties(model)]
 
 
 def link_penalty_multiplier(model, multiplier):
@@ -658,15 +583,20 @@ def link_penalty_multiplier(model, multiplier):
 
     The penalties then give ``m * (factor * group Lasso + l1 * Lasso)``, with
     ``m = multiplier[0]`` for input groups (feature selection) and
-    ``multiplier[1]`` for all others (coupled groups included), and read the variable at every step, so
-    changing it changes the strength
-    inside a compiled train step (what :class:`~keras_group_lasso.SparsityBudget`
-    does). :class:`~keras_group_lasso.GroupSparseModel` links its penalties to
-    its own ``penalty_multiplier``; use :func:`keras_group_lasso.set_penalty_multiplier`
+    ``multiplier[1]`` for all others (coupled groups included), and read the
+    variable at every step, so changing it changes the strength inside a
+    compiled train step. The variable must be a variable of ``model`` (so a
+    compiled JAX step receives it). Models made by
+    :func:`~keras_group_lasso.add_group_sparsity` are linked to their own
+    ``penalty_multiplier``; use :func:`keras_group_lasso.set_penalty_multiplier`
     to change it.
     """
-    for _, penalty in group_sparse_penalties(model):
-        penalty.multiplier = multiplier
+    found = _declared.declared_penalties(model)
+    if found is not None:
+        found.multiplier = multiplier
+        found.link()
+        return
+    _declared.declare_group_penalties(model, "link_penalty_multiplier", multiplier=multiplier)
 
 
 ALIASES = {

@@ -64,7 +64,8 @@ def test_training_ends_within_a_feature_budget(rng, optimizer):
     for key in ("budget_multiplier_input", "budget_multiplier_hidden", "budget_phase", "budget_over", "budget_cut"):
         assert len(history.history[key]) == 12
     # Only the input groups' strength was steered; at the latest the last fifth (3 epochs) trains without
-    # the penalties (earlier when the model is within the budget near the end of the schedule).
+    # the penalties (earlier when the model is within the budget near the end of the schedule). Each epoch's
+    # logs hold the strength that epoch trained with.
     start = history.history["budget_multiplier_hidden"].index(0.0)
     assert 4 <= start <= 9
     assert history.history["budget_multiplier_hidden"] == [1.0] * start + [0.0] * (12 - start)
@@ -334,7 +335,7 @@ def test_proximal_steps_with_the_multiplied_strength(rng):
         reference.train_on_batch(x, y)
     for a, b in zip(scaled.get_weights(), reference.get_weights()):
         np.testing.assert_allclose(a, b, atol=1e-6)
-    assert keras.ops.convert_to_numpy(scaled.optimizer.penalty_multiplier).tolist() == [3.0, 3.0]
+    assert keras.ops.convert_to_numpy(scaled.penalty_multiplier).tolist() == [3.0, 3.0]
 
 
 def test_the_multiplier_saves_and_a_resumed_budget_starts_from_it(rng, tmp_path):
@@ -358,9 +359,9 @@ def test_the_multiplier_saves_and_a_resumed_budget_starts_from_it(rng, tmp_path)
     "kwargs, message",
     [
         ({}, "argument `max_features` must be a budget"),
-        ({"max_features": True}, "argument `max_features` must be an int >= 0 .* received True"),
-        ({"max_units": -1}, "argument `max_units` must be an int >= 0 .* received -1"),
-        ({"max_params": 1.5}, r"argument `max_params` must be an int >= 0 \(a count\) or a float in \(0, 1\]"),
+        ({"max_features": True}, "argument `max_features` must be an int >= 1 .* received True"),
+        ({"max_units": -1}, "argument `max_units` must be an int >= 1 .* received -1"),
+        ({"max_params": 1.5}, r"argument `max_params` must be an int >= 1 \(a count\) or a float in \(0, 1\]"),
         ({"max_flops": "10"}, "argument `max_flops` must be .* received '10'"),
         ({"max_features": 3, "settle": 1.0}, r"argument `settle` must be a fraction in \[0, 1\); received 1.0"),
         ({"max_features": 3, "max_strength": 0.5}, "argument `max_strength` must be a number >= 1; received 0.5"),
@@ -382,12 +383,12 @@ def test_bad_arguments_are_named(kwargs, message):
         SparsityBudget(**kwargs)
 
 
-def test_a_model_whose_penalties_have_no_multiplier_is_refused_by_name(rng):
+def test_a_model_without_group_penalties_is_refused_by_name(rng):
     x, y = data(rng, n=32)
-    plain = keras.Sequential([keras.Input((12,)), keras.layers.Dense(1, kernel_regularizer=InputGroupLasso(1e-3))])
+    plain = keras.Sequential([keras.Input((12,)), keras.layers.Dense(1, kernel_regularizer="l2")])
     plain.compile("sgd", "mse")
-    with pytest.raises(InvalidParameterError, match="SparsityBudget: argument `model` must be a model made by "
-                                                    "add_group_sparsity"):
+    with pytest.raises(InvalidParameterError, match="SparsityBudget: argument `model` must be a model whose layers "
+                                                    "carry group penalties of keras_group_lasso"):
         plain.fit(x, y, verbose=0, callbacks=[SparsityBudget(max_features=3)])
     weak = mlp(factor=0.0)
     weak.compile("sgd", "mse")

@@ -26,6 +26,7 @@ from keras_group_lasso import (
 )
 from keras_group_lasso import optimizers as kgl_optimizers
 from keras_group_lasso.optimizers import weighted_sparse_group_soft_threshold
+from keras_group_lasso.declared import declare_group_penalties
 
 BACKEND = keras.backend.backend()
 
@@ -871,8 +872,15 @@ def penalty_total(model):
     return ops.sum(ops.stack([ops.cast(loss, "float32") for loss in model.losses]))
 
 
-def test_a_model_compiled_with_proximal_reads_its_penalties_as_values_without_gradient():
+@pytest.mark.parametrize("declared", [True, False])
+def test_a_model_compiled_with_proximal_reads_its_penalties_as_values_without_gradient(declared):
+    """Declared by their model, the penalties of a model compiled with `Proximal` give their value only.
+
+    Penalties no model declared keep their gradient (the proximal step then removes it).
+    """
     model = shrink_model()
+    if declared:
+        declare_group_penalties(model)
     closed_form = [np_penalty_gradient(w, reg) for w, reg in zip(kernels(model), penalties_of(model))]
     value = float(as_np(penalty_total(model)))
 
@@ -885,16 +893,21 @@ def test_a_model_compiled_with_proximal_reads_its_penalties_as_values_without_gr
     for optimizer in (Proximal(keras.optimizers.SGD(LR)),
                       keras.optimizers.LossScaleOptimizer(Proximal(keras.optimizers.SGD(LR)))):
         model.compile(optimizer, "mean_squared_error")
-        assert all(not g.any() for g in penalty_gradients())  # the proximal step applies them
         assert float(as_np(penalty_total(model))) == pytest.approx(value, rel=1e-6)  # the value is the same
-        assert all(p.value_only for p in penalties_of(model))
+        assert all(p.value_only == declared for p in penalties_of(model))
+        if declared:
+            assert all(not g.any() for g in penalty_gradients())  # the proximal step applies them
+        else:
+            for got, want in zip(penalty_gradients(), closed_form):
+                np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
     model.compile(keras.optimizers.SGD(LR), "mean_squared_error")  # another optimizer: the gradient again
     for got, want in zip(penalty_gradients(), closed_form):
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
     assert not any(p.value_only for p in penalties_of(model))
 
 
-@pytest.mark.parametrize("how", ["not compiled", "compiled", "compiled, layers' losses"])
+@pytest.mark.parametrize("how", ["not compiled", "compiled", "compiled, layers' losses", "declared, compiled",
+                                 "declared, not compiled", "declared, compiled, layers' losses"])
 def test_a_custom_loop_step_equals_a_fit_step(how):
     """Gradient of loss + penalties by hand, then `Proximal.apply`: the step `fit` takes, however the penalties were read.
 
@@ -908,12 +921,14 @@ def test_a_custom_loop_step_equals_a_fit_step(how):
     reference.fit(x, y, batch_size=16, epochs=1, verbose=0, shuffle=False)
 
     model = shrink_model()
+    if how.startswith("declared"):
+        declare_group_penalties(model)
     optimizer = Proximal(keras.optimizers.SGD(LR))
-    if how != "not compiled":
+    if "not compiled" not in how:
         model.compile(optimizer, "mean_squared_error")
 
     def penalties():
-        if how == "compiled, layers' losses":
+        if how.endswith("layers' losses"):
             return ops.sum(ops.stack([loss for layer in model.layers for loss in layer.losses]))
         return penalty_total(model)
 
@@ -921,7 +936,8 @@ def test_a_custom_loop_step_equals_a_fit_step(how):
         return keras.losses.MeanSquaredError()(y, model(x)) + penalties()
 
     grads = _autodiff.model_gradients(model, total)
-    assert all(p.value_only == (how == "compiled") for p in penalties_of(model))
+    value_only = how.startswith("declared") and "not compiled" not in how
+    assert all(p.value_only == value_only for p in penalties_of(model))
     optimizer.apply([ops.convert_to_tensor(g) for g in grads], model.trainable_variables)
     # A penalty counted twice or not at all moves these weights by ~lr * 0.05, far beyond the tolerance.
     for got, want in zip(kernels(model), kernels(reference)):

@@ -17,7 +17,9 @@ from keras_group_lasso import (
     InvalidParameterError,
     SparseGroupLasso,
 )
+from keras_group_lasso import optimizers as kgl_optimizers
 from keras_group_lasso import regularizers as kgl_regularizers
+from keras_group_lasso import add_group_sparsity
 
 ALL_CLASSES = [GroupLasso, SparseGroupLasso, InputGroupLasso, HiddenGroupLasso]
 
@@ -271,18 +273,6 @@ def test_torch_compile_traces_every_penalty_whole():
             assert float(a) == pytest.approx(float(b), rel=1e-6)
 
 
-@pytest.mark.skipif(keras.backend.backend() != "torch", reason="torch.compile")
-def test_activity_regularizer_use_is_refused_under_torch_compile(rng):
-    model = keras.Sequential(
-        [keras.Input((4,)), keras.layers.Dense(3, activity_regularizer=GroupLasso(0.1), name="hidden"),
-         keras.layers.Dense(1)]
-    )
-    model.compile(optimizer="sgd", loss="mse", jit_compile=True)
-    x = rng.random((8, 4)).astype("float32")
-    with pytest.raises(InvalidParameterError, match="GroupLasso: " + _ACTIVITY_MESSAGE):
-        model.fit(x, np.ones((8, 1)), epochs=1, batch_size=8, verbose=0)
-
-
 @pytest.mark.parametrize("policy", ["float16", "bfloat16", "mixed_float16", "mixed_bfloat16"])
 def test_mixed_precision(policy, rng):
     previous = keras.config.dtype_policy()
@@ -310,34 +300,44 @@ _ACTIVITY_MESSAGE = (
 )
 
 
-@pytest.mark.parametrize("cls", ALL_CLASSES)
-def test_activity_regularizer_use_is_refused_when_training(cls, rng):
-    model = keras.Sequential(
+def _with_activity_penalty(cls):
+    return keras.Sequential(
         [keras.Input((4,)), keras.layers.Dense(3, activity_regularizer=cls(0.1), name="hidden"), keras.layers.Dense(1)]
     )
-    model.compile(optimizer="sgd", loss="mse")
-    x = rng.random((8, 4)).astype("float32")
-    with pytest.raises(InvalidParameterError, match=cls.__name__ + ": " + _ACTIVITY_MESSAGE + r"shape \("):
-        model.fit(x, np.ones((8, 1)), epochs=1, batch_size=8, verbose=0)
 
 
-def test_activity_regularizer_use_is_refused_in_an_eager_call(rng):
-    inputs = keras.Input((4,))
-    outputs = keras.layers.Dense(3, activity_regularizer=GroupLasso(0.1), name="hidden")(inputs)
-    model = keras.Model(inputs, outputs)
-    with pytest.raises(InvalidParameterError, match="GroupLasso: " + _ACTIVITY_MESSAGE + r"shape \(2, 3\)\."):
-        model(rng.random((2, 4)).astype("float32"))
+@pytest.mark.parametrize("cls", ALL_CLASSES)
+@pytest.mark.parametrize("declare", ["add_group_sparsity", "set_penalty_multiplier", "SparsityBudget"])
+def test_activity_regularizer_use_is_refused_where_a_model_declares_its_penalties(cls, declare, rng):
+    """A penalty is a pure function of its input: the model that declares it tells a weight from an output."""
+    from keras_group_lasso import SparsityBudget, set_penalty_multiplier
+
+    model = _with_activity_penalty(cls)
+    message = (cls.__name__ + ": " + _ACTIVITY_MESSAGE.split("received the output")[0]
+               + r"received the activity_regularizer of layer 'hidden' \(Dense\)\.")
+    with pytest.raises(InvalidParameterError, match=message):
+        if declare == "add_group_sparsity":
+            add_group_sparsity(model, 1e-3)
+        elif declare == "set_penalty_multiplier":
+            set_penalty_multiplier(model, 2.0)
+        else:
+            model.compile(optimizer="sgd", loss="mse")
+            x = rng.random((8, 4)).astype("float32")
+            model.fit(x, np.ones((8, 1)), epochs=1, verbose=0, callbacks=[SparsityBudget(max_units=2)])
 
 
-def test_activity_regularizer_use_is_refused_for_a_subclass_that_calls_super(rng):
-    class Logged(GroupLasso):
-        def __call__(self, x):
-            return super().__call__(x)
+def test_a_penalty_reads_no_call_stack():
+    """The value is a function of the weight and the declared state: called from anywhere, the same number."""
+    import inspect
 
-    layer = keras.layers.Dense(3, activity_regularizer=Logged(0.1), name="hidden")
-    with pytest.raises(InvalidParameterError, match="Logged: " + _ACTIVITY_MESSAGE):
-        layer(rng.random((2, 4)).astype("float32"))
-    assert float(keras.ops.convert_to_numpy(Logged(0.1)(layer.kernel))) > 0  # a weight is still fine
+    source = inspect.getsource(kgl_regularizers) + inspect.getsource(kgl_optimizers)
+    assert "_getframe" not in source and "inspect.stack" not in source and "f_back" not in source
+    penalty = GroupLasso(0.1)
+    x = np.arange(12, dtype="float32").reshape(3, 4)
+    first = float(ops.convert_to_numpy(penalty(x)))
+    assert first == pytest.approx(np_group_lasso(x, 0.1), rel=1e-6)
+    assert float(ops.convert_to_numpy(penalty(keras.Variable(x)))) == first
+    assert not penalty.value_only and penalty.declared is None
 
 
 @pytest.mark.parametrize("cls", ALL_CLASSES)

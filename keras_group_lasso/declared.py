@@ -1,0 +1,245 @@
+"""The group penalties a model declares, and their state: one object that everything reads.
+
+A model's group-sparse penalties (this package's regularizers on its layers)
+share one strength multiplier ``(input groups, other groups)`` and, while a
+:class:`~keras_group_lasso.SparsityBudget` steers them, the budget's progress.
+Both are *model state*: non-trainable variables saved with the model's weights
+(``model.save``, ``save_weights``, ``keras.callbacks.BackupAndRestore``,
+``ModelCheckpoint``), so a training resumed from them goes on where it was.
+:class:`GroupPenalties` is that declaration. The penalties read their strength
+from it, :class:`~keras_group_lasso.Proximal` reads it for its proximal steps,
+the budget writes it, and nothing keeps a copy.
+
+Where the variables live:
+
+* a model made by :func:`~keras_group_lasso.add_group_sparsity` (a
+  ``GroupSparseModel`` or ``GroupSparseSequential``) holds the multiplier as
+  its own weight ``penalty_multiplier`` and the rest in its
+  ``group_penalty_state`` layer; its config declares both, so
+  ``keras.saving.load_model`` restores them;
+* any other model whose layers carry this package's penalties gets a
+  ``group_penalty_state`` layer set as its attribute when something first
+  needs the state (``SparsityBudget``, ``set_penalty_multiplier``): saved by
+  ``save``, ``save_weights`` and ``BackupAndRestore`` and restored by
+  ``load_weights`` into a model that declared it (a budget declares it before
+  ``BackupAndRestore`` restores); a plain model read back by ``load_model``
+  (whose config knows nothing of it) starts again at strength 1. A Functional
+  model counts its variables among its weights (``model.get_weights()`` has
+  two more arrays); on JAX a plain Sequential cannot carry them into the
+  compiled step and is refused (use ``add_group_sparsity``).
+"""
+
+import weakref
+
+import keras
+import numpy as np
+
+from keras_group_lasso._validation import fail
+
+__all__ = ["GroupPenalties", "PenaltyState", "declare_group_penalties", "declared_penalties", "BUDGET_STATE_SIZE"]
+
+BUDGET_STATE_SIZE = 16
+_ATTRIBUTE = "_group_penalties"
+_PENALTY_ATTRIBUTES = ("kernel_regularizer", "bias_regularizer", "depthwise_regularizer", "pointwise_regularizer")
+
+
+@keras.saving.register_keras_serializable(package="keras_group_lasso", name="PenaltyState")
+class PenaltyState(keras.layers.Layer):
+    """Non-trainable state of a model's group penalties (not a layer of its graph; never called on data).
+
+    Attributes:
+        multiplier: ``(2,)`` strength multiplier (input groups, other groups),
+            or ``None`` where the model holds it itself (``penalty_multiplier``).
+        budget: ``(BUDGET_STATE_SIZE,)`` float32, the progress of a
+            :class:`~keras_group_lasso.SparsityBudget` (zeros: none started).
+    """
+
+    def __init__(self, with_multiplier=True, **kwargs):
+        kwargs.setdefault("name", "group_penalty_state")
+        super().__init__(trainable=False, **kwargs)
+        self.with_multiplier = bool(with_multiplier)
+        self.multiplier = None
+        if self.with_multiplier:
+            self.multiplier = self.add_weight(shape=(2,), initializer="ones", trainable=False, name="multiplier",
+                                              dtype="float32")
+        self.budget = self.add_weight(shape=(BUDGET_STATE_SIZE,), initializer="zeros", trainable=False,
+                                      name="budget", dtype="float32")
+        self.built = True
+
+    def call(self, inputs):
+        return inputs
+
+    def load_own_variables(self, store):
+        # Files written before this state existed have none: keep the initial values.
+        if len(store.keys()) == 0:
+            return
+        super().load_own_variables(store)
+
+    def get_config(self):
+        config = super().get_config()
+        config["with_multiplier"] = self.with_multiplier
+        return config
+
+
+def _unwrapped(optimizer):
+    if isinstance(optimizer, keras.optimizers.LossScaleOptimizer):
+        return optimizer.inner_optimizer
+    return optimizer
+
+
+def _layers(model):
+    for layer in model.layers:
+        if isinstance(layer, keras.Model):
+            yield from _layers(layer)
+        else:
+            yield layer
+
+
+def group_sparse_penalties(model):
+    """``[(path, layer, penalty)]``: this package's penalties on the layers of ``model`` (nested models too)."""
+    from keras_group_lasso.regularizers import GroupSparseRegularizer
+
+    found = []
+    for layer in _layers(model):
+        for attribute in _PENALTY_ATTRIBUTES:
+            penalty = getattr(layer, attribute, None)
+            if isinstance(penalty, GroupSparseRegularizer):
+                found.append((f"{layer.name}.{attribute}", layer, penalty))
+    return found
+
+
+class GroupPenalties:
+    """The group-sparse penalties of one model and their shared state (see the module docstring).
+
+    Attributes:
+        multiplier: the ``(2,)`` ``keras.Variable`` every penalty of the model
+            scales its strength by: entry 0 for input groups, 1 for the others.
+        state: the :class:`PenaltyState` layer (``state.budget``: a budget's progress).
+    """
+
+    def __init__(self, model, multiplier, state):
+        self._model = weakref.ref(model)
+        self.multiplier = multiplier
+        self.state = state
+
+    @property
+    def model(self):
+        return self._model()
+
+    def penalties(self):
+        """``[(path, layer, penalty)]`` of the model, read now (layers added later count too)."""
+        model = self.model
+        return [] if model is None else group_sparse_penalties(model)
+
+    def applied_by_optimizer(self):
+        """Whether the model's optimizer applies the penalties itself (``Proximal``: by their proximal step).
+
+        The penalties then give their value to the loss without a gradient;
+        :class:`~keras_group_lasso.Proximal` reads the same answer, so a
+        penalty gradient is never counted twice or not at all.
+        """
+        model = self.model
+        optimizer = _unwrapped(getattr(model, "optimizer", None)) if model is not None else None
+        return bool(getattr(optimizer, "applies_group_penalties", False))
+
+    def multiplier_values(self):
+        """The multiplier now, as two Python floats."""
+        return [float(v) for v in keras.ops.convert_to_numpy(self.multiplier)]
+
+    def set_multiplier(self, input=None, hidden=None):
+        """Set the entries given (``None`` keeps one); read by the next training step, nothing retraced."""
+        current = self.multiplier_values()
+        for index, given in enumerate((input, hidden)):
+            if given is not None:
+                current[index] = float(given)
+        # Numbers, not one array shared with another variable: JAX donates each buffer once.
+        self.multiplier.assign(np.asarray(current, dtype="float32"))
+
+    def budget_values(self):
+        return np.asarray(keras.ops.convert_to_numpy(self.state.budget), dtype="float32").copy()
+
+    def set_budget_values(self, values):
+        self.state.budget.assign(np.asarray(values, dtype="float32"))
+
+    def link(self):
+        """Point every penalty of the model at this declaration and link the coupled ones to each other."""
+        from keras_group_lasso.regularizers import CoupledGroupLasso, link_coupled_penalties
+
+        model = self.model
+        _refuse_activity_penalties(model)
+        for _, _, penalty in self.penalties():
+            penalty.declared = self
+        members = [(v, v.regularizer) for v in model.weights
+                   if isinstance(getattr(v, "regularizer", None), CoupledGroupLasso)]
+        if members:
+            link_coupled_penalties(members)
+
+
+def _refuse_activity_penalties(model):
+    from keras_group_lasso.regularizers import GroupSparseRegularizer
+
+    for layer in _layers(model):
+        penalty = getattr(layer, "activity_regularizer", None)
+        if isinstance(penalty, GroupSparseRegularizer):
+            fail(type(penalty).__name__, "x",
+                 "a weight (a kernel or a bias): a group penalty sums over the rows of a weight, so use it as "
+                 "kernel_regularizer or bias_regularizer; as activity_regularizer it would receive the layer's "
+                 "output and group the samples of a batch",
+                 _Described(f"the activity_regularizer of layer '{layer.name}' ({type(layer).__name__})"))
+
+
+class _Described:
+    def __init__(self, text):
+        self.text = text
+
+    def __repr__(self):
+        return self.text
+
+
+def declared_penalties(model):
+    """The :class:`GroupPenalties` ``model`` declared, or ``None`` (nothing needed its state yet)."""
+    found = getattr(model, _ATTRIBUTE, None)
+    return found if isinstance(found, GroupPenalties) and found.model is model else None
+
+
+def declare_group_penalties(model, owner="declare_group_penalties", multiplier=None, state=None):
+    """The :class:`GroupPenalties` of ``model``, declared now if it has none yet (see the module docstring).
+
+    Args:
+        model: a Keras model whose layers carry this package's penalties.
+        owner: the public name that asked (for the error message).
+        multiplier: the model's own ``(2,)`` multiplier variable, if it has one.
+        state: the model's own :class:`PenaltyState`, if it has one.
+
+    Raises:
+        InvalidParameterError: ``model`` is not a ``keras.Model`` or none of
+            its layers carries a penalty of this package, or one is a layer's
+            ``activity_regularizer``.
+    """
+    if not isinstance(model, keras.Model):
+        fail(owner, "model", "a keras.Model", model)
+    _refuse_activity_penalties(model)
+    found = declared_penalties(model)
+    if found is None:
+        if multiplier is None:
+            penalties = group_sparse_penalties(model)
+            if not penalties:
+                fail(owner, "model", "a model whose layers carry group penalties of keras_group_lasso (e.g. "
+                     "kernel_regularizer=SparseGroupLasso(1e-4), or a model made by add_group_sparsity)", model)
+            if state is None:
+                state = getattr(model, "group_penalty_state", None)
+            if not isinstance(state, PenaltyState):
+                state = PenaltyState(with_multiplier=True)
+                model.group_penalty_state = state
+            if keras.backend.backend() == "jax" and not any(v is state.multiplier
+                                                           for v in model.non_trainable_variables):
+                # A compiled JAX step receives the model's variables only; a plain Sequential does not
+                # count a layer set as its attribute among them, so a new strength would never arrive.
+                fail(owner, "model", "on the JAX backend, a Functional model or one made by add_group_sparsity "
+                     "(a plain Sequential cannot carry the penalties' strength into a compiled JAX step: "
+                     "use keras_group_lasso.add_group_sparsity(model) or the functional API)", model)
+            multiplier = state.multiplier
+        found = GroupPenalties(model, multiplier, state)
+        object.__setattr__(model, _ATTRIBUTE, found)
+    found.link()
+    return found
