@@ -895,7 +895,7 @@ def _ranked_groups(model, roles, cut_before=frozenset()):
         strongest = int(np.argmax(rms))
         keys = penalty.coupled if isinstance(penalty, CoupledGroupLasso) else (-1,) * view[-2]
         for row, key in enumerate(keys):
-            if ("input" if key < 0 and penalty.role == "input" else "hidden") not in roles:
+            if ("input" if key < 0 and penalty.group_role == "input" else "hidden") not in roles:
                 continue
             score = -1.0 if (variable.path, row) in cut_before else rms[row] / scale
             if key >= 0:

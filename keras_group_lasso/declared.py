@@ -121,6 +121,11 @@ class GroupPenalties:
         self._model = weakref.ref(model)
         self.multiplier = multiplier
         self.state = state
+        self._roles = {}
+
+    def role_of(self, penalty):
+        """``"input"`` for the kernel penalty of a layer that reads the model's input, else ``"hidden"``."""
+        return self._roles.get(id(penalty), "hidden")
 
     @property
     def model(self):
@@ -167,8 +172,18 @@ class GroupPenalties:
 
         model = self.model
         _refuse_activity_penalties(model)
-        for _, _, penalty in self.penalties():
+        from keras_group_lasso.analysis import dense_roles
+        from keras_group_lasso._validation import InvalidParameterError
+
+        try:
+            roles = {name.split("/")[-1]: role for name, role in dense_roles(model).items()}
+        except InvalidParameterError:  # a model whose graph cannot be read: every group counts as hidden
+            roles = {}
+        self._roles = {}
+        for path, layer, penalty in self.penalties():
             penalty.declared = self
+            if not path.endswith(".bias_regularizer") and roles.get(layer.name) == "input":
+                self._roles[id(penalty)] = "input"
         members = [(v, v.regularizer) for v in model.weights
                    if isinstance(getattr(v, "regularizer", None), CoupledGroupLasso)]
         if members:

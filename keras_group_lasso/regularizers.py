@@ -125,9 +125,17 @@ class GroupSparseRegularizer(keras.regularizers.Regularizer):
         return self.declared is not None and self.declared.applied_by_optimizer()
 
     @property
+    def group_role(self):
+        """``"input"`` or ``"hidden"``: :attr:`role`, or for ``"any"`` what the declaring model's graph says
+        of the kernel (a kernel that reads the model's input holds input groups); ``"hidden"`` otherwise."""
+        if self.role != "any":
+            return self.role
+        return self.declared.role_of(self) if self.declared is not None else "hidden"
+
+    @property
     def multiplier_index(self):
         """Which entry of a ``(2,)`` strength multiplier scales this penalty: 0 for input groups, else 1."""
-        return 0 if self.role == "input" else 1
+        return 0 if self.group_role == "input" else 1
 
     def _times_multiplier(self, value, multiplier=None, index=None):
         """``value`` times its entry of the strength multiplier (``multiplier`` if given, else the linked one)."""

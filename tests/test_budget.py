@@ -397,8 +397,8 @@ def test_a_model_without_group_penalties_is_refused_by_name(rng):
     with pytest.raises(InvalidParameterError, match="set_penalty_multiplier: argument `value` must be a finite "
                                                     r"number >= 0 or None; received -1\.0"):
         set_penalty_multiplier(mlp(), -1)
-    with pytest.raises(InvalidParameterError, match="set_penalty_multiplier: argument `model` must be a model made "
-                                                    "by add_group_sparsity"):
+    with pytest.raises(InvalidParameterError, match="set_penalty_multiplier: argument `model` must be a model whose "
+                                                    "layers carry group penalties"):
         set_penalty_multiplier(plain, 2.0)
 
 

@@ -1,0 +1,160 @@
+"""State between the pieces: a budget's run resumed, stopped early or steered by hand ends where it should.
+
+Each training here is deterministic (no shuffling, no dropout), so a training
+interrupted and resumed from what a checkpoint saved must end with the weights,
+the zeros and the strength of the uninterrupted one.
+"""
+
+import warnings
+
+import keras
+import numpy as np
+import pytest
+
+from keras_group_lasso import Proximal, SparsityBudget, add_group_sparsity, sparsity_report
+from keras_group_lasso.declared import declared_penalties
+
+EPOCHS = 10
+SETTLE = 0.3  # the search is epochs 0-6, settling 7-9
+
+
+class Interrupt(Exception):
+    pass
+
+
+def data():
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(256, 12)).astype("float32")
+    y = (x[:, :3].sum(axis=1) > 0).astype("float32")
+    return x, y
+
+
+def build(kind="add_group_sparsity"):
+    keras.utils.set_random_seed(0)
+    if kind == "add_group_sparsity":
+        model = add_group_sparsity(keras.Sequential([keras.Input((12,)), keras.layers.Dense(8, activation="relu"),
+                                                     keras.layers.Dense(1, activation="sigmoid")]), 2e-3)
+    else:  # the plain way: penalties on the layers of a functional model
+        from keras_group_lasso import SparseGroupLasso
+
+        inputs = keras.Input((12,))
+        hidden = keras.layers.Dense(8, activation="relu", kernel_regularizer=SparseGroupLasso(2e-3))(inputs)
+        outputs = keras.layers.Dense(1, activation="sigmoid", kernel_regularizer=SparseGroupLasso(2e-3))(hidden)
+        model = keras.Model(inputs, outputs)
+    model.compile(Proximal(keras.optimizers.SGD(0.1, momentum=0.9)), "binary_crossentropy")
+    return model
+
+
+def budget():
+    return SparsityBudget(max_features=4, settle=SETTLE)
+
+
+def train(model, callbacks, initial_epoch=0):
+    x, y = data()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return model.fit(x, y, epochs=EPOCHS, batch_size=64, shuffle=False, verbose=0, callbacks=callbacks,
+                         initial_epoch=initial_epoch)
+
+
+def stop_at(epoch):
+    def raise_at(index, logs=None):
+        if index == epoch:
+            raise Interrupt(epoch)
+
+    return keras.callbacks.LambdaCallback(on_epoch_begin=raise_at)
+
+
+def outcome(model):
+    weights = [np.asarray(w) for w in model.get_weights()]
+    return weights, declared_penalties(model).multiplier_values()
+
+
+def assert_same(got, want):
+    (weights, multiplier), (ref_weights, ref_multiplier) = got, want
+    assert multiplier == pytest.approx(ref_multiplier, rel=1e-6, abs=1e-7)
+    for a, b in zip(weights, ref_weights):
+        np.testing.assert_array_equal(a == 0.0, b == 0.0)
+        np.testing.assert_allclose(a, b, atol=1e-6, rtol=0)
+
+
+@pytest.fixture(scope="module")
+def uninterrupted():
+    found = {}
+    for kind in ("add_group_sparsity", "functional"):
+        model = build(kind)
+        train(model, [budget()])
+        found[kind] = outcome(model)
+        assert sparsity_report(model).n_selected_features <= 4
+    return found
+
+
+@pytest.mark.parametrize("interrupt", [3, 8], ids=["searching", "settling"])
+@pytest.mark.parametrize("budget_first", [True, False], ids=["budget first", "backup first"])
+def test_backup_and_restore_resumes_a_budget_exactly(uninterrupted, tmp_path, interrupt, budget_first):
+    def callbacks(*extra):
+        backup = keras.callbacks.BackupAndRestore(str(tmp_path / "backup"))
+        ordered = [budget(), backup] if budget_first else [backup, budget()]
+        return ordered + list(extra)
+
+    with pytest.raises(Interrupt):
+        train(build(), callbacks(stop_at(interrupt)))
+    resumed = build()  # a new process would build the model again: nothing survives but the backup
+    train(resumed, callbacks())
+    assert_same(outcome(resumed), uninterrupted["add_group_sparsity"])
+
+
+def test_backup_and_restore_resumes_a_budget_on_a_plain_functional_model(uninterrupted, tmp_path):
+    def callbacks(*extra):
+        return [keras.callbacks.BackupAndRestore(str(tmp_path / "backup")), budget(), *extra]
+
+    with pytest.raises(Interrupt):
+        train(build("functional"), callbacks(stop_at(8)))
+    resumed = build("functional")
+    train(resumed, callbacks())
+    assert_same(outcome(resumed), uninterrupted["functional"])
+
+
+@pytest.mark.parametrize("interrupt", [3, 8], ids=["searching", "settling"])
+@pytest.mark.parametrize("budget_first", [True, False], ids=["budget first", "checkpoint first"])
+def test_a_checkpoint_loaded_with_load_model_resumes_a_budget_exactly(uninterrupted, tmp_path, interrupt,
+                                                                       budget_first):
+    path = str(tmp_path / "epoch{epoch:02d}.keras")
+    checkpoint = keras.callbacks.ModelCheckpoint(path, save_freq="epoch")
+    callbacks = [budget(), checkpoint] if budget_first else [checkpoint, budget()]
+    with pytest.raises(Interrupt):
+        train(build(), callbacks + [stop_at(interrupt)])
+    resumed = keras.saving.load_model(str(tmp_path / f"epoch{interrupt:02d}.keras"))
+    train(resumed, [budget()], initial_epoch=interrupt)
+    assert_same(outcome(resumed), uninterrupted["add_group_sparsity"])
+
+
+def test_early_stopping_that_restores_earlier_weights_still_ends_within_the_budget():
+    model = build()
+    # "Best" is the epoch with the most features: the first, before the budget removed any.
+    stop = keras.callbacks.EarlyStopping(monitor="budget_features", mode="max", patience=100,
+                                         restore_best_weights=True)
+    with pytest.warns(RuntimeWarning, match="a callback after it gave the model weights over its budget"):
+        x, y = data()
+        model.fit(x, y, epochs=EPOCHS, batch_size=64, shuffle=False, verbose=0,
+                  callbacks=[SparsityBudget(max_features=2, settle=SETTLE), stop])
+    assert stop.best_epoch == 0
+    assert sparsity_report(model).n_selected_features <= 2
+    assert "on_train_end" not in vars(model.history)  # the check ran once, after every callback
+
+
+def test_assigning_the_multiplier_directly_reaches_the_proximal_step():
+    x, y = data()
+    model, reference = build(), build()
+    model.penalty_multiplier.assign(np.zeros(2, "float32"))  # no strength: Proximal must not shrink anything
+    for layer in reference.layers:  # the same as penalties of strength 0
+        layer.kernel_regularizer.factor = layer.kernel_regularizer.l1 = 0.0
+        layer.bias_regularizer.factor = layer.bias_regularizer.l1 = 0.0
+    for each in (model, reference):
+        each.fit(x, y, epochs=3, batch_size=64, shuffle=False, verbose=0)
+    for a, b in zip(model.get_weights(), reference.get_weights()):
+        np.testing.assert_allclose(a, b, atol=1e-6, rtol=0)
+    # And a strength set in the middle of training reaches the next step.
+    model.penalty_multiplier.assign(np.full(2, 50.0, "float32"))
+    model.fit(x, y, epochs=1, batch_size=64, shuffle=False, verbose=0)
+    assert sparsity_report(model).n_selected_features < 12
