@@ -2,6 +2,7 @@
 
 import dataclasses
 import math
+import warnings
 
 import keras
 import numpy as np
@@ -316,7 +317,11 @@ def add_group_sparsity(model, factor=1e-3, *, l1=None, input_factor=None, penalt
     group_weight = check_choice(owner, "group_weight", group_weight, _GROUP_WEIGHTS)
     _check_graph_model(owner, model)
     roles = _roles_by_layer(owner, model)
+    if not roles:
+        fail(owner, "model", "a model with at least one Dense or convolution layer (the layers group penalties "
+             "go on); the copy would have no penalty", model)
     input_l1 = l1 if penalty == "sgl" else 0.0
+    replaced = []
 
     graph = model_graph(model)
     coupled = _coupling(graph, factor, input_factor)
@@ -340,6 +345,12 @@ def add_group_sparsity(model, factor=1e-3, *, l1=None, input_factor=None, penalt
                 penalty_of = lambda: InputGroupLasso(own, l1=input_l1, channels=channels)  # noqa: E731
             else:
                 penalty_of = lambda: HiddenGroupLasso(own, l1=l1, channels=channels)  # noqa: E731
+            attributes = (("depthwise_regularizer", "pointwise_regularizer") if registry.is_separable(layer)
+                          else ("kernel_regularizer",)) + (("bias_regularizer",) if bias and layer.use_bias else ())
+            for attribute in attributes:
+                existing = getattr(layer, attribute, None)
+                if existing is not None and not isinstance(existing, GroupSparseRegularizer):
+                    replaced.append(f"{name}.{attribute} ({type(existing).__name__})")
             if registry.is_separable(layer):
                 # Input channel c's outgoing weights: depthwise[..., c, :] and pointwise[..., c, :].
                 config["depthwise_regularizer"] = penalty_of()
@@ -353,6 +364,13 @@ def add_group_sparsity(model, factor=1e-3, *, l1=None, input_factor=None, penalt
         return type(layer).from_config(config)
 
     copy = keras.models.clone_model(model, clone_function=clone, recursive=True)
+    if replaced:
+        warnings.warn(
+            f"{owner}: the group penalties replace the regularizers these layers had: {', '.join(replaced)}. "
+            "To keep one as well, add it to the copy's layer (a layer holds one regularizer per weight).",
+            UserWarning,
+            stacklevel=2,
+        )
     if isinstance(copy, keras.Sequential) and not coupled.members:
         copy = GroupSparseSequential.from_config(copy.get_config())
     else:  # the functional copy's own input and output structures (a dict stays a dict)

@@ -41,8 +41,9 @@ How the pieces fit (Keras 3; TensorFlow, JAX and PyTorch):
   losses do, so the replicas' gradients sum to the penalties' once.
 * A ``Proximal`` instance belongs to the variables it was built with, like
   every Keras optimizer. Compiling it into a second model is refused with a
-  clear error on every backend (TensorFlow would raise its own error, JAX would
-  silently apply the first model's penalties).
+  clear error on TensorFlow and PyTorch (which pass the variables), and on JAX
+  (which passes their values only) when the second model's variables differ
+  in number or shape; give each model its own optimizer.
 """
 
 import math

@@ -158,3 +158,31 @@ def test_assigning_the_multiplier_directly_reaches_the_proximal_step():
     model.penalty_multiplier.assign(np.full(2, 50.0, "float32"))
     model.fit(x, y, epochs=1, batch_size=64, shuffle=False, verbose=0)
     assert sparsity_report(model).n_selected_features < 12
+
+
+def test_add_group_sparsity_says_which_regularizers_it_replaces_and_refuses_a_model_with_nothing_to_penalise():
+    from keras_group_lasso import InvalidParameterError
+
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(3, kernel_regularizer="l2", name="a"),
+                              keras.layers.Dense(1, name="b")])
+    with pytest.warns(UserWarning, match=r"replace the regularizers these layers had: a\.kernel_regularizer \(L2\)"):
+        add_group_sparsity(model, 1e-3)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        add_group_sparsity(keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)]), 1e-3)  # nothing replaced
+    nothing = keras.Sequential([keras.Input((4,)), keras.layers.Activation("relu")])
+    with pytest.raises(InvalidParameterError, match="add_group_sparsity: argument `model` must be a model with at "
+                                                    "least one Dense or convolution layer"):
+        add_group_sparsity(nothing, 1e-3)
+
+
+def test_a_count_budget_of_zero_is_refused_and_one_above_the_model_says_so():
+    from keras_group_lasso import InvalidParameterError
+
+    for kwargs in ({"max_features": 0}, {"max_units": 0}):
+        with pytest.raises(InvalidParameterError, match="must be an int >= 1"):
+            SparsityBudget(**kwargs)
+    model = build()
+    x, y = data()
+    with pytest.warns(RuntimeWarning, match=r"max_features=1000 \(the model has 12\): the dense model is within it"):
+        model.fit(x, y, epochs=2, verbose=0, callbacks=[SparsityBudget(max_features=1000)])

@@ -785,6 +785,8 @@ def test_recompiling_after_proximal_trains_with_the_penalty_gradient():
         assert np.all(moved[live] > 0.05)
 
 
+@pytest.mark.skipif(BACKEND == "jax", reason="a compiled JAX step passes values, not variables: a second model "
+                    "of the same shapes cannot be told from the first without reading the call stack")
 def test_one_proximal_compiled_into_two_models_is_refused():
     optimizer = Proximal(keras.optimizers.SGD(0.1))
     first = shrink_model()
