@@ -250,7 +250,7 @@ def declare_group_penalties(model, owner="declare_group_penalties", multiplier=N
                                                            for v in model.non_trainable_variables):
                 # A compiled JAX step receives the model's variables only; a plain Sequential does not
                 # count a layer set as its attribute among them, so a new strength would never arrive.
-                fail(owner, "model", "on the JAX backend, a Functional model or one made by add_group_sparsity "
+                fail(owner, "model", "a Functional model or one made by add_group_sparsity, on the JAX backend "
                      "(a plain Sequential cannot carry the penalties' strength into a compiled JAX step: "
                      "use keras_group_lasso.add_group_sparsity(model) or the functional API)", model)
             multiplier = state.multiplier

@@ -78,20 +78,22 @@ def assert_same(got, want):
         np.testing.assert_allclose(a, b, atol=1e-6, rtol=0)
 
 
-@pytest.fixture(scope="module")
-def uninterrupted():
-    found = {}
-    for kind in ("add_group_sparsity", "functional"):
+_UNINTERRUPTED = {}
+
+
+def uninterrupted(kind="add_group_sparsity"):
+    """The outcome of the training without an interruption (trained once per kind)."""
+    if kind not in _UNINTERRUPTED:
         model = build(kind)
         train(model, [budget()])
-        found[kind] = outcome(model)
         assert sparsity_report(model).n_selected_features <= 4
-    return found
+        _UNINTERRUPTED[kind] = outcome(model)
+    return _UNINTERRUPTED[kind]
 
 
 @pytest.mark.parametrize("interrupt", [3, 8], ids=["searching", "settling"])
 @pytest.mark.parametrize("budget_first", [True, False], ids=["budget first", "backup first"])
-def test_backup_and_restore_resumes_a_budget_exactly(uninterrupted, tmp_path, interrupt, budget_first):
+def test_backup_and_restore_resumes_a_budget_exactly(tmp_path, interrupt, budget_first):
     def callbacks(*extra):
         backup = keras.callbacks.BackupAndRestore(str(tmp_path / "backup"))
         ordered = [budget(), backup] if budget_first else [backup, budget()]
@@ -101,10 +103,10 @@ def test_backup_and_restore_resumes_a_budget_exactly(uninterrupted, tmp_path, in
         train(build(), callbacks(stop_at(interrupt)))
     resumed = build()  # a new process would build the model again: nothing survives but the backup
     train(resumed, callbacks())
-    assert_same(outcome(resumed), uninterrupted["add_group_sparsity"])
+    assert_same(outcome(resumed), uninterrupted())
 
 
-def test_backup_and_restore_resumes_a_budget_on_a_plain_functional_model(uninterrupted, tmp_path):
+def test_backup_and_restore_resumes_a_budget_on_a_plain_functional_model(tmp_path):
     def callbacks(*extra):
         return [keras.callbacks.BackupAndRestore(str(tmp_path / "backup")), budget(), *extra]
 
@@ -112,13 +114,12 @@ def test_backup_and_restore_resumes_a_budget_on_a_plain_functional_model(uninter
         train(build("functional"), callbacks(stop_at(8)))
     resumed = build("functional")
     train(resumed, callbacks())
-    assert_same(outcome(resumed), uninterrupted["functional"])
+    assert_same(outcome(resumed), uninterrupted("functional"))
 
 
 @pytest.mark.parametrize("interrupt", [3, 8], ids=["searching", "settling"])
 @pytest.mark.parametrize("budget_first", [True, False], ids=["budget first", "checkpoint first"])
-def test_a_checkpoint_loaded_with_load_model_resumes_a_budget_exactly(uninterrupted, tmp_path, interrupt,
-                                                                       budget_first):
+def test_a_checkpoint_loaded_with_load_model_resumes_a_budget_exactly(tmp_path, interrupt, budget_first):
     path = str(tmp_path / "epoch{epoch:02d}.keras")
     checkpoint = keras.callbacks.ModelCheckpoint(path, save_freq="epoch")
     callbacks = [budget(), checkpoint] if budget_first else [checkpoint, budget()]
@@ -126,7 +127,7 @@ def test_a_checkpoint_loaded_with_load_model_resumes_a_budget_exactly(uninterrup
         train(build(), callbacks + [stop_at(interrupt)])
     resumed = keras.saving.load_model(str(tmp_path / f"epoch{interrupt:02d}.keras"))
     train(resumed, [budget()], initial_epoch=interrupt)
-    assert_same(outcome(resumed), uninterrupted["add_group_sparsity"])
+    assert_same(outcome(resumed), uninterrupted())
 
 
 def test_early_stopping_that_restores_earlier_weights_still_ends_within_the_budget():
@@ -186,3 +187,28 @@ def test_a_count_budget_of_zero_is_refused_and_one_above_the_model_says_so():
     x, y = data()
     with pytest.warns(RuntimeWarning, match=r"max_features=1000 \(the model has 12\): the dense model is within it"):
         model.fit(x, y, epochs=2, verbose=0, callbacks=[SparsityBudget(max_features=1000)])
+
+
+def test_a_budget_on_a_plain_sequential_model_and_what_a_plain_model_saves(tmp_path):
+    from keras_group_lasso import InvalidParameterError, SparseGroupLasso
+
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential([keras.Input((12,)),
+                              keras.layers.Dense(8, activation="relu", kernel_regularizer=SparseGroupLasso(2e-3)),
+                              keras.layers.Dense(1, activation="sigmoid", kernel_regularizer=SparseGroupLasso(2e-3))])
+    model.compile(Proximal(keras.optimizers.SGD(0.1, momentum=0.9)), "binary_crossentropy")
+    if keras.backend.backend() == "jax":
+        with pytest.raises(InvalidParameterError, match="SparsityBudget: argument `model` must be a Functional model "
+                                                        "or one made by add_group_sparsity, on the JAX backend"):
+            train(model, [budget()])
+        model = build("functional")
+    train(model, [budget()])
+    assert sparsity_report(model).n_selected_features <= 4
+    assert len(model.get_weights()) in (4, 6)  # a functional model counts the state's two variables among them
+    # A plain model read back by load_model knows nothing of the state: the same layers and outputs.
+    path = str(tmp_path / "plain.keras")
+    model.save(path)
+    loaded = keras.saving.load_model(path)
+    x, _ = data()
+    np.testing.assert_allclose(np.asarray(loaded.predict(x, verbose=0)), np.asarray(model.predict(x, verbose=0)),
+                               atol=1e-6)

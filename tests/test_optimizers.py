@@ -701,6 +701,14 @@ def shrink_model(dtype="float32"):
     )
 
 
+def declared_shrink_model():
+    """``shrink_model`` as a functional model (on JAX a plain Sequential cannot declare its penalties' state)."""
+    sequential = shrink_model()
+    model = keras.Model(sequential.inputs, sequential.outputs)
+    declare_group_penalties(model)
+    return model
+
+
 SHRINK_X = np.random.default_rng(3).normal(size=(16, 5)).astype(np.float32)
 SHRINK_Y = np.zeros((16, 3), np.float32)
 NO_DATA = np.zeros(16, np.float32)  # sample weights 0: the data gradient is exactly 0
@@ -880,9 +888,7 @@ def test_a_model_compiled_with_proximal_reads_its_penalties_as_values_without_gr
 
     Penalties no model declared keep their gradient (the proximal step then removes it).
     """
-    model = shrink_model()
-    if declared:
-        declare_group_penalties(model)
+    model = declared_shrink_model() if declared else shrink_model()
     closed_form = [np_penalty_gradient(w, reg) for w, reg in zip(kernels(model), penalties_of(model))]
     value = float(as_np(penalty_total(model)))
 
@@ -922,9 +928,7 @@ def test_a_custom_loop_step_equals_a_fit_step(how):
     reference.compile(Proximal(keras.optimizers.SGD(LR)), "mean_squared_error")
     reference.fit(x, y, batch_size=16, epochs=1, verbose=0, shuffle=False)
 
-    model = shrink_model()
-    if how.startswith("declared"):
-        declare_group_penalties(model)
+    model = declared_shrink_model() if how.startswith("declared") else shrink_model()
     optimizer = Proximal(keras.optimizers.SGD(LR))
     if "not compiled" not in how:
         model.compile(optimizer, "mean_squared_error")
