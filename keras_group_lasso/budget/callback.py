@@ -1,0 +1,623 @@
+"""Ask for a size, get it: a callback that steers the penalty strength until the model fits a budget.
+
+The callback is thin: :mod:`.schedule` steers (pure functions of sizes),
+:mod:`.cut` picks and holds the groups set to zero, :mod:`.rounding` picks
+widths in whole blocks, and :mod:`.state` is its progress, kept in the model
+(:mod:`keras_group_lasso.declared`) so that a resumed training decides as the
+uninterrupted one.
+"""
+
+import math
+import numbers
+import warnings
+
+import keras
+import numpy as np
+
+from keras_group_lasso import analysis
+from keras_group_lasso._validation import check_non_negative, check_positive_int, fail
+from keras_group_lasso.budget import cut, rounding, schedule
+from keras_group_lasso.budget import state as schedule_state
+from keras_group_lasso.budget.state import BudgetState
+from keras_group_lasso.declared import BUDGET_STATE_SIZE, declare_group_penalties
+from keras_group_lasso.regularizers import group_sparse_penalties
+
+__all__ = ["SparsityBudget"]
+
+_OWNER = "SparsityBudget"
+
+
+class SparsityBudget(keras.callbacks.Callback):
+    """Steer the group penalties during ``fit`` so that training ends within a size budget.
+
+    Budgets are counted as :func:`keras_group_lasso.sparsity_report` counts
+    them with ``threshold``: selected input features, live hidden units
+    (neurons and channels, a coupled unit once), parameters and multiply-adds
+    per sample of the Dense and convolution layers after surgery. Each is an
+    ``int`` (a count) or a ``float`` in (0, 1] (a fraction of the dense
+    model); several budgets must all hold.
+
+    At the end of every epoch the callback measures the model and sets the
+    penalties' strength multipliers (:func:`keras_group_lasso.set_penalty_multiplier`,
+    read inside the compiled step, with subgradient training and with
+    :class:`~keras_group_lasso.Proximal` alike): the input groups' for
+    ``max_features``, the other groups' for ``max_units``, both for
+    ``max_params`` and ``max_flops`` (with ``update_freq``, also every few
+    batches). Each size follows a schedule from the
+    dense size to the budget over the searching part of the epochs,
+    ``budget + (dense - budget) * (1 - progress) ** schedule_power`` (the
+    default 1 is linear: groups go late, when the network has trained; 3 goes
+    fast at first, gentle near the budget); a multiplier behind its schedule grows by the ratio
+    size / target, at most 2x per epoch while nothing has gone yet, 1.2x
+    while the size stalls, 1.1x while it shrinks, and never beyond
+    ``max_strength`` times the strength the training started with; ahead of
+    the schedule it shrinks by the same ratio (at most 0.9x, 0.5x when the
+    size is below half its target).
+
+    With ``update_freq`` an integer ``n`` (``"batch"``: 1) the multipliers
+    are also steered after every ``n`` batches of an epoch, with the schedule
+    at that point of the epoch and the same rates per epoch, taken in steps
+    (a step after a tenth of an epoch moves a multiplier by at most ``2 **
+    0.1``, and so on): when the size passes its target in the middle of an
+    epoch the strength eases at once instead of at the epoch's end, which
+    lands closer to the budget when a few epochs remove many groups.
+    Settling, the cut and the rounding stay at epoch ends. Each check reads
+    the model's weights and analyses them as :func:`~keras_group_lasso.sparsity_report`
+    does (on JAX, Keras first writes the training state back to the model). Without a
+    known number of steps per epoch (a dataset of unknown length) the first
+    epoch is steered at its end only and later ones use its count.
+
+    The last ``settle`` fraction of the epochs trains within the budget, in a
+    fixed structure; settling begins earlier when the model is within its
+    budget at an epoch where every scheduled size is within 5 % of its budget
+    (the penalties would take it further below the budget than it needs). At
+    the end of the epoch before the last ``settle`` fraction, a model still over
+    the budget gets its weakest groups set to zero (a coupled group as one;
+    input groups for a feature budget, the others for a unit budget, both
+    for parameters and FLOPs), the fewest that meet the budget, and a
+    warning says how many. Then every group that is zero (``<= threshold``)
+    stays at zero for the rest of ``fit`` (its kernel gets a constraint that
+    the optimizer applies after every step, inside the compiled step; the
+    kernel's own constraint still applies first, and ``fit`` ends with the
+    constraints the kernels had), and the survivors train without the
+    penalties (multipliers 0), so no group comes back and the penalties
+    remove none: ``fit`` ends at the size settling began with. The model
+    keeps the multipliers the search reached. The score of a group is the root mean
+    square of its weights over the median of its kernel's, so each layer
+    loses its own weakest groups, and the strongest group of every kernel
+    stays. A training that stops earlier (``EarlyStopping``) is cut the same
+    way when it ends. ``fit`` therefore ends within the budget, however the
+    penalties were set.
+
+    With ``round_to`` > 1 every layer that makes its own units (a Dense or
+    convolution layer, not the output, whose units one other layer reads
+    outside a residual stream) ends with a multiple of ``round_to`` live
+    units, or all its units. The budget counts each such layer at the
+    multiple at or above its live units all along (the logs too), and when
+    settling begins each layer grows to that width: it keeps its live units
+    and the dead ones it grows into get random weights in and out (small
+    ones out) and train in the settling epochs. A model over its budget
+    when settling begins is cut in whole blocks rather than single groups:
+    the layer whose step down loses the least group strength per budget
+    share goes down a block until the budget holds (a model settling at its
+    last epoch is only rounded down); a layer goes below ``round_to`` only
+    when whole blocks cannot meet the budget. ``rounded`` holds ``{layer name: (live units
+    before, after)}``. Processors compute channels in blocks (a CPU's vector
+    registers hold 16 float32 numbers with AVX-512): a convolution with 4
+    output channels can take as long as one with 16, so widths in whole
+    blocks make the pruned model faster for the same multiply-adds.
+
+    With ``spare_block=True`` (and ``round_to`` > 1) the penalties leave
+    alone, during this ``fit``, the ``round_to`` strongest units of every
+    layer rounding may resize (their outgoing groups in the one layer that
+    reads them: the penalty's ``spared``). Rounding keeps a whole block of
+    such a layer anyway and the budget counts it at that width all along,
+    so the block costs nothing more; without it, the penalties can empty a
+    layer to a few units and settling re-grows the rest of its block from
+    random weights. ``spared`` holds ``{layer name: units spared}``. The
+    train step is traced again at the start and at the end of ``fit`` (a
+    compiled step holds what it was traced with).
+
+    The epoch's ``logs`` (the progress bar, ``History``, a
+    ``keras.callbacks.TensorBoard`` placed after it) get
+    ``budget_multiplier_input``, ``budget_multiplier_hidden``,
+    ``budget_phase`` (0 searching, 1 within the budget, 2 groups were cut),
+    ``budget_over`` (the largest size / budget), the size of each budgeted
+    quantity (``budget_features``, ``budget_units``, ``budget_params``,
+    ``budget_flops``) and ``budget_cut`` (groups set to zero at that epoch).
+
+    **State and resuming.** The multipliers and the budget's progress are
+    model state (:mod:`keras_group_lasso.declared`), saved with the weights:
+    ``model.save``, ``save_weights``, ``keras.callbacks.BackupAndRestore`` and
+    ``ModelCheckpoint`` keep them, and the callback keeps nothing of its own
+    between epochs. Every end-of-epoch decision is recorded in that state; a
+    checkpoint written before it (a callback placed before this one) is
+    caught up at the start of the resumed ``fit``, from the same weights and
+    state, so a resumed training ends exactly where the uninterrupted one
+    does, whatever the order of the callbacks. Resume with
+    ``BackupAndRestore``, or with a saved model and ``fit(initial_epoch=...)``
+    and a new ``SparsityBudget`` of the same arguments; ``fit`` from epoch 0
+    starts a new search from the strength the model has. A model made by
+    :func:`~keras_group_lasso.add_group_sparsity` saves the state in its
+    config's own variables; a plain model whose layers carry this package's
+    penalties (``Dense(..., kernel_regularizer=SparseGroupLasso(1e-4))``) gets
+    it when the budget first sees it (see :mod:`keras_group_lasso.declared`
+    for where it lives; ``load_model`` of a plain model does not restore it).
+    A callback after this one that gives the model other weights when ``fit``
+    ends (``EarlyStopping(restore_best_weights=True)``) is checked too: the
+    budget is enforced once more after every callback, with a warning.
+
+    Args:
+        max_features: selected input features.
+        max_units: live hidden units (neurons, channels).
+        max_params: parameters of the Dense and convolution layers.
+        max_flops: multiply-adds per sample of those layers.
+        threshold: weights with ``|w| <= threshold`` count as zero (the
+            paper's 1e-3; ``Proximal`` training has exact zeros). Prune the
+            trained model with the same threshold.
+        settle: the fraction of the epochs, at the end, that trains within
+            the budget (in [0, 1)).
+        max_strength: the multipliers stay within this factor (>= 1) of the
+            strength the training started with.
+        schedule_power: the exponent of the schedule (> 0).
+        round_to: an integer >= 1; above 1, the settled layers' widths are
+            multiples of it (see above). 1 (default): widths as training left them.
+        update_freq: ``"epoch"`` (default): the multipliers are steered at
+            the end of every epoch; ``"batch"`` or an integer ``n >= 1``: also
+            after every ``n`` batches (see above).
+        spare_block: with ``round_to`` > 1, keep the penalties off the
+            ``round_to`` strongest units of each layer rounding may resize
+            (see above). Default False.
+
+    Raises:
+        InvalidParameterError: no budget, or a budget, ``threshold``,
+            ``settle``, ``max_strength``, ``schedule_power``, ``round_to``,
+            ``update_freq`` or ``spare_block`` out of range (a count budget
+            is at least 1: the strongest group of every layer stays); when
+            ``fit`` starts, a model whose layers carry no penalty of this
+            package, whose group penalties all have ``factor`` 0, or (on JAX) a
+            plain Sequential (see :mod:`keras_group_lasso.declared`); a
+            ``max_flops`` for a model with inputs of variable size.
+
+    Example:
+        >>> from keras_group_lasso import Proximal, add_group_sparsity, sparsity_report
+        >>> rng = np.random.default_rng(0)
+        >>> x = rng.normal(size=(256, 12)).astype("float32")
+        >>> y = (x[:, 0] + x[:, 1] > 0).astype("float32")
+        >>> model = keras.Sequential([keras.Input((12,)), keras.layers.Dense(8, activation="relu"),
+        ...                           keras.layers.Dense(1, activation="sigmoid")])
+        >>> model = add_group_sparsity(model, 1e-3)
+        >>> model.compile(Proximal(keras.optimizers.SGD(0.1, momentum=0.9)), "binary_crossentropy")
+        >>> history = model.fit(x, y, epochs=10, verbose=0, callbacks=[SparsityBudget(max_features=4)])
+        >>> sparsity_report(model).n_selected_features <= 4
+        True
+    """
+
+    def __init__(self, max_features=None, max_units=None, max_params=None, max_flops=None, *, threshold=1e-3,
+                 settle=0.2, max_strength=20.0, schedule_power=1.0, round_to=1, update_freq="epoch",
+                 spare_block=False):
+        super().__init__()
+        self.max_features = schedule.check_limit(_OWNER, "max_features", max_features)
+        self.max_units = schedule.check_limit(_OWNER, "max_units", max_units)
+        self.max_params = schedule.check_limit(_OWNER, "max_params", max_params)
+        self.max_flops = schedule.check_limit(_OWNER, "max_flops", max_flops)
+        if all(v is None for v in (self.max_features, self.max_units, self.max_params, self.max_flops)):
+            fail(_OWNER, "max_features", "a budget (at least one of max_features, max_units, max_params, "
+                 "max_flops)", None)
+        self.threshold = check_non_negative(_OWNER, "threshold", threshold)
+        settle = check_non_negative(_OWNER, "settle", settle)
+        if settle >= 1.0:
+            fail(_OWNER, "settle", "a fraction in [0, 1)", settle)
+        self.settle = settle
+        self.max_strength = check_non_negative(_OWNER, "max_strength", max_strength)
+        if self.max_strength < 1.0:
+            fail(_OWNER, "max_strength", "a number >= 1", max_strength)
+        self.schedule_power = check_non_negative(_OWNER, "schedule_power", schedule_power)
+        if self.schedule_power <= 0.0:
+            fail(_OWNER, "schedule_power", "a number > 0", schedule_power)
+        self.round_to = check_positive_int(_OWNER, "round_to", round_to)
+        if isinstance(update_freq, str) and update_freq in ("epoch", "batch"):
+            self.update_freq = "epoch" if update_freq == "epoch" else 1
+        elif isinstance(update_freq, bool) or not isinstance(update_freq, numbers.Integral) or update_freq < 1:
+            fail(_OWNER, "update_freq", "'epoch', 'batch' or an integer >= 1 (batches between checks)", update_freq)
+        else:
+            self.update_freq = int(update_freq)
+        if not isinstance(spare_block, (bool, np.bool_)):
+            fail(_OWNER, "spare_block", "True or False", spare_block)
+        self.spare_block = bool(spare_block)
+        if self.update_freq != "epoch":
+            # Only then a batch hook: Keras dispatches the batches of a fit whose callbacks have none
+            # asynchronously.
+            self.on_train_batch_end = self._check_batch
+        self._epoch = 0
+        self.rounded = {}
+        self.spared = {}
+        self.limits = None
+        self._declared = None
+        self._first_epoch = None
+
+    # ------------------------------------------------------------------ the model's state
+
+    @property
+    def state(self):
+        """The budget's progress (:class:`~keras_group_lasso.budget.state.BudgetState`), read from the model."""
+        if self._declared is None:
+            return BudgetState()
+        return BudgetState.from_vector(self._declared.budget_values())
+
+    def _update(self, **changes):
+        state = self.state.replace(**changes)
+        self._declared.set_budget_values(state.to_vector(BUDGET_STATE_SIZE))
+        return state
+
+    @property
+    def multiplier(self):
+        """``[input groups, other groups]``: the strength multiplier the model trains with now."""
+        return None if self._declared is None else self._declared.multiplier_values()
+
+    @property
+    def phase(self):
+        return self.state.phase
+
+    @property
+    def initial(self):
+        return list(self.state.initial)
+
+    @property
+    def reached(self):
+        return list(self.state.reached)
+
+    @property
+    def last_sizes(self):
+        return self.state.last_sizes
+
+    @property
+    def _settling(self):
+        return self.state.settling
+
+    # ------------------------------------------------------------------ measuring
+
+    def _budgets(self):
+        return {"features": self.max_features, "units": self.max_units, "params": self.max_params,
+                "flops": self.max_flops}
+
+    def _report(self):
+        return analysis.sparsity_report(self.model, threshold=self.threshold)
+
+    @staticmethod
+    def _sizes(report):
+        return {"features": report.n_selected_features, "units": report.live_neurons,
+                "params": report.params_after, "flops": report.flops_after}
+
+    def _measure(self):
+        """The budgeted sizes of the model now; with ``round_to`` > 1, until settling rounds the widths, at the
+        widths rounding up would give."""
+        if self.round_to == 1 or self.state.rounded:
+            return self._sizes(self._report())
+        found = analysis.analyze(self.model, self.threshold, owner=_OWNER)
+        layers = rounding.rounded_up(found, self.round_to, grow=True)
+        return rounding.sizes_with(found, self._sizes(found.report), {layer.name: layer for layer in layers})
+
+    def _over(self, sizes):
+        return schedule.over(sizes, self.limits)
+
+    def _targets(self, progress):
+        """Sizes on the way to the budget (:func:`~keras_group_lasso.budget.schedule.targets`)."""
+        return schedule.targets(self.dense, self.limits, progress, self.schedule_power)
+
+    def _epochs(self):
+        return int(self.params.get("epochs", self._epoch + 1) if self.params else self._epoch + 1)
+
+    def _search_end(self):
+        """The number of epochs before the settling part."""
+        return max(1, int(math.ceil((1.0 - self.settle) * self._epochs())))
+
+    # ------------------------------------------------------------------ Keras hooks
+
+    def set_model(self, model):
+        super().set_model(model)
+        # Declared before any callback's on_train_begin, so BackupAndRestore finds the state to restore
+        # whatever the order of the callbacks.
+        self._declared = declare_group_penalties(model, _OWNER)
+
+    def on_train_begin(self, logs=None):
+        # Only what the model's structure fixes: a restore by another callback may come before or after.
+        if not any(cut.strength(p) > 0 for _, p in group_sparse_penalties(self.model)):
+            fail(_OWNER, "model", "a model with group penalties of factor > 0 (the budget scales their strength)",
+                 self.model)
+        report = self._report()
+        if self.max_flops is not None and getattr(report, "flops_per_position", False):
+            fail(_OWNER, "max_flops", "None for a model with inputs of variable size (its multiply-adds are "
+                 "counted per position, not per sample): use max_params or max_units", self.max_flops)
+        self.dense = {"features": report.n_features, "units": report.neurons, "params": report.params_before,
+                      "flops": report.flops_before}
+        self.limits, above = {}, []
+        for kind, limit in self._budgets().items():
+            if limit is not None:
+                count = limit if isinstance(limit, int) else int(math.floor(limit * self.dense[kind]))
+                if count >= self.dense[kind]:
+                    above.append(f"max_{kind}={limit!r} (the model has {self.dense[kind]})")
+                self.limits[kind] = min(count, self.dense[kind])
+        if above:
+            warnings.warn(f"{_OWNER}: {', '.join(above)}: the dense model is within it already; the budget "
+                          "removes nothing for it.", RuntimeWarning, stacklevel=2)
+        self._release_constraints()  # a fit that ended by an exception may have left them
+        self._warned = False
+        self.rounded = {}
+        self._first_epoch = None
+        self._steps = self.params.get("steps") if self.params else None  # None: a dataset of unknown length
+        self._done = self._checked = 0  # batches of this epoch: done, done at the last check
+
+    def on_epoch_begin(self, epoch, logs=None):
+        """A new search at epoch 0; later, a resumed training catches up with the decision of the epoch before.
+
+        The end of every epoch decides (steering, settling, the cut) and records that it did in the model's
+        state. A checkpoint written at the end of an epoch by a callback that runs before this one
+        (``BackupAndRestore``, ``ModelCheckpoint``) holds the state before that decision: a training
+        resumed from it takes the decision here, from the same weights and state.
+        """
+        self._epoch = epoch
+        self._done = self._checked = 0
+        if self._first_epoch is not None:
+            return
+        self._first_epoch = epoch
+        state = self.state
+        if epoch == 0 or not state.started:
+            start = [v if v > 0 else 1.0 for v in self._declared.multiplier_values()]
+            self._declared.set_budget_values(BudgetState().started_from(start).to_vector(BUDGET_STATE_SIZE))
+            self._declared.set_multiplier(*start)
+        self._spare_blocks()
+        if state.started and epoch > 0:
+            if state.decided < epoch:
+                self._decide(epoch - 1)
+            elif state.settling:  # resumed inside the settling part: hold the cut groups at zero again
+                self._freeze()
+
+    def _check_batch(self, batch, logs=None):
+        """With ``update_freq`` batches: steer after every ``update_freq`` of them (Keras's ``on_train_batch_end``)."""
+        self._done = batch + 1
+        if (self._settling or self.limits is None or not self._steps
+                or self._done - self._checked < self.update_freq or self._done >= self._steps):
+            return  # the epoch's end checks the last batches itself
+        sizes = self._measure()  # (on JAX, Keras writes the training state back to the model when we read it)
+        progress = min(1.0, (self._epoch + self._done / self._steps) / self._search_end())
+        self._steer(sizes, progress, (self._done - self._checked) / self._steps)
+        self._checked = self._done
+        self._update(last_sizes=sizes)
+
+    def _steer(self, sizes, progress, fraction):
+        state = self.state
+        multiplier = schedule.steer(self.multiplier, state.initial, sizes, state.last_sizes or self.dense,
+                                    self.dense, self.limits, self._targets(progress), self.max_strength, fraction)
+        self._declared.set_multiplier(*multiplier)
+
+    def on_epoch_end(self, epoch, logs=None):
+        self._epoch = epoch
+        if self.update_freq != "epoch" and not self._steps:  # a dataset of unknown length: its first epoch counts
+            self._steps = self._done or None
+        if self.limits is None:
+            return
+        cut, sizes = self._decide(epoch)
+        if logs is not None:
+            multiplier = self.multiplier
+            logs["budget_multiplier_input"] = float(multiplier[0])
+            logs["budget_multiplier_hidden"] = float(multiplier[1])
+            logs["budget_phase"] = int(self.phase)
+            logs["budget_over"] = float(self._over(sizes))
+            logs["budget_cut"] = int(cut)
+            for kind in self.limits:
+                logs[f"budget_{kind}"] = int(sizes[kind])
+
+    def _decide(self, epoch):
+        """What the end of ``epoch`` decides: steer the strength, or settle (round, cut, freeze).
+
+        Returns ``(groups this decision set to zero, the sizes after it)``; records that it was taken.
+        """
+        sizes = self._measure()
+        over = self._over(sizes)
+        progress = min(1.0, (epoch + 1) / self._search_end())
+        state, removed = self.state, 0
+        if state.settling or epoch + 1 >= self._search_end() or (
+                over <= 1.0 and schedule.near_budget(self.dense, self.limits, progress, self.schedule_power)):
+            # Settling: the structure is fixed (by the cut if the model is over its budget) and the
+            # survivors train within it.
+            phase = state.phase
+            if not state.settling and self.round_to > 1:
+                # Whole blocks: widths step down a block at a time where the budget needs it (a cut of
+                # single groups would remove units that free nothing until a block empties).
+                self.rounded, removed = self._round_widths(epoch, grow=epoch + 1 < self._epochs())
+                sizes = self._measure()
+                over = self._over(sizes)
+                if removed:
+                    phase = schedule_state.CUT
+            if over > 1.0:
+                more, sizes = self._cut_weakest_groups(epoch, sizes)
+                removed, phase = removed + more, schedule_state.CUT
+            elif phase != schedule_state.CUT:
+                phase = schedule_state.WITHIN
+            if not state.settling:
+                # The structure is fixed from here on: every group that is zero now stays zero (exactly: the
+                # state a resumed training reads again), and the survivors train without the penalties, so
+                # nothing more goes either (under the penalties a cut network kept losing groups).
+                self._warn_far_below(sizes, epoch)
+                cut.zero_dead_groups(self.model, self.threshold)
+                self._update(settling=True, reached=self.multiplier)
+                self._declared.set_multiplier(0.0, 0.0)
+            self._update(phase=phase, cut=self.state.cut + removed)
+            self._freeze()
+        else:
+            self._steer(sizes, progress, schedule.last_fraction(self.update_freq, self._steps))
+            self._update(phase=schedule_state.SEARCH if over > 1.0 else schedule_state.WITHIN)
+        self._update(last_sizes=sizes, decided=epoch + 1)
+        return removed, sizes
+
+    def _warn_far_below(self, sizes, epoch):
+        """Say so when settling begins below half a budget: the penalties took more than was asked."""
+        far = [f"{kind} {sizes[kind]} (budget {limit})" for kind, limit in self.limits.items()
+               if sizes[kind] < 0.5 * limit and sizes[kind] < self.dense[kind]]
+        if far:
+            warnings.warn(
+                f"{_OWNER}: at the end of epoch {epoch + 1} the model was far below its budget: {', '.join(far)}. "
+                "The penalties removed more than the budget asks before they could be eased (with Proximal a "
+                "group at zero stays there); a smaller penalty factor lets the search land closer.",
+                RuntimeWarning,
+                stacklevel=3,
+            )
+
+    def on_train_end(self, logs=None):
+        # A training stopped before its settling part (EarlyStopping, a KeyboardInterrupt handled by the
+        # caller, fewer epochs): the budget still holds when fit returns. A callback after this one may
+        # still give the model other weights (EarlyStopping(restore_best_weights=True)): the check then
+        # runs once more after every callback, at the end of fit's History (Keras puts it last).
+        if self.limits is None:
+            return
+        self._finish()
+        history = getattr(self.model, "history", None)
+        if isinstance(history, keras.callbacks.History) and "on_train_end" not in vars(history):
+            def after_every_callback(logs=None, history=history):
+                del history.on_train_end
+                history.on_train_end(logs)
+                self._finish(after_others=True)
+
+            history.on_train_end = after_every_callback
+
+    def _finish(self, after_others=False):
+        sizes = self._measure()
+        if self._over(sizes) > 1.0:
+            if after_others:
+                warnings.warn(
+                    f"{_OWNER}: a callback after it gave the model weights over its budget when fit ended "
+                    "(EarlyStopping(restore_best_weights=True) restores weights from an epoch before the budget was "
+                    "reached); their weakest groups are set to zero again to meet it.",
+                    RuntimeWarning,
+                    stacklevel=2,
+                )
+                self._warned = False
+            more, sizes = self._cut_weakest_groups(None, sizes)
+            self._update(phase=schedule_state.CUT, cut=self.state.cut + more)
+        self._update(last_sizes=sizes)
+        self._release_constraints()
+        if self.state.settling:  # the model keeps the strength the search reached (saved with it, resumed from)
+            self._declared.set_multiplier(*self.reached)
+
+    # ------------------------------------------------------------------ what a compiled step holds
+
+    def _spare_blocks(self):
+        """With ``spare_block``: the reader penalty of every roundable layer spares that layer's ``round_to``
+        strongest units for this ``fit`` (the train step is traced again, as it holds what it was traced with)."""
+        self.spared = {}
+        if not (self.spare_block and self.round_to > 1) or self._settling:
+            return
+        for layer in rounding.roundable_layers(analysis.analyze(self.model, self.threshold, owner=_OWNER)):
+            penalty = layer.reader.kernel.regularizer
+            groups = penalty.group_shape(tuple(layer.reader.kernel.shape))[-2]
+            if len(layer.rows) == groups and self.round_to < layer.units:  # the reader reads this layer alone
+                penalty.spared = self.round_to
+                self.spared[layer.name] = self.round_to
+        if self.spared:
+            self.model.make_train_function(force=True)
+
+    def _freeze(self):
+        """Hold every exactly zero group at zero after each optimizer step until ``fit`` ends (see :mod:`.cut`)."""
+        if cut.freeze_groups(self.model, cut.dead_groups(self.model, self.threshold, exact=True)):
+            self.model.make_train_function(force=True)
+
+    def _release_constraints(self):
+        """The kernels' own constraints back, and no spared groups: the next ``fit`` traces without them."""
+        if self.model is None:
+            return
+        changed = cut.release_frozen_groups(self.model)
+        for _, penalty in group_sparse_penalties(self.model):
+            changed = changed or bool(penalty.spared)
+            penalty.spared = 0
+        if changed:
+            self.model.make_train_function(force=True)
+
+    # ------------------------------------------------------------------ setting groups to zero
+
+    def _cut_weakest_groups(self, epoch, sizes):
+        """Zero the fewest weakest groups that meet the budget; returns (groups newly zeroed, sizes).
+
+        Only input groups when only feature budgets are exceeded, only hidden
+        groups when only unit budgets are; both for parameters and FLOPs. The
+        groups already at zero go first, then the weakest relative to their
+        own layer; the strongest group of every kernel is never cut.
+        """
+        input_over, hidden_over = schedule.entry_overs(sizes, self.limits)
+        roles = {"input"} if (input_over or 0.0) > 1.0 else set()
+        if (hidden_over or 0.0) > 1.0:
+            roles.add("hidden")
+        groups, variables = cut.ranked_groups(self.model, roles, cut.dead_groups(self.model, self.threshold,
+                                                                                  exact=True))
+        values = [np.array(keras.ops.convert_to_numpy(v)) for v in variables]
+
+        def assign(count):
+            for variable, value in zip(variables, cut.zeroed(values, groups[:count], variables)):
+                variable.assign(value)
+            return self._measure()
+
+        low, high = 0, len(groups)
+        best = assign(high)
+        if self._over(best) > 1.0:
+            count = high  # even with every group that may go gone the model is over: the best the cut can do
+        else:
+            while low < high:  # the smallest count within the budget (sizes only shrink as groups go)
+                middle = (low + high) // 2
+                if self._over(assign(middle)) <= 1.0:
+                    high = middle
+                else:
+                    low = middle + 1
+            count = low
+            best = assign(count)
+        newly = sum(1 for _, _, was_zero in groups[:count] if not was_zero)
+        if self._over(best) > 1.0:
+            details = ", ".join(f"{kind} {best[kind]} (budget {limit})" for kind, limit in self.limits.items())
+            warnings.warn(
+                f"{_OWNER}: the budget cannot be met: with every group it may cut set to zero ({newly} newly) the "
+                f"model has {details}. The strongest group of every layer stays, and layers without a group "
+                "penalty keep their size; ask for a larger budget.",
+                RuntimeWarning,
+                stacklevel=3,
+            )
+        elif newly:
+            self._warn_cut(f"{newly} of its weakest groups were set to zero", best, epoch)
+        return newly, best
+
+    def _warn_cut(self, what, sizes, epoch):
+        """Say once per ``fit`` that ``what`` (groups, units) was set to zero to meet the budget."""
+        if self._warned:
+            return
+        self._warned = True
+        details = ", ".join(f"{kind} {sizes[kind]} (budget {limit})" for kind, limit in self.limits.items())
+        when = "at the end of training" if epoch is None else f"at the end of epoch {epoch + 1}"
+        warnings.warn(
+            f"{_OWNER}: {when} the model was still over its budget; {what} to meet it: {details} "
+            "(logs['budget_cut'] counts them at the epoch they went). A larger penalty factor or more epochs let "
+            "the training get closer by itself.",
+            RuntimeWarning,
+            stacklevel=3,
+        )
+
+    def _round_widths(self, epoch, grow):
+        """Give each roundable layer a multiple of ``round_to`` live units, within the budget (see :mod:`.rounding`).
+
+        The strongest units of a layer stay; dead ones that a layer grows into
+        are re-initialized (``grow``; only while epochs are left to train
+        them). Returns ``({layer name: (live units before, after)}, live units removed)``.
+        """
+        found = analysis.analyze(self.model, self.threshold, owner=_OWNER)
+        layers, sizes = rounding.plan_widths(found, self._sizes(found.report), self.limits, self.round_to, grow)
+        self._update(rounded=True)  # from here on the sizes are the model's own
+        if not layers or self._over(sizes) > 1.0:
+            return {}, 0  # blocks cannot meet it: the cut of single groups takes over
+        rng = np.random.default_rng(0)
+        changed, removed = {}, 0
+        for layer in layers:
+            if layer.width != layer.live:
+                rounding.apply_width(layer, self.threshold, rng)
+                changed[layer.name] = (layer.live, layer.width)
+                removed += max(0, layer.live - layer.width)
+        if removed:
+            self._warn_cut(f"{removed} live units went, in blocks of {self.round_to} (round_to)", self._measure(),
+                           epoch)
+        return changed, removed

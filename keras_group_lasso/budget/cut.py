@@ -1,0 +1,176 @@
+"""Groups held at zero: the weakest groups a budget cuts, and the constraint that keeps them at zero.
+
+A group is a row along axis -2 of a penalty's group view (a unit that the
+layer reads); the rows of one coupled group count as one.
+"""
+
+import keras
+import numpy as np
+
+from keras_group_lasso.regularizers import CoupledGroupLasso, GroupSparseRegularizer
+
+__all__ = ["FrozenGroups", "strength", "ranked_groups", "zeroed", "penalised_kernels", "dead_groups",
+           "zero_dead_groups", "freeze_groups", "release_frozen_groups"]
+
+
+def penalised_kernels(model):
+    """The kernels of ``model`` (rank >= 2) that carry a group penalty of this package."""
+    return [v for v in model.weights
+            if isinstance(getattr(v, "regularizer", None), GroupSparseRegularizer) and len(v.shape) >= 2]
+
+
+def _largest(variable):
+    """Each group's largest ``|w|``: ``(groups,)``."""
+    view = variable.regularizer.group_shape(tuple(variable.shape))
+    value = np.abs(np.asarray(keras.ops.convert_to_numpy(variable))).reshape(view)
+    return np.max(value, axis=tuple(a for a in range(len(view)) if a != len(view) - 2))
+
+
+def dead_groups(model, threshold, exact=False):
+    """``{(path, row)}``: the groups of every penalised kernel whose weights are all ``<= threshold``
+    (``exact``: all exactly zero)."""
+    dead = set()
+    for variable in penalised_kernels(model):
+        largest = _largest(variable)
+        dead |= {(variable.path, int(row))
+                 for row in np.flatnonzero(largest == 0.0 if exact else largest <= threshold)}
+    return dead
+
+
+def zero_dead_groups(model, threshold):
+    """Set every group at or below ``threshold`` exactly to zero (the thresholded outputs do not change)."""
+    for variable in penalised_kernels(model):
+        dead = _largest(variable) <= threshold
+        view = variable.regularizer.group_shape(tuple(variable.shape))
+        value = np.array(keras.ops.convert_to_numpy(variable))
+        grouped = value.reshape(view)
+        if dead.any() and np.any(grouped[..., dead, :] != 0.0):
+            grouped[..., dead, :] = 0.0
+            variable.assign(value)
+
+
+def freeze_groups(model, groups):
+    """Hold ``groups`` (``{(path, row)}``) at zero after every optimizer step; returns whether a constraint changed.
+
+    Each kernel with such groups gets a :class:`FrozenGroups` constraint
+    (applied by the optimizer inside the compiled step, after the constraint
+    the kernel had). A compiled step holds the constraints it was traced
+    with: trace it again when this returns True.
+    """
+    rows_by_path = {}
+    for path, row in groups:
+        rows_by_path.setdefault(path, set()).add(row)
+    changed = False
+    for variable in model.weights:
+        rows = rows_by_path.get(variable.path)
+        if not rows:
+            continue
+        view = variable.regularizer.group_shape(tuple(variable.shape))
+        keep = np.ones(view[-2], dtype="float32")
+        keep[sorted(rows)] = 0.0
+        keep = keep.reshape((1,) * (len(view) - 2) + (view[-2], 1))
+        current = variable.constraint
+        if isinstance(current, FrozenGroups):
+            if np.array_equal(current.keep, keep):
+                continue
+            current = current.inner
+        variable.constraint = FrozenGroups(keep, view, current)
+        changed = True
+    return changed
+
+
+def release_frozen_groups(model):
+    """Give every kernel back the constraint it had; returns whether one changed (trace the step again)."""
+    changed = False
+    for variable in model.weights:
+        if isinstance(variable.constraint, FrozenGroups):
+            variable.constraint = variable.constraint.inner
+            changed = True
+    return changed
+
+
+class FrozenGroups(keras.constraints.Constraint):
+    """Zero the cut groups of one kernel (a variable's constraint while a budgeted ``fit`` settles).
+
+    ``w`` seen as its penalty's group view (groups along axis -2) times
+    ``keep`` (0 for a cut group, 1 otherwise), after ``inner``, the
+    constraint the kernel had. Never saved: the callback removes it when
+    ``fit`` ends.
+    """
+
+    def __init__(self, keep, view, inner=None):
+        self.keep = keep
+        self.view = tuple(int(n) for n in view)
+        self.inner = inner
+
+    def __call__(self, w):
+        if self.inner is not None:
+            w = self.inner(w)
+        shape = keras.ops.shape(w)
+        kept = keras.ops.reshape(w, self.view) * keras.ops.cast(self.keep, w.dtype)
+        return keras.ops.reshape(kept, shape)
+
+
+def strength(penalty):
+    scales = getattr(penalty, "scales", ())
+    return max([penalty.factor, penalty.l1, *scales])
+
+
+def ranked_groups(model, roles, cut_before=frozenset()):
+    """``([(score, ((variable index, row), ...), all zero), ...] weakest first, [variables])``.
+
+    A group is a row along axis -2 of a penalty's group view (a unit that the
+    layer reads); the rows of one coupled group are one entry. ``roles``:
+    ``"input"`` (groups of input features) and/or ``"hidden"`` (the others,
+    coupled groups included). The score is the root mean square of a group's
+    weights over the median of its kernel's nonzero groups, so every layer is
+    cut by how weak a group is among its own (a layer of many small input
+    groups does not go first as a whole); groups in ``cut_before`` (``(path,
+    row)``) come first, and the strongest group of each kernel is left out.
+    """
+    variables, entries, coupled = [], [], {}
+    for variable in model.weights:
+        penalty = getattr(variable, "regularizer", None)
+        if not isinstance(penalty, GroupSparseRegularizer) or len(variable.shape) < 2:
+            continue
+        index = len(variables)
+        variables.append(variable)
+        view = penalty.group_shape(tuple(variable.shape))
+        value = np.asarray(keras.ops.convert_to_numpy(variable), dtype=np.float64).reshape(view)
+        axes = tuple(a for a in range(len(view)) if a != len(view) - 2)
+        rms = np.sqrt(np.sum(value ** 2, axis=axes) / (value.size // view[-2]))
+        live = rms[rms > 0]
+        scale = float(np.median(live)) if live.size else 1.0
+        strongest = int(np.argmax(rms))
+        keys = penalty.coupled if isinstance(penalty, CoupledGroupLasso) else (-1,) * view[-2]
+        for row, key in enumerate(keys):
+            if ("input" if key < 0 and penalty.group_role == "input" else "hidden") not in roles:
+                continue
+            score = -1.0 if (variable.path, row) in cut_before else rms[row] / scale
+            if key >= 0:
+                total = coupled.setdefault(key, [0.0, 0, [], True])
+                total[0] += score
+                total[1] += 1
+                total[2].append((index, row))
+                total[3] = total[3] and rms[row] == 0
+            elif row != strongest:
+                entries.append((score, ((index, row),), rms[row] == 0))
+    for score, parts, rows, zero in coupled.values():
+        entries.append((score / parts, tuple(rows), zero))
+    entries.sort(key=lambda entry: entry[0])
+    return entries, variables
+
+
+def zeroed(values, groups, variables):
+    """Copies of ``values`` with the rows of ``groups`` set to zero."""
+    out = [v.copy() for v in values]
+    for _, rows, _ in groups:
+        for index, row in rows:
+            penalty = variables[index].regularizer
+            view = out[index].reshape(penalty.group_shape(out[index].shape))
+            where = [slice(None)] * view.ndim
+            where[-2] = row
+            view[tuple(where)] = 0.0
+    return out
+
+

@@ -1,0 +1,141 @@
+"""The steering of a size budget, as pure functions of sizes and numbers (no model, no Keras).
+
+Sizes are dicts ``{kind: count}`` over the kinds ``"features"``, ``"units"``,
+``"params"`` and ``"flops"``; ``limits`` holds the budgeted kinds only. The
+multiplier has two entries: input groups (served by ``features``) and all
+other groups (served by ``units``); ``params`` and ``flops`` are served by both.
+"""
+
+import math
+import numbers
+
+__all__ = ["KINDS", "check_limit", "targets", "over", "entry_overs", "steer", "near_budget", "last_fraction"]
+
+KINDS = ("features", "units", "params", "flops")
+NEAR = 0.05  # settling may begin early once the schedule is this close to the budget (a fraction of it)
+_SERVED = (("features", "params", "flops"), ("units", "params", "flops"))
+
+
+def check_limit(owner, name, value):
+    """``value`` as an ``int`` count (>= 1) or a ``float`` fraction in (0, 1]; ``None`` stays ``None``.
+
+    Raises:
+        InvalidParameterError: anything else (a bool, 0, a negative count, a fraction outside (0, 1]).
+
+    Example:
+        >>> check_limit("SparsityBudget", "max_features", 5), check_limit("SparsityBudget", "max_params", 0.25)
+        (5, 0.25)
+    """
+    from keras_group_lasso._validation import fail
+
+    constraint = "an int >= 1 (a count) or a float in (0, 1] (a fraction of the dense model)"
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        fail(owner, name, constraint, value)
+    if isinstance(value, numbers.Integral):
+        if value < 1:  # the strongest group of every layer stays, so no training reaches 0
+            fail(owner, name, constraint, value)
+        return int(value)
+    if not (0.0 < value <= 1.0):
+        fail(owner, name, constraint, value)
+    return float(value)
+
+
+def targets(dense, limits, progress, power):
+    """Sizes on the way to the budget: ``limit + (dense - limit) * (1 - progress) ** power`` for each budgeted kind.
+
+    Example:
+        >>> targets({"features": 50}, {"features": 10}, 0.5, 1.0)
+        {'features': 30.0}
+    """
+    return {kind: limit + (dense[kind] - limit) * (1.0 - progress) ** power for kind, limit in limits.items()}
+
+
+def _ratio(size, target):
+    return size / target if target > 0 else (math.inf if size > 0 else 0.0)
+
+
+def over(sizes, limits, kinds=None):
+    """The largest ``size / limit`` over ``kinds`` (all budgeted kinds by default); above 1: over the budget.
+
+    Example:
+        >>> over({"features": 12, "units": 3}, {"features": 6, "units": 6})
+        2.0
+    """
+    return max([_ratio(sizes[kind], limits[kind]) for kind in (limits if kinds is None else kinds)], default=0.0)
+
+
+def entry_overs(sizes, goals):
+    """``[size / goal]`` of the budgets each multiplier entry serves (input groups, other groups).
+
+    ``None`` for an entry no budgeted kind needs (it is left as it is).
+
+    Example:
+        >>> entry_overs({"features": 20, "units": 8}, {"features": 10})
+        [2.0, None]
+    """
+    ratios = {kind: _ratio(sizes[kind], goal) for kind, goal in goals.items()}
+    return [max([ratios[k] for k in served if k in ratios], default=None) for served in _SERVED]
+
+
+def steer(multiplier, initial, sizes, before, dense, limits, goals, max_strength, fraction=1.0):
+    """The next multiplier: each entry moves so that the sizes follow ``goals`` (:func:`targets`) to the budget.
+
+    An entry whose sizes are behind their goal by more than 2 % grows by the
+    ratio ``size / goal``, at most 2x per epoch while none of its sizes has
+    left the dense size, 1.2x while they stall (not below ``before``), 1.1x
+    while they shrink, and never beyond ``initial * max_strength``; ahead of the
+    goal by more than 2 % it shrinks by the ratio, at most 0.9x per epoch (0.5x
+    below half the goal). ``fraction`` (a part of an epoch) takes each rate to
+    that power.
+
+    Example:
+        >>> steer([1.0, 1.0], [1.0, 1.0], {"features": 50, "units": 8}, {"features": 50, "units": 8},
+        ...       {"features": 50, "units": 8}, {"features": 10}, {"features": 25.0}, 20.0)
+        [2.0, 1.0]
+    """
+    multiplier = list(multiplier)
+    for entry, ratio in enumerate(entry_overs(sizes, goals)):
+        if ratio is None:
+            continue
+        kinds = [k for k in _SERVED[entry] if k in limits]
+        untouched = all(sizes[k] >= dense[k] for k in kinds)
+        stalled = all(sizes[k] >= before[k] for k in kinds)
+        if ratio > 1.02:  # behind the schedule: stronger; faster while nothing has gone yet
+            multiplier[entry] *= min(ratio, 2.0 if untouched else 1.2 if stalled else 1.1) ** fraction
+            multiplier[entry] = min(multiplier[entry], initial[entry] * max_strength)
+        elif ratio < 0.98:  # ahead of it: weaker, so the rest of the network keeps its strength
+            multiplier[entry] *= max(ratio, 0.5 if ratio < 0.5 else 0.9) ** fraction
+    return multiplier
+
+
+def near_budget(dense, limits, progress, power):
+    """Whether every scheduled size is within 5 % of its budget (a model within its budget then settles).
+
+    Near the end of the schedule the penalties keep removing groups for a
+    few epochs after they are eased; searching on would take the model
+    further below its budget than it needs.
+
+    Example:
+        >>> near_budget({"features": 50}, {"features": 10}, 0.99, 1.0), near_budget({"features": 50}, {"features": 10}, 0.5, 1.0)
+        (True, False)
+    """
+    goals = targets(dense, limits, progress, power)
+    return all(goals[kind] - limit <= NEAR * limit for kind, limit in limits.items())
+
+
+def last_fraction(update_freq, steps):
+    """The part of an epoch of ``steps`` batches after its last check every ``update_freq`` batches.
+
+    Checks come after every ``update_freq`` batches except the last batch
+    (the epoch's end checks that); ``"epoch"`` or an unknown ``steps``: 1.
+
+    Example:
+        >>> last_fraction(4, 10), last_fraction("epoch", 10)
+        (0.2, 1.0)
+    """
+    if update_freq == "epoch" or not steps:
+        return 1.0
+    last = ((steps - 1) // update_freq) * update_freq
+    return (steps - last) / steps
