@@ -342,7 +342,8 @@ class SparsityBudget(keras.callbacks.Callback):
             warnings.warn(f"{_OWNER}: {', '.join(above)}: the dense model is within it already; the budget "
                           "removes nothing for it.", RuntimeWarning, stacklevel=2)
         self._release_constraints()  # a fit that ended by an exception may have left them
-        self._warned = False
+        self._warned = self._unmeetable = False
+        self._finished = None
         self.rounded = {}
         self._first_epoch = None
         self._steps = self.params.get("steps") if self.params else None  # None: a dataset of unknown length
@@ -483,6 +484,8 @@ class SparsityBudget(keras.callbacks.Callback):
 
     def _finish(self, after_others=False):
         sizes = self._measure()
+        if after_others and sizes == self._finished:
+            return  # no callback after this one changed the model
         if self._over(sizes) > 1.0:
             if after_others:
                 warnings.warn(
@@ -496,6 +499,7 @@ class SparsityBudget(keras.callbacks.Callback):
             more, sizes = self._cut_weakest_groups(None, sizes)
             self._update(phase=schedule_state.CUT, cut=self.state.cut + more)
         self._update(last_sizes=sizes)
+        self._finished = sizes
         self._release_constraints()
         if self.state.settling:  # the model keeps the strength the search reached (saved with it, resumed from)
             self._declared.set_multiplier(*self.reached)
@@ -570,7 +574,8 @@ class SparsityBudget(keras.callbacks.Callback):
             count = low
             best = assign(count)
         newly = sum(1 for _, _, was_zero in groups[:count] if not was_zero)
-        if self._over(best) > 1.0:
+        if self._over(best) > 1.0 and not self._unmeetable:
+            self._unmeetable = True  # said once per fit
             details = ", ".join(f"{kind} {best[kind]} (budget {limit})" for kind, limit in self.limits.items())
             warnings.warn(
                 f"{_OWNER}: the budget cannot be met: with every group it may cut set to zero ({newly} newly) the "
@@ -579,7 +584,7 @@ class SparsityBudget(keras.callbacks.Callback):
                 RuntimeWarning,
                 stacklevel=3,
             )
-        elif newly:
+        elif newly and self._over(best) <= 1.0:
             self._warn_cut(f"{newly} of its weakest groups were set to zero", best, epoch)
         return newly, best
 
