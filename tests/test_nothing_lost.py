@@ -213,3 +213,13 @@ def test_a_budget_on_a_plain_sequential_model_and_what_a_plain_model_saves(tmp_p
     x, _ = data()
     np.testing.assert_allclose(np.asarray(loaded.predict(x, verbose=0)), np.asarray(model.predict(x, verbose=0)),
                                atol=1e-6)
+
+
+def test_a_budget_that_cannot_be_met_says_so_and_does_its_best():
+    model = build()
+    x, y = data()
+    with pytest.warns(RuntimeWarning, match=r"the budget cannot be met: with every group it may cut set to zero .* "
+                                            r"the model has params \d+ \(budget 1\)"):
+        model.fit(x, y, epochs=3, verbose=0, callbacks=[SparsityBudget(max_params=1)])
+    report = sparsity_report(model)
+    assert report.n_selected_features == 1 and report.live_neurons == 1  # the strongest group of each layer

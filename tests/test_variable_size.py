@@ -12,18 +12,12 @@ import keras
 import numpy as np
 import pytest
 
-from keras_group_lasso import SparsityMonitor, UnsupportedModelError, apply_threshold, prune_model, sparsity_report
+from keras_group_lasso import SparsityMonitor, UnsupportedModelError, prune_model, sparsity_report
 from keras_group_lasso.graph import registry
+from test_cnn import thresholded_copy as _thresholded_copy
 
 T = 1e-3
 L = keras.layers
-
-
-def _thresholded_copy(model):
-    copy = keras.models.clone_model(model)
-    copy.set_weights(model.get_weights())
-    apply_threshold(copy, T)
-    return copy
 
 
 def _numpy(y):
@@ -77,11 +71,16 @@ _CASES = {
 }
 
 
+def _killed(case, seed):
+    """``(model of case with its dead groups, the rng, the input shapes to try)``."""
+    build, rows, units, shapes = _CASES[case]
+    rng = np.random.default_rng(seed)
+    return _kill(build(), rng, rows, units), rng, shapes
+
+
 @pytest.mark.parametrize("case", sorted(_CASES))
 def test_pruned_model_equals_the_thresholded_original_at_two_sizes(case):
-    build, rows, units, shapes = _CASES[case]
-    rng = np.random.default_rng(1)
-    model = _kill(build(), rng, rows, units)
+    model, rng, shapes = _killed(case, seed=1)
     small = prune_model(model, T)
     report = sparsity_report(model, T)
     assert tuple(small.inputs[0].shape) == tuple(model.inputs[0].shape)  # still any size
@@ -124,9 +123,7 @@ def test_report_counts_units_and_params_as_the_numpy_reference():
 @pytest.mark.parametrize("case", sorted(_CASES))
 def test_flops_are_per_position_and_scale_to_a_fixed_size(case):
     """A layer before pooling costs its output positions times what the report counts per position."""
-    build, rows, units, shapes = _CASES[case]
-    rng = np.random.default_rng(4)
-    model = _kill(build(), rng, rows, units)
+    model, rng, shapes = _killed(case, seed=4)
     report = sparsity_report(model, T)
     assert report.flops_per_position
     assert [layer.flops_per_position for layer in report.layers] == [True, False]
