@@ -34,7 +34,7 @@ import weakref
 import keras
 import numpy as np
 
-from keras_group_lasso._validation import fail
+from keras_group_lasso._validation import InvalidParameterError, fail
 
 __all__ = ["GroupPenalties", "PenaltyState", "declare_group_penalties", "declared_penalties", "BUDGET_STATE_SIZE"]
 
@@ -172,18 +172,19 @@ class GroupPenalties:
 
         model = self.model
         _refuse_activity_penalties(model)
-        from keras_group_lasso.analysis import dense_roles
-        from keras_group_lasso._validation import InvalidParameterError
+        penalties = self.penalties()
+        kernels = [(layer, p) for path, layer, p in penalties if not path.endswith(".bias_regularizer")]
+        roles = {}
+        if any(p.role == "any" for _, p in kernels):  # a penalty put on by hand: the graph says what it reads
+            from keras_group_lasso.analysis import dense_roles
 
-        try:
-            roles = {name.split("/")[-1]: role for name, role in dense_roles(model).items()}
-        except InvalidParameterError:  # a model whose graph cannot be read: every group counts as hidden
-            roles = {}
-        self._roles = {}
-        for path, layer, penalty in self.penalties():
+            try:
+                roles = {name.split("/")[-1]: role for name, role in dense_roles(model).items()}
+            except InvalidParameterError:  # a model whose graph cannot be read: its groups count as hidden
+                roles = {}
+        for _, _, penalty in penalties:
             penalty.declared = self
-            if not path.endswith(".bias_regularizer") and roles.get(layer.name) == "input":
-                self._roles[id(penalty)] = "input"
+        self._roles = {id(p): "input" for layer, p in kernels if roles.get(layer.name) == "input"}
         members = [(v, v.regularizer) for v in model.weights
                    if isinstance(getattr(v, "regularizer", None), CoupledGroupLasso)]
         if members:

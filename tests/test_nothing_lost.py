@@ -223,3 +223,20 @@ def test_a_budget_that_cannot_be_met_says_so_and_does_its_best():
         model.fit(x, y, epochs=3, verbose=0, callbacks=[SparsityBudget(max_params=1)])
     report = sparsity_report(model)
     assert report.n_selected_features == 1 and report.live_neurons == 1  # the strongest group of each layer
+
+
+def test_a_feature_budget_cuts_input_features_that_a_residual_stream_carries():
+    """Input features added into a residual stream are coupled groups: still input groups for the budget."""
+    keras.utils.set_random_seed(0)
+    inputs = keras.Input((6,))
+    hidden = keras.layers.Dense(6)(inputs)
+    outputs = keras.layers.Dense(2)(keras.layers.Add()([inputs, hidden]))
+    model = add_group_sparsity(keras.Model(inputs, outputs), 1e-3)
+    model.compile(Proximal(keras.optimizers.SGD(0.05)), "mse")
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(64, 6)).astype("float32")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        model.fit(x, x[:, :2] * 2.0, epochs=3, verbose=0, callbacks=[SparsityBudget(max_features=3)])
+    assert not [w for w in caught if "cannot be met" in str(w.message)]
+    assert sparsity_report(model).n_selected_features <= 3

@@ -121,14 +121,17 @@ def ranked_groups(model, roles, cut_before=frozenset()):
 
     A group is a row along axis -2 of a penalty's group view (a unit that the
     layer reads); the rows of one coupled group are one entry. ``roles``:
-    ``"input"`` (groups of input features) and/or ``"hidden"`` (the others,
-    coupled groups included). The score is the root mean square of a group's
+    ``"input"`` (groups of input features, a coupled group too when its unit
+    is an input feature: one a layer reading the model's input reads) and/or
+    ``"hidden"`` (the others). The score is the root mean square of a group's
     weights over the median of its kernel's nonzero groups, so every layer is
     cut by how weak a group is among its own (a layer of many small input
     groups does not go first as a whole); groups in ``cut_before`` (``(path,
     row)``) come first, and the strongest group of each kernel is left out.
     """
     variables, entries, coupled = [], [], {}
+    input_keys = {key for v in model.weights if isinstance(getattr(v, "regularizer", None), CoupledGroupLasso)
+                  and v.regularizer.role == "input" for key in v.regularizer.coupled if key >= 0}
     for variable in model.weights:
         penalty = getattr(variable, "regularizer", None)
         if not isinstance(penalty, GroupSparseRegularizer) or len(variable.shape) < 2:
@@ -144,7 +147,8 @@ def ranked_groups(model, roles, cut_before=frozenset()):
         strongest = int(np.argmax(rms))
         keys = penalty.coupled if isinstance(penalty, CoupledGroupLasso) else (-1,) * view[-2]
         for row, key in enumerate(keys):
-            if ("input" if key < 0 and penalty.group_role == "input" else "hidden") not in roles:
+            is_input = penalty.group_role == "input" if key < 0 else key in input_keys
+            if ("input" if is_input else "hidden") not in roles:
                 continue
             score = -1.0 if (variable.path, row) in cut_before else rms[row] / scale
             if key >= 0:
