@@ -122,13 +122,26 @@ def threshold_array(values, threshold):
     return np.where(np.abs(values) <= threshold, np.zeros((), values.dtype), values)
 
 
+def _dtype(layer):
+    """The dtype ``layer`` reads in the model: its input's, else its compute dtype (a float64 model stays float64)."""
+    try:
+        dtype = keras.backend.standardize_dtype(layer.input.dtype)
+    except Exception:  # noqa: BLE001 - a layer with no single input: its policy says
+        dtype = getattr(layer, "compute_dtype", None) or keras.config.floatx()
+    return dtype if "float" in str(dtype) else keras.config.floatx()
+
+
 def _call(layer, values):
-    """``layer`` (inference mode) on a one-position tensor holding ``values`` on its last axis."""
+    """``layer`` (inference mode) on a one-position tensor holding ``values`` on its last axis.
+
+    In the dtype the layer reads in the model, so that a constant folded from a
+    float64 model is as exact as the model itself.
+    """
     try:
         rank = len(layer.input.shape)
     except Exception:  # noqa: BLE001 - a layer seen on a flat vector
         rank = 2
-    x = np.zeros((1,) * (rank - 1) + (values.size,), dtype="float32")
+    x = np.zeros((1,) * (rank - 1) + (values.size,), dtype=_dtype(layer))
     x.reshape(-1)[:] = values
     kwargs = {"training": False} if "training" in _call_arguments(layer) else {}
     out = layer(keras.ops.convert_to_tensor(x), **kwargs)
@@ -163,7 +176,9 @@ def _call_activation(layer, values):
     if activation is None:
         return values
     finite = np.where(np.isnan(values), 0.0, values)
-    out = np.asarray(keras.ops.convert_to_numpy(activation(keras.ops.convert_to_tensor(finite[None, :].astype("float32")))),
+    # The layer applies its activation to its pre-activation in its compute dtype.
+    dtype = getattr(layer, "compute_dtype", None) or keras.config.floatx()
+    out = np.asarray(keras.ops.convert_to_numpy(activation(keras.ops.convert_to_tensor(finite[None, :], dtype=dtype))),
                      dtype=np.float64)[0]
     return np.where(np.isnan(values), np.nan, out)
 

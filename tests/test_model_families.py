@@ -1,0 +1,134 @@
+"""Model families beyond plain chains: float64 models, refusals that name the real culprit, MobileNet's head.
+
+Every surgery test compares the pruned model output-for-output with the
+thresholded original (a copy: the user's model is never changed).
+"""
+
+import contextlib
+
+import keras
+import numpy as np
+import pytest
+
+from keras_group_lasso import (
+    UnsupportedModelError,
+    add_group_sparsity,
+    apply_threshold,
+    prune_model,
+    sparsity_report,
+)
+from keras_group_lasso.graph import registry
+from keras_group_lasso.graph.build import model_graph
+
+T = 1e-3
+L = keras.layers
+BACKEND = keras.backend.backend()
+
+
+def thresholded_copy(model):
+    copy = keras.models.clone_model(model)
+    copy.set_weights(model.get_weights())
+    apply_threshold(copy, T)
+    return copy
+
+
+def outputs(model, x):
+    """Every output of ``model`` on ``x`` (inference mode), float64."""
+    return [np.asarray(keras.ops.convert_to_numpy(y), np.float64) for y in keras.tree.flatten(model(x, training=False))]
+
+
+def assert_same_outputs(small, model, x, rtol):
+    """``small`` computes what the thresholded ``model`` computes, to ``rtol`` of the output scale."""
+    want = outputs(thresholded_copy(model), x)
+    got = outputs(small, x)
+    assert len(got) == len(want)
+    for a, b in zip(got, want):
+        assert a.shape == b.shape
+        scale = max(1.0, float(np.max(np.abs(b))))
+        np.testing.assert_allclose(a, b, rtol=0, atol=rtol * scale)
+
+
+def weights_of(model):
+    return [np.array(w) for w in model.get_weights()]
+
+
+def assert_untouched(model, before):
+    after = model.get_weights()
+    assert len(after) == len(before)
+    for a, b in zip(after, before):
+        np.testing.assert_array_equal(a, b)
+
+
+# ----------------------------------------------------------------------------- float64
+
+
+# Off TensorFlow, Keras's type promotion turns float64 into float32 wherever a layer promotes dtypes
+# (`keras.backend.result_type("float64", "float32")` is "float32" on JAX and PyTorch: BatchNormalization, tanh on
+# JAX): the model itself is then float32-exact only, and a float32 rounding of a value the pruned model computes
+# in another order can differ by one float32 ulp.
+FLOAT64_EXACT = 1e-10 if BACKEND == "tensorflow" else 1e-5
+
+
+@contextlib.contextmanager
+def float64():
+    """Layers built inside are float64 (JAX computes in float64 only with x64 enabled)."""
+    floatx = keras.config.floatx()
+    keras.config.set_floatx("float64")
+    try:
+        if BACKEND == "jax":
+            import jax
+
+            with jax.enable_x64(True):
+                yield
+        else:
+            yield
+    finally:
+        keras.config.set_floatx(floatx)
+
+
+def _constants_everywhere(model, rng):
+    """Random weights; in every hidden layer some units read nothing (they output ``act(b)``, b != 0)
+    and some input groups are zero; BatchNormalization with random statistics and a non-zero beta."""
+    graph = model_graph(model)
+    for node in graph.units:
+        layer = graph.layers[node.name]
+        kernel, bias = layer.get_weights()
+        view = registry.kernel_view(rng.normal(size=kernel.shape), node.in_units)
+        view[:, rng.random(node.in_units) < 0.25, :] = 0.0
+        if not node.is_output:
+            view[:, :, : max(1, node.out_units // 3)] = 0.0  # constants act(b), folded into the next bias
+        layer.set_weights([view.reshape(kernel.shape), rng.normal(size=bias.shape)])
+    for layer in model.layers:
+        if type(layer) is L.BatchNormalization:
+            shape = layer.moving_mean.shape
+            layer.set_weights([rng.uniform(0.5, 1.5, shape), rng.normal(size=shape), rng.normal(size=shape),
+                               rng.uniform(0.5, 2.0, shape)])
+
+
+def _float64_mlp():
+    return keras.Sequential([
+        keras.Input((6,)), L.Dense(9, activation="tanh"), L.BatchNormalization(), L.Dense(7, activation="sigmoid"),
+        L.Dense(5, activation="elu"), L.Dense(3),
+    ])
+
+
+def _float64_cnn():
+    return keras.Sequential([
+        keras.Input((9, 9, 2)), L.Conv2D(6, 3, activation="sigmoid"), L.BatchNormalization(),
+        L.Conv2D(5, 3, activation="tanh"), L.MaxPooling2D(), L.Conv2D(4, 1, activation="softplus"),
+        L.GlobalAveragePooling2D(), L.Dense(3),
+    ])
+
+
+@pytest.mark.parametrize("make", [_float64_mlp, _float64_cnn], ids=["mlp", "cnn"])
+def test_a_float64_model_with_folded_constants_prunes_exactly_in_float64(make, rng):
+    with float64():
+        model = make()
+        _constants_everywhere(model, rng)
+        x = rng.normal(size=(16,) + tuple(model.inputs[0].shape[1:]))
+        small = prune_model(model, T)
+        folded = small.pruning_plan.masks.folded
+        assert sum(int(v.sum()) for v in folded.values()) >= 3  # constants were folded, not kept
+        assert model.count_params() > small.count_params()
+        assert all(w.dtype == np.float64 for w in small.get_weights())
+        assert_same_outputs(small, model, x, rtol=FLOAT64_EXACT)
