@@ -329,8 +329,8 @@ class Proximal(keras.optimizers.Optimizer):
     def _declared_multiplier(self):
         """The multiplier variable the model of the penalties declares, or ``None`` (strength 1)."""
         for _, penalty in self._declared_penalties():
-            if penalty.declared is not None:
-                return penalty.declared.multiplier
+            if penalty.multiplier is not None:
+                return penalty.multiplier
         return None
 
     def _refresh_multiplier(self):

@@ -16,6 +16,7 @@ model that uses them saves to ``.keras`` and loads back without
 """
 
 import math
+import warnings
 
 import keras
 
@@ -117,7 +118,19 @@ class GroupSparseRegularizer(keras.regularizers.Regularizer):
     @property
     def multiplier(self):
         """The declared ``(2,)`` strength multiplier variable, or ``None`` (strength 1)."""
-        return None if self.declared is None else self.declared.multiplier
+        return getattr(self, "_assigned_multiplier", None) if self.declared is None else self.declared.multiplier
+
+    @multiplier.setter
+    def multiplier(self, variable):
+        # Version 0.2 code set this attribute itself; the model's declaration is the one place now.
+        warnings.warn(
+            f"{type(self).__name__}.multiplier: assigning the multiplier of one penalty is deprecated; the model "
+            "declares one for all its penalties: use keras_group_lasso.regularizers.link_penalty_multiplier(model, "
+            "variable) or keras_group_lasso.set_penalty_multiplier(model, value).",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        self._assigned_multiplier = variable
 
     @property
     def value_only(self):

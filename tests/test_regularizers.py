@@ -440,3 +440,11 @@ def test_sparing_more_groups_than_there_are_spares_them_all_and_is_never_saved()
     np.testing.assert_array_equal(ops.convert_to_numpy(penalty.prox(x, 100.0)), x)
     assert "spared" not in penalty.get_config()
     assert kgl_regularizers.GroupLasso.from_config(penalty.get_config()).spared == 0
+
+
+def test_assigning_one_penalty_s_multiplier_still_works_and_is_deprecated():
+    penalty = GroupLasso(0.1)
+    x = np.arange(12, dtype="float32").reshape(3, 4)
+    with pytest.warns(DeprecationWarning, match="link_penalty_multiplier"):
+        penalty.multiplier = keras.Variable(np.array([1.0, 3.0], "float32"))
+    assert float(ops.convert_to_numpy(penalty(x))) == pytest.approx(3 * np_group_lasso(x, 0.1), rel=1e-6)
