@@ -54,6 +54,10 @@ class _MultiplierState:
     def get_weights(self):
         return [keras.ops.convert_to_numpy(v) for v in self._layer_variables()]
 
+    def count_params(self):
+        """The layers' parameters, as for the plain model (the penalties' state is not a parameter)."""
+        return int(sum(math.prod(v.shape) for v in self._layer_variables()))
+
     def set_weights(self, weights):
         variables = self._layer_variables()
         weights = list(weights)
@@ -207,6 +211,16 @@ def _roles_by_layer(owner, model):
     by_layer = {}
     for name, layer, parents in _dense_inside(model):
         if name not in roles:
+            rule = registry.rule_of(layer)
+            reason = rule.refusal(layer) if rule is not None and rule.refusal else None
+            if reason:  # the layer itself is refused (a grouped convolution, ...): say so, as prune_model does
+                fail(
+                    owner,
+                    "model",
+                    f"a model whose layers that make units can be read (layer '{name}' ({type(layer).__name__}) is "
+                    f"{reason}; supported: {', '.join(registry.supported_of('units'))})",
+                    model,
+                )
             inside = " > ".join(f"'{p}' ({type(m).__name__})" for p, m in parents) or "the model"
             fail(
                 owner,

@@ -240,3 +240,13 @@ def test_a_feature_budget_cuts_input_features_that_a_residual_stream_carries():
         model.fit(x, x[:, :2] * 2.0, epochs=3, verbose=0, callbacks=[SparsityBudget(max_features=3)])
     assert not [w for w in caught if "cannot be met" in str(w.message)]
     assert sparsity_report(model).n_selected_features <= 3
+
+
+def test_the_penalties_state_is_no_parameter():
+    plain = keras.Sequential([keras.Input((12,)), keras.layers.Dense(8), keras.layers.Dense(1)])
+    inputs = keras.Input((12,))
+    functional = keras.Model(inputs, keras.layers.Dense(1)(keras.layers.Dense(8)(inputs)))
+    for model in (plain, functional):
+        sparse = add_group_sparsity(model, 1e-3)
+        assert sparse.count_params() == model.count_params() == 12 * 8 + 8 + 8 + 1
+        assert len(sparse.get_weights()) == len(model.get_weights()) == 4
