@@ -45,8 +45,12 @@ def build(kind="add_group_sparsity"):
     return model
 
 
-def budget():
-    return SparsityBudget(max_features=4, settle=SETTLE)
+VARIANTS = {"default": {}, "update_freq=2": {"update_freq": 2},
+            "round_to=4, spare_block": {"round_to": 4, "spare_block": True, "max_units": 5}}
+
+
+def budget(variant="default"):
+    return SparsityBudget(max_features=4, settle=SETTLE, **VARIANTS[variant])
 
 
 def train(model, callbacks, initial_epoch=0):
@@ -81,29 +85,30 @@ def assert_same(got, want):
 _UNINTERRUPTED = {}
 
 
-def uninterrupted(kind="add_group_sparsity"):
-    """The outcome of the training without an interruption (trained once per kind)."""
-    if kind not in _UNINTERRUPTED:
+def uninterrupted(kind="add_group_sparsity", variant="default"):
+    """The outcome of the training without an interruption (trained once per kind and budget)."""
+    if (kind, variant) not in _UNINTERRUPTED:
         model = build(kind)
-        train(model, [budget()])
+        train(model, [budget(variant)])
         assert sparsity_report(model).n_selected_features <= 4
-        _UNINTERRUPTED[kind] = outcome(model)
-    return _UNINTERRUPTED[kind]
+        _UNINTERRUPTED[kind, variant] = outcome(model)
+    return _UNINTERRUPTED[kind, variant]
 
 
 @pytest.mark.parametrize("interrupt", [3, 8], ids=["searching", "settling"])
 @pytest.mark.parametrize("budget_first", [True, False], ids=["budget first", "backup first"])
-def test_backup_and_restore_resumes_a_budget_exactly(tmp_path, interrupt, budget_first):
+@pytest.mark.parametrize("variant", sorted(VARIANTS))
+def test_backup_and_restore_resumes_a_budget_exactly(tmp_path, interrupt, budget_first, variant):
     def callbacks(*extra):
         backup = keras.callbacks.BackupAndRestore(str(tmp_path / "backup"))
-        ordered = [budget(), backup] if budget_first else [backup, budget()]
+        ordered = [budget(variant), backup] if budget_first else [backup, budget(variant)]
         return ordered + list(extra)
 
     with pytest.raises(Interrupt):
         train(build(), callbacks(stop_at(interrupt)))
     resumed = build()  # a new process would build the model again: nothing survives but the backup
     train(resumed, callbacks())
-    assert_same(outcome(resumed), uninterrupted())
+    assert_same(outcome(resumed), uninterrupted(variant=variant))
 
 
 def test_backup_and_restore_resumes_a_budget_on_a_plain_functional_model(tmp_path):
