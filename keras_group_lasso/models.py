@@ -9,7 +9,7 @@ import numpy as np
 
 from keras_group_lasso._validation import check_choice, check_non_negative, fail
 from keras_group_lasso.analysis import dense_roles, input_dense_layers
-from keras_group_lasso.declared import PenaltyState, declare_group_penalties
+from keras_group_lasso.declared import PenaltyState, attach_state, declare_group_penalties, layer_weights
 from keras_group_lasso.graph import registry
 from keras_group_lasso.graph.build import model_graph
 from keras_group_lasso.regularizers import (
@@ -37,7 +37,8 @@ def _declare(model):
     model.penalty_multiplier = model.add_weight(
         shape=(2,), initializer="ones", trainable=False, name="penalty_multiplier", dtype="float32"
     )
-    model.group_penalty_state = PenaltyState(with_multiplier=False)
+    # Not tracked: read and written by callbacks only, never inside a compiled step.
+    attach_state(model, PenaltyState(with_multiplier=False), carried=False)
     declare_group_penalties(model, type(model).__name__, multiplier=model.penalty_multiplier,
                             state=model.group_penalty_state)
 
@@ -48,8 +49,7 @@ class _MultiplierState:
     between this model and a plain clone (``keras.models.clone_model`` of a Sequential gives a plain one)."""
 
     def _layer_variables(self):
-        state = {id(self.penalty_multiplier)} | {id(v) for v in self.group_penalty_state.weights}
-        return [v for v in self.weights if id(v) not in state]
+        return layer_weights(self)
 
     def get_weights(self):
         return [keras.ops.convert_to_numpy(v) for v in self._layer_variables()]
@@ -389,7 +389,7 @@ def add_group_sparsity(model, factor=1e-3, *, l1=None, input_factor=None, penalt
         copy = GroupSparseSequential.from_config(copy.get_config())
     else:  # the functional copy's own input and output structures (a dict stays a dict)
         copy = GroupSparseModel(copy.input, copy.output, name=copy.name)
-    copy.set_weights(model.get_weights())
+    copy.set_weights([keras.ops.convert_to_numpy(v) for v in layer_weights(model)])
     _refresh_normalization(copy)
     return copy
 

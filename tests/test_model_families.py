@@ -5,6 +5,7 @@ thresholded original (a copy: the user's model is never changed).
 """
 
 import contextlib
+import re
 
 import keras
 import numpy as np
@@ -132,3 +133,68 @@ def test_a_float64_model_with_folded_constants_prunes_exactly_in_float64(make, r
         assert model.count_params() > small.count_params()
         assert all(w.dtype == np.float64 for w in small.get_weights())
         assert_same_outputs(small, model, x, rtol=FLOAT64_EXACT)
+
+
+# ----------------------------------------------------------------------------- refusals that name the culprit
+
+OPERATION = "a keras.ops operation called on a tensor inside the model, not a layer"
+BROADCAST = "a merge of tensors of different shapes {} (broadcasting, as the gate of a squeeze-and-excite block does"
+
+
+@pytest.mark.parametrize("make, gate, shapes", [
+    ("MobileNetV3Small", "expanded_conv_squeeze_excite_mul", "(8, 8, 16), (1, 1, 16)"),
+    ("MobileNetV3Large", "expanded_conv_3_squeeze_excite_mul", "(4, 4, 72), (1, 1, 72)"),
+], ids=["small", "large"])
+def test_mobilenet_v3_is_refused_for_its_broadcasting_gate_and_names_its_keras_ops(make, gate, shapes):
+    model = getattr(keras.applications, make)(input_shape=(32, 32, 3), weights=None, classes=10,
+                                              include_preprocessing=False)
+    before = weights_of(model)
+    sparse = add_group_sparsity(model, 1e-3)  # the penalties need no surgery: every convolution gets its groups
+    for candidate in (model, sparse):
+        with pytest.raises(UnsupportedModelError) as info:
+            prune_model(candidate, T)
+        message = str(info.value)
+        assert message.startswith(f"prune_model: cannot prune layer '{gate}' (Multiply): " + BROADCAST.format(shapes))
+        assert (info.value.layer_name, info.value.layer_class) == (gate, "Multiply")
+        # hard-sigmoid's relu6(x + 3) / 6 is written with keras.ops: named as such, after the layers
+        # (the operations' names are unique per session: 'add', 'add_1', ...)
+        add = re.search(rf"'(add(_\d+)?)' \(keras\.ops\.Add\): {OPERATION}", message)
+        assert add and re.search(rf"'multiply(_\d+)?' \(keras\.ops\.Multiply\): {OPERATION}", message)
+        assert message.index(f"'{gate}'") < add.start()
+        assert "could not be found" not in message and "(Functional)" not in message
+        assert "(GroupSparseModel)" not in message
+        report = sparsity_report(candidate, T)
+        assert report.uninterpreted_layers[0] == f"{gate} (Multiply)"
+        assert f"{add.group(1)} (keras.ops.Add)" in report.uninterpreted_layers
+        assert "uninterpreted:     " + f"{gate} (Multiply)" in str(report)
+    assert_untouched(model, before)
+
+
+def _grouped(sequential):
+    layers = [L.Conv2D(8, 3, groups=4, name="grouped"), L.GlobalAveragePooling2D(), L.Dense(4, name="head")]
+    if sequential:
+        return keras.Sequential([keras.Input((8, 8, 8))] + layers)
+    x = inp = keras.Input((8, 8, 8))
+    for layer in layers:
+        x = layer(x)
+    return keras.Model(inp, x)
+
+
+@pytest.mark.parametrize("sequential", [True, False], ids=["sequential", "functional"])
+def test_a_grouped_convolution_is_named_by_every_entry_point(sequential):
+    model = _grouped(sequential)
+    before = weights_of(model)
+    with pytest.raises(ValueError) as info:
+        add_group_sparsity(model, 1e-3)
+    assert str(info.value) == (
+        "add_group_sparsity: argument `model` must be a model whose layers that make units can be read (layer "
+        "'grouped' (Conv2D) is a grouped convolution (groups > 1); supported: Conv1D, Conv2D, Conv3D, "
+        f"SeparableConv1D, SeparableConv2D, Dense); received {model!r}."
+    )
+    assert "whose graph cannot be read" not in str(info.value)
+    with pytest.raises(UnsupportedModelError, match=r"^prune_model: cannot prune layer 'grouped' \(Conv2D\): "
+                                                    r"a grouped convolution \(groups > 1\)\. Supported: "):
+        prune_model(model, T)
+    report = sparsity_report(model, T)
+    assert report.uninterpreted_layers == ("grouped (Conv2D)",)
+    assert_untouched(model, before)

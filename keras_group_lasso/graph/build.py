@@ -361,8 +361,8 @@ def _flat_graph(model):
         if name not in layers:
             try:
                 layers[name] = model.get_layer(name)
-            except ValueError:
-                layers[name] = None
+            except ValueError:  # a keras.ops call on a symbolic tensor (``x + 3.0``) is an operation, not a layer
+                layers[name] = _operations(model).get(name)
         nodes = layer_config.get("inbound_nodes") or []
         if len(nodes) > 1:
             problems.append((name, f"a layer called {len(nodes)} times (shared)"))
@@ -373,6 +373,25 @@ def _flat_graph(model):
         for producer in producers[name]:
             consumers.setdefault(producer, []).append(name)
     return order, layers, producers, consumers, input_names, output_names, problems
+
+
+def _operations(model):
+    """``{name: operation}`` of the keras.ops calls in a functional model's graph (not layers)."""
+    try:
+        found = model.operations
+    except Exception:  # noqa: BLE001 - no graph of operations
+        return {}
+    return {op.name: op for op in found if not isinstance(op, keras.layers.Layer)}
+
+
+def is_operation(layer):
+    """``layer`` is a keras.ops operation of a functional graph (``x + 3.0``), not a Keras layer."""
+    return layer is not None and not isinstance(layer, keras.layers.Layer)
+
+
+def class_name(layer):
+    """The class shown in messages: the layer's, or ``keras.ops.<Op>`` for an operation."""
+    return f"keras.ops.{type(layer).__name__}" if is_operation(layer) else type(layer).__name__
 
 
 def _rank(layer):
@@ -408,6 +427,9 @@ def _classify(name, layer, input_names):
         return "input", None
     if layer is None:
         return "other", "a layer that could not be found"
+    if is_operation(layer):
+        return "other", ("a keras.ops operation called on a tensor inside the model, not a layer (surgery "
+                         "rebuilds layers only; write it as a layer, e.g. Rescaling or Activation)")
     rule = registry.rule_of(layer)
     if rule is None:
         if isinstance(layer, keras.Model):
@@ -474,10 +496,13 @@ def _model_graph(model, flat):
             built = _units_graph(_topological(order, producers), layers, producers, consumers, kinds,
                                  input_names[0], output_names, input_shape, input_readers, flagged)
     problems = [
-        (name, type(layers[name]).__name__ if layers.get(name) is not None else type(model).__name__, reason)
+        (name, class_name(layers[name]) if layers.get(name) is not None else type(model).__name__, reason)
         for name, reason in flagged.items()
     ]
-    problems.sort(key=lambda item: order.index(item[0]) if item[0] in order else -1)
+    # Layers first, then keras.ops operations, each in call order: an operation is mostly a detail of a
+    # hand-written activation (hard-sigmoid's ``relu6(x + 3) / 6``); the refused layers say what the structure is.
+    problems.sort(key=lambda item: (is_operation(layers.get(item[0])),
+                                    order.index(item[0]) if item[0] in order else -1))
     if problems or built is None:
         return _unsupported(model, sequential, input_name, input_shape, layers, all_units, input_readers,
                             tuple(problems))

@@ -52,6 +52,7 @@ __all__ = [
     "unregister_layer",
     "rule_of",
     "supported_text",
+    "supported_of",
     "kernel_view",
     "variable_axes",
     "ELEMENTWISE_ACTIVATIONS",
@@ -157,6 +158,16 @@ def unregister_layer(cls):
 def rule_of(layer):
     """The :class:`LayerRule` of ``layer``'s exact class, or ``None``."""
     return _RULES.get(type(layer))
+
+
+def supported_of(kind):
+    """The descriptions of the layers of one kind, in table order.
+
+    Example:
+        >>> "Dense" in supported_of("units")
+        True
+    """
+    return tuple(rule.description for rule in _RULES.values() if rule.kind == kind)
 
 
 def supported_text():
@@ -579,7 +590,8 @@ def _merge_refusal(layer):
     if not shapes or any(not s or s[-1] is None for s in shapes):
         return "a merge whose operand shapes are unknown"
     if len(set(shapes)) != 1:
-        return f"a merge of tensors of different shapes {', '.join(str(s) for s in shapes)} (broadcasting)"
+        return (f"a merge of tensors of different shapes {', '.join(str(s) for s in shapes)} (broadcasting, as "
+                "the gate of a squeeze-and-excite block does; only merges of same-shape tensors are supported)")
     return None
 
 
