@@ -23,10 +23,13 @@ Where the variables live:
   ``save``, ``save_weights`` and ``BackupAndRestore`` and restored by
   ``load_weights`` into a model that declared it (a budget declares it before
   ``BackupAndRestore`` restores); a plain model read back by ``load_model``
-  (whose config knows nothing of it) starts again at strength 1. A Functional
-  model counts its variables among its weights (``model.get_weights()`` has
-  two more arrays); on JAX a plain Sequential cannot carry them into the
-  compiled step and is refused (use ``add_group_sparsity``).
+  (whose config knows nothing of it) starts again at strength 1. On
+  TensorFlow and PyTorch the model's ``weights``, ``get_weights()`` and
+  ``count_params()`` stay its layers' own. On JAX the compiled step receives
+  a model's own variables only, so a Functional model counts the state's two
+  variables among its weights there (``get_weights()`` has two more arrays;
+  :func:`layer_weights` leaves them out), and a plain Sequential, which cannot
+  count them, is refused (use ``add_group_sparsity``).
 """
 
 import weakref
@@ -36,7 +39,8 @@ import numpy as np
 
 from keras_group_lasso._validation import InvalidParameterError, fail
 
-__all__ = ["GroupPenalties", "PenaltyState", "declare_group_penalties", "declared_penalties", "BUDGET_STATE_SIZE"]
+__all__ = ["GroupPenalties", "PenaltyState", "declare_group_penalties", "declared_penalties", "layer_weights",
+           "BUDGET_STATE_SIZE"]
 
 BUDGET_STATE_SIZE = 16
 _ATTRIBUTE = "_group_penalties"
@@ -212,6 +216,39 @@ class _Described:
         return self.text
 
 
+def attach_state(model, state, carried):
+    """Set ``state`` as ``model.group_penalty_state``: saved with the model's weights either way.
+
+    ``carried``: tracked by Keras, so a Functional model counts its variables
+    among its own (what a compiled JAX step needs to receive them); otherwise
+    not tracked, so ``model.weights``, ``get_weights`` and ``count_params``
+    stay the layers' own (TensorFlow and PyTorch read the variables
+    themselves). Keras saves and restores an attribute either way.
+    """
+    if carried:
+        model.group_penalty_state = state
+    else:
+        object.__setattr__(model, "group_penalty_state", state)
+
+
+def state_variables(model):
+    """The variables of the penalties' state that ``model`` holds (its multiplier included)."""
+    found = []
+    state = getattr(model, "group_penalty_state", None)
+    if isinstance(state, PenaltyState):
+        found += list(state.weights)
+    multiplier = getattr(model, "penalty_multiplier", None)
+    if isinstance(multiplier, keras.Variable):
+        found.append(multiplier)
+    return found
+
+
+def layer_weights(model):
+    """``model.weights`` without the penalties' state: the weights the model's layers hold."""
+    state = {id(v) for v in state_variables(model)}
+    return [v for v in model.weights if id(v) not in state]
+
+
 def declared_penalties(model):
     """The :class:`GroupPenalties` ``model`` declared, or ``None`` (nothing needed its state yet)."""
     found = getattr(model, _ATTRIBUTE, None)
@@ -246,7 +283,7 @@ def declare_group_penalties(model, owner="declare_group_penalties", multiplier=N
                 state = getattr(model, "group_penalty_state", None)
             if not isinstance(state, PenaltyState):
                 state = PenaltyState(with_multiplier=True)
-                model.group_penalty_state = state
+                attach_state(model, state, carried=keras.backend.backend() == "jax")
             if keras.backend.backend() == "jax" and not any(v is state.multiplier
                                                            for v in model.non_trainable_variables):
                 # A compiled JAX step receives the model's variables only; a plain Sequential does not
