@@ -95,7 +95,9 @@ def _constants_everywhere(model, rng):
         layer = graph.layers[node.name]
         kernel, bias = layer.get_weights()
         view = registry.kernel_view(rng.normal(size=kernel.shape), node.in_units)
-        view[:, rng.random(node.in_units) < 0.25, :] = 0.0
+        dead = rng.random(node.in_units) < 0.25
+        dead[rng.integers(node.in_units)] = False  # a path from the input stays
+        view[:, dead, :] = 0.0
         if not node.is_output:
             view[:, :, : max(1, node.out_units // 3)] = 0.0  # constants act(b), folded into the next bias
         layer.set_weights([view.reshape(kernel.shape), rng.normal(size=bias.shape)])
@@ -197,4 +199,122 @@ def test_a_grouped_convolution_is_named_by_every_entry_point(sequential):
         prune_model(model, T)
     report = sparsity_report(model, T)
     assert report.uninterpreted_layers == ("grouped (Conv2D)",)
+    assert_untouched(model, before)
+
+
+# ----------------------------------------------------------------------------- Reshape of size-1 axes
+
+
+def kill_groups(model, rng, dead=0.3, constant=0.2):
+    """Random group sparsity: zero random input groups of every units layer (its kernel rows that read them),
+    all incoming weights of random units (they output ``act(b)``), some weights below the threshold, random
+    biases, a few all-zero DepthwiseConv channels (constants through BatchNormalization), random
+    BatchNormalization statistics with a non-zero beta."""
+    graph = model_graph(model)
+    for node in graph.units:
+        layer = graph.layers[node.name]
+        weights = layer.get_weights()
+        view = registry.kernel_view(weights[0], node.in_units).copy()
+        view[:, rng.random(node.in_units) < dead, :] = 0.0
+        view[np.abs(view) < 0.01] *= 1e-4  # below the threshold
+        if not node.is_output:
+            view[:, :, rng.random(node.out_units) < constant] = 0.0
+        weights[0] = view.reshape(weights[0].shape)
+        if len(weights) > 1:
+            weights[1] = rng.normal(size=weights[1].shape) * (rng.random(weights[1].shape) < 0.7)
+        layer.set_weights(weights)
+    for layer in model.layers:
+        if type(layer) is L.DepthwiseConv2D:
+            weights = layer.get_weights()
+            weights[0][..., rng.random(weights[0].shape[-2]) < 0.1, :] = 0.0
+            layer.set_weights(weights)
+        elif type(layer) is L.BatchNormalization:
+            shape = layer.moving_mean.shape
+            layer.set_weights([rng.uniform(0.5, 1.5, shape), rng.normal(size=shape), rng.normal(size=shape),
+                               rng.uniform(0.5, 2.0, shape)])
+
+
+def assert_prunes_exactly_and_reloads(model, x, tmp_path):
+    before = weights_of(model)
+    small = prune_model(model, T)
+    assert_untouched(model, before)
+    assert small.count_params() < model.count_params()
+    assert_same_outputs(small, model, x, rtol=1e-5)
+    path = tmp_path / "small.keras"
+    small.save(path)
+    again = keras.saving.load_model(path)  # plain Keras: no custom objects
+    np.testing.assert_allclose(outputs(again, x)[0], outputs(small, x)[0], rtol=0, atol=1e-6)
+    return small
+
+
+def test_mobilenet_prunes_exactly_through_the_reshapes_of_its_head(rng, tmp_path):
+    # The head: GlobalAveragePooling2D(keepdims=True), Dropout, a 1x1 Conv2D (padding="same"), Reshape((10,)).
+    model = keras.applications.MobileNet(input_shape=(32, 32, 3), weights=None, classes=10,
+                                         classifier_activation=None)  # logits: the strictest comparison
+    kill_groups(model, rng)
+    x = rng.normal(size=(4, 32, 32, 3)).astype("float32")
+    small = assert_prunes_exactly_and_reloads(model, x, tmp_path)
+    report = small.pruning_report
+    assert report.uninterpreted_layers == ()
+    assert report.params_after < report.params_before
+    assert type(small.get_layer("reshape_2")) is L.Reshape
+    assert small.get_layer("reshape_2").get_config()["target_shape"] == (10,)
+
+
+def _reshaping_head(flatten):
+    """Conv -> GAP(keepdims) -> Reshape((C,)) or Flatten -> Dense -> Reshape((1, 1, U)) -> 1x1 Conv "same"
+    -> Reshape((V,)) -> Dense: units cross every Reshape."""
+    inp = keras.Input((7, 7, 3))
+    x = L.Conv2D(8, 3, activation="relu", name="features")(inp)
+    x = L.BatchNormalization(name="features_bn")(x)
+    x = L.GlobalAveragePooling2D(keepdims=True, name="pool")(x)
+    x = (L.Flatten(name="flat") if flatten else L.Reshape((8,), name="flat"))(x)
+    x = L.Dense(9, activation="tanh", name="squeeze")(x)
+    x = L.Reshape((1, 1, 9), name="to_map")(x)
+    x = L.Conv2D(7, 1, padding="same", activation="sigmoid", name="expand")(x)
+    x = L.BatchNormalization(name="expand_bn")(x)
+    x = L.Reshape((7,), name="to_vector")(x)
+    return keras.Model(inp, L.Dense(3, name="out")(x))
+
+
+@pytest.mark.parametrize("flatten", [False, True], ids=["reshape", "flatten"])
+def test_units_cross_reshapes_of_size_one_axes_and_the_reshapes_are_sliced(flatten, rng, tmp_path):
+    model = _reshaping_head(flatten)
+    graph = model_graph(model)
+    assert graph.supported and graph.node("expand").positions == 1
+    _constants_everywhere(model, rng)  # a third of each hidden layer's units are constants act(b)
+    x = rng.normal(size=(8, 7, 7, 3)).astype("float32")
+    small = assert_prunes_exactly_and_reloads(model, x, tmp_path)
+    masks = small.pruning_plan.masks
+    kept = {name: int(masks.units[name].sum()) for name in ("features", "squeeze", "expand")}
+    assert kept["squeeze"] < 9 and kept["expand"] < 7
+    # constants before the 1x1 "same" convolution are folded into its bias (a 1x1 window pads nothing)
+    assert masks.folded["squeeze"].any() and not masks.inputs["expand"][masks.folded["squeeze"]].any()
+    assert small.get_layer("to_map").get_config()["target_shape"] == (1, 1, kept["squeeze"])
+    assert small.get_layer("to_vector").get_config()["target_shape"] == (kept["expand"],)
+    assert small.get_layer("flat").output.shape == (None, kept["features"])
+    report = sparsity_report(model, T)
+    assert report.layer_sizes == small.pruning_report.layer_sizes
+    assert dict(zip(["features", "squeeze", "expand"], report.layer_sizes[1:])) == kept
+
+
+@pytest.mark.parametrize("target, shape, reason", [
+    ((4, 2), (8,), "a Reshape of (None, 8) to (None, 4, 2) (only a Reshape that adds or removes axes of size 1 "
+                   "and keeps the last axis, the units, is supported)"),
+    ((8, 1), (8,), "a Reshape of (None, 8) to (None, 8, 1) (only a Reshape that adds"),
+    ((18,), (3, 3, 2), "a Reshape of (None, 3, 3, 2) to (None, 18) (only a Reshape that adds"),
+], ids=["split-units", "units-off-the-last-axis", "merge-positions"])
+def test_every_other_reshape_is_still_refused_by_name(target, shape, reason):
+    inp = keras.Input(shape)
+    x = L.Dense(2, name="first")(inp) if len(shape) == 1 else L.Conv2D(2, 1, name="first")(inp)
+    if len(shape) == 1:
+        x = L.Dense(8, name="hidden")(x)
+    x = L.Reshape(target, name="odd")(x)
+    model = keras.Model(inp, L.Dense(3, name="out")(x))
+    before = weights_of(model)
+    with pytest.raises(UnsupportedModelError) as info:
+        prune_model(model, T)
+    assert str(info.value).startswith(f"prune_model: cannot prune layer 'odd' (Reshape): {reason}")
+    assert "Reshape (adding or removing axes of size 1)" in str(info.value)  # in the list of what is supported
+    assert sparsity_report(model, T).uninterpreted_layers == ("odd (Reshape)",)
     assert_untouched(model, before)

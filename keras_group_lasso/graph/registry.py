@@ -22,7 +22,8 @@ Kinds:
   puts one after a merge whose constant operand it removed).
 * ``"flatten"``, ``"global_pool"``: change the spatial shape; channel ``c`` of
   a ``(..., C)`` map becomes the features ``c, C + c, 2C + c, ...`` (Flatten)
-  or feature ``c`` (global pooling).
+  or feature ``c`` (global pooling); a Reshape that only adds or removes axes
+  of size 1 (``(1, 1, C) <-> (C,)``) is a Flatten of one position.
 * ``"merge"``: combines tensors of the same shape element by element (Add,
   Subtract, Average, Maximum, Minimum, Multiply): channel ``c`` of every
   operand and of the output is one unit, kept or removed together.
@@ -282,8 +283,16 @@ def is_separable(layer):
 
 
 def same_padding(layer):
-    """The layer pads its input with zeros (a constant is not constant at the border)."""
-    return getattr(layer, "padding", "valid") in ("same", "causal")
+    """The layer pads its input with zeros (a constant is not constant at the border).
+
+    A window of size 1 on every axis (a 1x1 convolution) pads nothing,
+    whatever its ``padding`` and strides: ``"same"`` pads ``(ceil(n / s) - 1)
+    * s + 1 - n <= 0`` entries, ``"causal"`` ``dilation * (1 - 1) = 0``.
+    """
+    if getattr(layer, "padding", "valid") not in ("same", "causal"):
+        return False
+    window = getattr(layer, "kernel_size", None)
+    return not (window and all(int(k) == 1 for k in window))
 
 
 def connections(layer, weights, in_units):
@@ -511,6 +520,43 @@ def _rescaling(layer, kept):
     return config, []
 
 
+def _known_shapes(layer):
+    try:
+        return tuple(layer.input.shape[1:]), tuple(layer.output.shape[1:])
+    except Exception:  # noqa: BLE001 - no single input or output
+        return None
+
+
+def _reshape_refusal(layer):
+    """A Reshape is a pass-through for units when it only adds or removes axes of size 1.
+
+    ``(1, 1, C) -> (C,)`` (after ``GlobalAveragePooling2D(keepdims=True)``) or
+    ``(C,) -> (1, 1, C)`` (before a 1x1 convolution): entry ``c`` of the
+    last axis is the same unit before and after.
+    """
+    shapes = _known_shapes(layer)
+    if shapes is None:
+        return "a Reshape whose input or output shape is unknown"
+    before, after = shapes
+    if any(d is None for d in before + after):
+        return f"a Reshape of {(None,) + before} to {(None,) + after} with axes of unknown size"
+    if (not before or not after or before[-1] != after[-1]
+            or math.prod(before[:-1]) != 1 or math.prod(after[:-1]) != 1):
+        return (f"a Reshape of {(None,) + before} to {(None,) + after} (only a Reshape that adds or removes "
+                "axes of size 1 and keeps the last axis, the units, is supported)")
+    return None
+
+
+def _reshape(layer, kept):
+    """A Reshape of size-1 axes, to the kept units: the last entry of ``target_shape`` becomes ``len(kept)``."""
+    config = layer.get_config()
+    target = list(config["target_shape"])
+    if target[-1] != -1:  # -1 is inferred: the kept units
+        target[-1] = int(len(kept))
+    config["target_shape"] = tuple(target)
+    return config, []
+
+
 def slice_layer(layer, kept):
     """``(config, weights)`` of a per-unit or per-element ``layer`` restricted to the units ``kept``."""
     rule = rule_of(layer)
@@ -636,6 +682,9 @@ def _register_builtin():
                    description="Normalization")
     register_layer(L.Rescaling, "per_element", slicer=_rescaling, constants="call", description="Rescaling")
     register_layer(L.Flatten, "flatten", constants="identity", description="Flatten")
+    # Adding or removing size-1 axes is a Flatten of a one-position map (or its inverse): units pass as they are.
+    register_layer(L.Reshape, "flatten", slicer=_reshape, constants="identity",
+                   description="Reshape (adding or removing axes of size 1)", refusal=_reshape_refusal)
     for name in ("GlobalAveragePooling1D", "GlobalAveragePooling2D", "GlobalAveragePooling3D",
                  "GlobalMaxPooling1D", "GlobalMaxPooling2D", "GlobalMaxPooling3D"):
         register_layer(getattr(L, name), "global_pool", constants="identity", description=name)

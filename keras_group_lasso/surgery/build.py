@@ -239,7 +239,8 @@ def prune_model(model, threshold=1e-3, inputs="original", round_to=1, fold_batch
         else:
             (name,) = src
             x, have = tensors[name], present[name]
-            if node.kind == "flatten" and graph.tensor(name).elements and sliced_features:
+            if (node.kind == "flatten" and graph.tensor(name).elements and sliced_features
+                    and len(layer.output.shape) == 2):
                 tensors[node.name], present[node.name] = x, have  # the selected features are already flat
                 continue
             if have.all() and not (sliced_features and graph.tensor(name).elements):
