@@ -14,23 +14,19 @@ import pytest
 from keras_group_lasso import (
     UnsupportedModelError,
     add_group_sparsity,
-    apply_threshold,
     prune_model,
     sparsity_report,
 )
 from keras_group_lasso.graph import registry
 from keras_group_lasso.graph.build import model_graph
+from test_branching import kill_units
+from test_cnn import thresholded_copy
 
 T = 1e-3
 L = keras.layers
 BACKEND = keras.backend.backend()
 
 
-def thresholded_copy(model):
-    copy = keras.models.clone_model(model)
-    copy.set_weights(model.get_weights())
-    apply_threshold(copy, T)
-    return copy
 
 
 def outputs(model, x):
@@ -205,33 +201,16 @@ def test_a_grouped_convolution_is_named_by_every_entry_point(sequential):
 # ----------------------------------------------------------------------------- Reshape of size-1 axes
 
 
-def kill_groups(model, rng, dead=0.3, constant=0.2):
-    """Random group sparsity: zero random input groups of every units layer (its kernel rows that read them),
-    all incoming weights of random units (they output ``act(b)``), some weights below the threshold, random
-    biases, a few all-zero DepthwiseConv channels (constants through BatchNormalization), random
-    BatchNormalization statistics with a non-zero beta."""
-    graph = model_graph(model)
-    for node in graph.units:
-        layer = graph.layers[node.name]
-        weights = layer.get_weights()
-        view = registry.kernel_view(weights[0], node.in_units).copy()
-        view[:, rng.random(node.in_units) < dead, :] = 0.0
-        view[np.abs(view) < 0.01] *= 1e-4  # below the threshold
-        if not node.is_output:
-            view[:, :, rng.random(node.out_units) < constant] = 0.0
-        weights[0] = view.reshape(weights[0].shape)
-        if len(weights) > 1:
-            weights[1] = rng.normal(size=weights[1].shape) * (rng.random(weights[1].shape) < 0.7)
-        layer.set_weights(weights)
+def kill_groups(model, rng):
+    """Random group sparsity (``test_branching.kill_units``: dead input groups, units that output ``act(b)``,
+    weights below the threshold, random biases and BatchNormalization statistics with a non-zero beta), plus a
+    few all-zero DepthwiseConv channels (constants through BatchNormalization)."""
+    kill_units(model, rng, dead=0.3, constant=0.2, dead_layer=0.0)
     for layer in model.layers:
         if type(layer) is L.DepthwiseConv2D:
             weights = layer.get_weights()
             weights[0][..., rng.random(weights[0].shape[-2]) < 0.1, :] = 0.0
             layer.set_weights(weights)
-        elif type(layer) is L.BatchNormalization:
-            shape = layer.moving_mean.shape
-            layer.set_weights([rng.uniform(0.5, 1.5, shape), rng.normal(size=shape), rng.normal(size=shape),
-                               rng.uniform(0.5, 2.0, shape)])
 
 
 def assert_prunes_exactly_and_reloads(model, x, tmp_path):
