@@ -43,6 +43,16 @@ class NonFiniteError(ValueError):
         self.names = tuple(names)
 
 
+class Described:
+    """A value shown in an error message by its description (a tensor's repr can print all its values)."""
+
+    def __init__(self, text):
+        self.text = text
+
+    def __repr__(self):
+        return self.text
+
+
 def fail(owner, name, constraint, value):
     """Raise the project's one error form for a bad argument."""
     raise InvalidParameterError(

@@ -37,12 +37,17 @@ import weakref
 import keras
 import numpy as np
 
-from keras_group_lasso._validation import InvalidParameterError, fail
+from keras_group_lasso._validation import Described, InvalidParameterError, fail
 
 __all__ = ["GroupPenalties", "PenaltyState", "declare_group_penalties", "declared_penalties", "layer_weights",
            "BUDGET_STATE_SIZE"]
 
 BUDGET_STATE_SIZE = 16
+WEIGHT_ONLY = (
+    "a weight (a kernel or a bias): a group penalty sums over the rows of a weight, so use it as "
+    "kernel_regularizer or bias_regularizer; as activity_regularizer it would receive the layer's "
+    "output and group the samples of a batch"
+)
 _ATTRIBUTE = "_group_penalties"
 _PENALTY_ATTRIBUTES = ("kernel_regularizer", "bias_regularizer", "depthwise_regularizer", "pointwise_regularizer")
 
@@ -201,19 +206,8 @@ def _refuse_activity_penalties(model):
     for layer in _layers(model):
         penalty = getattr(layer, "activity_regularizer", None)
         if isinstance(penalty, GroupSparseRegularizer):
-            fail(type(penalty).__name__, "x",
-                 "a weight (a kernel or a bias): a group penalty sums over the rows of a weight, so use it as "
-                 "kernel_regularizer or bias_regularizer; as activity_regularizer it would receive the layer's "
-                 "output and group the samples of a batch",
-                 _Described(f"the activity_regularizer of layer '{layer.name}' ({type(layer).__name__})"))
-
-
-class _Described:
-    def __init__(self, text):
-        self.text = text
-
-    def __repr__(self):
-        return self.text
+            received = f"the activity_regularizer of layer '{layer.name}' ({type(layer).__name__})"
+            fail(type(penalty).__name__, "x", WEIGHT_ONLY, Described(received))
 
 
 def attach_state(model, state, carried):

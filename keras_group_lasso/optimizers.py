@@ -54,7 +54,7 @@ import numpy as np
 from keras import ops
 
 from keras_group_lasso import prox
-from keras_group_lasso._backend import torch_compiling, value_outside_trace
+from keras_group_lasso._backend import torch_compiling
 from keras_group_lasso._validation import check_choice, fail
 from keras_group_lasso.regularizers import COUPLED_INDEX, CoupledGroupLasso, GroupSparseRegularizer
 
@@ -334,7 +334,7 @@ class Proximal(keras.optimizers.Optimizer):
         return None
 
     def _refresh_multiplier(self):
-        """On JAX, copy the declared multiplier into ``penalty_multiplier`` (outside any trace), which the step reads."""
+        """On JAX, copy the declared multiplier into ``penalty_multiplier`` (outside any trace): the step reads it."""
         source = self._declared_multiplier()
         if source is None or not self.built or keras.backend.backend() != "jax":
             return

@@ -22,7 +22,7 @@ import keras
 
 from keras_group_lasso import declared as _declared
 from keras_group_lasso import prox
-from keras_group_lasso._validation import check_non_negative, check_positive_int, fail
+from keras_group_lasso._validation import Described, check_non_negative, check_positive_int, fail
 
 __all__ = [
     "GroupLasso",
@@ -43,21 +43,6 @@ _PACKAGE = "keras_group_lasso"
 COUPLED_INDEX = 1
 DEFAULT_FACTOR = 1e-3
 
-_WEIGHT_ONLY = (
-    "a weight (a kernel or a bias): a group penalty sums over the rows of a weight, so use it as "
-    "kernel_regularizer or bias_regularizer; as activity_regularizer it would receive the layer's "
-    "output and group the samples of a batch"
-)
-
-
-class _Described:
-    """A value shown in an error message by its description (a tensor's repr can print all its values)."""
-
-    def __init__(self, text):
-        self.text = text
-
-    def __repr__(self):
-        return self.text
 
 
 class GroupSparseRegularizer(keras.regularizers.Regularizer):
@@ -236,7 +221,8 @@ class GroupSparseRegularizer(keras.regularizers.Regularizer):
                 x,
             )
         if any(d is None for d in shape):
-            fail(type(self).__name__, "x", _WEIGHT_ONLY, _Described(f"a tensor of shape {shape}, which no weight has"))
+            received = Described(f"a tensor of shape {shape}, which no weight has")
+            fail(type(self).__name__, "x", _declared.WEIGHT_ONLY, received)
 
     def prox(self, x, step):
         """Proximal step of this penalty with step size ``step`` (e.g. the learning rate).

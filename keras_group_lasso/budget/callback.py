@@ -17,8 +17,7 @@ import numpy as np
 from keras_group_lasso import analysis
 from keras_group_lasso._validation import check_non_negative, check_positive_int, fail
 from keras_group_lasso.budget import cut, rounding, schedule
-from keras_group_lasso.budget import state as schedule_state
-from keras_group_lasso.budget.state import BudgetState
+from keras_group_lasso.budget.state import CUT, SEARCH, WITHIN, BudgetState
 from keras_group_lasso.declared import BUDGET_STATE_SIZE, declare_group_penalties
 from keras_group_lasso.regularizers import group_sparse_penalties
 
@@ -430,12 +429,12 @@ class SparsityBudget(keras.callbacks.Callback):
                 sizes = self._measure()
                 over = self._over(sizes)
                 if removed:
-                    phase = schedule_state.CUT
+                    phase = CUT
             if over > 1.0:
                 more, sizes = self._cut_weakest_groups(epoch, sizes)
-                removed, phase = removed + more, schedule_state.CUT
-            elif phase != schedule_state.CUT:
-                phase = schedule_state.WITHIN
+                removed, phase = removed + more, CUT
+            elif phase != CUT:
+                phase = WITHIN
             if not state.settling:
                 # The structure is fixed from here on: every group that is zero now stays zero (exactly: the
                 # state a resumed training reads again), and the survivors train without the penalties, so
@@ -448,7 +447,7 @@ class SparsityBudget(keras.callbacks.Callback):
             self._freeze()
         else:
             self._steer(sizes, progress, schedule.last_fraction(self.update_freq, self._steps))
-            self._update(phase=schedule_state.SEARCH if over > 1.0 else schedule_state.WITHIN)
+            self._update(phase=SEARCH if over > 1.0 else WITHIN)
         self._update(last_sizes=sizes, decided=epoch + 1)
         return removed, sizes
 
@@ -497,7 +496,7 @@ class SparsityBudget(keras.callbacks.Callback):
                 )
                 self._warned = False
             more, sizes = self._cut_weakest_groups(None, sizes)
-            self._update(phase=schedule_state.CUT, cut=self.state.cut + more)
+            self._update(phase=CUT, cut=self.state.cut + more)
         self._update(last_sizes=sizes)
         self._finished = sizes
         self._release_constraints()

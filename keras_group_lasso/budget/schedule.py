@@ -118,7 +118,8 @@ def near_budget(dense, limits, progress, power):
     further below its budget than it needs.
 
     Example:
-        >>> near_budget({"features": 50}, {"features": 10}, 0.99, 1.0), near_budget({"features": 50}, {"features": 10}, 0.5, 1.0)
+        >>> dense, limits = {"features": 50}, {"features": 10}
+        >>> near_budget(dense, limits, 0.99, 1.0), near_budget(dense, limits, 0.5, 1.0)
         (True, False)
     """
     goals = targets(dense, limits, progress, power)
