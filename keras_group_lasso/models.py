@@ -129,7 +129,7 @@ class GroupSparseSequential(_MultiplierState, keras.Sequential):
     def add(self, layer, rebuild=True):
         super().add(layer, rebuild=rebuild)
         if hasattr(self, "penalty_multiplier"):
-            declare_group_penalties(self, type(self).__name__).link()
+            declare_group_penalties(self, type(self).__name__)  # links the penalties of the new layer
 
 
 def set_penalty_multiplier(model, value=None, *, input=None, hidden=None):
