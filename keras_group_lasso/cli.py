@@ -4,6 +4,10 @@ Subcommands:
     demo   train a group-sparse MLP on the bundled DIGITS data and report it
     prune  cut a trained .keras model down to its live units and export it
     bench  run the paper-reproduction benchmarks of a source checkout
+
+Only the standard library is imported here at module level: the parser, ``--help`` and usage
+errors need nothing else. Keras, a backend and the package's API are imported inside the
+commands that use them (tests/test_cli.py checks this by loading this file on its own).
 """
 
 import argparse

@@ -298,3 +298,87 @@ def test_demo_failure_after_training_is_one_line(capsys, monkeypatch):
     assert capsys.readouterr().err == (
         "keras-group-lasso demo: error: sparsity_report: the weights of the model are not finite ...\n"
     )
+
+
+# ----------------------------------------------------------------------------- help and usage errors
+
+# Runs cli.main on each argv of sys.argv[2] in a fresh interpreter and prints, as JSON, each exit status,
+# stdout and stderr, and which heavy modules were imported before the first command and after the last.
+_RUN_COMMANDS = r"""
+import contextlib, io, json, sys
+
+HEAVY = ("keras", "keras_group_lasso", "numpy", "tensorflow", "jax", "torch")
+
+def imported():
+    return sorted(name for name in HEAVY if name in sys.modules)
+
+if sys.argv[1] == "package":
+    from keras_group_lasso import cli  # what the keras-group-lasso command imports
+else:  # cli.py on its own, without the package around it
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("cli_on_its_own", sys.argv[1])
+    cli = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(cli)
+before = imported()
+results = []
+for argv in json.loads(sys.argv[2]):
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            code = cli.main(argv)
+        except SystemExit as e:
+            code = e.code
+    results.append([code, out.getvalue(), err.getvalue()])
+print(json.dumps({"before": before, "after": imported(), "results": results}))
+"""
+
+# argv, exit status, what stdout or stderr holds
+_USAGE = [
+    (["--help"], 0, "usage: keras-group-lasso [-h] {demo,prune,bench} ..."),
+    (["demo", "--help"], 0, "--epochs EPOCHS"),
+    (["prune", "--help"], 0, "usage: keras-group-lasso prune [-h]"),
+    (["bench", "--help"], 0, "{digits,fashion-mnist,peers,all}"),
+    ([], 2, "keras-group-lasso: error: the following arguments are required: command"),
+    (["train"], 2, "keras-group-lasso: error: argument command: invalid choice: 'train'"),
+    (["demo", "--epochs", "ten"], 2, "keras-group-lasso demo: error: argument --epochs: invalid int value: 'ten'"),
+    (["demo", "--factor", "strong"], 2, "argument --factor: invalid float value: 'strong'"),
+    (["prune", "m.keras"], 2, "keras-group-lasso prune: error: the following arguments are required: OUT_DIR"),
+    (["prune", "m.keras", "out", "--inputs", "all"], 2, "argument --inputs: invalid choice: 'all'"),
+    (["prune", "m.keras", "out", "--round-to", "1.5"], 2, "argument --round-to: invalid int value: '1.5'"),
+    (["bench", "cifar"], 2, "keras-group-lasso bench: error: argument name: invalid choice: 'cifar'"),
+    (["bench", "digits", "--seeds", "0"], 2, "keras-group-lasso bench: error: argument --seeds: must be an integer >= 1; received '0'"),
+]
+
+
+def _run_commands(source):
+    import subprocess
+    import sys
+
+    argvs = [argv for argv, _, _ in _USAGE]
+    done = subprocess.run(
+        [sys.executable, "-c", _RUN_COMMANDS, source, json.dumps(argvs)],
+        capture_output=True, text=True, timeout=300, cwd=os.path.dirname(os.path.dirname(__file__)),
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    report = json.loads(done.stdout.strip().splitlines()[-1])
+    for (argv, status, fragment), (code, out, err) in zip(_USAGE, report["results"]):
+        assert code == status, (argv, code, out, err)
+        assert fragment in (out if status == 0 else err), (argv, out, err)
+        assert "Traceback" not in err, (argv, err)
+    return report
+
+
+def test_help_and_usage_errors_need_only_the_standard_library():
+    """cli.py, loaded on its own: --help and every usage error run without Keras, a backend or numpy."""
+    import keras_group_lasso.cli
+
+    report = _run_commands(keras_group_lasso.cli.__file__)
+    assert report["before"] == []
+    assert report["after"] == []
+
+
+def test_the_command_answers_help_and_usage_errors_without_importing_more():
+    """Through the package, as the keras-group-lasso command runs: the commands import nothing heavy
+    beyond what `import keras_group_lasso` already did (the package's __init__ imports Keras and its backend)."""
+    report = _run_commands("package")
+    assert report["after"] == report["before"]
