@@ -29,7 +29,7 @@ import numpy as np
 
 from keras_group_lasso._validation import NonFiniteError, check_non_negative, check_positive_int, fail
 from keras_group_lasso.graph import registry
-from keras_group_lasso.graph.build import is_graph_model, model_graph
+from keras_group_lasso.graph.build import class_name, is_graph_model, model_graph
 from keras_group_lasso.graph.masks import UnitMasks, compute_masks, needed_units, threshold_array
 
 __all__ = [
@@ -195,16 +195,17 @@ def _read_weights(graph, owner):
     broken = []
     names = [node.name for node in graph.units]
     for name in names:
-        weights[name] = registry.units_weights(graph.layers[name])
-    extra = [name for name in _depthwise_names(graph)]
+        weights[name] = registry.units_rule(graph.layers[name]).weights(graph.layers[name])
     for name in names:
         for kind, values in weights[name].items():
             if values is not None and not np.all(np.isfinite(values)):
                 broken.append((f"{name}/{kind}", values))
-    for name in extra:
-        for i, values in enumerate(graph.layers[name].get_weights()):
+    for node in graph.nodes:  # thresholded per-unit layers (DepthwiseConv)
+        layer = graph.layers[node.name]
+        rule = registry.rule_of(layer) if node.kind != "units" else None
+        for kind, values in (rule.checked_weights(layer) if rule is not None else {}).items():
             if not np.all(np.isfinite(values)):
-                broken.append((f"{name}/{('kernel', 'bias')[min(i, 1)]}", values))
+                broken.append((f"{node.name}/{kind}", values))
     if broken:
         raise NonFiniteError(
             f"{owner}: the weights of the model are not finite, so no weight can be counted as zero or "
@@ -215,14 +216,6 @@ def _read_weights(graph, owner):
             names=[label for label, _ in broken],
         )
     return weights
-
-
-def _depthwise_names(graph):
-    return [
-        node.name
-        for node in graph.nodes
-        if type(graph.layers[node.name]) in (keras.layers.DepthwiseConv1D, keras.layers.DepthwiseConv2D)
-    ]
 
 
 def _thresholded(weights, threshold):
@@ -562,11 +555,12 @@ def _report_from(graph, weights, masks, threshold):
         kept_out = int(masks.units[name].sum())
         has_bias = w["bias"] is not None
         is_output = masks.is_output[name]
+        rule = registry.units_rule(layer)
         shape = registry.output_shape(layer, node.out_units)
-        before = registry.node_flops(layer, node)
-        after = registry.units_flops(layer, node.positions, kept_in, kept_out, shape)
-        params = registry.units_params(layer, node.positions, node.in_units, node.out_units, has_bias)
-        params_kept = registry.units_params(layer, node.positions, kept_in, kept_out, has_bias)
+        before = rule.node_flops(layer, node)
+        after = rule.flops(layer, node.positions, kept_in, kept_out, shape)
+        params = rule.params(layer, node.positions, node.in_units, node.out_units, has_bias)
+        params_kept = rule.params(layer, node.positions, kept_in, kept_out, has_bias)
         per_layer.append(
             LayerSparsity(
                 name=name,
@@ -580,7 +574,7 @@ def _report_from(graph, weights, masks, threshold):
                 units_alive=kept_out,
                 constant_units=int(masks.constant[name].sum()),
                 is_output=bool(is_output),
-                kind=type(layer).__name__,
+                kind=class_name(layer),
                 flops_before=int(before),
                 flops_after=int(after),
                 flops_per_position=bool(registry.variable_axes(shape)),
@@ -644,23 +638,10 @@ def _thresholdable_layers(model, graph):
     layers = list(graph.layers.values()) if graph.layers else _all_layers(model)
     out = []
     for layer in layers:
-        if layer is None or isinstance(layer, keras.Model):
-            continue
-        if registry.is_separable(layer):
-            variables = [layer.depthwise_kernel, layer.pointwise_kernel]
-        elif type(layer) is keras.layers.Dense or _is_convolution(layer):
-            variables = [layer.kernel]
-        else:
-            continue
-        if getattr(layer, "use_bias", False) and layer.bias is not None:
-            variables.append(layer.bias)
-        out.append((layer, variables))
+        rule = registry.rule_of(layer) if layer is not None else None
+        if rule is not None and rule.thresholded:
+            out.append((layer, rule.thresholded_variables(layer)))
     return out
-
-
-def _is_convolution(layer):
-    names = ("Conv1D", "Conv2D", "Conv3D", "DepthwiseConv1D", "DepthwiseConv2D")
-    return any(type(layer) is getattr(keras.layers, n) for n in names)
 
 
 def _all_layers(model):
@@ -718,9 +699,8 @@ def apply_threshold(model, threshold=1e-3):
 
 def _group_norms(graph, node):
     layer = graph.layers[node.name]
-    w = registry.units_weights(layer)["kernel"].astype("float32")
-    view = registry.kernel_view(w, node.in_units)
-    return np.sqrt(np.sum(np.square(view), axis=(0, 2)))
+    rule = registry.units_rule(layer)
+    return rule.view.norms(rule.weights(layer)["kernel"], node.in_units)
 
 
 def input_feature_strength(model):

@@ -34,6 +34,7 @@ import keras
 from keras_group_lasso import surgery
 from keras_group_lasso._distributed import is_chief
 from keras_group_lasso._validation import check_choice, check_non_negative, check_positive_int, fail
+from keras_group_lasso.graph import registry
 
 __all__ = ["export_pruned", "ExportResult", "FORMATS", "ARTIFACTS"]
 
@@ -167,22 +168,19 @@ def _input_spec(tf, model):
     return tf.TensorSpec(shape, tf.float32, name=INPUT_NAME)
 
 
-# Layers that are the identity at inference. Left out of the serving formats: on JAX their
-# random seed state would be exported as a uint32 variable, which TFLite cannot convert.
-_TRAINING_ONLY = ("Dropout", "GaussianDropout", "GaussianNoise", "AlphaDropout")
-
-
 def _serving_model(small):
     """``small`` without its training-only layers (the same outputs at inference), sharing its layers."""
     layers = [layer for layer in small.layers if not isinstance(layer, keras.layers.InputLayer)]
-    training_only = tuple(getattr(keras.layers, name) for name in _TRAINING_ONLY)
-    if not any(type(layer) in training_only for layer in layers):
+    # Layers that are the identity at inference (Dropout, noise) are left out of the serving formats: on
+    # JAX their random seed state would be exported as a uint32 variable, which TFLite cannot convert.
+    training_only = [getattr(registry.rule_of(layer), "inference_identity", False) for layer in layers]
+    if not any(training_only):
         return small
     source = small.inputs[0]
     inputs = keras.Input(shape=tuple(source.shape[1:]), dtype=source.dtype)
     x = inputs
-    for layer in layers:  # a pruned model is one chain
-        if type(layer) not in training_only:
+    for layer, skip in zip(layers, training_only):  # a pruned model is one chain
+        if not skip:
             x = layer(x)
     return keras.Model(inputs, x, name=small.name)
 

@@ -186,8 +186,7 @@ def _check_graph_model(owner, model):
 
 
 def _makes_units(layer):
-    rule = registry.rule_of(layer)
-    return rule is not None and rule.kind == "units"
+    return registry.units_rule(layer) is not None
 
 
 def _dense_inside(model, prefix="", parents=()):
@@ -239,8 +238,8 @@ def _refresh_normalization(model):
     for layer in model.layers:
         if isinstance(layer, keras.Model):
             _refresh_normalization(layer)
-        elif type(layer) is keras.layers.Normalization and layer.weights:
-            layer.load_own_variables({str(i): w for i, w in enumerate(layer.get_weights())})
+        elif hasattr(registry.rule_of(layer), "refresh"):
+            registry.rule_of(layer).refresh(layer)
 
 
 def add_group_sparsity(model, factor=1e-3, *, l1=None, input_factor=None, penalty="sgl", bias=True,
@@ -351,26 +350,27 @@ def add_group_sparsity(model, factor=1e-3, *, l1=None, input_factor=None, penalt
             role, channels, name = found
             own = (input_factor if role == "input" else factor) * scale.get(name, 1.0)
             own_l1 = input_l1 if role == "input" else l1
+            rule = registry.units_rule(layer)
+            axis = rule.view.axis
             if name in coupled.members:
                 keys, anchor = coupled.members[name]
                 penalty_of = lambda: CoupledGroupLasso(  # noqa: E731
-                    own, l1=own_l1, channels=channels, coupled=keys, scales=coupled.scales, anchor=anchor, role=role)
+                    own, l1=own_l1, channels=channels, coupled=keys, scales=coupled.scales, anchor=anchor, role=role,
+                    axis=axis)
             elif role == "input":
-                penalty_of = lambda: InputGroupLasso(own, l1=input_l1, channels=channels)  # noqa: E731
+                penalty_of = lambda: InputGroupLasso(own, l1=input_l1, channels=channels, axis=axis)  # noqa: E731
             else:
-                penalty_of = lambda: HiddenGroupLasso(own, l1=l1, channels=channels)  # noqa: E731
-            attributes = (("depthwise_regularizer", "pointwise_regularizer") if registry.is_separable(layer)
-                          else ("kernel_regularizer",)) + (("bias_regularizer",) if bias and layer.use_bias else ())
+                penalty_of = lambda: HiddenGroupLasso(own, l1=l1, channels=channels, axis=axis)  # noqa: E731
+            kernels = rule.regularizer_attributes(layer)
+            attributes = kernels + (("bias_regularizer",) if bias and layer.use_bias else ())
             for attribute in attributes:
                 existing = getattr(layer, attribute, None)
                 if existing is not None and not isinstance(existing, GroupSparseRegularizer):
                     replaced.append(f"{name}.{attribute} ({type(existing).__name__})")
-            if registry.is_separable(layer):
-                # Input channel c's outgoing weights: depthwise[..., c, :] and pointwise[..., c, :].
-                config["depthwise_regularizer"] = penalty_of()
-                config["pointwise_regularizer"] = penalty_of()
-            else:
-                config["kernel_regularizer"] = penalty_of()
+            # Input unit c's outgoing weights, in every kernel (a SeparableConv's depthwise[..., c, :] and
+            # pointwise[..., c, :]): each kernel carries the penalty on the same groups.
+            for attribute in kernels:
+                config[attribute] = penalty_of()
             if bias and layer.use_bias:
                 config["bias_regularizer"] = (
                     SparseGroupLasso(factor, l1=l1) if penalty == "sgl" else GroupLasso(factor)
@@ -410,7 +410,7 @@ def _coupling(graph, factor, input_factor):
     for node in graph.units:
         for i, unit in enumerate(node.in_ids):
             readers.setdefault(int(unit), []).append((node.name, i))
-            if registry.is_separable(graph.layers[node.name]):
+            if len(registry.units_rule(graph.layers[node.name]).kernels(graph.layers[node.name])) > 1:
                 separable.add(int(unit))
     units = {node.name: node for node in graph.units}
     keys, scales, groups = {}, [], []
@@ -441,7 +441,7 @@ def _flop_weights(graph, coupled, factor, input_factor):
     """
     cost = {}
     for node in graph.units:
-        flops = registry.node_flops(graph.layers[node.name], node)
+        flops = registry.units_rule(graph.layers[node.name]).node_flops(graph.layers[node.name], node)
         for ids, count in ((node.out_ids, node.out_units), (node.in_ids, node.in_units)):
             for unit in ids:
                 cost[int(unit)] = cost.get(int(unit), 0.0) + flops / count
@@ -449,7 +449,8 @@ def _flop_weights(graph, coupled, factor, input_factor):
     groups = []  # (layer name or None, cost, sqrt(size), strength > 0)
     for node in graph.units:
         strength = input_factor if node.reads_input else factor
-        size = registry.units_params(graph.layers[node.name], node.positions, 1, node.out_units, False)
+        layer = graph.layers[node.name]
+        size = registry.units_rule(layer).params(layer, node.positions, 1, node.out_units, False)
         groups += [(node.name, cost[int(u)], math.sqrt(size), strength > 0)
                    for u in node.in_ids if int(u) not in coupled_units]
     for unit, _, size in coupled.groups:

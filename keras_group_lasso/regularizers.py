@@ -23,6 +23,7 @@ import keras
 from keras_group_lasso import declared as _declared
 from keras_group_lasso import prox
 from keras_group_lasso._validation import Described, check_non_negative, check_positive_int, fail
+from keras_group_lasso.groups import AXES, GroupView
 
 __all__ = [
     "GroupLasso",
@@ -59,6 +60,11 @@ class GroupSparseRegularizer(keras.regularizers.Regularizer):
             map: row ``r`` belongs to channel ``r % C``, and a group is all
             rows of one channel (so the penalty removes whole channels, not
             single positions of a map).
+        axis: where a kernel holds the unit index of its groups: ``-2``
+            (default; Dense and convolution kernels ``(..., in, out)``) or
+            ``-1`` (a transposed convolution's kernel ``(..., out, in)``);
+            :func:`~keras_group_lasso.add_group_sparsity` sets it from the
+            layer (see :class:`~keras_group_lasso.groups.GroupView`).
         role: ``"input"``, ``"hidden"`` or ``"any"``.
         spared: the number of strongest groups (largest norms, read at each
             step) that the penalty leaves alone: they add nothing to its
@@ -88,13 +94,19 @@ class GroupSparseRegularizer(keras.regularizers.Regularizer):
 
     role = "any"
 
-    def __init__(self, factor=DEFAULT_FACTOR, l1=0.0, channels=None):
+    def __init__(self, factor=DEFAULT_FACTOR, l1=0.0, channels=None, axis=-2):
         owner = type(self).__name__
         self.factor = check_non_negative(owner, "factor", factor)
         self.l1 = check_non_negative(owner, "l1", l1)
         if channels is not None:
             channels = check_positive_int(owner, "channels", channels)
+        if isinstance(axis, bool) or axis not in AXES:
+            fail(owner, "axis", "-2 (the unit index of a kernel (..., in, out)) or -1 (a transposed "
+                 "convolution's kernel (..., out, in))", axis)
+        if channels is not None and axis != -2:
+            fail(owner, "channels", "None with axis=-1 (channels applies to a Dense kernel)", channels)
         self.channels = channels
+        self.axis = int(axis)
         self.declared = None
         # The number of strongest groups the penalty leaves alone (a SparsityBudget with
         # round_to sets it during fit; never saved). Read when a step is traced.
@@ -143,11 +155,20 @@ class GroupSparseRegularizer(keras.regularizers.Regularizer):
         index = self.multiplier_index if index is None else index
         return value * keras.ops.cast(multiplier[index], value.dtype)
 
-    def group_shape(self, shape):
-        """The shape in which this penalty's groups lie along axis -2 (``shape`` itself without ``channels``).
+    @property
+    def view(self):
+        """The :class:`~keras_group_lasso.groups.GroupView` of this penalty's weight (``axis``, ``channels``)."""
+        return GroupView(self.axis, self.channels)
 
-        With ``channels=C`` a kernel ``(rows, out)`` is seen as
-        ``(rows // C, C, out)``: group ``c`` is the rows ``c, C + c, 2C + c, ...``.
+    def group_shape(self, shape):
+        """The shape in which this penalty's groups lie along axis -2: a reshape of ``shape`` (:class:`GroupView`).
+
+        Without ``channels`` and with ``axis=-2`` a kernel keeps its rank-2
+        shape and a convolution kernel ``(k..., in, out)`` is ``(prod(k), in,
+        out)``; with ``channels=C`` a kernel ``(rows, out)`` is seen as
+        ``(rows // C, C, out)``: group ``c`` is the rows ``c, C + c, 2C + c,
+        ...``; with ``axis=-1`` a kernel ``(k..., out, in)`` is ``(prod(k) * out,
+        in, 1)``.
 
         Raises:
             InvalidParameterError: ``channels`` does not divide the number of rows.
@@ -156,18 +177,15 @@ class GroupSparseRegularizer(keras.regularizers.Regularizer):
             >>> GroupLasso(1e-3, channels=4).group_shape((12, 5))
             (3, 4, 5)
         """
-        shape = tuple(int(d) for d in shape)
-        if self.channels is None or len(shape) < 2:
-            return shape
-        rows = shape[-2]
-        if len(shape) != 2 or rows % self.channels:
+        try:
+            return self.view.shape(shape)
+        except ValueError:
             fail(
                 type(self).__name__,
                 "channels",
-                f"a divisor of the rows of a Dense kernel (the kernel has shape {shape})",
+                f"a divisor of the rows of a Dense kernel (the kernel has shape {tuple(shape)})",
                 self.channels,
             )
-        return (rows // self.channels, self.channels, shape[-1])
 
     def _grouped(self, x):
         shape = tuple(x.shape)
@@ -256,6 +274,8 @@ class GroupSparseRegularizer(keras.regularizers.Regularizer):
     def _with_channels(self, config):
         if self.channels is not None:
             config["channels"] = self.channels
+        if self.axis != -2:
+            config["axis"] = self.axis
         return config
 
     def get_config(self):
@@ -282,6 +302,8 @@ class GroupLasso(GroupSparseRegularizer):
 
     Args:
         factor: finite number >= 0, the strength ``lambda``.
+        axis: ``-2`` (default) or ``-1`` for a transposed convolution's
+            kernel ``(..., out, in)`` (see :class:`GroupSparseRegularizer`).
         channels: ``None``, or the channels ``C`` of a flattened feature map
             that a Dense kernel reads (its groups are then whole channels,
             see :meth:`GroupSparseRegularizer.group_shape`).
@@ -297,8 +319,8 @@ class GroupLasso(GroupSparseRegularizer):
         >>> layer = keras.layers.Dense(20, kernel_regularizer=GroupLasso(1e-3))
     """
 
-    def __init__(self, factor=DEFAULT_FACTOR, channels=None):
-        super().__init__(factor=factor, l1=0.0, channels=channels)
+    def __init__(self, factor=DEFAULT_FACTOR, channels=None, axis=-2):
+        super().__init__(factor=factor, l1=0.0, channels=channels, axis=axis)
 
     def get_config(self):
         return self._with_channels({"factor": self.factor})
@@ -326,11 +348,11 @@ class SparseGroupLasso(GroupSparseRegularizer):
         >>> layer = keras.layers.Dense(40, kernel_regularizer=SparseGroupLasso(1e-3))
     """
 
-    def __init__(self, factor=DEFAULT_FACTOR, l1=None, channels=None):
+    def __init__(self, factor=DEFAULT_FACTOR, l1=None, channels=None, axis=-2):
         owner = type(self).__name__
         factor = check_non_negative(owner, "factor", factor)
         l1 = factor if l1 is None else check_non_negative(owner, "l1", l1, allow_none=True)
-        super().__init__(factor=factor, l1=l1, channels=channels)
+        super().__init__(factor=factor, l1=l1, channels=channels, axis=axis)
 
 
 @keras.saving.register_keras_serializable(package=_PACKAGE, name="InputGroupLasso")
@@ -417,8 +439,8 @@ class CoupledGroupLasso(GroupSparseRegularizer):
     """
 
     def __init__(self, factor=DEFAULT_FACTOR, l1=0.0, channels=None, coupled=(), scales=(), anchor=False,
-                 role="hidden"):
-        super().__init__(factor=factor, l1=l1, channels=channels)
+                 role="hidden", axis=-2):
+        super().__init__(factor=factor, l1=l1, channels=channels, axis=axis)
         owner = type(self).__name__
         try:
             self.coupled = tuple(int(k) for k in coupled)

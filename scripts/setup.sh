@@ -28,12 +28,16 @@ if [ ! -f "$stamp" ]; then
   touch "$stamp"
 fi
 
-# Fashion-MNIST comes from a Debian package (no download at run time); optional.
-if [ ! -d /usr/share/datasets/fashion-mnist ] && command -v apt-get >/dev/null 2>&1; then
+# Fashion-MNIST comes from a Debian package (no download at run time); optional. It needs root (or
+# sudo without a password); SETUP_APT=0 skips this step.
+if [ "${SETUP_APT:-1}" != "0" ] && [ ! -d /usr/share/datasets/fashion-mnist ] && command -v apt-get >/dev/null 2>&1; then
+  apt_hint="the Fashion-MNIST examples and benchmarks will say so; as root, 'apt-get install dataset-fashion-mnist' adds it, SETUP_APT=0 skips this step"
   if [ "$(id -u)" = "0" ]; then SUDO=""; elif command -v sudo >/dev/null 2>&1; then SUDO="sudo -n"; else SUDO="skip"; fi
-  if [ "$SUDO" != "skip" ]; then
-    echo "[setup] installing the Debian package dataset-fashion-mnist"
+  if [ "$SUDO" = "skip" ]; then
+    echo "[setup] note: not root and no sudo, so the Debian package dataset-fashion-mnist is not installed ($apt_hint)"
+  else
+    echo "[setup] installing the Debian package dataset-fashion-mnist${SUDO:+ (sudo -n: no password prompt)}"
     ($SUDO apt-get update -qq && $SUDO apt-get install -y -qq dataset-fashion-mnist >/dev/null) \
-      || echo "[setup] warning: could not install dataset-fashion-mnist; Fashion-MNIST examples will say so"
+      || echo "[setup] warning: could not install the Debian package dataset-fashion-mnist ($apt_hint)"
   fi
 fi

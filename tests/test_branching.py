@@ -8,7 +8,8 @@ from hypothesis import strategies as st
 
 from keras_group_lasso import prune_model, sparsity_report
 from keras_group_lasso.analysis import unit_masks
-from keras_group_lasso.graph import model_graph, registry
+from keras_group_lasso.graph import model_graph
+from keras_group_lasso.groups import GroupView
 from test_cnn import assert_rounded, assert_same_outputs, outputs, randomize_batchnorm, thresholded_copy
 
 L = keras.layers
@@ -24,7 +25,7 @@ def kill_units(model, rng, dead=0.3, constant=0.25, dead_layer=0.15):
     for node in graph.units:
         layer = graph.layers[node.name]
         weights = layer.get_weights()
-        view = registry.kernel_view(weights[0], node.in_units).copy()
+        view = GroupView().units(weights[0], node.in_units).copy()
         view[:, rng.random(node.in_units) < dead, :] = 0.0
         view[np.abs(view) < 0.05] *= 1e-4  # below the threshold
         if not node.is_output:

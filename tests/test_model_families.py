@@ -17,7 +17,7 @@ from keras_group_lasso import (
     prune_model,
     sparsity_report,
 )
-from keras_group_lasso.graph import registry
+from keras_group_lasso.groups import GroupView
 from keras_group_lasso.graph.build import model_graph
 from test_branching import kill_units
 from test_cnn import thresholded_copy
@@ -90,7 +90,7 @@ def _constants_everywhere(model, rng):
     for node in graph.units:
         layer = graph.layers[node.name]
         kernel, bias = layer.get_weights()
-        view = registry.kernel_view(rng.normal(size=kernel.shape), node.in_units)
+        view = GroupView().units(rng.normal(size=kernel.shape), node.in_units)
         dead = rng.random(node.in_units) < 0.25
         dead[rng.integers(node.in_units)] = False  # a path from the input stays
         view[:, dead, :] = 0.0
@@ -186,8 +186,9 @@ def test_a_grouped_convolution_is_named_by_every_entry_point(sequential):
         add_group_sparsity(model, 1e-3)
     assert str(info.value) == (
         "add_group_sparsity: argument `model` must be a model whose layers that make units can be read (layer "
-        "'grouped' (Conv2D) is a grouped convolution (groups > 1); supported: Conv1D, Conv2D, Conv3D, "
-        f"SeparableConv1D, SeparableConv2D, Dense); received {model!r}."
+        "'grouped' (Conv2D) is a grouped convolution (groups > 1); supported: Dense, Conv1D, Conv2D, Conv3D, "
+        "SeparableConv1D, SeparableConv2D, Conv1DTranspose, Conv2DTranspose, Conv3DTranspose); "
+        f"received {model!r}."
     )
     assert "whose graph cannot be read" not in str(info.value)
     with pytest.raises(UnsupportedModelError, match=r"^prune_model: cannot prune layer 'grouped' \(Conv2D\): "

@@ -660,9 +660,9 @@ def test_branching_models_are_pruned_exactly(make):
             "Embedding",
         ),
         (
-            lambda: keras.Sequential([keras.Input((5, 5, 1)), keras.layers.Conv2DTranspose(2, 3, name="conv"), keras.layers.Flatten(), keras.layers.Dense(2)]),
-            "conv",
-            "Conv2DTranspose",
+            lambda: keras.Sequential([keras.Input((5,)), keras.layers.Dense(4), keras.layers.LayerNormalization(name="ln"), keras.layers.Dense(2)]),
+            "ln",
+            "LayerNormalization",
         ),
         (
             lambda: keras.Sequential([keras.Input((4,)), keras.layers.Dense(3, activation="softmax", name="mix"), keras.layers.Dense(2)]),

@@ -109,7 +109,7 @@ def roundable_layers(found):
     out = []
     for node in graph.units:
         layer = graph.layers[node.name]
-        if node.is_output or registry.is_separable(layer) or not hasattr(layer, "kernel"):
+        if node.is_output or not _one_plain_kernel(layer):
             continue
         found_readers = [readers.get(int(u), []) for u in node.out_ids]
         if any(len(r) != 1 or len(makers[int(u)]) != 1 or int(u) in streamed
@@ -121,7 +121,7 @@ def roundable_layers(found):
         reader_name = names.pop()
         reader = graph.layers[reader_name]
         penalty = getattr(getattr(reader, "kernel", None), "regularizer", None)
-        if (registry.is_separable(reader) or not isinstance(penalty, GroupSparseRegularizer)
+        if (not _one_plain_kernel(reader) or not isinstance(penalty, GroupSparseRegularizer)
                 or isinstance(penalty, CoupledGroupLasso)):
             continue
         if not np.any(masks.units[node.name]):
@@ -136,6 +136,12 @@ def roundable_layers(found):
         out.append(Roundable(node.name, layer, reader_name, reader, rows, np.asarray(masks.units[node.name]),
                               outgoing, incoming))
     return out
+
+
+def _one_plain_kernel(layer):
+    """One kernel ``(..., in, out)`` (not a SeparableConv's two, not a transposed convolution's ``(..., out, in)``)."""
+    rule = registry.units_rule(layer)
+    return set(rule.kernels(layer)) == {"kernel"} and rule.view.axis == -2
 
 
 def width_choices(units, live, step, grow):
@@ -163,10 +169,11 @@ def sizes_with(found, sizes, widths):
         if (new_in[name], new_out[name]) == (kept_in[name], kept_out[name]):
             continue
         layer = graph.layers[name]
+        rule = registry.units_rule(layer)
         shape = registry.output_shape(layer, node.out_units)
         has_bias = getattr(layer, "bias", None) is not None
-        for kind, count in (("flops", lambda i, o: registry.units_flops(layer, node.positions, i, o, shape)),
-                            ("params", lambda i, o: registry.units_params(layer, node.positions, i, o, has_bias))):
+        for kind, count in (("flops", lambda i, o: rule.flops(layer, node.positions, i, o, shape)),
+                            ("params", lambda i, o: rule.params(layer, node.positions, i, o, has_bias))):
             out[kind] += count(new_in[name], new_out[name]) - count(kept_in[name], kept_out[name])
         if not node.is_output:
             out["units"] += new_out[name] - kept_out[name]

@@ -80,7 +80,7 @@ class UnitsNode:
         name: the layer's name in the graph.
         source: the node it reads.
         in_units: units it reads (kernel groups).
-        positions: kernel rows per input unit (:func:`registry.kernel_view`):
+        positions: kernel rows per input unit (:meth:`registry.UnitsRule.units_view`):
             a convolution's window; for a Dense layer after ``Flatten`` of an
             ``(..., C)`` map, the map's positions.
         out_units: units it makes.
@@ -394,13 +394,6 @@ def class_name(layer):
     return f"keras.ops.{type(layer).__name__}" if is_operation(layer) else type(layer).__name__
 
 
-def _rank(layer):
-    try:
-        return len(layer.input.shape)
-    except Exception:  # noqa: BLE001 - unknown rank
-        return None
-
-
 def _input_shape(layer):
     try:
         return tuple(layer.input.shape[1:])
@@ -408,22 +401,9 @@ def _input_shape(layer):
         return None
 
 
-def _per_element_refusal(layer):
-    if type(layer) is keras.layers.Rescaling:
-        import numpy as np
-
-        per_element = np.ndim(layer.scale) > 0 or np.ndim(layer.offset) > 0
-        if per_element and keras.config.image_data_format() == "channels_first":
-            return "a Rescaling with a non-scalar scale or offset under channels_first"
-        return None
-    if getattr(layer, "mean", None) is None:
-        return "a Normalization that is not built"
-    return None
-
-
 def _classify(name, layer, input_names):
     """``(kind, reason)``: ``input``, a registry kind, ``activation_tail``, ``units_mixing`` or ``other``."""
-    if name in input_names or type(layer) is keras.layers.InputLayer:
+    if name in input_names:
         return "input", None
     if layer is None:
         return "other", "a layer that could not be found"
@@ -435,23 +415,7 @@ def _classify(name, layer, input_names):
         if isinstance(layer, keras.Model):
             return "other", "a nested model"
         return "other", "a layer that surgery cannot interpret"
-    if rule.kind == "per_element":
-        reason = _per_element_refusal(layer)
-        return ("other", reason) if reason else ("per_element", None)
-    reason = rule.refusal(layer) if rule.refusal else None
-    if reason:
-        if type(layer) is keras.layers.Activation:
-            return "activation_tail", reason  # fine after the output layer
-        if rule.kind == "units" and reason == "a layer whose activation mixes units":
-            return "units_mixing", reason  # fine as the output layer
-        return "other", reason
-    if rule.kind == "flatten" and getattr(layer, "data_format", "channels_last") == "channels_first":
-        if (_rank(layer) or 2) > 2:
-            return "other", "a channels_first Flatten"
-    return rule.kind, None
-
-
-
+    return rule.classify(layer)
 
 
 def _model_graph(model, flat):
@@ -608,7 +572,7 @@ class _Ids:
 def _passes_elements(kind, layer):
     if kind == "per_element":
         return True
-    if kind != "per_unit" or registry.rule_of(layer).slicer is not None:
+    if kind != "per_unit" or registry.rule_of(layer).slices:
         return False
     try:  # an activation or dropout: same shape, each element on its own (pooling and padding change the shape)
         return tuple(layer.input.shape) == tuple(layer.output.shape)
@@ -670,23 +634,23 @@ def _units_graph(order, layers, producers, consumers, kinds, input_name, output_
             if first["elements"]:
                 flagged.setdefault(name, "a layer that reads the input's elements before Flatten")
                 return None
-            shape = _unit_shape(layer, first["ids"].size, first["positions"])
+            shape = registry.units_rule(layer).unit_shape(layer, first["ids"].size, first["positions"])
             if shape is None:
                 flagged.setdefault(name, "a layer whose input units could not be matched to its producer's")
                 return None
             in_units, positions = shape
-            out = ids.new(_out_units(layer))
+            out = ids.new(registry.units_rule(layer).out_units(layer))
             units_info[name] = dict(source=sources[0], in_units=in_units, positions=positions, in_ids=first["ids"],
                                     out_ids=out, flattened=first["positions"] > 1)
             if first["positions"] > 1:
                 flatten_channels[name] = in_units
             info[name] = dict(ids=out, positions=1, elements=False)
         elif kind in ("per_unit", "per_element", "tail", "activation_tail", "global_pool"):
-            if kind == "per_element" and not first["elements"] and not _per_element_between_ok(layer):
+            if kind == "per_element" and not first["elements"] and not registry.rule_of(layer).between_units(layer):
                 flagged.setdefault(name, "a Normalization, or a Rescaling with one value per element of a feature "
                                          "map (not one value per channel)")
                 return None
-            if kind == "per_unit" and first["positions"] > 1 and registry.rule_of(layer).slicer is not None:
+            if kind == "per_unit" and first["positions"] > 1 and registry.rule_of(layer).slices:
                 flagged.setdefault(name, "a per-unit layer with weights on a flattened map (one weight per element, "
                                          "not per channel)")
                 return None
@@ -813,54 +777,12 @@ def _reads_input(name, producers, kinds, input_names):
 
 
 def _isolated(name, layer, reads_input=False):
-    if registry.is_separable(layer):
-        kernel = layer.depthwise_kernel
-    else:
-        kernel = layer.kernel
-    in_units = int(kernel.shape[-2])
-    positions = math.prod(int(d) for d in kernel.shape[:-2]) if len(kernel.shape) > 2 else 1
-    out_units = _out_units(layer)
+    positions, in_units, out_units = registry.units_rule(layer).kernel_shape(layer)
     return UnitsNode(name, None, in_units, positions, out_units, _frozen(np.arange(in_units)),
                      _frozen(np.arange(out_units)), reads_input=reads_input)
-
-
-def _per_element_between_ok(layer):
-    """Between units layers: one value per element of a flat vector, or a Rescaling with one value per channel."""
-    if type(layer) is keras.layers.Rescaling and all(_per_channel(v) for v in (layer.scale, layer.offset)):
-        return True
-    return _rank(layer) == 2
-
-
-def _per_channel(values):
-    # Broadcast against (batch, ..., channels), a value of shape (), (C,) or (1, ..., 1, C) is one per channel.
-    shape = np.shape(keras.ops.convert_to_numpy(values)) if not isinstance(values, (int, float)) else ()
-    return all(d == 1 for d in shape[:-1])
 
 
 def _n_features(shape):
     if shape is None or any(d is None for d in shape):
         return None
     return int(math.prod(int(d) for d in shape)) if shape else 1
-
-
-def _out_units(layer):
-    if registry.is_separable(layer):
-        return int(layer.pointwise_kernel.shape[-1])
-    return int(layer.kernel.shape[-1])
-
-
-def _unit_shape(layer, channels, positions):
-    """``(in_units, positions)`` of a units layer reading ``channels`` ids laid out ``positions`` times."""
-    if registry.is_separable(layer):
-        kernel_in = int(layer.depthwise_kernel.shape[-2])
-        window = math.prod(int(d) for d in layer.depthwise_kernel.shape[:-2])
-    else:
-        kernel_in = int(layer.kernel.shape[-2])
-        window = math.prod(int(d) for d in layer.kernel.shape[:-2])
-    if type(layer) is keras.layers.Dense:
-        if kernel_in != channels * positions:
-            return None
-        return channels, positions
-    if positions != 1 or kernel_in != channels:
-        return None
-    return channels, window

@@ -24,7 +24,7 @@ the units of every tensor (:attr:`Node.ids`, coupled across merges):
 
 Between the two passes, *merge folds*: an operand of ``Add``, ``Subtract``,
 ``Average`` or ``Multiply`` that is constant on every channel leaves (the
-merge then scales and offsets the others' merge, :func:`registry.merge_fold`),
+merge then scales and offsets the others' merge, :meth:`registry.MergeRule.fold`),
 and every node that reaches an output only through such operands is
 *detached*: its units layers make none of the units they share with the
 stream and keep none of their own.
@@ -35,12 +35,12 @@ map (a CNN's input) are all kept.
 
 import dataclasses
 
-import keras
 import numpy as np
 
 from keras_group_lasso.graph import registry
+from keras_group_lasso.graph.registry import threshold_array
 
-__all__ = ["UnitMasks", "MergeFold", "compute_masks", "pass_constants", "needed_units"]
+__all__ = ["UnitMasks", "MergeFold", "compute_masks", "pass_constants", "needed_units", "threshold_array"]
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -67,7 +67,7 @@ class UnitMasks:
         live_path: some input feature reaches the output through non-zero
             weights (otherwise the output is a constant).
         merge_folds: ``{merge name: MergeFold}``, merges that drop their
-            constant operands (:func:`registry.merge_fold`).
+            constant operands (:meth:`registry.MergeRule.fold`).
         detached: names of the nodes whose every path to an output ends in a
             dropped operand: surgery builds none of them (their units layers
             keep no unit).
@@ -116,102 +116,24 @@ def _readonly(array):
     return array
 
 
-def threshold_array(values, threshold):
-    """``values`` with every ``|w| <= threshold`` set to an exact 0 (a new array)."""
-    values = np.asarray(values)
-    return np.where(np.abs(values) <= threshold, np.zeros((), values.dtype), values)
-
-
-def _dtype(layer):
-    """The dtype ``layer`` reads in the model: its input's, else its compute dtype (a float64 model stays float64)."""
-    try:
-        dtype = keras.backend.standardize_dtype(layer.input.dtype)
-    except Exception:  # noqa: BLE001 - a layer with no single input: its policy says
-        dtype = getattr(layer, "compute_dtype", None) or keras.config.floatx()
-    return dtype if "float" in str(dtype) else keras.config.floatx()
-
-
-def _call(layer, values):
-    """``layer`` (inference mode) on a one-position tensor holding ``values`` on its last axis.
-
-    In the dtype the layer reads in the model, so that a constant folded from a
-    float64 model is as exact as the model itself.
-    """
-    try:
-        rank = len(layer.input.shape)
-    except Exception:  # noqa: BLE001 - a layer seen on a flat vector
-        rank = 2
-    x = np.zeros((1,) * (rank - 1) + (values.size,), dtype=_dtype(layer))
-    x.reshape(-1)[:] = values
-    kwargs = {"training": False} if "training" in _call_arguments(layer) else {}
-    out = layer(keras.ops.convert_to_tensor(x), **kwargs)
-    return np.asarray(keras.ops.convert_to_numpy(out), dtype=np.float64).reshape(-1)[-values.size:]
-
-
-def _call_arguments(layer):
-    import inspect
-
-    try:
-        return inspect.signature(layer.call).parameters
-    except (TypeError, ValueError):
-        return {}
-
-
-def _depthwise_constants(layer, values, threshold):
-    """DepthwiseConv on constant channels: ``c * sum_p K[p, c] + b`` without padding; only 0 passes padding."""
-    kernel = threshold_array(registry.units_weights(layer)["kernel"], threshold)
-    weights = layer.get_weights()
-    bias = threshold_array(weights[1], threshold).astype(np.float64) if len(weights) > 1 else 0.0
-    channels = kernel.shape[-2]
-    total = kernel.reshape(-1, channels).astype(np.float64).sum(axis=0)
-    out = values * total + bias
-    if registry.same_padding(layer):
-        out = np.where(values == 0, bias + np.zeros_like(values), np.nan)
-    out = np.where(np.isnan(values), np.nan, out)
-    return _call_activation(layer, out)
-
-
-def _call_activation(layer, values):
-    activation = getattr(layer, "activation", None)
-    if activation is None:
-        return values
-    finite = np.where(np.isnan(values), 0.0, values)
-    # The layer applies its activation to its pre-activation in its compute dtype.
-    dtype = getattr(layer, "compute_dtype", None) or keras.config.floatx()
-    out = np.asarray(keras.ops.convert_to_numpy(activation(keras.ops.convert_to_tensor(finite[None, :], dtype=dtype))),
-                     dtype=np.float64)[0]
-    return np.where(np.isnan(values), np.nan, out)
-
-
 def pass_constants(layer, values, threshold=0.0):
     """Constants ``values`` (NaN: not constant) after ``layer``; NaN where a constant stops being one."""
     values = np.asarray(values, np.float64)
-    if type(layer) in (keras.layers.DepthwiseConv1D, keras.layers.DepthwiseConv2D):
-        return _depthwise_constants(layer, values, threshold)
     rule = registry.rule_of(layer)
-    how = rule.constants if rule is not None else None
-    if how == "identity":
-        return values.copy()
-    if how == "zero_only":
-        return np.where(values == 0, 0.0, np.nan)
-    if how is None:
+    if rule is None:
         return np.full_like(values, np.nan)
-    if callable(how):
-        return np.asarray(how(layer, values, threshold), np.float64)
-    if np.all(np.isnan(values)):
-        return values.copy()
-    out = _call(layer, np.where(np.isnan(values), 0.0, values))
-    return np.where(np.isnan(values), np.nan, out)
+    return rule.pass_constants(layer, values, threshold)
 
 
 def compute_masks(graph, weights, threshold, round_to=1):
-    """The :class:`UnitMasks` of ``graph`` with the thresholded ``weights`` (``{name: units_weights}``).
+    """The :class:`UnitMasks` of ``graph`` with the thresholded ``weights`` (``{name: UnitsRule.weights}``).
 
     ``round_to``: keep a multiple of it of the units each hidden layer makes
     (:func:`_round_up`); 1 keeps exactly the units the fixed point needs.
     """
     layers = graph.layers
-    conn = {n.name: registry.connections(layers[n.name], weights[n.name], n.in_units) for n in graph.units}
+    rules = {n.name: registry.units_rule(layers[n.name]) for n in graph.units}
+    conn = {n.name: rules[n.name].connections(layers[n.name], weights[n.name], n.in_units) for n in graph.units}
     if not graph.supported:
         return _all_kept(graph, conn, threshold)
     units = {n.name: n for n in graph.units}
@@ -237,12 +159,14 @@ def compute_masks(graph, weights, threshold, round_to=1):
             const[node.name] = _units_constants(layers[node.name], units[node.name], weights[node.name],
                                                 const[node.inputs[0]], conn[node.name])
         elif node.kind == "merge":
-            const[node.name] = registry.merge_constants(layers[node.name], [const[i] for i in node.inputs])
+            layer = layers[node.name]
+            const[node.name] = registry.rule_of(layer).merge_constants(layer, [const[i] for i in node.inputs])
         elif node.kind == "concat":
             const[node.name] = np.concatenate([const[i] for i in node.inputs])
         elif node.kind == "tail":  # mixes units: constant only when everything it reads is
             values = const[node.inputs[0]]
-            const[node.name] = np.full(values.size, np.nan) if np.isnan(values).any() else _call(layers[node.name], values)
+            const[node.name] = (np.full(values.size, np.nan) if np.isnan(values).any()
+                                else registry.call_on_constants(layers[node.name], values))
         elif node.kind in ("flatten", "global_pool") or node.elements:
             const[node.name] = const[node.inputs[0]].copy()
         else:
@@ -254,7 +178,8 @@ def compute_masks(graph, weights, threshold, round_to=1):
     merge_folds = {}
     for node in graph.nodes:
         if node.kind == "merge":
-            fold = registry.merge_fold(layers[node.name], [const[i] for i in node.inputs])
+            layer = layers[node.name]
+            fold = registry.rule_of(layer).fold(layer, [const[i] for i in node.inputs])
             if fold is not None:
                 dropped, scale, offset = fold
                 merge_folds[node.name] = MergeFold(node.name, dropped, _readonly(scale), _readonly(offset))
@@ -287,7 +212,7 @@ def compute_masks(graph, weights, threshold, round_to=1):
         inputs[name] = needed[node.in_ids] & (name not in detached)
         kept[name] = needed[node.out_ids] & (name not in detached)
         values = np.where(~inputs[name] & foldable[name], source, 0.0)
-        fold_in[name] = registry.constant_contribution(layers[name], weights[name], node.in_units, values)
+        fold_in[name] = rules[name].constant_contribution(layers[name], weights[name], node.in_units, values)
         out = const[name]
         constant[name] = np.isfinite(out)
         folded[name] = constant[name] & ~kept[name]
@@ -393,20 +318,21 @@ def _units_constants(layer, node, weights, source, conn):
     of this layer changes it at the border (unless it is 0); an output unit is
     constant when every input unit with a non-zero weight into it contributes one.
     """
-    contributes = np.isfinite(source) & (~np.bool_(registry.same_padding(layer)) | (source == 0))
+    rule = registry.units_rule(layer)
+    contributes = np.isfinite(source) & (~np.bool_(rule.pads(layer)) | (source == 0))
     varies = conn[~contributes].any(axis=0)
     bias = weights["bias"]
     pre = np.zeros(node.out_units) if bias is None else bias.astype(np.float64)
-    pre = pre + registry.constant_contribution(layer, weights, node.in_units, np.where(contributes, source, 0.0))
+    pre = pre + rule.constant_contribution(layer, weights, node.in_units, np.where(contributes, source, 0.0))
     if not registry.activation_is_elementwise(getattr(layer, "activation", None)):  # softmax: all or nothing
-        return np.full(node.out_units, np.nan) if varies.any() else _call_activation(layer, pre)
-    return _call_activation(layer, np.where(varies, np.nan, pre))
+        return np.full(node.out_units, np.nan) if varies.any() else registry.call_activation(layer, pre)
+    return registry.call_activation(layer, np.where(varies, np.nan, pre))
 
 
 def _foldable(layer, weights, source):
     """bool per input unit: its constant can be added to this layer's bias (so the unit can go)."""
     finite = np.isfinite(source)
-    if weights["bias"] is None or registry.same_padding(layer):
+    if weights["bias"] is None or registry.units_rule(layer).pads(layer):
         return finite & (source == 0)
     return finite
 

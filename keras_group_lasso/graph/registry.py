@@ -1,18 +1,23 @@
-"""One table of the layer classes that analysis and surgery understand.
+"""One table of the layer classes that analysis and surgery understand: one rule class per layer kind.
 
-Every layer class the package can see through has one :class:`LayerRule`: its
-*kind*, how surgery slices it, how a constant channel passes through it, and
-its multiply-adds. The graph (:mod:`keras_group_lasso.graph.build`), the masks
-and report (:mod:`keras_group_lasso.analysis`), surgery and the error text
-that lists what is supported all read this table, and
-:func:`register_layer` adds a user's own per-channel layer to it.
+Every layer class the package can see through has one :class:`LayerRule`
+(matched by exact class: a subclass may compute anything). A rule knows its
+layer's *kind* (how units flow through it), why a configuration is refused,
+how a constant channel passes through it, and how surgery slices it; a
+:class:`UnitsRule` (a layer that makes units) also knows its kernels, their
+:class:`~keras_group_lasso.groups.GroupView`, which input unit reaches which
+output unit, its multiply-adds and parameters. The graph
+(:mod:`keras_group_lasso.graph.build`), the masks, the report, the penalties
+and surgery ask the rule; nothing outside this module asks for a layer's
+class. :func:`register_layer` adds a user's own layer (a per-channel layer by
+its slicer, or any :class:`LayerRule` subclass instance).
 
 Kinds:
 
-* ``"units"``: makes new units (Dense, Conv1D/2D/3D, SeparableConv1D/2D). Its
-  kernel seen as ``(positions, in_units, out_units)`` (:func:`kernel_view`):
-  the slice ``[:, i, :]`` is the group of input unit ``i``, all its outgoing
-  weights, the paper's group.
+* ``"units"``: makes new units (Dense, Conv1D/2D/3D, SeparableConv1D/2D,
+  Conv1D/2D/3DTranspose). Its kernel seen as ``(positions, in_units,
+  out_units)`` (:meth:`UnitsRule.units_view`): the slice ``[:, i, :]`` is the
+  group of input unit ``i``, all its outgoing weights, the paper's group.
 * ``"per_unit"``: acts on each channel on its own (activations, Dropout,
   BatchNormalization, pooling, padding, DepthwiseConv with
   ``depth_multiplier=1``): a channel can be removed across it.
@@ -31,6 +36,7 @@ Kinds:
   operands' channels, one after the other.
 * ``"tail"``: an activation that mixes units, such as softmax: every unit it
   reads is kept.
+* ``"input"``: the model's input.
 
 A constant channel (a unit whose incoming weights are all zero outputs
 ``act(b)`` everywhere) is removed and its value folded into the next units
@@ -41,25 +47,29 @@ passes: ``"call"`` (evaluated by the layer itself in inference mode),
 ``None`` (the channel is treated as varying afterwards).
 """
 
-import dataclasses
+import inspect
 import math
 
 import keras
 import numpy as np
 
+from keras_group_lasso.groups import GroupView
+
 __all__ = [
     "LayerRule",
+    "UnitsRule",
     "register_layer",
     "unregister_layer",
     "rule_of",
+    "units_rule",
     "supported_text",
     "supported_of",
-    "kernel_view",
     "variable_axes",
+    "output_shape",
     "ELEMENTWISE_ACTIVATIONS",
 ]
 
-KINDS = ("units", "per_unit", "per_element", "flatten", "global_pool", "merge", "concat", "tail")
+KINDS = ("units", "per_unit", "per_element", "flatten", "global_pool", "merge", "concat", "tail", "input")
 CONSTANTS = ("call", "identity", "zero_only", None)
 
 # Keras activations that act on each scalar on its own (softmax, log_softmax,
@@ -72,34 +82,661 @@ ELEMENTWISE_ACTIVATIONS = frozenset(
         "hard_swish", "mish", "exponential", "hard_shrink", "soft_shrink",
     }
 )
+MIXES_UNITS = "a layer whose activation mixes units"
+_UNSET = object()
 
 
-@dataclasses.dataclass(frozen=True)
+def activation_is_elementwise(function):
+    """``True`` for a Keras activation that acts on each scalar on its own."""
+    try:
+        name = keras.activations.serialize(function)
+    except Exception:  # noqa: BLE001 - an unserializable function is simply unknown
+        return False
+    return isinstance(name, str) and name in ELEMENTWISE_ACTIVATIONS
+
+
+def _numpy(variable):
+    return np.asarray(keras.ops.convert_to_numpy(getattr(variable, "value", variable)))
+
+
+def _call_arguments(layer):
+    try:
+        return inspect.signature(layer.call).parameters
+    except (TypeError, ValueError):
+        return {}
+
+
+def _dtype(layer):
+    """The dtype ``layer`` reads in the model: its input's, else its compute dtype (a float64 model stays float64)."""
+    try:
+        dtype = keras.backend.standardize_dtype(layer.input.dtype)
+    except Exception:  # noqa: BLE001 - a layer with no single input: its policy says
+        dtype = getattr(layer, "compute_dtype", None) or keras.config.floatx()
+    return dtype if "float" in str(dtype) else keras.config.floatx()
+
+
+def call_on_constants(layer, values):
+    """``layer`` (inference mode) on a one-position tensor holding ``values`` on its last axis.
+
+    In the dtype the layer reads in the model, so that a constant folded from a
+    float64 model is as exact as the model itself.
+    """
+    try:
+        rank = len(layer.input.shape)
+    except Exception:  # noqa: BLE001 - a layer seen on a flat vector
+        rank = 2
+    x = np.zeros((1,) * (rank - 1) + (values.size,), dtype=_dtype(layer))
+    x.reshape(-1)[:] = values
+    kwargs = {"training": False} if "training" in _call_arguments(layer) else {}
+    out = layer(keras.ops.convert_to_tensor(x), **kwargs)
+    return np.asarray(keras.ops.convert_to_numpy(out), dtype=np.float64).reshape(-1)[-values.size:]
+
+
+def call_activation(layer, values):
+    """``layer``'s own activation on pre-activations ``values`` (NaN stays NaN), in its compute dtype."""
+    activation = getattr(layer, "activation", None)
+    if activation is None:
+        return values
+    finite = np.where(np.isnan(values), 0.0, values)
+    dtype = getattr(layer, "compute_dtype", None) or keras.config.floatx()
+    out = np.asarray(keras.ops.convert_to_numpy(activation(keras.ops.convert_to_tensor(finite[None, :], dtype=dtype))),
+                     dtype=np.float64)[0]
+    return np.where(np.isnan(values), np.nan, out)
+
+
+def threshold_array(values, threshold):
+    """``values`` with every ``|w| <= threshold`` set to an exact 0 (a new array)."""
+    values = np.asarray(values)
+    return np.where(np.abs(values) <= threshold, np.zeros((), values.dtype), values)
+
+
+# ----------------------------------------------------------------------------- the rule classes
+
+
 class LayerRule:
-    """How the package treats one layer class.
+    """How the package treats one layer class: the base of every rule, a per-unit layer by default.
 
-    Attributes:
+    Args:
         cls: the layer class (matched exactly: a subclass may do anything).
-        kind: one of ``"units"``, ``"per_unit"``, ``"flatten"``, ``"global_pool"``, ``"tail"``.
-        description: a few words for the list of supported layers.
-        slicer: ``(layer, kept) -> (config, weights)`` for a per-unit layer
-            (``kept``: the channel indices that stay); ``None`` when the layer
-            has no per-unit weights or config (its config is copied).
-        constants: how a constant channel passes (see the module docstring).
+        description: a few words for the list of supported layers (default: the class name).
+        slicer: ``(layer, kept) -> (config, weights)`` for a layer with
+            per-unit weights or config (``kept``: the channel indices that
+            stay); ``None`` when it has none (its config is copied).
+        constants: how a constant channel passes (see the module docstring);
+            default: the class's.
         refusal: ``layer -> reason or None``, for configurations of the class
             that cannot be handled exactly (``None``: all are fine).
+
+    Subclasses override the methods below; the attributes say what the
+    layer is to the rest of the package.
     """
 
-    cls: type
-    kind: str
-    description: str
-    slicer: object = None
-    constants: object = "call"
-    refusal: object = None
+    kind = "per_unit"
+    constants = "call"
+    #: ``apply_threshold`` and surgery threshold its weights (its kernels and bias).
+    thresholded = False
+    #: The identity at inference (Dropout, noise): serving formats leave it out.
+    inference_identity = False
+    #: A BatchNormalization on the last axis: ``prune_model(fold_batchnorm=True)`` may merge it into a units layer.
+    batchnorm = False
 
+    def __init__(self, cls, description=None, *, slicer=None, constants=_UNSET, refusal=None):
+        self.cls = cls
+        self.description = description or cls.__name__
+        self.slicer = slicer
+        if constants is not _UNSET:
+            self.constants = constants
+        self._refusal = refusal
+
+    def __repr__(self):
+        return f"{type(self).__name__}({self.cls.__name__})"
+
+    def refusal(self, layer):
+        """Why this configuration of the layer cannot be handled exactly, or ``None``."""
+        return self._refusal(layer) if self._refusal is not None else None
+
+    def classify(self, layer):
+        """``(kind, reason)``: the graph kind of ``layer`` (``"other"`` with a reason when refused)."""
+        reason = self.refusal(layer)
+        return ("other", reason) if reason else (self.kind, None)
+
+    @property
+    def slices(self):
+        """It has weights or config per unit, so surgery slices it (not a plain copy)."""
+        return self.slicer is not None
+
+    def slice(self, layer, kept):
+        """``(config, weights)`` of ``layer`` restricted to the units ``kept`` (int indices)."""
+        if self.slicer is None:
+            return layer.get_config(), layer.get_weights()
+        return self.slicer(layer, np.asarray(kept, dtype=int))
+
+    def pass_constants(self, layer, values, threshold=0.0):
+        """Constants ``values`` (NaN: not constant) after ``layer``; NaN where a constant stops being one."""
+        how = self.constants
+        if how == "identity":
+            return values.copy()
+        if how == "zero_only":
+            return np.where(values == 0, 0.0, np.nan)
+        if how is None:
+            return np.full_like(values, np.nan)
+        if callable(how):
+            return np.asarray(how(layer, values, threshold), np.float64)
+        if np.all(np.isnan(values)):
+            return values.copy()
+        out = call_on_constants(layer, np.where(np.isnan(values), 0.0, values))
+        return np.where(np.isnan(values), np.nan, out)
+
+    def thresholded_variables(self, layer):
+        """The variables ``apply_threshold`` thresholds (none for most layers)."""
+        return []
+
+    def checked_weights(self, layer):
+        """``{label: numpy}`` of the weights whose finiteness every report checks (thresholded layers)."""
+        return {}
+
+    def set_weights(self, layer, weights):
+        """Put ``weights`` into a freshly built ``layer``."""
+        layer.set_weights(weights)
+
+
+class InputRule(LayerRule):
+    """The model's input."""
+
+    kind = "input"
+
+
+class ActivationRule(LayerRule):
+    """``Activation``: per unit when elementwise; a softmax after the output layer is a tail."""
+
+    def refusal(self, layer):
+        return None if activation_is_elementwise(layer.activation) else "an activation that mixes units"
+
+    def classify(self, layer):
+        reason = self.refusal(layer)
+        return ("activation_tail", reason) if reason else (self.kind, None)
+
+
+class DropoutRule(LayerRule):
+    """Dropout and noise layers: the identity at inference."""
+
+    constants = "identity"
+    inference_identity = True
+
+
+class BatchNormRule(LayerRule):
+    """BatchNormalization on the last axis: gamma, beta, moving mean and variance sliced per channel."""
+
+    batchnorm = True
+
+
+class DepthwiseRule(LayerRule):
+    """DepthwiseConv with ``depth_multiplier=1``: one kernel slice and one bias per channel.
+
+    A constant channel ``c`` stays constant: ``c * sum_p K[p, c] + b`` without
+    padding; through zero padding only a pre-activation equal to the bias
+    everywhere (an input constant of 0) passes.
+    """
+
+    thresholded = True
+
+    def thresholded_variables(self, layer):
+        return [layer.kernel] + ([layer.bias] if getattr(layer, "use_bias", False) and layer.bias is not None else [])
+
+    def checked_weights(self, layer):
+        labels = ("kernel", "bias")
+        return {labels[i]: _numpy(v) for i, v in enumerate(self.thresholded_variables(layer))}
+
+    def pass_constants(self, layer, values, threshold=0.0):
+        kernel = threshold_array(_numpy(layer.kernel), threshold)
+        weights = layer.get_weights()
+        bias = threshold_array(weights[1], threshold).astype(np.float64) if len(weights) > 1 else 0.0
+        channels = kernel.shape[-2]
+        total = kernel.reshape(-1, channels).astype(np.float64).sum(axis=0)
+        out = values * total + bias
+        if pads(layer):
+            out = np.where(values == 0, bias + np.zeros_like(values), np.nan)
+        out = np.where(np.isnan(values), np.nan, out)
+        return call_activation(layer, out)
+
+
+class PerElementRule(LayerRule):
+    """Input preprocessing with one value per element (Normalization, Rescaling)."""
+
+    kind = "per_element"
+
+    def between_units(self, layer):
+        """It may stand between units layers: one value per element of a flat vector."""
+        try:
+            return len(layer.input.shape) == 2
+        except Exception:  # noqa: BLE001 - unknown rank
+            return False
+
+
+class NormalizationRule(PerElementRule):
+    """``Normalization``: its mean and variance sliced to the kept elements."""
+
+    def refusal(self, layer):
+        return "a Normalization that is not built" if getattr(layer, "mean", None) is None else None
+
+    def set_weights(self, layer, weights):
+        # set_weights leaves Normalization's cached mean and variance at their initial
+        # values; loading its variables (the saving API) also recomputes them.
+        layer.load_own_variables({str(i): w for i, w in enumerate(weights)})
+
+    def refresh(self, layer):
+        """Recompute the cached statistics of a built layer from its variables (after ``set_weights``)."""
+        if layer.weights:
+            self.set_weights(layer, layer.get_weights())
+
+
+class RescalingRule(PerElementRule):
+    """``Rescaling``: scalars anywhere; one value per channel anywhere; one per element before a Flatten."""
+
+    def refusal(self, layer):
+        per_element = np.ndim(layer.scale) > 0 or np.ndim(layer.offset) > 0
+        if per_element and keras.config.image_data_format() == "channels_first":
+            return "a Rescaling with a non-scalar scale or offset under channels_first"
+        return None
+
+    def between_units(self, layer):
+        if all(_per_channel(v) for v in (layer.scale, layer.offset)):
+            return True
+        return super().between_units(layer)
+
+
+def _per_channel(values):
+    # Broadcast against (batch, ..., channels), a value of shape (), (C,) or (1, ..., 1, C) is one per channel.
+    shape = np.shape(keras.ops.convert_to_numpy(values)) if not isinstance(values, (int, float)) else ()
+    return all(d == 1 for d in shape[:-1])
+
+
+class FlattenRule(LayerRule):
+    """``Flatten``: channel ``c`` of a ``(..., C)`` map becomes the features ``c, C + c, ...``."""
+
+    kind = "flatten"
+    constants = "identity"
+
+    def classify(self, layer):
+        kind, reason = super().classify(layer)
+        if reason is None and getattr(layer, "data_format", "channels_last") == "channels_first":
+            try:
+                rank = len(layer.input.shape)
+            except Exception:  # noqa: BLE001 - unknown rank
+                rank = 2
+            if rank > 2:
+                return "other", "a channels_first Flatten"
+        return kind, reason
+
+
+class GlobalPoolRule(LayerRule):
+    """Global pooling: channel ``c`` of the map becomes feature ``c``."""
+
+    kind = "global_pool"
+    constants = "identity"
+
+
+class TailRule(LayerRule):
+    """An activation that mixes units (softmax): every unit it reads is kept."""
+
+    kind = "tail"
+    constants = None
+
+
+_MERGE_OPS = {
+    "Add": lambda values: np.sum(values, axis=0),
+    "Subtract": lambda values: values[0] - values[1],
+    "Average": lambda values: np.mean(values, axis=0),
+    "Maximum": lambda values: np.max(values, axis=0),
+    "Minimum": lambda values: np.min(values, axis=0),
+    "Multiply": lambda values: np.prod(values, axis=0),
+}
+
+
+class MergeRule(LayerRule):
+    """A merge of same-shape tensors, element by element: channel ``c`` of every operand is one unit."""
+
+    kind = "merge"
+    constants = None
+
+    def __init__(self, cls, operation, description=None, **kwargs):
+        super().__init__(cls, description, **kwargs)
+        self.operation = operation
+
+    def refusal(self, layer):
+        return _merge_refusal(layer)
+
+    def merge_constants(self, layer, operands):
+        """The constants after the merge of ``operands`` (one array per operand; NaN: not constant)."""
+        values = np.stack([np.asarray(v, np.float64) for v in operands])
+        with np.errstate(invalid="ignore", over="ignore"):
+            return _MERGE_OPS[self.operation](values)  # NaN in any operand stays NaN
+
+    def fold(self, layer, operands):
+        """``(dropped, scale, offset)`` when the merge can drop its constant operands, else ``None``.
+
+        ``operands``: the constant of each operand's channels (NaN: it varies).
+        When some operands are constant on every channel and at least one varies,
+        the merge equals ``scale * merge(varying operands) + offset`` per channel
+        (the varying ones merged by the same layer; one left passes as it is):
+        ``Add``: ``1``, ``sum c``; ``Subtract``: ``1``, ``-c`` (or ``-1``, ``c`` when
+        the first operand is the constant); ``Average`` of ``n`` with ``r``
+        varying: ``r / n``, ``sum c / n``; ``Multiply``: ``prod c``, ``0``.
+        ``Maximum`` / ``Minimum`` are not affine: ``None``. ``dropped``: one bool
+        per operand; ``scale`` and ``offset`` are float64 per channel.
+        """
+        if self.operation in ("Maximum", "Minimum"):
+            return None
+        values = [np.asarray(v, np.float64) for v in operands]
+        dropped = tuple(bool(np.isfinite(v).all()) for v in values)
+        if not any(dropped) or all(dropped):
+            return None
+        constants = [v for v, d in zip(values, dropped) if d]
+        ones, zeros = np.ones_like(values[0]), np.zeros_like(values[0])
+        if self.operation == "Add":
+            return dropped, ones, np.sum(constants, axis=0)
+        if self.operation == "Subtract":
+            return (dropped, ones, -values[1]) if dropped[1] else (dropped, -ones, values[0])
+        if self.operation == "Average":
+            n = len(values)
+            return dropped, ones * (n - len(constants)) / n, np.sum(constants, axis=0) / n
+        return dropped, np.prod(constants, axis=0), zeros
+
+
+class ConcatRule(LayerRule):
+    """Concatenate on the last axis: the output's channels are the operands' channels, one after the other."""
+
+    kind = "concat"
+    constants = None
+
+    def refusal(self, layer):
+        return _concat_refusal(layer)
+
+
+# ----------------------------------------------------------------------------- layers that make units
+
+
+def pads(layer):
+    """The layer pads its input with zeros (a constant is not constant at the border).
+
+    A window of size 1 on every axis (a 1x1 convolution) pads nothing,
+    whatever its ``padding`` and strides: ``"same"`` pads ``(ceil(n / s) - 1)
+    * s + 1 - n <= 0`` entries, ``"causal"`` ``dilation * (1 - 1) = 0``.
+    """
+    if getattr(layer, "padding", "valid") not in ("same", "causal"):
+        return False
+    window = getattr(layer, "kernel_size", None)
+    return not (window and all(int(k) == 1 for k in window))
+
+
+class UnitsRule(LayerRule):
+    """A layer that makes units: one kernel ``(..., in, out)`` (Dense, Conv1D/2D/3D) and an optional bias.
+
+    The group of input unit ``i`` is the slice ``[..., i, :]`` of the kernel
+    (:attr:`view`). Subclasses change the kernels (SeparableConv) or the axis
+    of the groups (transposed convolutions).
+    """
+
+    kind = "units"
+    thresholded = True
+    #: ``prune_model(fold_batchnorm=True)`` may merge a BatchNormalization that follows it.
+    merges_batchnorm = True
+    #: A 0/1 selection Dense may go right before it to pick the kept input features.
+    selects_rows = False
+    #: Where the groups of its kernels lie.
+    view = GroupView()
+
+    def refusal(self, layer):
+        if getattr(layer, "lora_enabled", False):
+            return "a LoRA-enabled layer"
+        if getattr(layer, "quantization_mode", None):
+            return "a quantized layer"
+        if not activation_is_elementwise(layer.activation):
+            return MIXES_UNITS
+        return None
+
+    def classify(self, layer):
+        reason = self.refusal(layer)
+        if reason == MIXES_UNITS:
+            return "units_mixing", reason  # fine as the output layer
+        return ("other", reason) if reason else (self.kind, None)
+
+    def kernels(self, layer):
+        """``{role: variable}`` of its kernels: ``{"kernel": ...}`` (a SeparableConv: ``"kernel"``, ``"pointwise"``)."""
+        return {"kernel": layer.kernel}
+
+    def regularizer_attributes(self, layer):
+        """The ``*_regularizer`` attributes that carry its group penalties, one per kernel."""
+        return ("kernel_regularizer",)
+
+    def bias(self, layer):
+        return layer.bias if getattr(layer, "use_bias", False) and layer.bias is not None else None
+
+    def weights(self, layer):
+        """Its weights by role, numpy: ``{"kernel", ["pointwise",] "bias"}`` (``bias`` ``None`` without one)."""
+        out = {role: _numpy(variable) for role, variable in self.kernels(layer).items()}
+        bias = self.bias(layer)
+        out["bias"] = None if bias is None else _numpy(bias)
+        return out
+
+    def thresholded_variables(self, layer):
+        bias = self.bias(layer)
+        return list(self.kernels(layer).values()) + ([bias] if bias is not None else [])
+
+    def kernel_shape(self, layer):
+        """``(kernel rows per input unit (its window), input units, output units)`` from the kernel's shape."""
+        shape = tuple(int(d) for d in layer.kernel.shape)
+        return math.prod(shape[:-2]), shape[-2], shape[-1]
+
+    def out_units(self, layer):
+        return self.kernel_shape(layer)[2]
+
+    def unit_shape(self, layer, channels, positions):
+        """``(in_units, positions)`` when it reads ``channels`` ids laid out ``positions`` times, else ``None``."""
+        window, kernel_in, _ = self.kernel_shape(layer)
+        if positions != 1 or kernel_in != channels:
+            return None
+        return channels, window
+
+    def units_view(self, weights, in_units):
+        """The kernel (numpy, from :meth:`weights`) as ``(positions, in_units, out_units)``."""
+        return self.view.units(weights["kernel"], in_units)
+
+    def connections(self, layer, weights, in_units):
+        """bool ``(in_units, out_units)``: input unit ``i`` reaches output unit ``j`` through a non-zero weight."""
+        return np.any(self.units_view(weights, in_units) != 0, axis=0)
+
+    def constant_contribution(self, layer, weights, in_units, values):
+        """What constant input units add to every output unit's pre-activation, ``(out_units,)`` float64.
+
+        ``values[i]`` is the constant of input unit ``i`` (0 for the others).
+        Every output position sees every constant through the whole kernel:
+        ``sum_i values[i] * sum_p K[p, i, :]`` (a layer that pads only ever
+        gets constants of 0 here).
+        """
+        values = np.asarray(values, np.float64)
+        return values @ self.units_view(weights, in_units).astype(np.float64).sum(axis=0)
+
+    def pads(self, layer):
+        """A constant input is not constant at every output position (only a constant 0 passes)."""
+        return pads(layer)
+
+    def slice_units(self, layer, weights, in_units, kept_in, kept_out):
+        """``(config, weights)`` keeping input units ``kept_in`` and output units ``kept_out``."""
+        kept_in = np.asarray(kept_in, dtype=int)
+        kept_out = np.asarray(kept_out, dtype=int)
+        config = layer.get_config()
+        kernel = weights["kernel"]
+        view = self.units_view(weights, in_units)[:, kept_in][:, :, kept_out]
+        if kernel.ndim == 2:  # Dense, maybe after Flatten: rows p * C + c, p-major
+            new_kernel = view.reshape(-1, kept_out.size)
+        else:
+            new_kernel = view.reshape(kernel.shape[:-2] + (kept_in.size, kept_out.size))
+        config[self.width_key] = int(kept_out.size)
+        return config, self._with_bias([np.ascontiguousarray(new_kernel)], weights, kept_out)
+
+    width_key = "filters"
+
+    def _with_bias(self, new, weights, kept_out):
+        if weights["bias"] is not None:
+            new.append(np.ascontiguousarray(weights["bias"][kept_out]))
+        return new
+
+    def flops(self, layer, positions, in_units, out_units, output_shape):
+        """Multiply-adds per sample reading ``in_units`` and making ``out_units``.
+
+        ``positions`` is the first axis of :meth:`units_view` (kernel window,
+        or the positions of a flattened map for a Dense layer): ``output
+        positions * positions * in * out``. An output axis of unknown size
+        (``None``, see :func:`variable_axes`) counts as 1: the result is then
+        the cost per position of those axes.
+        """
+        return _spatial(output_shape) * positions * in_units * out_units
+
+    def params(self, layer, positions, in_units, out_units, has_bias):
+        """Parameters (kernels and bias) reading ``in_units`` and making ``out_units``."""
+        return positions * in_units * out_units + (out_units if has_bias else 0)
+
+    def node_flops(self, layer, node):
+        """Multiply-adds per sample of the units node ``node`` with all its units."""
+        return self.flops(layer, node.positions, node.in_units, node.out_units, output_shape(layer, node.out_units))
+
+
+def _spatial(shape):
+    return math.prod(int(d) for d in shape[1:-1] if d is not None) if len(shape) > 2 else 1
+
+
+class DenseRule(UnitsRule):
+    """``Dense``: a kernel ``(in, out)``; after ``Flatten`` of a ``(..., C)`` map its rows are ``p * C + c``."""
+
+    selects_rows = True
+    width_key = "units"
+
+    def refusal(self, layer):
+        if getattr(layer, "lora_enabled", False):
+            return "a LoRA-enabled Dense layer"
+        if getattr(layer, "quantization_mode", None):
+            return "a quantized Dense layer"
+        return super().refusal(layer)
+
+    def unit_shape(self, layer, channels, positions):
+        _, kernel_in, _ = self.kernel_shape(layer)
+        if kernel_in != channels * positions:
+            return None
+        return channels, positions
+
+
+class ConvRule(UnitsRule):
+    """``Conv1D/2D/3D`` (channels_last, ``groups=1``): a kernel ``(k..., in, out)``."""
+
+    def refusal(self, layer):
+        return _conv_refusal(layer) or super().refusal(layer)
+
+
+def _conv_refusal(layer):
+    if getattr(layer, "data_format", "channels_last") != "channels_last":
+        return "a convolution with data_format='channels_first'"
+    if getattr(layer, "groups", 1) != 1:
+        return "a grouped convolution (groups > 1)"
+    return None
+
+
+class SeparableConvRule(ConvRule):
+    """``SeparableConv1D/2D`` (``depth_multiplier=1``): a depthwise ``(k..., C, 1)`` then a pointwise ``(1.., C, out)``.
+
+    Input channel ``c``'s outgoing weights are ``depthwise[..., c, :]`` and
+    ``pointwise[..., c, :]``: both kernels carry a penalty on the same groups.
+    """
+
+    def refusal(self, layer):
+        if getattr(layer, "depth_multiplier", 1) != 1:
+            return "a SeparableConv with depth_multiplier > 1"
+        return super().refusal(layer)
+
+    def kernels(self, layer):
+        return {"kernel": layer.depthwise_kernel, "pointwise": layer.pointwise_kernel}
+
+    def regularizer_attributes(self, layer):
+        return ("depthwise_regularizer", "pointwise_regularizer")
+
+    def kernel_shape(self, layer):
+        depthwise = tuple(int(d) for d in layer.depthwise_kernel.shape)
+        return math.prod(depthwise[:-2]), depthwise[-2], int(layer.pointwise_kernel.shape[-1])
+
+    def connections(self, layer, weights, in_units):
+        depthwise = self.units_view(weights, in_units)  # (positions, C, m)
+        pointwise = weights["pointwise"].reshape(int(in_units), -1, weights["pointwise"].shape[-1])  # (C, m, out)
+        live = np.any(depthwise != 0, axis=0)  # (C, m)
+        return np.einsum("cm,cmo->co", live.astype(np.int64), (pointwise != 0).astype(np.int64)) > 0
+
+    def constant_contribution(self, layer, weights, in_units, values):
+        values = np.asarray(values, np.float64)
+        depthwise = self.units_view(weights, in_units).astype(np.float64).sum(axis=0)  # (C, m)
+        pointwise = weights["pointwise"].reshape(-1, weights["pointwise"].shape[-1]).astype(np.float64)
+        return (values[:, None] * depthwise).reshape(-1) @ pointwise
+
+    def slice_units(self, layer, weights, in_units, kept_in, kept_out):
+        kept_in = np.asarray(kept_in, dtype=int)
+        kept_out = np.asarray(kept_out, dtype=int)
+        config = layer.get_config()
+        config["filters"] = int(kept_out.size)
+        depthwise = weights["kernel"][..., kept_in, :]
+        m = depthwise.shape[-1]
+        rows = (kept_in[:, None] * m + np.arange(m)[None, :]).reshape(-1)
+        pointwise = weights["pointwise"][..., rows, :][..., kept_out]
+        new = [np.ascontiguousarray(depthwise), np.ascontiguousarray(pointwise)]
+        return config, self._with_bias(new, weights, kept_out)
+
+    def flops(self, layer, positions, in_units, out_units, output_shape):
+        return _spatial(output_shape) * (positions * in_units + in_units * out_units)
+
+    def params(self, layer, positions, in_units, out_units, has_bias):
+        return positions * in_units + in_units * out_units + (out_units if has_bias else 0)
+
+
+class ConvTransposeRule(ConvRule):
+    """``Conv1D/2D/3DTranspose``: a kernel ``(k..., out, in)``, the axes the other way round from ``Conv``.
+
+    Input unit ``i``'s group is ``kernel[..., :, i]`` (:class:`GroupView` with
+    ``axis=-1``). Each input position spreads over a window of output
+    positions, so the border and the stride pattern see different numbers of
+    kernel taps: a constant input is not constant in the output, and only a
+    constant 0 is folded (as through zero padding).
+    """
+
+    view = GroupView(axis=-1)
+    merges_batchnorm = False
+
+    def kernel_shape(self, layer):
+        shape = tuple(int(d) for d in layer.kernel.shape)
+        return math.prod(shape[:-2]), shape[-1], shape[-2]
+
+    def pads(self, layer):
+        return True
+
+    def slice_units(self, layer, weights, in_units, kept_in, kept_out):
+        kept_in = np.asarray(kept_in, dtype=int)
+        kept_out = np.asarray(kept_out, dtype=int)
+        config = layer.get_config()
+        config["filters"] = int(kept_out.size)
+        kernel = weights["kernel"][..., kept_out, :][..., kept_in]
+        return config, self._with_bias([np.ascontiguousarray(kernel)], weights, kept_out)
+
+    def flops(self, layer, positions, in_units, out_units, output_shape):
+        # Every input position meets the whole window once.
+        try:
+            shape = tuple(layer.input.shape)
+        except Exception:  # noqa: BLE001 - seen outside a graph: the output's positions bound it
+            shape = tuple(output_shape)
+        return _spatial(shape) * positions * in_units * out_units
+
+
+# ----------------------------------------------------------------------------- the table
 
 _RULES = {}
 _CHANGES = [0]  # bumped by every (un)registration: a cached graph from before is stale
+_USER_KINDS = {"per_unit": LayerRule, "per_element": PerElementRule, "flatten": FlattenRule,
+               "global_pool": GlobalPoolRule, "tail": TailRule}
 
 
 def table_version():
@@ -108,12 +745,20 @@ def table_version():
 
 
 def register_layer(cls, kind="per_unit", *, slicer=None, constants="call", description=None, refusal=None):
-    """Teach the analysis and surgery a layer class of your own that acts on each channel on its own.
+    """Teach the analysis and surgery a layer class of your own.
+
+    Either a class that acts on each channel on its own (``kind="per_unit"``,
+    with a ``slicer`` when it has per-channel weights), or a rule object: an
+    instance of a :class:`LayerRule` subclass (for example a
+    :class:`UnitsRule` subclass for a layer that makes units), whose methods
+    say everything.
 
     Args:
-        cls: a ``keras.layers.Layer`` subclass; matched exactly (not its subclasses).
-        kind: ``"per_unit"`` (the one kind a user can add) or, for this
-            package's own table, another kind.
+        cls: a ``keras.layers.Layer`` subclass (matched exactly, not its
+            subclasses), or a :class:`LayerRule` instance (the other
+            arguments are then not used).
+        kind: ``"per_unit"`` (default), ``"per_element"``, ``"flatten"``,
+            ``"global_pool"`` or ``"tail"``.
         slicer: ``(layer, kept) -> (config, weights)``: the config and weights
             of the layer restricted to the channels ``kept`` (an int array);
             ``None`` if it has no per-channel weights (its config is copied).
@@ -136,16 +781,25 @@ def register_layer(cls, kind="per_unit", *, slicer=None, constants="call", descr
     """
     from keras_group_lasso._validation import fail
 
+    if isinstance(cls, LayerRule):
+        rule = cls
+        if not (isinstance(rule.cls, type) and issubclass(rule.cls, keras.layers.Layer)):
+            fail("register_layer", "cls", "a rule whose cls is a keras.layers.Layer subclass", rule.cls)
+        return _add(rule)
     if not (isinstance(cls, type) and issubclass(cls, keras.layers.Layer)):
-        fail("register_layer", "cls", "a keras.layers.Layer subclass", cls)
-    if kind not in KINDS:
-        fail("register_layer", "kind", "one of " + ", ".join(repr(k) for k in KINDS), kind)
-    if constants not in CONSTANTS:
+        fail("register_layer", "cls", "a keras.layers.Layer subclass or a LayerRule instance", cls)
+    if kind not in _USER_KINDS:
+        fail("register_layer", "kind", "one of " + ", ".join(repr(k) for k in _USER_KINDS)
+             + " (a layer of another kind is registered as a LayerRule subclass instance)", kind)
+    if constants not in CONSTANTS and not callable(constants):
         fail("register_layer", "constants", "one of 'call', 'identity', 'zero_only', None", constants)
     if slicer is not None and not callable(slicer):
         fail("register_layer", "slicer", "a callable (layer, kept) -> (config, weights) or None", slicer)
-    rule = LayerRule(cls, kind, description or cls.__name__, slicer, constants, refusal)
-    _RULES[cls] = rule
+    return _add(_USER_KINDS[kind](cls, description, slicer=slicer, constants=constants, refusal=refusal))
+
+
+def _add(rule):
+    _RULES[rule.cls] = rule
     _CHANGES[0] += 1
     return rule
 
@@ -159,6 +813,12 @@ def unregister_layer(cls):
 def rule_of(layer):
     """The :class:`LayerRule` of ``layer``'s exact class, or ``None``."""
     return _RULES.get(type(layer))
+
+
+def units_rule(layer):
+    """The :class:`UnitsRule` of a layer that makes units, or ``None``."""
+    rule = _RULES.get(type(layer))
+    return rule if isinstance(rule, UnitsRule) else None
 
 
 def supported_of(kind):
@@ -186,174 +846,7 @@ def supported_text():
         "concat": "concatenation",
         "tail": "activations that mix units (every unit they read is kept)",
     }
-    return "; ".join(f"{titles[k]}: {', '.join(groups[k])}" for k in KINDS if k in groups)
-
-
-# ----------------------------------------------------------------------------- units layers
-
-
-def kernel_view(kernel, in_units):
-    """``kernel`` as ``(positions, in_units, out_units)``: ``[:, i, :]`` is input unit ``i``'s group.
-
-    A Dense kernel ``(in, out)`` is ``(1, in, out)``; a convolution kernel
-    ``(k..., C_in, C_out)`` is ``(prod(k), C_in, C_out)``; a Dense kernel after
-    ``Flatten`` of a ``(..., C)`` map has rows ``p * C + c`` and is
-    ``(positions, C, out)``.
-
-    Example:
-        >>> kernel_view(np.zeros((3, 3, 4, 8)), 4).shape
-        (9, 4, 8)
-    """
-    kernel = np.asarray(kernel)
-    in_units, out_units = int(in_units), kernel.shape[-1]
-    positions = kernel.size // (in_units * out_units) if in_units * out_units else 1
-    return kernel.reshape(positions, in_units, out_units)
-
-
-def activation_is_elementwise(function):
-    """``True`` for a Keras activation that acts on each scalar on its own."""
-    try:
-        name = keras.activations.serialize(function)
-    except Exception:  # noqa: BLE001 - an unserializable function is simply unknown
-        return False
-    return isinstance(name, str) and name in ELEMENTWISE_ACTIVATIONS
-
-
-def _conv_refusal(layer):
-    if getattr(layer, "data_format", "channels_last") != "channels_last":
-        return "a convolution with data_format='channels_first'"
-    if getattr(layer, "groups", 1) != 1:
-        return "a grouped convolution (groups > 1)"
-    if getattr(layer, "lora_enabled", False):
-        return "a LoRA-enabled layer"
-    if getattr(layer, "quantization_mode", None):
-        return "a quantized layer"
-    if not activation_is_elementwise(layer.activation):
-        return "a layer whose activation mixes units"
-    return None
-
-
-def _dense_refusal(layer):
-    if getattr(layer, "lora_enabled", False):
-        return "a LoRA-enabled Dense layer"
-    if getattr(layer, "quantization_mode", None):
-        return "a quantized Dense layer"
-    if not activation_is_elementwise(layer.activation):
-        return "a layer whose activation mixes units"
-    return None
-
-
-def _depthwise_refusal(layer):
-    if getattr(layer, "depth_multiplier", 1) != 1:
-        return "a DepthwiseConv with depth_multiplier > 1 (one channel makes several)"
-    return _conv_refusal(layer)
-
-
-def _separable_refusal(layer):
-    if getattr(layer, "depth_multiplier", 1) != 1:
-        return "a SeparableConv with depth_multiplier > 1"
-    return _conv_refusal(layer)
-
-
-def units_weights(layer):
-    """The thresholded weights of a units layer, by role: ``{"kernel", "pointwise", "bias"}`` (numpy)."""
-    out = {}
-    if type(layer).__name__.startswith("SeparableConv"):
-        out["kernel"] = _numpy(layer.depthwise_kernel)
-        out["pointwise"] = _numpy(layer.pointwise_kernel)
-    else:
-        out["kernel"] = _numpy(layer.kernel)
-    out["bias"] = _numpy(layer.bias) if getattr(layer, "use_bias", False) and layer.bias is not None else None
-    return out
-
-
-def _numpy(variable):
-    return np.asarray(keras.ops.convert_to_numpy(getattr(variable, "value", variable)))
-
-
-def is_thresholded(layer):
-    """``apply_threshold`` thresholds this layer's kernels and bias (Dense and every convolution)."""
-    names = ("Dense", "Conv1D", "Conv2D", "Conv3D", "DepthwiseConv1D", "DepthwiseConv2D", "SeparableConv1D",
-             "SeparableConv2D")
-    return any(type(layer) is getattr(keras.layers, n) for n in names)
-
-
-def is_separable(layer):
-    return type(layer).__name__.startswith("SeparableConv")
-
-
-def same_padding(layer):
-    """The layer pads its input with zeros (a constant is not constant at the border).
-
-    A window of size 1 on every axis (a 1x1 convolution) pads nothing,
-    whatever its ``padding`` and strides: ``"same"`` pads ``(ceil(n / s) - 1)
-    * s + 1 - n <= 0`` entries, ``"causal"`` ``dilation * (1 - 1) = 0``.
-    """
-    if getattr(layer, "padding", "valid") not in ("same", "causal"):
-        return False
-    window = getattr(layer, "kernel_size", None)
-    return not (window and all(int(k) == 1 for k in window))
-
-
-def connections(layer, weights, in_units):
-    """bool ``(in_units, out_units)``: input unit ``i`` reaches output unit ``j`` through a non-zero weight.
-
-    ``weights`` are the thresholded weights (zeros are exact zeros).
-    """
-    if is_separable(layer):
-        depthwise = kernel_view(weights["kernel"], in_units)  # (positions, C, m)
-        pointwise = weights["pointwise"].reshape(int(in_units), -1, weights["pointwise"].shape[-1])  # (C, m, out)
-        live = np.any(depthwise != 0, axis=0)  # (C, m)
-        return np.einsum("cm,cmo->co", live.astype(np.int64), (pointwise != 0).astype(np.int64)) > 0
-    return np.any(kernel_view(weights["kernel"], in_units) != 0, axis=0)
-
-
-def constant_contribution(layer, weights, in_units, values):
-    """What constant input units add to every output unit's pre-activation, ``(out_units,)`` float64.
-
-    ``values[i]`` is the constant of input unit ``i`` (0 for the others). For
-    a Dense layer (also after Flatten) and a convolution without padding every
-    output position sees every constant through the whole kernel:
-    ``sum_i values[i] * sum_p K[p, i, :]``. With zero padding only constants
-    of exactly 0 are allowed (the caller checks); they add nothing.
-    """
-    values = np.asarray(values, np.float64)
-    if is_separable(layer):
-        depthwise = kernel_view(weights["kernel"], in_units).astype(np.float64).sum(axis=0)  # (C, m)
-        pointwise = weights["pointwise"].reshape(-1, weights["pointwise"].shape[-1]).astype(np.float64)
-        return (values[:, None] * depthwise).reshape(-1) @ pointwise
-    return values @ kernel_view(weights["kernel"], in_units).astype(np.float64).sum(axis=0)
-
-
-def slice_units(layer, weights, in_units, kept_in, kept_out):
-    """``(config, weights)`` of a units layer keeping input units ``kept_in`` and output units ``kept_out``."""
-    kept_in = np.asarray(kept_in, dtype=int)
-    kept_out = np.asarray(kept_out, dtype=int)
-    config = layer.get_config()
-    kernel = weights["kernel"]
-    if is_separable(layer):
-        config["filters"] = int(kept_out.size)
-        depthwise = kernel[..., kept_in, :]
-        pointwise = weights["pointwise"]
-        m = depthwise.shape[-1]
-        rows = (kept_in[:, None] * m + np.arange(m)[None, :]).reshape(-1)
-        pointwise = pointwise[..., rows, :][..., kept_out]
-        new = [np.ascontiguousarray(depthwise), np.ascontiguousarray(pointwise)]
-    else:
-        view = kernel_view(kernel, in_units)[:, kept_in][:, :, kept_out]
-        shape = kernel.shape[:-2] + (kept_in.size, kept_out.size) if kernel.ndim > 2 else None
-        if kernel.ndim == 2:  # Dense, maybe after Flatten: rows p * C + c, p-major
-            new_kernel = view.reshape(-1, kept_out.size)
-        else:
-            new_kernel = view.reshape(shape)
-        new = [np.ascontiguousarray(new_kernel)]
-        if "units" in config:
-            config["units"] = int(kept_out.size)
-        else:
-            config["filters"] = int(kept_out.size)
-    if weights["bias"] is not None:
-        new.append(np.ascontiguousarray(weights["bias"][kept_out]))
-    return config, new
+    return "; ".join(f"{titles[k]}: {', '.join(groups[k])}" for k in KINDS if k in groups and k in titles)
 
 
 def output_shape(layer, out_units):
@@ -364,21 +857,13 @@ def output_shape(layer, out_units):
         return (None, out_units)
 
 
-def node_flops(layer, node):
-    """Multiply-adds per sample of the units node ``node`` (of ``layer``) with all its units.
-
-    Per position of its output's variable axes when it has some (:func:`variable_axes`).
-    """
-    return units_flops(layer, node.positions, node.in_units, node.out_units, output_shape(layer, node.out_units))
-
-
 def variable_axes(output_shape):
     """The axes of a units layer's output, between batch and units, whose size is not known (``None``).
 
     A model built on ``keras.Input((None, 8))`` or ``(None, None, 3)`` takes
     sequences or images of any size: a layer before global pooling then has
     output positions that depend on the input, and its multiply-adds are
-    counted per position of those axes (:func:`units_flops`).
+    counted per position of those axes (:meth:`UnitsRule.flops`).
 
     Example:
         >>> variable_axes((None, None, 12, 4)), variable_axes((None, 5, 4)), variable_axes((None, 4))
@@ -388,38 +873,19 @@ def variable_axes(output_shape):
     return tuple(axis for axis in range(1, len(shape) - 1) if shape[axis] is None)
 
 
-def units_flops(layer, positions, in_units, out_units, output_shape):
-    """Multiply-adds per sample of a units layer reading ``in_units`` and making ``out_units``.
-
-    ``positions`` is the first axis of :func:`kernel_view` (kernel window, or
-    the positions of a flattened map for a Dense layer), so a Dense layer
-    costs ``positions * in * out`` and a convolution ``output positions *
-    window * in * out``; a SeparableConv ``output positions * (window * in +
-    in * out)``. An output axis of unknown size (``None``, see
-    :func:`variable_axes`) counts as 1: the result is then the cost per
-    position of those axes (the known axes counted in full).
-
-    Example:
-        >>> conv = keras.layers.Conv1D(4, 3)
-        >>> units_flops(conv, 3, 8, 4, (None, 10, 4)), units_flops(conv, 3, 8, 4, (None, None, 4))
-        (960, 96)
-    """
-    spatial = math.prod(int(d) for d in output_shape[1:-1] if d is not None) if len(output_shape) > 2 else 1
-    if is_separable(layer):
-        return spatial * (positions * in_units + in_units * out_units)
-    return spatial * positions * in_units * out_units
+# ----------------------------------------------------------------------------- per-unit slicers and refusals
 
 
-def units_params(layer, positions, in_units, out_units, has_bias):
-    """Parameters (kernels and bias) of a units layer reading ``in_units`` and making ``out_units``."""
-    if is_separable(layer):
-        kernel = positions * in_units + in_units * out_units
-    else:
-        kernel = positions * in_units * out_units
-    return kernel + (out_units if has_bias else 0)
-
-
-# ----------------------------------------------------------------------------- per-unit slicers
+def _depthwise_refusal(layer):
+    if getattr(layer, "depth_multiplier", 1) != 1:
+        return "a DepthwiseConv with depth_multiplier > 1 (one channel makes several)"
+    if getattr(layer, "lora_enabled", False):
+        return "a LoRA-enabled layer"
+    if getattr(layer, "quantization_mode", None):
+        return "a quantized layer"
+    if not activation_is_elementwise(layer.activation):
+        return MIXES_UNITS
+    return _conv_refusal(layer)
 
 
 def _per_unit_vectors(layer, kept):
@@ -465,10 +931,6 @@ def _batchnorm_refusal(layer):
     if axis is None or (axis != -1 and (rank is None or axis != rank - 1)):
         return "a BatchNormalization not on the last axis"
     return None
-
-
-def _activation_refusal(layer):
-    return None if activation_is_elementwise(layer.activation) else "an activation that mixes units"
 
 
 def _per_element(values, shape):
@@ -557,70 +1019,6 @@ def _reshape(layer, kept):
     return config, []
 
 
-def slice_layer(layer, kept):
-    """``(config, weights)`` of a per-unit or per-element ``layer`` restricted to the units ``kept``."""
-    rule = rule_of(layer)
-    kept = np.asarray(kept, dtype=int)
-    if rule is None or rule.slicer is None:
-        return layer.get_config(), layer.get_weights()
-    return rule.slicer(layer, kept)
-
-
-# ----------------------------------------------------------------------------- merges
-
-_MERGE_OPS = {
-    keras.layers.Add: lambda values: np.sum(values, axis=0),
-    keras.layers.Subtract: lambda values: values[0] - values[1],
-    keras.layers.Average: lambda values: np.mean(values, axis=0),
-    keras.layers.Maximum: lambda values: np.max(values, axis=0),
-    keras.layers.Minimum: lambda values: np.min(values, axis=0),
-    keras.layers.Multiply: lambda values: np.prod(values, axis=0),
-}
-
-
-def merge_constants(layer, operands):
-    """The constants after a merge of ``operands`` (one array per operand; NaN: not constant)."""
-    values = np.stack([np.asarray(v, np.float64) for v in operands])
-    with np.errstate(invalid="ignore", over="ignore"):
-        return _MERGE_OPS[type(layer)](values)  # NaN in any operand stays NaN
-
-
-# Merges that are affine in each operand: a constant operand can leave as a scale and an offset.
-_AFFINE_MERGES = (keras.layers.Add, keras.layers.Subtract, keras.layers.Average, keras.layers.Multiply)
-
-
-def merge_fold(layer, operands):
-    """``(dropped, scale, offset)`` when the merge can drop its constant operands, else ``None``.
-
-    ``operands``: the constant of each operand's channels (NaN: it varies).
-    When some operands are constant on every channel and at least one varies,
-    the merge equals ``scale * merge(varying operands) + offset`` per channel
-    (the varying ones merged by the same layer; one left passes as it is):
-    ``Add``: ``1``, ``sum c``; ``Subtract``: ``1``, ``-c`` (or ``-1``, ``c`` when
-    the first operand is the constant); ``Average`` of ``n`` with ``r``
-    varying: ``r / n``, ``sum c / n``; ``Multiply``: ``prod c``, ``0``.
-    ``Maximum`` / ``Minimum`` are not affine: ``None``. ``dropped``: one bool
-    per operand; ``scale`` and ``offset`` are float64 per channel.
-    """
-    kind = type(layer)
-    if kind not in _AFFINE_MERGES:
-        return None
-    values = [np.asarray(v, np.float64) for v in operands]
-    dropped = tuple(bool(np.isfinite(v).all()) for v in values)
-    if not any(dropped) or all(dropped):
-        return None
-    constants = [v for v, d in zip(values, dropped) if d]
-    ones, zeros = np.ones_like(values[0]), np.zeros_like(values[0])
-    if kind is keras.layers.Add:
-        return dropped, ones, np.sum(constants, axis=0)
-    if kind is keras.layers.Subtract:
-        return (dropped, ones, -values[1]) if dropped[1] else (dropped, -ones, values[0])
-    if kind is keras.layers.Average:
-        n = len(values)
-        return dropped, ones * (n - len(constants)) / n, np.sum(constants, axis=0) / n
-    return dropped, np.prod(constants, axis=0), zeros
-
-
 def _shapes(layer):
     try:
         tensors = layer.input if isinstance(layer.input, (list, tuple)) else [layer.input]
@@ -651,48 +1049,49 @@ def _concat_refusal(layer):
     return None
 
 
+
 def _register_builtin():
     L = keras.layers
+    register_layer(InputRule(L.InputLayer, "the model's input"))
+    register_layer(DenseRule(L.Dense))
     for name in ("Conv1D", "Conv2D", "Conv3D"):
-        register_layer(getattr(L, name), "units", description=name, refusal=_conv_refusal)
+        register_layer(ConvRule(getattr(L, name)))
     for name in ("SeparableConv1D", "SeparableConv2D"):
-        register_layer(getattr(L, name), "units", description=name, refusal=_separable_refusal)
-    register_layer(L.Dense, "units", description="Dense", refusal=_dense_refusal)
+        register_layer(SeparableConvRule(getattr(L, name)))
+    for name in ("Conv1DTranspose", "Conv2DTranspose", "Conv3DTranspose"):
+        register_layer(ConvTransposeRule(getattr(L, name)))
     for name in ("DepthwiseConv1D", "DepthwiseConv2D"):
-        register_layer(getattr(L, name), "per_unit", slicer=_depthwise, constants="call",
-                       description=f"{name} (depth_multiplier=1)", refusal=_depthwise_refusal)
-    for name in ("Dropout", "GaussianDropout", "GaussianNoise", "AlphaDropout", "SpatialDropout1D",
-                 "SpatialDropout2D", "SpatialDropout3D", "Identity"):
-        register_layer(getattr(L, name), "per_unit", constants="identity", description=name)
+        register_layer(DepthwiseRule(getattr(L, name), f"{name} (depth_multiplier=1)", slicer=_depthwise,
+                                     refusal=_depthwise_refusal))
+    for name in ("Dropout", "GaussianDropout", "GaussianNoise", "AlphaDropout"):
+        register_layer(DropoutRule(getattr(L, name)))
+    for name in ("SpatialDropout1D", "SpatialDropout2D", "SpatialDropout3D", "Identity"):
+        register_layer(LayerRule(getattr(L, name), constants="identity"))
     for name in ("ReLU", "LeakyReLU", "ELU"):
-        register_layer(getattr(L, name), "per_unit", constants="call", description=name)
-    register_layer(L.Activation, "per_unit", constants="call",
-                   description="Activation (elementwise)", refusal=_activation_refusal)
-    register_layer(L.BatchNormalization, "per_unit", slicer=_per_unit_vectors, constants="call",
-                   description="BatchNormalization (last axis)", refusal=_batchnorm_refusal)
-    register_layer(L.PReLU, "per_unit", slicer=_prelu, constants="call",
-                   description="PReLU (shared over positions)", refusal=_prelu_refusal)
+        register_layer(LayerRule(getattr(L, name)))
+    register_layer(ActivationRule(L.Activation, "Activation (elementwise)"))
+    register_layer(BatchNormRule(L.BatchNormalization, "BatchNormalization (last axis)", slicer=_per_unit_vectors,
+                                 refusal=_batchnorm_refusal))
+    register_layer(LayerRule(L.PReLU, "PReLU (shared over positions)", slicer=_prelu, refusal=_prelu_refusal))
     for name in ("MaxPooling1D", "MaxPooling2D", "MaxPooling3D", "AveragePooling1D", "AveragePooling2D",
                  "AveragePooling3D", "Cropping1D", "Cropping2D", "Cropping3D", "UpSampling1D", "UpSampling2D",
                  "UpSampling3D"):
-        register_layer(getattr(L, name), "per_unit", constants="identity", description=name)
+        register_layer(LayerRule(getattr(L, name), constants="identity"))
     for name in ("ZeroPadding1D", "ZeroPadding2D", "ZeroPadding3D"):
-        register_layer(getattr(L, name), "per_unit", constants="zero_only", description=name)
-    register_layer(L.Normalization, "per_element", slicer=_normalization, constants="call",
-                   description="Normalization")
-    register_layer(L.Rescaling, "per_element", slicer=_rescaling, constants="call", description="Rescaling")
-    register_layer(L.Flatten, "flatten", constants="identity", description="Flatten")
+        register_layer(LayerRule(getattr(L, name), constants="zero_only"))
+    register_layer(NormalizationRule(L.Normalization, slicer=_normalization))
+    register_layer(RescalingRule(L.Rescaling, slicer=_rescaling))
+    register_layer(FlattenRule(L.Flatten))
     # Adding or removing size-1 axes is a Flatten of a one-position map (or its inverse): units pass as they are.
-    register_layer(L.Reshape, "flatten", slicer=_reshape, constants="identity",
-                   description="Reshape (adding or removing axes of size 1)", refusal=_reshape_refusal)
+    register_layer(FlattenRule(L.Reshape, "Reshape (adding or removing axes of size 1)", slicer=_reshape,
+                               refusal=_reshape_refusal))
     for name in ("GlobalAveragePooling1D", "GlobalAveragePooling2D", "GlobalAveragePooling3D",
                  "GlobalMaxPooling1D", "GlobalMaxPooling2D", "GlobalMaxPooling3D"):
-        register_layer(getattr(L, name), "global_pool", constants="identity", description=name)
-    register_layer(L.Softmax, "tail", constants=None, description="Softmax")
-    for cls in _MERGE_OPS:
-        register_layer(cls, "merge", constants=None, description=cls.__name__, refusal=_merge_refusal)
-    register_layer(L.Concatenate, "concat", constants=None, description="Concatenate (last axis)",
-                   refusal=_concat_refusal)
+        register_layer(GlobalPoolRule(getattr(L, name)))
+    register_layer(TailRule(L.Softmax))
+    for name in _MERGE_OPS:
+        register_layer(MergeRule(getattr(L, name), name))
+    register_layer(ConcatRule(L.Concatenate, "Concatenate (last axis)"))
 
 
 _register_builtin()

@@ -191,15 +191,14 @@ def prune_model(model, threshold=1e-3, inputs="original", round_to=1, fold_batch
             want = masks.inputs[node.name]
             kept_out = masks.units[node.name]
             n, k, u = int(have.sum()), int((have & want).sum()), int(kept_out.sum())
-            if k < n and unode.positions == 1 and type(layer) is keras.layers.Dense and len(x.shape) == 2 and (
-                k * (n + u) < n * u
-            ):
+            rule = registry.units_rule(layer)
+            if k < n and unode.positions == 1 and rule.selects_rows and len(x.shape) == 2 and k * (n + u) < n * u:
                 # Right before the Dense, after the input preprocessing: that Dense rounds its inputs as
                 # the selection does (e.g. TF32 matmuls on a GPU).
                 x = select(x, have, want, layer)
                 rows = have & want
-            config, new = registry.slice_units(layer, weights[node.name], unode.in_units, np.flatnonzero(rows),
-                                               np.flatnonzero(kept_out))
+            config, new = rule.slice_units(layer, weights[node.name], unode.in_units, np.flatnonzero(rows),
+                                           np.flatnonzero(kept_out))
             if node.name in into:
                 config, new = _merge_batchnorm(config, new, layers[into[node.name]], np.flatnonzero(kept_out))
             out_present = kept_out
@@ -243,11 +242,12 @@ def prune_model(model, threshold=1e-3, inputs="original", round_to=1, fold_batch
                     and len(layer.output.shape) == 2):
                 tensors[node.name], present[node.name] = x, have  # the selected features are already flat
                 continue
+            rule = registry.rule_of(layer)
             if have.all() and not (sliced_features and graph.tensor(name).elements):
                 config, new = layer.get_config(), layer.get_weights()
             else:  # fewer units, or the input's elements already flattened into the selected features
-                config, new = registry.slice_layer(layer, _entries(have, graph.tensor(name)))
-            if registry.is_thresholded(layer):  # a DepthwiseConv
+                config, new = rule.slice(layer, _entries(have, graph.tensor(name)))
+            if rule.thresholded:  # a DepthwiseConv
                 new = [threshold_array(w, plan.threshold) for w in new]
             out_present = have
         config["name"] = names[node.name]
@@ -285,10 +285,6 @@ def prune_model(model, threshold=1e-3, inputs="original", round_to=1, fold_batch
     return small
 
 
-_MERGES_A_BATCHNORM = (keras.layers.Dense, keras.layers.Conv1D, keras.layers.Conv2D, keras.layers.Conv3D,
-                       keras.layers.SeparableConv1D, keras.layers.SeparableConv2D)
-
-
 def _foldable_batchnorms(graph, masks):
     """``{BatchNormalization name: units layer name}``: each that can be merged into the layer it reads.
 
@@ -299,11 +295,13 @@ def _foldable_batchnorms(graph, masks):
     out = {}
     for node in graph.nodes:
         layer = graph.layers.get(node.name)
-        if type(layer) is not keras.layers.BatchNormalization or len(node.inputs) != 1:
+        rule = registry.rule_of(layer) if layer is not None else None
+        if rule is None or not rule.batchnorm or len(node.inputs) != 1:
             continue
         (source,) = node.inputs
         maker = graph.layers.get(source)
-        if (type(maker) not in _MERGES_A_BATCHNORM  # exact classes: a subclass may compute something else
+        maker_rule = registry.units_rule(maker)
+        if (maker_rule is None or not maker_rule.merges_batchnorm
                 or keras.activations.serialize(maker.activation) != "linear"
                 or readers[source] != 1 or source in graph.outputs or source in masks.detached
                 or not masks.units[source].any()):
@@ -408,12 +406,11 @@ def _restore_initializers(layer, initializers):
 
 
 def _set_weights(layer, weights):
-    if type(layer) is keras.layers.Normalization:
-        # set_weights leaves Normalization's cached mean and variance at their initial
-        # values; loading its variables (the saving API) also recomputes them.
-        layer.load_own_variables({str(i): w for i, w in enumerate(weights)})
-    else:
+    rule = registry.rule_of(layer)
+    if rule is None:  # the selection layer (a Dense) and merges: plain weights
         layer.set_weights(weights)
+    else:
+        rule.set_weights(layer, weights)
 
 
 def _flat_names(steps, reserved=()):

@@ -236,6 +236,7 @@ def build_plan(owner, model, threshold, round_to=1):
         kept_out = _indices(masks.units[name])
         node = graph.node(name)
         has_bias = result.weights[name]["bias"] is not None
+        rule = registry.units_rule(graph.layers[name])
         plans.append(
             LayerPlan(
                 name=name,
@@ -246,10 +247,8 @@ def build_plan(owner, model, threshold, round_to=1):
                 inputs_after=len(kept_in),
                 units_before=layer.units,
                 units_after=len(kept_out),
-                params_before=registry.units_params(graph.layers[name], node.positions, layer.groups, layer.units,
-                                                    has_bias),
-                params_after=registry.units_params(graph.layers[name], node.positions, len(kept_in), len(kept_out),
-                                                   has_bias),
+                params_before=rule.params(graph.layers[name], node.positions, layer.groups, layer.units, has_bias),
+                params_after=rule.params(graph.layers[name], node.positions, len(kept_in), len(kept_out), has_bias),
                 is_output=layer.is_output,
             )
         )

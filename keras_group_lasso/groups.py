@@ -1,0 +1,121 @@
+"""The one definition of a weight's groups: which axis holds the units whose outgoing weights form a group.
+
+A group is all outgoing weights of one input unit. Where that unit's index
+lies depends on the layer: axis ``-2`` of a Dense kernel ``(in, out)``, of a
+convolution kernel ``(k..., in, out)``, of a depthwise kernel ``(k..., C, m)``
+and of a pointwise kernel; axis ``-1`` of a transposed convolution kernel
+``(k..., out, in)``. A :class:`GroupView` says which, and gives every consumer
+the same two views of the weight:
+
+* :meth:`GroupView.shape`: a *reshape only* (no transpose, so it works on
+  ``keras.ops`` tensors inside a compiled step) after which group ``g`` is the
+  slice ``[..., g, :]`` of a rank-3 view: the penalties, the proximal step
+  (:mod:`keras_group_lasso.prox` sums over every axis but ``-2``) and the
+  budget read this one;
+* :meth:`GroupView.units`: the kernel as ``(positions, in_units, out_units)``
+  (numpy; a transpose where needed): the masks, the report and surgery read
+  which input unit reaches which output unit from it.
+
+A Dense kernel that reads a flattened ``(..., C)`` map (``channels=C``) has
+rows ``p * C + c``: its groups are whole channels, the rows ``c, C + c, ...``.
+
+Example:
+    >>> GroupView().shape((3, 3, 16, 32))
+    (9, 16, 32)
+    >>> GroupView(axis=-1).shape((3, 3, 32, 16))
+    (288, 16, 1)
+    >>> GroupView(channels=4).shape((12, 5))
+    (3, 4, 5)
+"""
+
+import dataclasses
+import math
+
+import numpy as np
+
+__all__ = ["GroupView", "AXES"]
+
+# The axes a group's unit index can lie on: -2 (Dense, convolutions) or -1 (transposed convolutions).
+AXES = (-2, -1)
+
+
+@dataclasses.dataclass(frozen=True)
+class GroupView:
+    """Where the groups of a weight lie.
+
+    Attributes:
+        axis: ``-2`` (the unit index is the kernel's second-to-last axis) or
+            ``-1`` (its last axis: a transposed convolution's kernel).
+        channels: ``None``, or ``C`` for a Dense kernel (rank 2, ``axis=-2``)
+            that reads a flattened ``(..., C)`` map: row ``r`` belongs to
+            channel ``r % C``.
+    """
+
+    axis: int = -2
+    channels: object = None
+
+    def shape(self, shape):
+        """The rank-3 (or unchanged rank <= 1) shape in which group ``g`` is ``[..., g, :]``; a reshape of ``shape``.
+
+        ``(k..., G, n) -> (prod(k), G, n)``; with ``axis=-1``: ``(k..., n, G)
+        -> (prod(k) * n, G, 1)``; with ``channels=C``: ``(P * C, n) -> (P, C,
+        n)``. A bias (rank 1) is its own view: each scalar is a group.
+
+        Raises:
+            ValueError: ``channels`` does not divide the rows of a rank-2 kernel.
+        """
+        shape = tuple(int(d) for d in shape)
+        if len(shape) < 2:
+            return shape
+        if self.axis == -1:
+            return (math.prod(shape[:-1]), shape[-1], 1)
+        if self.channels is not None:
+            rows = shape[-2]
+            if len(shape) != 2 or rows % self.channels:
+                raise ValueError(f"channels={self.channels} does not divide the rows of a kernel of shape {shape}")
+            return (rows // self.channels, self.channels, shape[-1])
+        if len(shape) == 2:
+            return shape
+        return (math.prod(shape[:-2]), shape[-2], shape[-1])
+
+    def groups(self, shape):
+        """The number of groups of a weight of ``shape``.
+
+        Example:
+            >>> GroupView(axis=-1).groups((3, 3, 8, 4))
+            4
+        """
+        view = self.shape(shape)
+        return int(view[-2]) if len(view) >= 2 else int(view[0]) if view else 1
+
+    def units(self, kernel, in_units):
+        """``kernel`` (numpy) as ``(positions, in_units, out_units)``: ``[:, i, :]`` is input unit ``i``'s group.
+
+        A Dense kernel ``(in, out)`` is ``(1, in, out)``; after ``Flatten`` of a
+        ``(..., C)`` map (``in_units=C``), ``(positions, C, out)``; a
+        convolution kernel ``(k..., C_in, C_out)`` is ``(prod(k), C_in, C_out)``;
+        a transposed convolution kernel ``(k..., C_out, C_in)`` is transposed
+        to ``(prod(k), C_in, C_out)``.
+
+        Example:
+            >>> GroupView().units(np.zeros((3, 3, 4, 8)), 4).shape
+            (9, 4, 8)
+            >>> GroupView(axis=-1).units(np.zeros((3, 3, 8, 4)), 4).shape
+            (9, 4, 8)
+        """
+        kernel = np.asarray(kernel)
+        if self.axis == -1:
+            kernel = np.swapaxes(kernel, -1, -2)
+        in_units, out_units = int(in_units), kernel.shape[-1]
+        positions = kernel.size // (in_units * out_units) if in_units * out_units else 1
+        return kernel.reshape(positions, in_units, out_units)
+
+    def norms(self, kernel, in_units):
+        """The L2 norm of each input unit's group, float32 ``(in_units,)`` (numpy).
+
+        Example:
+            >>> GroupView().norms(np.array([[3.0, 4.0], [0.0, 0.0]]), 2)
+            array([5., 0.], dtype=float32)
+        """
+        view = self.units(np.asarray(kernel, np.float32), in_units)
+        return np.sqrt(np.sum(np.square(view), axis=(0, 2)))
