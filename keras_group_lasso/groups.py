@@ -110,6 +110,21 @@ class GroupView:
         positions = kernel.size // (in_units * out_units) if in_units * out_units else 1
         return kernel.reshape(positions, in_units, out_units)
 
+    def kernel(self, units, shape):
+        """The inverse of :meth:`units`: a ``(positions, in_units, out_units)`` array back in a kernel's ``shape``.
+
+        Example:
+            >>> view = GroupView(axis=-1)
+            >>> kernel = np.arange(24.0).reshape(2, 3, 4)
+            >>> bool(np.array_equal(view.kernel(view.units(kernel, 4), kernel.shape), kernel))
+            True
+        """
+        units = np.asarray(units)
+        if self.axis == -1:
+            shape = tuple(shape)
+            return np.swapaxes(units.reshape(shape[:-2] + (shape[-1], shape[-2])), -1, -2)
+        return units.reshape(shape)
+
     def norms(self, kernel, in_units):
         """The L2 norm of each input unit's group, float32 ``(in_units,)`` (numpy).
 

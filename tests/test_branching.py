@@ -8,8 +8,7 @@ from hypothesis import strategies as st
 
 from keras_group_lasso import prune_model, sparsity_report
 from keras_group_lasso.analysis import unit_masks
-from keras_group_lasso.graph import model_graph
-from keras_group_lasso.groups import GroupView
+from keras_group_lasso.graph import model_graph, registry
 from test_cnn import assert_rounded, assert_same_outputs, outputs, randomize_batchnorm, thresholded_copy
 
 L = keras.layers
@@ -25,14 +24,15 @@ def kill_units(model, rng, dead=0.3, constant=0.25, dead_layer=0.15):
     for node in graph.units:
         layer = graph.layers[node.name]
         weights = layer.get_weights()
-        view = GroupView().units(weights[0], node.in_units).copy()
+        group_view = registry.units_rule(layer).view
+        view = group_view.units(weights[0], node.in_units).copy()
         view[:, rng.random(node.in_units) < dead, :] = 0.0
         view[np.abs(view) < 0.05] *= 1e-4  # below the threshold
         if not node.is_output:
             view[:, :, rng.random(node.out_units) < constant] = 0.0  # these output act(b) everywhere
             if rng.random() < dead_layer:
                 view[:] = 0.0  # every unit outputs act(b): a constant branch when nothing else feeds it
-        weights[0] = view.reshape(weights[0].shape)
+        weights[0] = group_view.kernel(view, weights[0].shape)
         if len(weights) > 1:
             weights[1] = rng.normal(size=weights[1].shape) * (rng.random(weights[1].shape) < 0.7)
         layer.set_weights(weights)

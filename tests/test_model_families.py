@@ -298,3 +298,75 @@ def test_every_other_reshape_is_still_refused_by_name(target, shape, reason):
     assert "Reshape (adding or removing axes of size 1)" in str(info.value)  # in the list of what is supported
     assert sparsity_report(model, T).uninterpreted_layers == ("odd (Reshape)",)
     assert_untouched(model, before)
+
+
+# ----------------------------------------------------------------------------- transposed convolutions
+
+
+def _unet(dims=2):
+    """A small U-Net: two downsampling stages, a transposed-convolution decoder with skip connections."""
+    conv, up = getattr(L, f"Conv{dims}D"), getattr(L, f"Conv{dims}DTranspose")
+    pool = getattr(L, f"MaxPooling{dims}D")
+    inputs = keras.Input((8,) * dims + (2,))
+    a = conv(6, 3, padding="same", activation="relu", name="enc1")(inputs)
+    b = conv(8, 3, padding="same", activation="relu", name="enc2")(pool(2)(a))
+    b = L.BatchNormalization(name="bn")(b)
+    c = conv(10, 3, padding="same", activation="relu", name="mid")(pool(2)(b))
+    u = up(7, 3, strides=2, padding="same", activation="relu", name="up1")(c)
+    u = L.Concatenate(name="skip1")([u, b])
+    u = up(5, 2, strides=2, padding="valid", name="up2")(u)
+    u = L.Add(name="skip2")([u, conv(5, 1, name="proj")(a)])
+    return keras.Model(inputs, conv(3, 1, name="out")(u))
+
+
+@pytest.mark.parametrize("dims", [1, 2, 3])
+def test_a_unet_with_transposed_convolutions_prunes_exactly_and_reloads(dims, rng, tmp_path):
+    model = _unet(dims)
+    kill_units(model, rng, dead=0.3, constant=0.25, dead_layer=0.0)
+    x = rng.normal(size=(3,) + (8,) * dims + (2,)).astype("float32")
+    small = assert_prunes_exactly_and_reloads(model, x, tmp_path)
+    assert small.pruning_report.uninterpreted_layers == ()
+    sizes = {layer.name: layer.units_alive for layer in small.pruning_report.layers}
+    for name in ("up1", "up2"):
+        kernel = small.get_layer(name).kernel  # (k..., out, in): out is what the report keeps
+        assert int(kernel.shape[-2]) == sizes[name] and small.get_layer(name).filters == sizes[name]
+    assert sizes["up1"] < 7
+
+
+def test_a_transposed_convolution_kernel_is_penalised_along_its_input_axis(rng):
+    model = add_group_sparsity(_unet(2), 1e-2)
+    up = model.get_layer("up1")
+    penalty = up.kernel_regularizer
+    assert penalty.axis == -1 and model.get_layer("mid").kernel_regularizer.axis == -2
+    assert type(penalty).from_config(penalty.get_config()).axis == -1
+    # Input channel i's group is kernel[..., :, i]: zeroing it leaves the other groups' norms as they were.
+    kernel = rng.normal(size=tuple(up.kernel.shape)).astype("float32")
+    kernel[..., 4] = 0.0
+    norms = np.sqrt(np.sum(kernel.reshape(-1, kernel.shape[-1]) ** 2, axis=0))
+    size = kernel.size // kernel.shape[-1]
+    value = float(keras.ops.convert_to_numpy(penalty(keras.ops.convert_to_tensor(kernel))))
+    np.testing.assert_allclose(value, 1e-2 * (np.sqrt(size) * norms.sum() + np.abs(kernel).sum()), rtol=1e-5)
+    report = sparsity_report(model)
+    assert {layer.name: layer.groups for layer in report.layers}["up1"] == 10
+
+
+def test_the_proximal_step_zeroes_whole_input_channels_of_a_transposed_convolution(rng):
+    from keras_group_lasso import Proximal
+
+    model = add_group_sparsity(keras.Sequential([
+        keras.Input((4, 4, 3)), L.Conv2DTranspose(5, 3, strides=2, name="up"), L.Flatten(), L.Dense(2, name="out"),
+    ]), 1e-2)
+    kernel = rng.normal(size=(3, 3, 5, 3)).astype("float32")  # (k, k, out, in)
+    kernel[..., 1] *= 1e-4  # input channel 1: far below the step's threshold lr * factor * sqrt(|g|)
+    model.get_layer("up").set_weights([kernel, np.zeros(5, "float32")])
+    x = rng.normal(size=(8, 4, 4, 3)).astype("float32")
+    y = keras.ops.convert_to_numpy(model(x))  # targets the model already hits: the step is the proximal one
+    model.compile(Proximal(keras.optimizers.SGD(0.5)), "mse")
+    model.fit(x, y, epochs=1, batch_size=8, verbose=0)
+    after = keras.ops.convert_to_numpy(model.get_layer("up").kernel)
+    assert np.all(after[..., 1] == 0)  # the whole group kernel[..., :, 1], exactly
+    assert np.all(np.any(after[..., [0, 2]] != 0, axis=(0, 1, 2)))
+    assert np.all(np.any(after != 0, axis=(0, 1, 3)))  # no output channel was taken as a group
+    small = prune_model(model, T)
+    assert small.kept_features == tuple(range(small.pruning_report.n_features))  # input channels of a map stay
+    assert_same_outputs(small, model, x[:4], rtol=1e-5)

@@ -324,6 +324,10 @@ class NormalizationRule(PerElementRule):
         # values; loading its variables (the saving API) also recomputes them.
         layer.load_own_variables({str(i): w for i, w in enumerate(weights)})
 
+    def between_units(self, layer):
+        """On a flat vector, or with one mean and variance per channel (``axis=-1``) on a map."""
+        return super().between_units(layer) or _per_channel(layer.mean)
+
     def refresh(self, layer):
         """Recompute the cached statistics of a built layer from its variables (after ``set_weights``)."""
         if layer.weights:
@@ -394,7 +398,14 @@ _MERGE_OPS = {
 
 
 class MergeRule(LayerRule):
-    """A merge of same-shape tensors, element by element: channel ``c`` of every operand is one unit."""
+    """A merge of tensors element by element: channel ``c`` of every operand is one unit.
+
+    Operands have one shape, or some broadcast over the others' positions (a
+    squeeze-and-excite gate ``(1, 1, C)`` times a map ``(H, W, C)``): channel
+    ``c`` of the gate scales channel ``c`` of the map. A gate channel that is
+    a constant (its convolution is all zero: ``sigmoid(b)``) scales its
+    channel, it does not remove it; it goes only with the channel.
+    """
 
     kind = "merge"
     constants = None
@@ -431,6 +442,9 @@ class MergeRule(LayerRule):
         dropped = tuple(bool(np.isfinite(v).all()) for v in values)
         if not any(dropped) or all(dropped):
             return None
+        smaller = broadcasts(layer)
+        if smaller and all(small for small, d in zip(smaller, dropped) if not d):
+            return None  # only a gate would stay: the output would lose the map's positions
         constants = [v for v, d in zip(values, dropped) if d]
         ones, zeros = np.ones_like(values[0]), np.zeros_like(values[0])
         if self.operation == "Add":
@@ -842,7 +856,8 @@ def supported_text():
         "per_element": "per-element preprocessing (before the first of them, or between Dense layers)",
         "flatten": "reshaping",
         "global_pool": "global pooling",
-        "merge": "merges of same-shape tensors (their channels are coupled)",
+        "merge": "merges of same-shape tensors or of a gate broadcast over a map's positions (their channels are "
+                 "coupled)",
         "concat": "concatenation",
         "tail": "activations that mix units (every unit they read is kept)",
     }
@@ -1028,15 +1043,46 @@ def _shapes(layer):
 
 
 def _merge_refusal(layer):
+    """Operands of one shape, or a squeeze-and-excite gate: operands that broadcast over the others' positions.
+
+    Channel ``c`` of every operand is the same unit, so every operand has the
+    same channels; an axis between batch and channels is the output's size or
+    1 (the gate ``(1, 1, C)`` of a squeeze-and-excite block scales each
+    channel of the ``(H, W, C)`` map by one value).
+    """
     shapes = _shapes(layer)
     # A variable axis (None, e.g. time) is fine where every operand has it: the channels line up whatever
     # its size; an unknown channel count is not.
     if not shapes or any(not s or s[-1] is None for s in shapes):
         return "a merge whose operand shapes are unknown"
-    if len(set(shapes)) != 1:
-        return (f"a merge of tensors of different shapes {', '.join(str(s) for s in shapes)} (broadcasting, as "
-                "the gate of a squeeze-and-excite block does; only merges of same-shape tensors are supported)")
+    if len(set(shapes)) == 1:
+        return None
+    full = _broadcast_shape(shapes)
+    if full is None:
+        return (f"a merge of tensors of shapes {', '.join(str(s) for s in shapes)} that do not broadcast channel "
+                "by channel (only operands with the same channels, whose other axes are the output's or 1, are "
+                "supported)")
     return None
+
+
+def _broadcast_shape(shapes):
+    """The output shape of operands that broadcast channel by channel (same rank and channels), else ``None``."""
+    if len({len(s) for s in shapes}) != 1 or len({s[-1] for s in shapes}) != 1:
+        return None
+    full = []
+    for sizes in zip(*shapes):
+        big = {d for d in sizes if d != 1}
+        if len(big) > 1:
+            return None
+        full.append(big.pop() if big else 1)
+    return tuple(full)
+
+
+def broadcasts(layer):
+    """bool per operand of a merge: it is smaller than the output (a gate broadcast over positions)."""
+    shapes = _shapes(layer) or []
+    full = _broadcast_shape(shapes) if shapes else None
+    return tuple(full is not None and s != full for s in shapes)
 
 
 def _concat_refusal(layer):
