@@ -362,7 +362,10 @@ def _flat_graph(model):
             try:
                 layers[name] = model.get_layer(name)
             except ValueError:  # a keras.ops call on a symbolic tensor (``x + 3.0``) is an operation, not a layer
-                layers[name] = _operations(model).get(name)
+                operation = _operations(model).get(name)
+                # A number added to, subtracted from, or multiplying a tensor is a Rescaling (hard-sigmoid's
+                # ``relu6(x + 3) / 6``): the graph sees, and surgery rebuilds, that layer.
+                layers[name] = registry.operation_layer(operation, layer_config.get("inbound_nodes")) or operation
         nodes = layer_config.get("inbound_nodes") or []
         if len(nodes) > 1:
             problems.append((name, f"a layer called {len(nodes)} times (shared)"))

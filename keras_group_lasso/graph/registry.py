@@ -66,6 +66,7 @@ __all__ = [
     "supported_of",
     "variable_axes",
     "output_shape",
+    "operation_layer",
     "ELEMENTWISE_ACTIVATIONS",
 ]
 
@@ -743,6 +744,59 @@ class ConvTransposeRule(ConvRule):
         except Exception:  # noqa: BLE001 - seen outside a graph: the output's positions bound it
             shape = tuple(output_shape)
         return _spatial(shape) * positions * in_units * out_units
+
+
+# ----------------------------------------------------------------------------- keras.ops operations
+
+_SCALAR_OPERATIONS = {}
+
+
+def _scalar_operations():
+    """``{operation class: name}`` of the keras.ops arithmetic a Rescaling can stand for (found once, symbolically)."""
+    if not _SCALAR_OPERATIONS:
+        x = keras.Input((1,))
+        for name, function in (("add", keras.ops.add), ("subtract", keras.ops.subtract),
+                               ("multiply", keras.ops.multiply), ("divide", keras.ops.true_divide)):
+            _SCALAR_OPERATIONS[type(keras.Model(x, function(x, 2.0)).operations[-1])] = name
+    return _SCALAR_OPERATIONS
+
+
+def operation_layer(operation, inbound_nodes):
+    """A ``Rescaling`` layer computing what a keras.ops operation of one tensor and one number computes, or ``None``.
+
+    ``x + c``, ``c + x``: ``Rescaling(1, c)``; ``x - c``: ``(1, -c)``; ``c -
+    x``: ``(-1, c)``; ``x * c``, ``c * x``: ``(c, 0)``; ``x / c``: ``(1 / c,
+    0)`` (the one that rounds differently, by at most one unit in the last
+    place). ``inbound_nodes`` is the operation's entry in the functional
+    config (its call arguments). The layer is called on a symbolic tensor of
+    the operation's input shape, so it has an input like any layer of the model.
+    """
+    name = _scalar_operations().get(type(operation)) if operation is not None else None
+    if name is None or not inbound_nodes or len(inbound_nodes) != 1:
+        return None
+    args, kwargs = inbound_nodes[0].get("args", []), inbound_nodes[0].get("kwargs", {})
+    tensors = [isinstance(a, dict) and a.get("class_name") == "__keras_tensor__" for a in args]
+    if kwargs or len(args) != 2 or sum(tensors) != 1:
+        return None
+    first = tensors[0]
+    tensor, number = (args[0], args[1]) if first else (args[1], args[0])
+    dtype = tensor["config"].get("dtype")
+    if isinstance(number, bool) or not isinstance(number, (int, float)) or "float" not in str(dtype):
+        return None
+    number = float(number)
+    if name == "add":
+        scale, offset = 1.0, number
+    elif name == "subtract":
+        scale, offset = (1.0, -number) if first else (-1.0, number)
+    elif name == "multiply":
+        scale, offset = number, 0.0
+    elif first and number != 0:
+        scale, offset = 1.0 / number, 0.0
+    else:
+        return None
+    layer = keras.layers.Rescaling(scale=scale, offset=offset, name=operation.name, dtype=dtype)
+    layer(keras.KerasTensor(tuple(tensor["config"]["shape"]), dtype=dtype))
+    return layer
 
 
 # ----------------------------------------------------------------------------- the table
