@@ -186,7 +186,7 @@ def _check_graph_model(owner, model):
 
 
 def _makes_units(layer):
-    return registry.units_rule(layer) is not None
+    return registry.makes_units(layer)
 
 
 def _dense_inside(model, prefix="", parents=()):

@@ -319,8 +319,12 @@ def test_a_registered_per_channel_layer_is_sliced_and_pruned_exactly():
         m.get_layer("b").set_weights(kernel)
         return m
 
-    with pytest.raises(UnsupportedModelError, match=r"cannot prune layer 'scale' \(ChannelScale\)"):
-        prune_model(model(), T)
+    # Unregistered, it is recognized by what it computes (x times one weight per channel) ...
+    m = model()
+    small = prune_model(m, T)
+    np.testing.assert_array_equal(small.get_layer("scale").get_weights()[0], [0.5, -1.0, 3.0])
+    assert_same_outputs(small, m, np.random.default_rng(0).normal(size=(2, 6, 6, 2)).astype("float32"))
+    # ... and a registered rule, with the user's own slicer, takes precedence.
     rule = registry.register_layer(ChannelScale, slicer=lambda layer, kept: (layer.get_config(),
                                                                           [layer.get_weights()[0][kept]]))
     try:
@@ -441,7 +445,7 @@ def test_refusals_name_the_layer_and_list_what_the_registry_supports():
     with pytest.raises(UnsupportedModelError) as info:
         prune_model(grouped, T)
     message = str(info.value)
-    assert message.startswith("prune_model: cannot prune layer 'g' (Conv2D): a grouped convolution (groups > 1).")
+    assert message.startswith("prune_model: cannot prune layer 'g' (Conv2D): a grouped convolution (groups > 1, other than one group per channel).")
     assert "layers that make units: " + ", ".join(registry.supported_of("units")) in message
     assert "Conv2DTranspose" in registry.supported_of("units")
     many = keras.Sequential([keras.Input((6, 6, 2)), L.DepthwiseConv2D(3, depth_multiplier=2, name="dw"),

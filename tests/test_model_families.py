@@ -138,7 +138,8 @@ def test_a_float64_model_with_folded_constants_prunes_exactly_in_float64(make, r
 OPERATION = "a keras.ops operation called on a tensor inside the model, not a layer"
 
 
-@pytest.mark.parametrize("make", ["MobileNetV3Small", "MobileNetV3Large", "EfficientNetB0", "EfficientNetV2B0"])
+# The larger families (MobileNetV3Large, EfficientNetB0, EfficientNetV2B0) are in test_applications.py.
+@pytest.mark.parametrize("make", ["MobileNetV3Small"])
 def test_squeeze_and_excite_families_prune_exactly_and_reload(make, rng, tmp_path):
     # Gates (1, 1, C) broadcast over (H, W, C) maps; MobileNetV3's hard-sigmoid is relu6(x + 3) * (1 / 6)
     # written with keras.ops; EfficientNet normalizes its input per channel.
@@ -244,13 +245,13 @@ def test_a_grouped_convolution_is_named_by_every_entry_point(sequential):
         add_group_sparsity(model, 1e-3)
     assert str(info.value) == (
         "add_group_sparsity: argument `model` must be a model whose layers that make units can be read (layer "
-        "'grouped' (Conv2D) is a grouped convolution (groups > 1); supported: Dense, Conv1D, Conv2D, Conv3D, "
-        "SeparableConv1D, SeparableConv2D, Conv1DTranspose, Conv2DTranspose, Conv3DTranspose); "
-        f"received {model!r}."
+        "'grouped' (Conv2D) is a grouped convolution (groups > 1, other than one group per channel); supported: "
+        "Dense, Conv1D, Conv2D, Conv3D, SeparableConv1D, SeparableConv2D, Conv1DTranspose, Conv2DTranspose, "
+        f"Conv3DTranspose); received {model!r}."
     )
     assert "whose graph cannot be read" not in str(info.value)
     with pytest.raises(UnsupportedModelError, match=r"^prune_model: cannot prune layer 'grouped' \(Conv2D\): "
-                                                    r"a grouped convolution \(groups > 1\)\. Supported: "):
+                                                    r"a grouped convolution \(groups > 1, other than one group per channel\)\. Supported: "):
         prune_model(model, T)
     report = sparsity_report(model, T)
     assert report.uninterpreted_layers == ("grouped (Conv2D)",)
@@ -428,3 +429,130 @@ def test_the_proximal_step_zeroes_whole_input_channels_of_a_transposed_convoluti
     small = prune_model(model, T)
     assert small.kept_features == tuple(range(small.pruning_report.n_features))  # input channels of a map stay
     assert_same_outputs(small, model, x[:4], rtol=1e-5)
+
+
+# ----------------------------------------------------------------------------- normalizations that mix units, ConvNeXt
+
+
+def randomize(model, rng, scale=0.3):
+    """Every weight drawn at random (but BatchNormalization's and Normalization's statistics), so that the
+    small initial weights of a family (ConvNeXt's 0.02) are not all below the threshold."""
+    for layer in model.layers:
+        weights = layer.get_weights()
+        if weights and type(layer) not in (L.BatchNormalization, L.Normalization):
+            layer.set_weights([rng.normal(size=w.shape).astype(w.dtype) * scale for w in weights])
+
+
+def test_convnext_prunes_exactly_and_reloads(rng, tmp_path):
+    # One group per channel convolutions, LayerNormalization, Dense on feature maps, LayerScale (recognized as a
+    # per-channel scale), residual `inputs + x` written with keras.ops.
+    model = keras.applications.ConvNeXtTiny(input_shape=(32, 32, 3), weights=None, classes=10,
+                                            classifier_activation=None)
+    randomize(model, rng)
+    kill_groups(model, rng)
+    x = rng.uniform(0, 255, size=(2, 32, 32, 3)).astype("float32")
+    small = assert_prunes_exactly_and_reloads(model, x, tmp_path)
+    report = small.pruning_report
+    assert report.uninterpreted_layers == ()
+    sizes = {layer.name: (layer.units, layer.units_alive) for layer in report.layers}
+    # The expansion units between the two pointwise Dense layers go; the stream that LayerNormalization reads stays.
+    units, alive = sizes["convnext_tiny_stage_0_block_0_pointwise_conv_1"]
+    assert alive < units == 4 * 96
+    assert sizes["convnext_tiny_stage_0_block_0_pointwise_conv_2"] == (96, 96)
+
+
+def _normalized_net(norm):
+    inputs = keras.Input((6, 6, 3))
+    x = L.Conv2D(8, 3, padding="same", name="conv")(inputs)
+    x = norm(x)
+    x = L.Dense(12, activation="gelu", name="expand")(x)  # a Dense on a feature map: a 1x1 convolution
+    x = L.Dense(8, name="shrink")(x)
+    x = L.Conv2D(8, 3, padding="same", groups=8, name="depthwise")(x)  # one group per channel
+    x = L.Conv2D(5, 1, name="project")(x)
+    return keras.Model(inputs, L.Dense(3, name="out")(L.GlobalAveragePooling2D()(x)))
+
+
+@pytest.mark.parametrize("norm", [
+    lambda: L.LayerNormalization(name="norm"),
+    lambda: L.RMSNormalization(name="norm"),
+    lambda: L.GroupNormalization(groups=4, name="norm"),
+    lambda: L.UnitNormalization(name="norm"),
+], ids=["layer", "rms", "group", "unit"])
+def test_the_channels_a_normalization_reads_stay_and_the_others_prune_exactly(norm, rng, tmp_path):
+    model = _normalized_net(norm())
+    randomize(model, rng)
+    kill_units(model, rng, dead=0.0, constant=0.0, dead_layer=0.0)
+    conv = model.get_layer("conv")
+    kernel, bias = conv.get_weights()
+    kernel[..., [2, 6]] = 0.0  # constant channels: the normalization still mixes them with the others
+    conv.set_weights([kernel, bias])
+    expand = model.get_layer("expand")
+    kernel, bias = expand.get_weights()
+    kernel[:, [1, 4, 7]] = 0.0  # units 1, 4, 7 of expand are constants, folded into shrink's bias
+    expand.set_weights([kernel, bias])
+    project = model.get_layer("project")
+    kernel, bias = project.get_weights()
+    kernel[..., 3, :] = 0.0  # nobody reads channel 3 of the depthwise convolution
+    project.set_weights([kernel, bias])
+    x = rng.normal(size=(4, 6, 6, 3)).astype("float32")
+    small = assert_prunes_exactly_and_reloads(model, x, tmp_path)
+    assert small.get_layer("conv").filters == 8  # every channel the normalization reads
+    assert small.get_layer("expand").units == 9
+    assert small.get_layer("shrink").units == 7 and small.get_layer("depthwise").filters == 7
+    assert small.get_layer("depthwise").groups == 7
+
+
+class _ChannelScale(L.Layer):
+    def __init__(self, channels, **kwargs):
+        super().__init__(**kwargs)
+        self.channels = channels
+
+    def build(self, _):
+        self.gamma = self.add_weight(shape=(self.channels,), initializer="ones")
+
+    def call(self, x):
+        return x * self.gamma
+
+    def get_config(self):
+        return dict(super().get_config(), channels=self.channels)
+
+
+class _DropPath(L.Layer):
+    def call(self, x, training=None):
+        return x * 0.5 if training else x
+
+
+class _Shift(L.Layer):
+    def build(self, shape):
+        self.beta = self.add_weight(shape=(shape[-1],), initializer="ones")
+
+    def call(self, x):
+        return x + self.beta  # per channel, but not a scale: not recognized
+
+
+def test_unregistered_per_channel_scales_and_inference_identities_are_recognized(rng):
+    def net(middle):
+        inputs = keras.Input((5,))
+        h = L.Dense(6, name="h")(inputs)
+        return keras.Model(inputs, L.Dense(2, name="out")(middle(h)))
+
+    model = net(lambda h: _DropPath(name="drop")(_ChannelScale(6, name="scale")(h)))
+    randomize(model, rng)
+    kernel, bias = model.get_layer("out").get_weights()
+    kernel[[0, 3]] = 0.0
+    model.get_layer("out").set_weights([kernel, bias])
+    small = prune_model(model, T)
+    assert_same_outputs(small, model, rng.normal(size=(4, 5)).astype("float32"), rtol=1e-5)
+    assert small.get_layer("scale").channels == 4 and small.get_layer("h").units == 4
+    assert "drop" not in [layer.name for layer in export_layers(small)]
+    shifted = net(lambda h: _Shift(name="shift")(h))
+    with pytest.raises(UnsupportedModelError, match=r"cannot prune layer 'shift' \(_Shift\): a layer that surgery "
+                                                     r"cannot interpret"):
+        prune_model(shifted, T)
+
+
+def export_layers(small):
+    """The layers a serving export keeps (identities at inference are left out)."""
+    from keras_group_lasso.export import _serving_model
+
+    return _serving_model(small).layers

@@ -49,6 +49,7 @@ passes: ``"call"`` (evaluated by the layer itself in inference mode),
 
 import inspect
 import math
+import weakref
 
 import keras
 import numpy as np
@@ -62,6 +63,7 @@ __all__ = [
     "unregister_layer",
     "rule_of",
     "units_rule",
+    "makes_units",
     "supported_text",
     "supported_of",
     "variable_axes",
@@ -289,16 +291,20 @@ class DepthwiseRule(LayerRule):
         return {labels[i]: _numpy(v) for i, v in enumerate(self.thresholded_variables(layer))}
 
     def pass_constants(self, layer, values, threshold=0.0):
-        kernel = threshold_array(_numpy(layer.kernel), threshold)
-        weights = layer.get_weights()
-        bias = threshold_array(weights[1], threshold).astype(np.float64) if len(weights) > 1 else 0.0
-        channels = kernel.shape[-2]
-        total = kernel.reshape(-1, channels).astype(np.float64).sum(axis=0)
-        out = values * total + bias
-        if pads(layer):
-            out = np.where(values == 0, bias + np.zeros_like(values), np.nan)
-        out = np.where(np.isnan(values), np.nan, out)
-        return call_activation(layer, out)
+        return _depthwise_constants(layer, values, threshold)
+
+
+def _depthwise_constants(layer, values, threshold):
+    """One kernel slice per channel (``(k..., C, 1)`` or ``(k..., 1, C)``) on constant channels ``values``."""
+    kernel = threshold_array(_numpy(layer.kernel), threshold)
+    weights = layer.get_weights()
+    bias = threshold_array(weights[1], threshold).astype(np.float64) if len(weights) > 1 else 0.0
+    total = kernel.reshape(-1, values.size).astype(np.float64).sum(axis=0)
+    out = values * total + bias
+    if pads(layer):
+        out = np.where(values == 0, bias + np.zeros_like(values), np.nan)
+    out = np.where(np.isnan(values), np.nan, out)
+    return call_activation(layer, out)
 
 
 class PerElementRule(LayerRule):
@@ -382,10 +388,41 @@ class GlobalPoolRule(LayerRule):
 
 
 class TailRule(LayerRule):
-    """An activation that mixes units (softmax): every unit it reads is kept."""
+    """A layer that mixes units (softmax): every unit it reads is kept."""
 
     kind = "tail"
     constants = None
+
+
+class MixingNormalizationRule(TailRule):
+    """Layer, RMS, group and unit normalization over the channels: every channel they normalize is kept.
+
+    Their statistics are taken over the channels (all of them, or each group
+    of them), so removing a channel, even an all-zero one, changes every
+    other channel's output: the units they read all stay (and so does a
+    residual stream they normalize). Units that no normalization reads
+    (ConvNeXt's expansion units between its two pointwise Dense layers) are
+    pruned as anywhere else.
+    """
+
+    def refusal(self, layer):
+        axis = layer.axis if isinstance(layer.axis, (list, tuple)) else [layer.axis]
+        try:
+            rank = len(layer.input.shape)
+        except Exception:  # noqa: BLE001 - unknown rank
+            return "a normalization whose input is unknown"
+        if (rank - 1) not in {int(a) % rank for a in axis}:
+            return "a normalization that does not normalize over the channels (last axis)"
+        return None
+
+    def slice(self, layer, kept):
+        if np.asarray(kept).size != self._channels(layer):  # pragma: no cover - the masks keep them all
+            raise RuntimeError(f"the channels that '{layer.name}' normalizes were to be sliced; please report this")
+        return layer.get_config(), layer.get_weights()
+
+    @staticmethod
+    def _channels(layer):
+        return int(layer.input.shape[-1])
 
 
 _MERGE_OPS = {
@@ -642,17 +679,57 @@ class DenseRule(UnitsRule):
 
 
 class ConvRule(UnitsRule):
-    """``Conv1D/2D/3D`` (channels_last, ``groups=1``): a kernel ``(k..., in, out)``."""
+    """``Conv1D/2D/3D`` (channels_last, ``groups=1``): a kernel ``(k..., in, out)``.
+
+    A convolution with as many groups as input and output channels
+    (``groups == filters == C``, ConvNeXt's depthwise convolution) is a
+    per-unit layer, as ``DepthwiseConv`` is: kernel ``(k..., 1, C)``, one slice
+    and one bias per channel.
+    """
+
+    def depthwise(self, layer):
+        """``groups`` equals the input and output channels: each channel is filtered on its own."""
+        groups = getattr(layer, "groups", 1)
+        try:
+            shape = tuple(int(d) for d in layer.kernel.shape)
+        except Exception:  # noqa: BLE001 - not built
+            return False
+        return groups > 1 and shape[-2] == 1 and shape[-1] == groups
 
     def refusal(self, layer):
+        if self.depthwise(layer):
+            return _depthwise_refusal(layer)
         return _conv_refusal(layer) or super().refusal(layer)
 
+    def classify(self, layer):
+        if self.depthwise(layer):
+            reason = self.refusal(layer)
+            return ("other", reason) if reason else ("per_unit", None)
+        return super().classify(layer)
 
-def _conv_refusal(layer):
+    @property
+    def slices(self):
+        return True
+
+    def slice(self, layer, kept):
+        kept = np.asarray(kept, dtype=int)
+        weights = layer.get_weights()
+        config = dict(layer.get_config(), filters=int(kept.size), groups=int(kept.size))
+        return config, [weights[0][..., kept]] + ([weights[1][kept]] if len(weights) > 1 else [])
+
+    def pass_constants(self, layer, values, threshold=0.0):
+        return _depthwise_constants(layer, values, threshold)
+
+    def checked_weights(self, layer):
+        labels = ("kernel", "bias")
+        return {labels[i]: _numpy(v) for i, v in enumerate(self.thresholded_variables(layer))}
+
+
+def _conv_refusal(layer, grouped=False):
     if getattr(layer, "data_format", "channels_last") != "channels_last":
         return "a convolution with data_format='channels_first'"
-    if getattr(layer, "groups", 1) != 1:
-        return "a grouped convolution (groups > 1)"
+    if getattr(layer, "groups", 1) != 1 and not grouped:
+        return "a grouped convolution (groups > 1, other than one group per channel)"
     return None
 
 
@@ -762,7 +839,10 @@ def _scalar_operations():
 
 
 def operation_layer(operation, inbound_nodes):
-    """A ``Rescaling`` layer computing what a keras.ops operation of one tensor and one number computes, or ``None``.
+    """The Keras layer that computes what a keras.ops arithmetic operation computes, or ``None``.
+
+    Of two tensors, ``x + y``, ``x - y``, ``x * y``: ``Add``, ``Subtract``,
+    ``Multiply``. Of one tensor and one number, a ``Rescaling``:
 
     ``x + c``, ``c + x``: ``Rescaling(1, c)``; ``x - c``: ``(1, -c)``; ``c -
     x``: ``(-1, c)``; ``x * c``, ``c * x``: ``(c, 0)``; ``x / c``: ``(1 / c,
@@ -776,8 +856,15 @@ def operation_layer(operation, inbound_nodes):
         return None
     args, kwargs = inbound_nodes[0].get("args", []), inbound_nodes[0].get("kwargs", {})
     tensors = [isinstance(a, dict) and a.get("class_name") == "__keras_tensor__" for a in args]
-    if kwargs or len(args) != 2 or sum(tensors) != 1:
+    if kwargs or len(args) != 2 or not any(tensors):
         return None
+    if all(tensors):  # two tensors: the merge layer (``inputs + x``, a residual connection)
+        merge = {"add": keras.layers.Add, "subtract": keras.layers.Subtract, "multiply": keras.layers.Multiply}.get(name)
+        if merge is None:
+            return None
+        layer = merge(name=operation.name, dtype=args[0]["config"].get("dtype"))
+        layer([keras.KerasTensor(tuple(a["config"]["shape"]), dtype=a["config"].get("dtype")) for a in args])
+        return layer
     first = tensors[0]
     tensor, number = (args[0], args[1]) if first else (args[1], args[0])
     dtype = tensor["config"].get("dtype")
@@ -797,6 +884,99 @@ def operation_layer(operation, inbound_nodes):
     layer = keras.layers.Rescaling(scale=scale, offset=offset, name=operation.name, dtype=dtype)
     layer(keras.KerasTensor(tuple(tensor["config"]["shape"]), dtype=dtype))
     return layer
+
+
+# ----------------------------------------------------------------------------- layers recognized by what they do
+
+_RECOGNIZED = weakref.WeakKeyDictionary()
+
+
+class IdentityRule(LayerRule):
+    """A layer of a class not in the table that is the identity at inference (stochastic depth, drop path)."""
+
+    constants = "identity"
+    inference_identity = True
+
+
+class ChannelScaleRule(LayerRule):
+    """A layer of a class not in the table that multiplies each channel by its own weight (ConvNeXt's layer scale).
+
+    Sliced by taking the kept entries of its one weight and giving every
+    integer of its config equal to the channel count the kept count instead
+    (``projection_dim``); :func:`recognize` checked that this rebuilds it.
+    """
+
+    def slice(self, layer, kept):
+        kept = np.asarray(kept, dtype=int)
+        return _rescaled_config(layer, int(kept.size)), [layer.get_weights()[0][kept]]
+
+
+def _rescaled_config(layer, channels):
+    count = int(layer.input.shape[-1])
+    return {key: (channels if type(value) is int and value == count else value)
+            for key, value in layer.get_config().items()}
+
+
+def _probe(layer, shape, seed):
+    """A random input of ``shape`` (unknown sizes: 3) in the layer's dtype, and what the layer makes of it."""
+    shape = tuple(3 if d is None else int(d) for d in shape)
+    x = np.random.default_rng(seed).normal(size=(2,) + shape[1:]).astype(_dtype(layer))
+    kwargs = {"training": False} if "training" in _call_arguments(layer) else {}
+    return x, np.asarray(keras.ops.convert_to_numpy(layer(keras.ops.convert_to_tensor(x), **kwargs)))
+
+
+def recognize(layer):
+    """A rule for a layer whose class is not in the table, from what it computes on random inputs, or ``None``.
+
+    Two kinds are recognized, each checked on two random inputs of the
+    layer's input shape, in inference mode: a layer without weights whose
+    output equals its input exactly (:class:`IdentityRule`), and a layer whose
+    one weight ``w`` has one entry per channel and whose output is ``x * w``
+    (:class:`ChannelScaleRule`; its config, with the channel count replaced by
+    a smaller one, must rebuild it and compute the same on the kept channels).
+    Anything else stays unsupported, named in the error.
+    """
+    if layer in _RECOGNIZED:
+        return _RECOGNIZED[layer]
+    rule = None
+    try:
+        rule = _recognize(layer)
+    except Exception:  # noqa: BLE001 - a layer that cannot be probed is not recognized
+        rule = None
+    _RECOGNIZED[layer] = rule
+    return rule
+
+
+def _recognize(layer):
+    shape = tuple(layer.input.shape)
+    if tuple(layer.output.shape) != shape or not shape or shape[-1] is None:
+        return None
+    weights = layer.get_weights()
+    if not weights:
+        for seed in (0, 1):
+            x, y = _probe(layer, shape, seed)
+            if y.shape != x.shape or not np.array_equal(x, y):
+                return None
+        return IdentityRule(type(layer), f"{type(layer).__name__} (the identity at inference)")
+    channels = int(shape[-1])
+    if len(weights) != 1 or weights[0].shape != (channels,) or channels < 2:
+        return None
+    scale = weights[0]
+    for seed in (0, 1):
+        x, y = _probe(layer, shape, seed)
+        if y.shape != x.shape or not np.allclose(y, x * scale, rtol=1e-6, atol=0):
+            return None
+    kept = np.arange(channels - 1)
+    new = type(layer).from_config(_rescaled_config(layer, kept.size))
+    x, y = _probe(layer, shape, 2)
+    out = new(keras.ops.convert_to_tensor(x[..., kept]))
+    if [tuple(w.shape) for w in new.get_weights()] != [(kept.size,)]:
+        return None
+    new.set_weights([scale[kept]])
+    out = np.asarray(keras.ops.convert_to_numpy(new(keras.ops.convert_to_tensor(x[..., kept]))))
+    if not np.allclose(out, y[..., kept], rtol=1e-6, atol=0):
+        return None
+    return ChannelScaleRule(type(layer), f"{type(layer).__name__} (one scale per channel)")
 
 
 # ----------------------------------------------------------------------------- the table
@@ -879,14 +1059,24 @@ def unregister_layer(cls):
 
 
 def rule_of(layer):
-    """The :class:`LayerRule` of ``layer``'s exact class, or ``None``."""
-    return _RULES.get(type(layer))
+    """The :class:`LayerRule` of ``layer``'s exact class; for a class not in the table, a rule recognized from
+    what the layer computes (:func:`recognize`); else ``None``."""
+    rule = _RULES.get(type(layer))
+    if rule is None and isinstance(layer, keras.layers.Layer):
+        rule = recognize(layer)
+    return rule
 
 
 def units_rule(layer):
     """The :class:`UnitsRule` of a layer that makes units, or ``None``."""
     rule = _RULES.get(type(layer))
     return rule if isinstance(rule, UnitsRule) else None
+
+
+def makes_units(layer):
+    """``layer`` makes units in its configuration (a Dense or convolution; not a depthwise grouped convolution)."""
+    rule = units_rule(layer)
+    return rule is not None and rule.classify(layer)[0] != "per_unit"
 
 
 def supported_of(kind):
@@ -913,7 +1103,7 @@ def supported_text():
         "merge": "merges of same-shape tensors or of a gate broadcast over a map's positions (their channels are "
                  "coupled)",
         "concat": "concatenation",
-        "tail": "activations that mix units (every unit they read is kept)",
+        "tail": "layers that mix units (every unit they read is kept)",
     }
     return "; ".join(f"{titles[k]}: {', '.join(groups[k])}" for k in KINDS if k in groups and k in titles)
 
@@ -946,7 +1136,8 @@ def variable_axes(output_shape):
 
 
 def _depthwise_refusal(layer):
-    if getattr(layer, "depth_multiplier", 1) != 1:
+    """DepthwiseConv with ``depth_multiplier=1``, or a Conv with one group per channel."""
+    if getattr(layer, "depth_multiplier", 1) not in (1, None):
         return "a DepthwiseConv with depth_multiplier > 1 (one channel makes several)"
     if getattr(layer, "lora_enabled", False):
         return "a LoRA-enabled layer"
@@ -954,7 +1145,7 @@ def _depthwise_refusal(layer):
         return "a quantized layer"
     if not activation_is_elementwise(layer.activation):
         return MIXES_UNITS
-    return _conv_refusal(layer)
+    return _conv_refusal(layer, grouped=True)
 
 
 def _per_unit_vectors(layer, kept):
@@ -1189,6 +1380,9 @@ def _register_builtin():
                  "GlobalMaxPooling1D", "GlobalMaxPooling2D", "GlobalMaxPooling3D"):
         register_layer(GlobalPoolRule(getattr(L, name)))
     register_layer(TailRule(L.Softmax))
+    for name in ("LayerNormalization", "RMSNormalization", "GroupNormalization", "UnitNormalization"):
+        if hasattr(L, name):
+            register_layer(MixingNormalizationRule(getattr(L, name), f"{name} (its channels stay)"))
     for name in _MERGE_OPS:
         register_layer(MergeRule(getattr(L, name), name))
     register_layer(ConcatRule(L.Concatenate, "Concatenate (last axis)"))

@@ -301,7 +301,7 @@ def _foldable_batchnorms(graph, masks):
         (source,) = node.inputs
         maker = graph.layers.get(source)
         maker_rule = registry.units_rule(maker)
-        if (maker_rule is None or not maker_rule.merges_batchnorm
+        if (maker_rule is None or not registry.makes_units(maker) or not maker_rule.merges_batchnorm
                 or keras.activations.serialize(maker.activation) != "linear"
                 or readers[source] != 1 or source in graph.outputs or source in masks.detached
                 or not masks.units[source].any()):
