@@ -36,6 +36,7 @@ __all__ = [
     "SparsityReport",
     "LayerSparsity",
     "StreamSparsity",
+    "InputSparsity",
     "UnitMasks",
     "Analysis",
     "analyze",
@@ -323,6 +324,29 @@ class LayerSparsity:
 
 
 @dataclasses.dataclass(frozen=True)
+class InputSparsity:
+    """What one input of a model with several inputs keeps.
+
+    Attributes:
+        name: the input's name.
+        n_features: its features (flat elements, or the channels of a map).
+        selected_features: indices, within this input, of the features that survive.
+        first: index of its first feature among all the model's features
+            (:attr:`SparsityReport.selected_features` numbers the inputs' features one after the other).
+    """
+
+    name: str
+    n_features: int
+    selected_features: tuple
+    first: int
+
+    @property
+    def kept(self):
+        """Some feature of this input survives (a model pruned with ``inputs="selected"`` takes it)."""
+        return bool(self.selected_features)
+
+
+@dataclasses.dataclass(frozen=True)
 class SparsityReport:
     """What a group-sparse network has left at one threshold (plain Python values).
 
@@ -362,6 +386,8 @@ class SparsityReport:
             conservative and :func:`~keras_group_lasso.prune_model` refuses the model.
         neurons: hidden units before pruning, counted as ``live_neurons`` is.
         streams: one :class:`StreamSparsity` per stream of coupled units.
+        inputs: one :class:`InputSparsity` per model input (the features of all
+            inputs are numbered one after the other in ``selected_features``).
     """
 
     threshold: float
@@ -382,6 +408,7 @@ class SparsityReport:
     neurons: int = None
     streams: tuple = ()
     flops_per_position: bool = False
+    inputs: tuple = ()
 
     @property
     def n_selected_features(self):
@@ -408,6 +435,8 @@ class SparsityReport:
         out["layers"] = [dataclasses.asdict(layer) for layer in self.layers]
         out["streams"] = [dict(dataclasses.asdict(stream), merges=list(stream.merges), makers=list(stream.makers))
                           for stream in self.streams]
+        out["inputs"] = [dict(dataclasses.asdict(found), selected_features=list(found.selected_features))
+                         for found in self.inputs]
         return out
 
     def __str__(self):
@@ -447,6 +476,10 @@ class SparsityReport:
             + (" (per position of the variable (None) axes)" if self.flops_per_position else "")
             + f" ({100 * self.flops_ratio:.1f}%)",
         ]
+        if len(self.inputs) > 1:
+            for found in self.inputs:
+                lines.append(f"  input {found.name}: {len(found.selected_features)}/{found.n_features} features"
+                             + ("" if found.kept else " (nothing reads it)"))
         for stream in self.streams:
             lines.append(f"  stream {stream.name}: {stream.channels_alive}/{stream.channels} channels "
                          f"(made by {', '.join(stream.makers)})")
@@ -611,6 +644,12 @@ def _report_from(graph, weights, masks, threshold):
         neurons=neurons,
         streams=streams,
         flops_per_position=any(layer.flops_per_position for layer in per_layer),
+        inputs=tuple(
+            InputSparsity(found.name, found.count,
+                          tuple(int(i) for i in np.flatnonzero(masks.features[found.start : found.start + found.count])),
+                          found.start)
+            for found in graph.inputs
+        ),
     )
 
 

@@ -362,7 +362,8 @@ def add_group_sparsity(model, factor=1e-3, *, l1=None, input_factor=None, penalt
             else:
                 penalty_of = lambda: HiddenGroupLasso(own, l1=l1, channels=channels, axis=axis)  # noqa: E731
             kernels = rule.regularizer_attributes(layer)
-            attributes = kernels + (("bias_regularizer",) if bias and layer.use_bias else ())
+            has_bias = rule.bias(layer) is not None
+            attributes = kernels + (("bias_regularizer",) if bias and has_bias else ())
             for attribute in attributes:
                 existing = getattr(layer, attribute, None)
                 if existing is not None and not isinstance(existing, GroupSparseRegularizer):
@@ -371,7 +372,7 @@ def add_group_sparsity(model, factor=1e-3, *, l1=None, input_factor=None, penalt
             # pointwise[..., c, :]): each kernel carries the penalty on the same groups.
             for attribute in kernels:
                 config[attribute] = penalty_of()
-            if bias and layer.use_bias:
+            if bias and has_bias:
                 config["bias_regularizer"] = (
                     SparseGroupLasso(factor, l1=l1) if penalty == "sgl" else GroupLasso(factor)
                 )
@@ -385,10 +386,13 @@ def add_group_sparsity(model, factor=1e-3, *, l1=None, input_factor=None, penalt
             UserWarning,
             stacklevel=2,
         )
+    # The model's own variables (the strength multiplier) are named after it, and PyTorch refuses a "." in a
+    # parameter name (MobileNetV2 is "mobilenetv2_1.00_224"): the copy's name has "_" instead.
+    name = copy.name.replace(".", "_")
     if isinstance(copy, keras.Sequential) and not coupled.members:
-        copy = GroupSparseSequential.from_config(copy.get_config())
+        copy = GroupSparseSequential.from_config(dict(copy.get_config(), name=name))
     else:  # the functional copy's own input and output structures (a dict stays a dict)
-        copy = GroupSparseModel(copy.input, copy.output, name=copy.name)
+        copy = GroupSparseModel(copy.input, copy.output, name=name)
     copy.set_weights([keras.ops.convert_to_numpy(v) for v in layer_weights(model)])
     _refresh_normalization(copy)
     return copy

@@ -266,7 +266,10 @@ def test_uninterpreted_layers_are_named():
     norm = keras.Sequential(
         [keras.Input((6,)), keras.layers.Dense(4), keras.layers.LayerNormalization(name="ln"), keras.layers.Dense(2)]
     )
-    assert _uninterpreted(norm) == ("ln (LayerNormalization)",)
+    assert _uninterpreted(norm) == ()  # its channels all stay
+    reshaped = keras.Sequential([keras.Input((6,)), keras.layers.Dense(4), keras.layers.Reshape((2, 2), name="rs"),
+                                 keras.layers.Flatten(), keras.layers.Dense(2)])
+    assert _uninterpreted(reshaped) == ("rs (Reshape)",)
 
     cnn = keras.Sequential(
         [keras.Input((5, 5, 1)), keras.layers.Conv2D(2, 3, name="conv"), keras.layers.Flatten(), keras.layers.Dense(2)]

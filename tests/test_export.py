@@ -611,7 +611,7 @@ def test_residual_model_loses_its_dead_features_everywhere():
 def test_unsupported_model_writes_nothing(tmp_path):
     inputs = keras.Input((4,))
     hidden = keras.layers.Dense(4, name="d1")(inputs)
-    outputs = keras.layers.Dense(2, name="d2")(keras.layers.LayerNormalization(name="residual")(hidden))
+    outputs = keras.layers.Dense(2, name="d2")(keras.layers.Flatten()(keras.layers.Reshape((2, 2), name="rs")(hidden)))
     model = keras.Model(inputs, outputs)
     with pytest.raises(UnsupportedModelError):
         export_pruned(model, tmp_path / "out", formats=("keras",))

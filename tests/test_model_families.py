@@ -69,8 +69,9 @@ FLOAT64_EXACT = 1e-10 if BACKEND == "tensorflow" else 1e-5
 @contextlib.contextmanager
 def float64():
     """Layers built inside are float64 (JAX computes in float64 only with x64 enabled)."""
-    floatx = keras.config.floatx()
+    floatx, policy = keras.config.floatx(), keras.config.dtype_policy().name
     keras.config.set_floatx("float64")
+    keras.config.set_dtype_policy("float64")
     try:
         if BACKEND == "jax":
             import jax
@@ -79,8 +80,9 @@ def float64():
                 yield
         else:
             yield
-    finally:
+    finally:  # the global dtype policy follows floatx once read: put both back
         keras.config.set_floatx(floatx)
+        keras.config.set_dtype_policy(policy)
 
 
 def _constants_everywhere(model, rng):
@@ -247,7 +249,7 @@ def test_a_grouped_convolution_is_named_by_every_entry_point(sequential):
         "add_group_sparsity: argument `model` must be a model whose layers that make units can be read (layer "
         "'grouped' (Conv2D) is a grouped convolution (groups > 1, other than one group per channel); supported: "
         "Dense, Conv1D, Conv2D, Conv3D, SeparableConv1D, SeparableConv2D, Conv1DTranspose, Conv2DTranspose, "
-        f"Conv3DTranspose); received {model!r}."
+        f"Conv3DTranspose, Embedding); received {model!r}."
     )
     assert "whose graph cannot be read" not in str(info.value)
     with pytest.raises(UnsupportedModelError, match=r"^prune_model: cannot prune layer 'grouped' \(Conv2D\): "

@@ -140,8 +140,7 @@ def roundable_layers(found):
 
 def _one_plain_kernel(layer):
     """One kernel ``(..., in, out)`` (not a SeparableConv's two, not a transposed convolution's ``(..., out, in)``)."""
-    rule = registry.units_rule(layer)
-    return set(rule.kernels(layer)) == {"kernel"} and rule.view.axis == -2
+    return registry.units_rule(layer).rounds
 
 
 def width_choices(units, live, step, grow):

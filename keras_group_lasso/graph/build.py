@@ -123,14 +123,42 @@ class Stream:
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
+class InputFeatures:
+    """One model input and the input features it holds.
+
+    Attributes:
+        name: the input's node name (``"<input>"`` for a Sequential).
+        shape: its shape without the batch axis.
+        dtype: its dtype (an integer input is read by an ``Embedding``).
+        start: its features are the unit ids ``start .. start + count - 1``.
+        count: how many features it holds.
+        flat: its features can be selected one by one (a flat vector, or the
+            elements of an input read through ``Flatten``); otherwise they
+            are the channels of a map and all stay.
+    """
+
+    name: str
+    shape: tuple
+    dtype: str
+    start: int
+    count: int
+    flat: bool
+
+    @property
+    def ids(self):
+        """The unit ids of its features."""
+        return np.arange(self.start, self.start + self.count)
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
 class ModelGraph:
     """The graph of a model, as the masks, the report and surgery read it.
 
     Attributes:
         model_name: the model's name.
         sequential: the model is a ``keras.Sequential``.
-        input_name: the name of its input (functional) or ``None``.
-        input_shape: the input shape without the batch axis (single input).
+        input_name: the name of its input (functional, one input) or ``None``.
+        input_shape: the input shape without the batch axis (one input; ``None`` for several).
         nodes: every :class:`Node`, in an order where each comes after what it reads
             (empty when the model is not supported).
         outputs: names of the nodes whose outputs are the model's outputs.
@@ -140,7 +168,8 @@ class ModelGraph:
             ``Flatten``), else the input shape (its channels are the features).
         flat_features: the input features are the elements of a flat vector
             (they can be selected one by one); otherwise they are the channels
-            of the input's last axis, and all are kept.
+            of the input's last axis, and all are kept. With several inputs:
+            every input is flat (see :attr:`inputs` for each).
         n_features: the number of input features.
         n_ids: unit ids run from 0 to ``n_ids - 1``; the input features are ``0 .. n_features - 1``.
         layers: read-only ``{name: layer}`` of every node.
@@ -172,6 +201,18 @@ class ModelGraph:
     problems: tuple
     supported: bool
     streams: tuple = ()
+    inputs: tuple = ()
+
+    @property
+    def kept_features_always(self):
+        """bool ``(n_features,)``: features that always stay (the channels of an input map)."""
+        out = np.zeros(self.n_features or 0, dtype=bool)
+        for found in self.inputs:
+            if not found.flat:
+                out[found.start : found.start + found.count] = True
+        if not self.inputs and not self.flat_features:
+            out[:] = True
+        return out
 
     def node(self, name):
         """The :class:`UnitsNode` called ``name``."""
@@ -455,13 +496,12 @@ def _model_graph(model, flat):
 
     built = None
     if not flagged:
-        if len(input_names) != 1:
-            flagged[model.name] = f"a model with {len(input_names)} inputs"
-        elif not all_units:
+        if not all_units:
             flagged[model.name] = "a model without a layer that makes units (Dense or a convolution)"
         else:
             built = _units_graph(_topological(order, producers), layers, producers, consumers, kinds,
-                                 input_names[0], output_names, input_shape, input_readers, flagged)
+                                 input_names, output_names, _input_specs(model, input_names), input_readers,
+                                 flagged)
     problems = [
         (name, class_name(layers[name]) if layers.get(name) is not None else type(model).__name__, reason)
         for name, reason in flagged.items()
@@ -473,7 +513,9 @@ def _model_graph(model, flat):
     if problems or built is None:
         return _unsupported(model, sequential, input_name, input_shape, layers, all_units, input_readers,
                             tuple(problems))
-    nodes, units, flat_features, n_features, n_ids, flatten_channels = built
+    nodes, units, inputs, n_ids, flatten_channels = built
+    n_features = sum(found.count for found in inputs)
+    flat_features = all(found.flat for found in inputs)
     streams = _streams(nodes, units, n_features)
     return ModelGraph(
         model_name=model.name,
@@ -483,7 +525,7 @@ def _model_graph(model, flat):
         nodes=nodes,
         outputs=tuple(output_names),
         units=units,
-        feature_shape=(n_features,) if flat_features else input_shape,
+        feature_shape=(n_features,) if flat_features or input_shape is None else input_shape,
         n_features=n_features,
         flat_features=flat_features,
         n_ids=n_ids,
@@ -494,6 +536,7 @@ def _model_graph(model, flat):
         problems=(),
         supported=True,
         streams=streams,
+        inputs=inputs,
     )
 
 
@@ -603,24 +646,34 @@ def _elements_mode(input_name, consumers, kinds, layers, input_shape):
     return True
 
 
-def _units_graph(order, layers, producers, consumers, kinds, input_name, output_names, input_shape,
-                 input_readers, flagged):
-    """``(nodes, units, flat_features, n_features, n_ids, flatten_channels)``, or ``None`` (reasons in ``flagged``)."""
+def _input_specs(model, input_names):
+    """``[(name, shape, dtype)]`` of the model's inputs, in the order of ``input_names``."""
+    out = []
+    for name, tensor in zip(input_names, model.inputs):
+        out.append((name, tuple(tensor.shape[1:]), keras.backend.standardize_dtype(tensor.dtype)))
+    return out
+
+
+def _units_graph(order, layers, producers, consumers, kinds, input_names, output_names, specs, input_readers,
+                 flagged):
+    """``(nodes, units, inputs, n_ids, flatten_channels)``, or ``None`` (reasons in ``flagged``)."""
     ids = _Ids()
-    elements = _elements_mode(input_name, consumers, kinds, layers, input_shape)
-    if input_shape is None or not input_shape or input_shape[-1] is None:
-        flagged[input_name] = "a model input of unknown size"
+    info, inputs = {}, []
+    if len(specs) != len(input_names):
+        flagged.setdefault(input_names[0], "a model whose inputs could not be matched to its graph")
         return None
-    if elements:
-        n_features = _n_features(input_shape)
-    else:
-        n_features = int(input_shape[-1])
-    flat_features = elements or len(input_shape) == 1
-    info = {input_name: dict(ids=ids.new(n_features), positions=1, elements=elements)}
+    for name, shape, dtype in specs:
+        if not shape or shape[-1] is None:
+            flagged[name] = "a model input of unknown size"
+            return None
+        elements = _elements_mode(name, consumers, kinds, layers, shape)
+        count = _n_features(shape) if elements else int(shape[-1])
+        inputs.append(InputFeatures(name, shape, dtype, len(ids.parent), count, bool(elements or len(shape) == 1)))
+        info[name] = dict(ids=ids.new(count), positions=1, elements=elements)
     units_info = {}
     flatten_channels = {}
     for name in order:
-        if name == input_name:
+        if name in info:
             continue
         kind = kinds[name]
         layer = layers[name]
@@ -701,7 +754,7 @@ def _units_graph(order, layers, producers, consumers, kinds, input_name, output_
     for name in output_names:
         output_ids.update(int(ids.find(int(i))) for i in info[name]["ids"])
     nodes = tuple(
-        Node(name, "input" if name == input_name else ("tail" if kinds[name] in ("activation_tail",) else
+        Node(name, "input" if name in input_names else ("tail" if kinds[name] in ("activation_tail",) else
                                                          ("units" if kinds[name] == "units_mixing" else kinds[name])),
              tuple(producers.get(name, [])), ids.canonical(info[name]["ids"]), int(info[name]["positions"]),
              bool(info[name]["elements"]))
@@ -720,7 +773,7 @@ def _units_graph(order, layers, producers, consumers, kinds, input_name, output_
             flattened=bool(u["flattened"]), reads_input=name in readers,
             is_output=bool(out_ids.size) and all(int(i) in output_ids for i in out_ids),
         ))
-    return nodes, tuple(units), flat_features, int(n_features), len(ids.parent), flatten_channels
+    return nodes, tuple(units), tuple(inputs), len(ids.parent), flatten_channels
 
 
 def _streams(nodes, units, n_features):

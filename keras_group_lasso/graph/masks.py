@@ -195,10 +195,9 @@ def compute_masks(graph, weights, threshold, round_to=1):
             continue
         if node.kind == "tail":
             needed[graph.tensor(node.inputs[0]).ids] = True
-        if node.kind == "units" and not registry.activation_is_elementwise(getattr(layers[node.name], "activation", None)):
+        if node.kind == "units" and rules[node.name].mixes_units(layers[node.name]):
             needed[units[node.name].out_ids] = True
-    if not graph.flat_features:  # the channels of an input map all stay (the input shape stays)
-        needed[: graph.n_features] = True
+    needed[: graph.n_features] |= graph.kept_features_always  # the channels of an input map all stay
     live_path = any(depends[name].any() for name in graph.outputs)
     foldable = {n.name: _foldable(layers[n.name], weights[n.name], const[n.source]) for n in graph.units}
     _settle(graph, conn, foldable, needed, detached, live_path)
@@ -217,7 +216,7 @@ def compute_masks(graph, weights, threshold, round_to=1):
         constant[name] = np.isfinite(out)
         folded[name] = constant[name] & ~kept[name]
         fold_values[name] = np.where(folded[name], out, 0.0)
-    features = needed[: graph.n_features] if graph.flat_features else np.ones(graph.n_features, dtype=bool)
+    features = needed[: graph.n_features].copy()
     for d in (inputs, kept, constant, folded, fold_values, fold_in, conn):
         for value in d.values():
             _readonly(value)
@@ -324,7 +323,7 @@ def _units_constants(layer, node, weights, source, conn):
     bias = weights["bias"]
     pre = np.zeros(node.out_units) if bias is None else bias.astype(np.float64)
     pre = pre + rule.constant_contribution(layer, weights, node.in_units, np.where(contributes, source, 0.0))
-    if not registry.activation_is_elementwise(getattr(layer, "activation", None)):  # softmax: all or nothing
+    if rule.mixes_units(layer):  # softmax: all or nothing
         return np.full(node.out_units, np.nan) if varies.any() else registry.call_activation(layer, pre)
     return registry.call_activation(layer, np.where(varies, np.nan, pre))
 
@@ -366,10 +365,7 @@ def _all_kept(graph, conn, threshold):
 def needed_units(graph, masks):
     """bool over the unit ids of ``graph`` (:attr:`Node.ids`): the units that stay, each coupled unit once."""
     needed = np.zeros(graph.n_ids, dtype=bool)
-    if graph.flat_features:
-        needed[: graph.n_features] = masks.features
-    else:
-        needed[: graph.n_features] = True
+    needed[: graph.n_features] = masks.features | graph.kept_features_always
     for node in graph.units:
         needed[node.in_ids] |= masks.inputs[node.name]
         needed[node.out_ids] |= masks.units[node.name]

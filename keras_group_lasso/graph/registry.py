@@ -537,6 +537,8 @@ class UnitsRule(LayerRule):
     selects_rows = False
     #: Where the groups of its kernels lie.
     view = GroupView()
+    #: A budget's ``round_to`` may re-initialize its columns: one kernel ``(..., in, out)``.
+    rounds = True
 
     def refusal(self, layer):
         if getattr(layer, "lora_enabled", False):
@@ -552,6 +554,10 @@ class UnitsRule(LayerRule):
         if reason == MIXES_UNITS:
             return "units_mixing", reason  # fine as the output layer
         return ("other", reason) if reason else (self.kind, None)
+
+    def mixes_units(self, layer):
+        """Its activation mixes the units it makes (softmax): it may only be the output layer."""
+        return not activation_is_elementwise(layer.activation)
 
     def kernels(self, layer):
         """``{role: variable}`` of its kernels: ``{"kernel": ...}`` (a SeparableConv: ``"kernel"``, ``"pointwise"``)."""
@@ -748,6 +754,8 @@ class SeparableConvRule(ConvRule):
     def kernels(self, layer):
         return {"kernel": layer.depthwise_kernel, "pointwise": layer.pointwise_kernel}
 
+    rounds = False
+
     def regularizer_attributes(self, layer):
         return ("depthwise_regularizer", "pointwise_regularizer")
 
@@ -798,6 +806,7 @@ class ConvTransposeRule(ConvRule):
 
     view = GroupView(axis=-1)
     merges_batchnorm = False
+    rounds = False
 
     def kernel_shape(self, layer):
         shape = tuple(int(d) for d in layer.kernel.shape)
@@ -821,6 +830,74 @@ class ConvTransposeRule(ConvRule):
         except Exception:  # noqa: BLE001 - seen outside a graph: the output's positions bound it
             shape = tuple(output_shape)
         return _spatial(shape) * positions * in_units * out_units
+
+
+class EmbeddingRule(UnitsRule):
+    """``Embedding``: its output dimensions are units; it reads integer indices, not values.
+
+    Column ``j`` of the table ``(input_dim, output_dim)`` is unit ``j`` at
+    every position of its input; each input position (a categorical column of
+    a tabular input) reaches every unit whose column is not all zero. A unit
+    that nobody reads leaves the table (and every reader); a column of zeros
+    outputs 0 everywhere (a constant). An input column goes when every unit of
+    its Embedding goes. Its table carries no group penalty of its own (its
+    units are pruned through the groups of the layers that read them).
+    """
+
+    merges_batchnorm = False
+    rounds = False
+    width_key = "output_dim"
+
+    def refusal(self, layer):
+        if getattr(layer, "lora_enabled", False):
+            return "a LoRA-enabled layer"
+        if getattr(layer, "quantization_mode", None):
+            return "a quantized layer"
+        return None
+
+    def mixes_units(self, layer):
+        return False
+
+    def kernels(self, layer):
+        return {"kernel": layer.embeddings}
+
+    def regularizer_attributes(self, layer):
+        return ()
+
+    def bias(self, layer):
+        return None
+
+    def kernel_shape(self, layer):
+        vocabulary, dims = (int(d) for d in layer.embeddings.shape)
+        return vocabulary, 1, dims
+
+    def unit_shape(self, layer, channels, positions):
+        if positions != 1:
+            return None
+        return channels, int(layer.embeddings.shape[0])
+
+    def connections(self, layer, weights, in_units):
+        live = np.any(weights["kernel"] != 0, axis=0)
+        return np.broadcast_to(live, (int(in_units), live.size)).copy()
+
+    def constant_contribution(self, layer, weights, in_units, values):
+        return np.zeros(weights["kernel"].shape[-1])
+
+    def pads(self, layer):
+        return False
+
+    def slice_units(self, layer, weights, in_units, kept_in, kept_out):
+        if np.asarray(kept_in).size != in_units:  # pragma: no cover - an index read by a kept unit stays
+            raise RuntimeError(f"the indices that '{layer.name}' reads were to be sliced; please report this")
+        kept_out = np.asarray(kept_out, dtype=int)
+        config = dict(layer.get_config(), output_dim=int(kept_out.size))
+        return config, [np.ascontiguousarray(weights["kernel"][:, kept_out])]
+
+    def flops(self, layer, positions, in_units, out_units, output_shape):
+        return 0  # a lookup: no multiply-adds
+
+    def params(self, layer, positions, in_units, out_units, has_bias):
+        return positions * out_units
 
 
 # ----------------------------------------------------------------------------- keras.ops operations
@@ -1351,6 +1428,7 @@ def _register_builtin():
         register_layer(SeparableConvRule(getattr(L, name)))
     for name in ("Conv1DTranspose", "Conv2DTranspose", "Conv3DTranspose"):
         register_layer(ConvTransposeRule(getattr(L, name)))
+    register_layer(EmbeddingRule(L.Embedding))
     for name in ("DepthwiseConv1D", "DepthwiseConv2D"):
         register_layer(DepthwiseRule(getattr(L, name), f"{name} (depth_multiplier=1)", slicer=_depthwise,
                                      refusal=_depthwise_refusal))

@@ -142,19 +142,25 @@ def prune_model(model, threshold=1e-3, inputs="original", round_to=1, fold_batch
     batchnorms = _foldable_batchnorms(graph, masks) if fold_batchnorm else {}
     into = {units: bn for bn, units in batchnorms.items()}
 
-    sliced_features = inputs == "selected" and graph.flat_features
-    input_node = graph.nodes[0]
-    names = _flat_names([node.name for node in graph.nodes[1:]], reserved=(graph.input_name,))
-    taken = {*names.values(), graph.input_name}
+    input_names = [found.name for found in graph.inputs]
+    reserved = tuple(name for name in input_names if not graph.sequential)
+    names = _flat_names([node.name for node in graph.nodes if node.name not in input_names], reserved=reserved)
+    taken = {*names.values(), *reserved}
+    tensors, present, new_inputs = {}, {}, []
+    sliced = {}  # node name -> it holds elements of an input that "selected" slices (before its Flatten)
+    for found, source in zip(graph.inputs, model.inputs):
+        keep = needed[found.start : found.start + found.count]
+        sliced[found.name] = inputs == "selected" and found.flat
+        if sliced[found.name] and not keep.any():  # nothing reads this input: the new model does not take it
+            tensors[found.name], present[found.name] = None, np.zeros(found.count, bool)
+            continue
+        shape = (int(keep.sum()),) if sliced[found.name] else tuple(found.shape)
+        inp = keras.Input(shape=shape, dtype=source.dtype, name=None if graph.sequential else found.name)
+        tensors[found.name] = inp
+        present[found.name] = keep if sliced[found.name] else np.ones(found.count, bool)
+        new_inputs.append(inp)
+    shape = tuple(new_inputs[0].shape[1:])
     source = model.inputs[0]
-    if sliced_features:
-        shape = (len(plan.kept_features),)
-    else:
-        shape = tuple(plan.input_shape)
-    inp = keras.Input(shape=shape, dtype=source.dtype, name=None if graph.sequential else graph.input_name)
-
-    tensors = {input_node.name: inp}
-    present = {input_node.name: needed[input_node.ids] if sliced_features else np.ones(input_node.ids.size, bool)}
     built = []  # (new layer, weights), in call order
     initializers = {}  # id(new layer) -> the user's initializers, put back once it is built
 
@@ -168,7 +174,10 @@ def prune_model(model, threshold=1e-3, inputs="original", round_to=1, fold_batch
         layer, w = _selection(kept, int(have.sum()), like, taken)
         return call(layer, w, x)
 
-    for node in graph.nodes[1:]:
+    for node in graph.nodes:
+        if node.name in tensors:  # an input
+            continue
+        sliced[node.name] = len(node.inputs) == 1 and sliced.get(node.inputs[0], False) and node.elements
         layer = layers[node.name]
         if node.name in masks.detached:  # only a constant operand that its merge drops uses it
             tensors[node.name], present[node.name] = None, np.zeros(node.ids.size, bool)
@@ -238,12 +247,12 @@ def prune_model(model, threshold=1e-3, inputs="original", round_to=1, fold_batch
         else:
             (name,) = src
             x, have = tensors[name], present[name]
-            if (node.kind == "flatten" and graph.tensor(name).elements and sliced_features
-                    and len(layer.output.shape) == 2):
+            from_sliced = sliced.get(name, False) and graph.tensor(name).elements
+            if node.kind == "flatten" and from_sliced and len(layer.output.shape) == 2:
                 tensors[node.name], present[node.name] = x, have  # the selected features are already flat
                 continue
             rule = registry.rule_of(layer)
-            if have.all() and not (sliced_features and graph.tensor(name).elements):
+            if have.all() and not from_sliced:
                 config, new = layer.get_config(), layer.get_weights()
             else:  # fewer units, or the input's elements already flattened into the selected features
                 config, new = rule.slice(layer, _entries(have, graph.tensor(name)))
@@ -272,13 +281,15 @@ def prune_model(model, threshold=1e-3, inputs="original", round_to=1, fold_batch
         small = keras.Sequential([keras.Input(shape=shape, dtype=source.dtype)] + [layer for layer, _ in built],
                                  name=model.name)
     else:
-        small = keras.Model(inp, outputs[0] if len(outputs) == 1 else outputs, name=model.name)
+        small = keras.Model(new_inputs[0] if len(new_inputs) == 1 else new_inputs,
+                            outputs[0] if len(outputs) == 1 else outputs, name=model.name)
     for layer, new in built:
         if new:
             _set_weights(layer, new)
         _restore_initializers(layer, initializers)
 
     small.kept_features = plan.kept_features
+    small.kept_inputs = tuple(found.name for found in graph.inputs if tensors[found.name] is not None)
     small.folded_batchnorms = {names[bn]: names[units] for bn, units in batchnorms.items()}
     small.pruning_report = plan.report
     small.pruning_plan = plan

@@ -86,7 +86,8 @@ class PruningPlan:
 
     Attributes:
         threshold: weights with ``|w| <= threshold`` are zero.
-        input_shape: the model's input shape (without the batch axis).
+        input_shape: the model's input shape (without the batch axis); ``None`` with several inputs.
+        input_shapes: the shape of each input (the features of all inputs are numbered one after the other).
         n_features: input features (flattened).
         kept_features: indices of the input features kept.
         dense: one :class:`LayerPlan` per layer that makes units, input to output.
@@ -116,12 +117,15 @@ class PruningPlan:
     round_to: int = 1
     masks: object = dataclasses.field(repr=False, compare=False, default=None)
     analysis: object = dataclasses.field(repr=False, compare=False, default=None)
+    input_shapes: tuple = ()
 
     def to_dict(self):
         """A JSON-serializable dict (for a manifest)."""
         return {
             "threshold": self.threshold,
-            "input_shape": [None if d is None else int(d) for d in self.input_shape],
+            "input_shape": (None if self.input_shape is None
+                            else [None if d is None else int(d) for d in self.input_shape]),
+            "input_shapes": [[None if d is None else int(d) for d in shape] for shape in self.input_shapes],
             "n_features": self.n_features,
             "kept_features": list(self.kept_features),
             "layer_sizes_before": list(self.layer_sizes_before),
@@ -255,7 +259,8 @@ def build_plan(owner, model, threshold, round_to=1):
 
     return PruningPlan(
         threshold=float(threshold),
-        input_shape=tuple(graph.input_shape),
+        input_shape=tuple(graph.input_shape) if graph.input_shape is not None else None,
+        input_shapes=tuple(tuple(found.shape) for found in graph.inputs),
         n_features=report.n_features,
         kept_features=report.selected_features,
         dense=tuple(plans),
