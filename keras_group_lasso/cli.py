@@ -101,7 +101,7 @@ def _run_prune(args):
 
     import keras
 
-    import keras_group_lasso  # registers the package's serializable objects
+    import keras_group_lasso  # with Keras imported, the package's serializable objects are registered
 
     def error(message):
         print(f"keras-group-lasso prune: error: {message}", file=sys.stderr)

@@ -378,7 +378,8 @@ def test_help_and_usage_errors_need_only_the_standard_library():
 
 
 def test_the_command_answers_help_and_usage_errors_without_importing_more():
-    """Through the package, as the keras-group-lasso command runs: the commands import nothing heavy
-    beyond what `import keras_group_lasso` already did (the package's __init__ imports Keras and its backend)."""
+    """Through the package, as the keras-group-lasso command runs: the package's __init__ imports its
+    names lazily, so neither importing the command nor --help and usage errors import Keras, a backend or numpy."""
     report = _run_commands("package")
+    assert report["before"] == ["keras_group_lasso"]
     assert report["after"] == report["before"]
