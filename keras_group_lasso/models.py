@@ -5,7 +5,6 @@ import math
 import warnings
 
 import keras
-import numpy as np
 
 from keras_group_lasso._validation import check_choice, check_non_negative, fail
 from keras_group_lasso.analysis import dense_roles, input_dense_layers

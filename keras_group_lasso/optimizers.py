@@ -50,7 +50,6 @@ import math
 import warnings
 
 import keras
-import numpy as np
 from keras import ops
 
 from keras_group_lasso import prox

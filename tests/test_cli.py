@@ -88,7 +88,7 @@ def test_prune_corrupt_file(tmp_path, capsys):
 def test_prune_unsupported_model(tmp_path, capsys):
     inputs = keras.Input((4,))
     hidden = keras.layers.Dense(4, name="d1")(inputs)
-    outputs = keras.layers.Dense(2, name="d2")(keras.layers.LayerNormalization(name="residual")(hidden))
+    outputs = keras.layers.Dense(2, name="d2")(keras.layers.Flatten()(keras.layers.Reshape((2, 2), name="residual")(hidden)))
     keras.Model(inputs, outputs).save(tmp_path / "res.keras")
     out = tmp_path / "out"
     code = main(["prune", str(tmp_path / "res.keras"), str(out), "--formats", "keras"])
