@@ -161,3 +161,23 @@ def test_a_conv1d_text_model_prunes_embedding_dimensions_exactly(tmp_path):
     small.save(tmp_path / "text.keras")
     again = keras.saving.load_model(tmp_path / "text.keras")
     np.testing.assert_allclose(outputs(again, xs)[0], outputs(small, xs)[0], rtol=0, atol=1e-6)
+
+
+def test_a_first_dense_reading_numeric_and_embedded_columns_holds_input_groups_and_a_budget_meets_max_features():
+    from keras_group_lasso import SparsityBudget
+    from keras_group_lasso.analysis import dense_roles
+
+    rng = np.random.default_rng(3)
+    model = tabular(rng, 6, [5], [3], [16])
+    # Its rows are numeric columns and the dimensions that stand for cat0: input groups, input_factor's strength.
+    assert dense_roles(model) == {"emb0": "input", "h0": "input", "out": "hidden"}
+    sparse = add_group_sparsity(model, 1e-4, input_factor=1e-2)
+    assert type(sparse.get_layer("h0").kernel_regularizer).__name__ == "InputGroupLasso"
+    assert sparse.get_layer("h0").kernel_regularizer.factor == 1e-2
+    numeric = rng.normal(size=(1024, 6)).astype("float32")
+    column = rng.integers(0, 5, (1024, 1)).astype("int32")
+    sparse.compile(Proximal(keras.optimizers.Adam(0.01)), keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    history = sparse.fit([numeric, column], (numeric[:, 0] > 0).astype("int32"), epochs=10, batch_size=128,
+                         verbose=0, callbacks=[SparsityBudget(max_features=2)])
+    assert history.history["budget_features"][-1] <= 2
+    assert sparsity_report(sparse, T).n_selected_features <= 2

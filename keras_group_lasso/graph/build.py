@@ -491,7 +491,7 @@ def _model_graph(model, flat):
         if kind == "other":
             flagged.setdefault(name, reason)
     all_units = tuple(n for n in order if kinds[n] in ("units", "units_mixing"))
-    input_readers = tuple(n for n in all_units if _reads_input(n, producers, kinds, input_names))
+    input_readers = tuple(n for n in all_units if _reads_input(n, producers, kinds, input_names, layers))
     input_name = input_names[0] if len(input_names) == 1 and not sequential else None
 
     built = None
@@ -813,23 +813,30 @@ def _reaches_units(name, consumers, kinds):
 _PASSES_FEATURES = ("per_unit", "per_element", "flatten")
 
 
-def _reads_input(name, producers, kinds, input_names):
+def _reads_input(name, producers, kinds, input_names, layers):
     """The one definition of "a units layer that reads the model input": its groups are input groups.
 
-    Walking back from it, every layer has one producer and passes features
-    through one by one (per-unit layers, Normalization, Rescaling, Flatten)
-    up to a model input.
+    Walking back from it, every layer passes features through one by one
+    (per-unit layers, Normalization, Rescaling, Flatten) or puts them side by
+    side (Concatenate of several inputs), up to model inputs, or to an
+    ``Embedding`` (its dimensions stand for the categorical column it reads:
+    a tabular model's first Dense reads numeric columns and embedded ones).
     """
-    cur = name
-    while True:
-        found = producers.get(cur, [])
-        if len(found) != 1:
+    stack, seen = list(producers.get(name, [])), set()
+    if not stack:
+        return False
+    while stack:
+        cur = stack.pop()
+        if cur in seen or cur in input_names:
+            continue
+        seen.add(cur)
+        rule = registry.units_rule(layers.get(cur)) if kinds.get(cur) == "units" else None
+        if rule is not None and rule.represents_input:
+            continue
+        if kinds.get(cur) not in _PASSES_FEATURES + ("concat",):
             return False
-        (cur,) = found
-        if cur in input_names:
-            return True
-        if kinds.get(cur) not in _PASSES_FEATURES:
-            return False
+        stack.extend(producers.get(cur, []))
+    return True
 
 
 def _isolated(name, layer, reads_input=False):

@@ -539,6 +539,8 @@ class UnitsRule(LayerRule):
     view = GroupView()
     #: A budget's ``round_to`` may re-initialize its columns: one kernel ``(..., in, out)``.
     rounds = True
+    #: Its units stand for the input it reads (an Embedding's dimensions): a layer reading them has input groups.
+    represents_input = False
 
     def refusal(self, layer):
         if getattr(layer, "lora_enabled", False):
@@ -846,6 +848,7 @@ class EmbeddingRule(UnitsRule):
 
     merges_batchnorm = False
     rounds = False
+    represents_input = True
     width_key = "output_dim"
 
     def refusal(self, layer):
