@@ -558,3 +558,15 @@ def export_layers(small):
     from keras_group_lasso.export import _serving_model
 
     return _serving_model(small).layers
+
+
+def test_the_readme_table_of_supported_layers_is_the_registry():
+    import pathlib
+
+    from keras_group_lasso.graph import registry
+
+    text = (pathlib.Path(__file__).parents[1] / "README.md").read_text()
+    table = text.split("<!-- BEGIN supported layers -->\n", 1)[1].split("\n<!-- END supported layers -->", 1)[0]
+    assert table == registry.supported_markdown(), (
+        "README.md's table of supported layers is out of date: paste "
+        "keras_group_lasso.graph.registry.supported_markdown() between its markers")

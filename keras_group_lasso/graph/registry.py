@@ -65,6 +65,7 @@ __all__ = [
     "units_rule",
     "makes_units",
     "supported_text",
+    "supported_markdown",
     "supported_of",
     "variable_axes",
     "output_shape",
@@ -1251,6 +1252,35 @@ def supported_text():
         "tail": "layers that mix units (every unit they read is kept)",
     }
     return "; ".join(f"{titles[k]}: {', '.join(groups[k])}" for k in KINDS if k in groups and k in titles)
+
+
+def supported_markdown():
+    """The supported layers as a Markdown table, one row per kind (the README's table is this text).
+
+    Layers of other classes are recognized by what they compute (see
+    :func:`recognize`) or refused by name; :func:`register_layer` adds one.
+
+    Example:
+        >>> supported_markdown().splitlines()[0]
+        '| kind | what the analysis and surgery do | layers |'
+    """
+    what = {
+        "units": "make units: their input groups are penalised, dead and constant units removed",
+        "per_unit": "act on each channel on its own: sliced to the kept channels",
+        "per_element": "input preprocessing, one value per element or channel: sliced with the kept features",
+        "flatten": "reshape: a channel of a map becomes its features at every position",
+        "global_pool": "global pooling: a channel of a map becomes one feature",
+        "merge": "merge same-shape tensors or broadcast a gate over a map: their channels are one unit",
+        "concat": "concatenate on the last axis: the operands' channels side by side",
+        "tail": "mix the units they read: every one of them stays",
+    }
+    groups = {}
+    for rule in _RULES.values():
+        groups.setdefault(rule.kind, []).append(rule.description)
+    lines = ["| kind | what the analysis and surgery do | layers |", "|---|---|---|"]
+    lines += [f"| {kind} | {what[kind]} | {', '.join(groups[kind])} |" for kind in KINDS if kind in groups
+              and kind in what]
+    return "\n".join(lines)
 
 
 def output_shape(layer, out_units):
