@@ -1,0 +1,662 @@
+"""Fashion-MNIST, MobileNetV2- and EfficientNet-B0-style networks: a FLOP budget in one training vs magnitude pruning.
+
+Two compact networks for 32x32x1 inputs (Fashion-MNIST's 28x28 images padded
+with 2 zero pixels on each side), built from inverted residual blocks (a 1x1
+expansion convolution, a depthwise convolution, a 1x1 projection, each with
+BatchNormalization; a residual ``Add`` where the block keeps its width and
+resolution), a 1x1 head convolution, global average pooling and a Dense(10)
+(logits):
+
+* ``mobilenetv2``: MobileNetV2-style, ReLU6, 3x3 depthwise kernels; stem 16,
+  stages (expansion, channels, blocks, stride) (1, 8, 1, 1), (6, 16, 2, 2),
+  (6, 24, 2, 2), (6, 48, 3, 2), (6, 64, 2, 1), head 256.
+* ``efficientnet``: EfficientNet-B0-style, swish, 3x3 and 5x5 depthwise
+  kernels and a squeeze-excite gate in every block (global average pooling
+  with ``keepdims``, a 1x1 convolution to a quarter of the block's input
+  channels with swish, a 1x1 convolution back with a sigmoid, ``Multiply``);
+  stem 16, stages (1, 8, 1, 1, k3), (6, 16, 2, 2, k3), (6, 24, 2, 2, k5),
+  (6, 40, 2, 2, k3), (6, 56, 2, 1, k5), head 256.
+
+Rows, per network and seed (trained on the 60,000 training images, the
+10,000 test images reported):
+
+* dense: Adam with a cosine-decayed learning rate, the baseline.
+* budget: ``add_group_sparsity(model, λ, penalty="group", input_factor=0,
+  group_weight="flops")`` (every channel's group weighted by the
+  multiply-adds of its unit; the stem reads one grey channel, which cannot
+  go) trained with ``Proximal(Adam)`` (the same learning rate schedule) under
+  ``SparsityBudget(max_flops=0.25)`` (a fraction of the dense network's
+  multiply-adds per sample, λ its starting strength), then ``prune_model``;
+  no fine-tuning.
+* magnitude: magnitude filter pruning (Li et al. 2017) of the dense network
+  at the budget row's FLOPs: the filters of every convolution that makes
+  channels are scored by their L1 norm (a channel that several layers make,
+  a residual stream's or a squeeze-excite gate's, by the sum over them), and
+  in every such layer (every set of layers making the same channels) the same
+  fraction with the smallest scores goes, the smallest fraction whose FLOPs
+  fit; the weights that read the removed channels are set to 0 and
+  ``prune_model(.., 0)`` removes exactly them. Accuracy right after pruning
+  (no fine-tuning) and after ``--finetune-epochs`` epochs of Adam.
+
+Per row: test accuracy and its difference to dense in points, multiply-adds
+per sample (``sparsity_report(..).flops_after``) and the reduction,
+parameters of the pruned model, ``prune_model`` wall time (first call), and
+the largest absolute difference between the pruned model's logits and the
+thresholded model's (``apply_threshold`` on a copy) on 1,000 test images,
+relative to the largest logit. The claim checked: the budget row has at least
+4x fewer FLOPs and at most 1 point lower test accuracy than dense, no
+fine-tuning, and its surgery is exact.
+
+Nothing here imports TensorFlow or uses ``tf.data`` (the result says whether
+TensorFlow ended up imported: Keras probes for it where it is installed).
+
+Usage:
+    KERAS_BACKEND=jax python benchmarks/modern_cnn.py --out DIR       # DIR/modern_cnn.json and .md
+    KERAS_BACKEND=jax python benchmarks/modern_cnn.py --quick --out DIR   # 1,024 images, 1 epoch (a CPU test)
+    KERAS_BACKEND=jax python benchmarks/modern_cnn.py --data-dir DIR --networks efficientnet --seeds 2
+
+``--data-dir`` is a folder holding the four Fashion-MNIST IDX files
+(``train-images-idx3-ubyte.gz``, ...); without it the package's dataset
+search is used.
+"""
+
+import argparse
+import datetime
+import importlib.metadata
+import json
+import os
+import platform
+import shlex
+import subprocess
+import sys
+import time
+import warnings
+from pathlib import Path
+
+if __package__ in (None, ""):
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+NETWORKS = ("mobilenetv2", "efficientnet")
+THRESHOLD = 1e-3
+BATCH = 256
+EPOCHS = 6
+FINETUNE_EPOCHS = 2
+LEARNING_RATE = 2e-3
+FINETUNE_LR = 3e-4
+LAMBDA = 3e-4
+MAX_FLOPS = 0.25
+GAP_IMAGES = 1000
+TARGET_FLOPS = 4.0
+TARGET_POINTS = 1.0
+
+# (expansion, output channels, blocks, first stride, depthwise kernel) per stage
+SPECS = {
+    "mobilenetv2": {"stem": 16, "act": "relu6", "se": 0.0, "head": 256,
+                    "stages": ((1, 8, 1, 1, 3), (6, 16, 2, 2, 3), (6, 24, 2, 2, 3), (6, 48, 3, 2, 3),
+                               (6, 64, 2, 1, 3))},
+    "efficientnet": {"stem": 16, "act": "swish", "se": 0.25, "head": 256,
+                     "stages": ((1, 8, 1, 1, 3), (6, 16, 2, 2, 3), (6, 24, 2, 2, 5), (6, 40, 2, 2, 3),
+                                (6, 56, 2, 1, 5))},
+}
+
+
+def say(message):
+    sys.stdout.write(f"[{time.strftime('%H:%M:%S')}] {message}\n")
+    sys.stdout.flush()
+
+
+# ----------------------------------------------------------------------------- data
+
+
+def load(data_dir, quick, train_size=None):
+    """``(n, 32, 32, 1)`` float32 images in [0, 1] (28x28 padded by 2 zero pixels) and int labels."""
+    import numpy as np
+
+    from keras_group_lasso.datasets import load_dataset
+
+    data = load_dataset("fashion-mnist", path=data_dir)
+
+    def images(x):
+        x = np.asarray(x, dtype=np.float32).reshape(-1, 28, 28, 1)
+        return np.pad(x, ((0, 0), (2, 2), (2, 2), (0, 0)))
+
+    x_train, y_train, x_test, y_test = data.x_train, data.y_train, data.x_test, data.y_test
+    if quick:
+        order = np.random.default_rng(0).permutation(len(x_train))[:1024]
+        x_train, y_train = x_train[order], y_train[order]
+        x_test, y_test = x_test[:256], y_test[:256]
+    elif train_size:
+        x_train, y_train = x_train[:train_size], y_train[:train_size]
+    return {"x_train": images(x_train), "y_train": np.asarray(y_train), "x_test": images(x_test),
+            "y_test": np.asarray(y_test)}
+
+
+# ----------------------------------------------------------------------------- networks
+
+
+def _activation(x, kind, name):
+    from keras import layers
+
+    if kind == "relu6":
+        return layers.ReLU(6.0, name=name)(x)
+    return layers.Activation("swish", name=name)(x)
+
+
+def _block(x, expansion, channels, stride, kernel, act, se, name):
+    """Inverted residual block (MobileNetV2 / EfficientNet's MBConv), with a squeeze-excite gate when ``se`` > 0."""
+    from keras import layers
+
+    width = x.shape[-1]
+    h = x
+    if expansion != 1:
+        h = layers.Conv2D(width * expansion, 1, use_bias=False, name=f"{name}_expand")(h)
+        h = layers.BatchNormalization(name=f"{name}_expand_bn")(h)
+        h = _activation(h, act, f"{name}_expand_act")
+    h = layers.DepthwiseConv2D(kernel, strides=stride, padding="same", use_bias=False, name=f"{name}_dw")(h)
+    h = layers.BatchNormalization(name=f"{name}_dw_bn")(h)
+    h = _activation(h, act, f"{name}_dw_act")
+    if se:
+        s = layers.GlobalAveragePooling2D(keepdims=True, name=f"{name}_se_squeeze")(h)
+        s = layers.Conv2D(max(1, int(width * se)), 1, activation="swish", name=f"{name}_se_reduce")(s)
+        s = layers.Conv2D(h.shape[-1], 1, activation="sigmoid", name=f"{name}_se_expand")(s)
+        h = layers.Multiply(name=f"{name}_se_excite")([h, s])
+    h = layers.Conv2D(channels, 1, use_bias=False, name=f"{name}_project")(h)
+    h = layers.BatchNormalization(name=f"{name}_project_bn")(h)
+    if stride == 1 and width == channels:
+        h = layers.Add(name=f"{name}_add")([x, h])
+    return h
+
+
+def build(network, seed):
+    """The dense network (a functional ``keras.Model``), seeded."""
+    import keras
+    from keras import layers
+
+    spec = SPECS[network]
+    keras.utils.set_random_seed(seed)
+    inputs = keras.Input((32, 32, 1), name="image")
+    x = layers.Conv2D(spec["stem"], 3, padding="same", use_bias=False, name="stem")(inputs)
+    x = layers.BatchNormalization(name="stem_bn")(x)
+    x = _activation(x, spec["act"], "stem_act")
+    k = 0
+    for expansion, channels, blocks, stride, kernel in spec["stages"]:
+        for i in range(blocks):
+            k += 1
+            x = _block(x, expansion, channels, stride if i == 0 else 1, kernel, spec["act"], spec["se"], f"block{k}")
+    x = layers.Conv2D(spec["head"], 1, use_bias=False, name="head")(x)
+    x = layers.BatchNormalization(name="head_bn")(x)
+    x = _activation(x, spec["act"], "head_act")
+    x = layers.GlobalAveragePooling2D(name="pool")(x)
+    x = layers.Dropout(0.2, name="dropout")(x)
+    outputs = layers.Dense(10, name="logits")(x)
+    return keras.Model(inputs, outputs, name=network)
+
+
+def describe(network):
+    spec = SPECS[network]
+    stages = ", ".join(f"(t{t}, {c}, x{n}, s{s}, k{k})" for t, c, n, s, k in spec["stages"])
+    se = f", squeeze-excite {spec['se']:g}" if spec["se"] else ""
+    return f"stem {spec['stem']}, {spec['act']}{se}, stages (expansion, channels, blocks, stride, kernel) {stages}, head {spec['head']}"
+
+
+# ----------------------------------------------------------------------------- training
+
+
+def cosine(learning_rate, epochs, n_train):
+    import keras
+
+    steps = max(1, epochs * -(-n_train // BATCH))
+    return keras.optimizers.schedules.CosineDecay(learning_rate, decay_steps=steps)
+
+
+def compile_model(model, optimizer):
+    import keras
+
+    model.compile(optimizer=optimizer, loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                  metrics=["accuracy"], jit_compile=True)
+    return model
+
+
+def fit(model, data, epochs, seed, label, callbacks=()):
+    """Train; returns (wall seconds, seconds of each epoch)."""
+    import keras
+
+    stamps = []
+
+    def line(epoch, logs):
+        stamps.append(time.perf_counter())
+        logs = logs or {}
+        budget = ""
+        if "budget_phase" in logs:  # the budget writes its logs before this callback runs
+            budget = (f", flops {int(logs.get('budget_flops', -1)):,} over {logs['budget_over']:.2f} "
+                      f"multiplier {logs['budget_multiplier_hidden']:.3g} phase {int(logs['budget_phase'])} "
+                      f"cut {int(logs['budget_cut'])}")
+        say(f"  {label} epoch {epoch + 1}: loss {logs.get('loss', float('nan')):.4f} "
+            f"acc {logs.get('accuracy', float('nan')):.4f} ({stamps[-1] - (stamps[-2] if len(stamps) > 1 else start):.1f} s)"
+            f"{budget}")
+
+    keras.utils.set_random_seed(seed + 1000)  # the shuffling of each epoch
+    start = time.perf_counter()
+    model.fit(data["x_train"], data["y_train"], batch_size=BATCH, epochs=epochs, shuffle=True, verbose=0,
+              callbacks=[*callbacks, keras.callbacks.LambdaCallback(on_epoch_end=line)])
+    wall = time.perf_counter() - start
+    return wall, [b - a for a, b in zip([start] + stamps[:-1], stamps)]
+
+
+def logits(model, x):
+    import keras
+    import numpy as np
+
+    return np.asarray(keras.ops.convert_to_numpy(model(x, training=False)), dtype=np.float64)
+
+
+def accuracy(model, data):
+    import numpy as np
+
+    predictions = model.predict(data["x_test"], batch_size=1000, verbose=0)
+    return float(np.mean(np.argmax(predictions, axis=1) == data["y_test"]))
+
+
+def full_float32():
+    """Full float32 matrix products and convolutions on JAX (GPUs default to TF32); nothing elsewhere."""
+    import contextlib
+
+    import keras
+
+    if keras.backend.backend() == "jax":
+        import jax
+
+        return jax.default_matmul_precision("float32")
+    return contextlib.nullcontext()
+
+
+def copy_of(model):
+    import keras
+
+    copy = keras.models.clone_model(model)
+    copy.set_weights(model.get_weights())
+    return copy
+
+
+def surgery(model, threshold, data):
+    """``prune_model`` and what it gives: the pruned model and a record (FLOPs, params, exactness, time)."""
+    import numpy as np
+
+    from keras_group_lasso import apply_threshold, prune_model, sparsity_report
+
+    report = sparsity_report(model, threshold)
+    start = time.perf_counter()
+    small = prune_model(model, threshold)
+    seconds = time.perf_counter() - start
+    start = time.perf_counter()
+    prune_model(model, threshold)
+    second = time.perf_counter() - start
+    reference = copy_of(model)
+    apply_threshold(reference, threshold)
+    x = data["x_test"][:GAP_IMAGES]
+    with full_float32():
+        want = logits(reference, x)
+        gap = float(np.max(np.abs(logits(small, x) - want)))
+    default_gap = float(np.max(np.abs(logits(small, x) - logits(reference, x))))
+    scale = float(np.max(np.abs(want)))
+    return small, {
+        "flops_before": int(report.flops_before), "flops_after": int(report.flops_after),
+        "flop_reduction": report.flops_before / max(report.flops_after, 1),
+        "params_after": int(small.count_params()),
+        "live_units": int(sum(layer.units_alive for layer in report.layers if not layer.is_output)),
+        "units": int(sum(layer.units for layer in report.layers if not layer.is_output)),
+        "streams": [[s.name, int(s.channels_alive), int(s.channels)] for s in report.streams],
+        "surgery_seconds": seconds, "surgery_seconds_second": second,
+        "max_abs_diff": gap, "output_scale": scale, "relative_diff": gap / max(scale, 1e-30),
+        "relative_diff_default_precision": default_gap / max(scale, 1e-30),
+    }
+
+
+def train_dense(network, seed, data, epochs, lr):
+    import keras
+
+    from keras_group_lasso import sparsity_report
+
+    model = compile_model(build(network, seed), keras.optimizers.Adam(cosine(lr, epochs, len(data["x_train"]))))
+    wall, epoch_seconds = fit(model, data, epochs, seed, f"{network} dense seed {seed}")
+    report = sparsity_report(model, THRESHOLD)
+    return model, {
+        "row": "dense", "network": network, "seed": seed, "epochs": epochs,
+        "test_accuracy": accuracy(model, data),
+        "flops_before": int(report.flops_before), "flops_after": int(report.flops_before), "flop_reduction": 1.0,
+        "params": int(model.count_params()), "params_after": int(model.count_params()),
+        "train_seconds": wall, "epoch_seconds": epoch_seconds,
+    }
+
+
+def train_budget(network, seed, data, epochs, lr, factor, max_flops, schedule_power, settle):
+    import keras
+
+    from keras_group_lasso import Proximal, SparsityBudget, add_group_sparsity
+
+    model = add_group_sparsity(build(network, seed), factor, penalty="group", input_factor=0.0,
+                               group_weight="flops")
+    compile_model(model, Proximal(keras.optimizers.Adam(cosine(lr, epochs, len(data["x_train"])))))
+    budget = SparsityBudget(max_flops=max_flops, threshold=THRESHOLD, schedule_power=schedule_power, settle=settle)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        wall, epoch_seconds = fit(model, data, epochs, seed, f"{network} budget seed {seed}", callbacks=[budget])
+    small, record = surgery(model, THRESHOLD, data)
+    history = model.history.history
+    record.update({
+        "row": "budget", "network": network, "seed": seed, "epochs": epochs, "factor": factor,
+        "max_flops": max_flops, "schedule_power": schedule_power, "settle": settle,
+        "test_accuracy": accuracy(small, data), "params": int(model.count_params()),
+        "train_seconds": wall, "epoch_seconds": epoch_seconds,
+        "budget_cut_groups": [int(v) for v in history.get("budget_cut", [])],
+        "budget_history": {key: [float(v) for v in history[key]] for key in
+                           ("budget_flops", "budget_over", "budget_multiplier_hidden", "budget_phase") if key in history},
+        "warnings": sorted({str(w.message)[:300] for w in caught if "SparsityBudget" in str(w.message)}),
+    })
+    return model, small, record
+
+
+# ----------------------------------------------------------------------------- magnitude filter pruning
+
+
+def filter_groups(model):
+    """``[(makers, [(unit, score, [(reader, row), ...]), ...]), ...]``: the channels one set of layers makes.
+
+    Every unit made by a convolution (not the output) with its L1 filter norm
+    summed over the layers that make it, and where its weights are read
+    (``(layer name, input index)``); grouped by the set of layers making it.
+    """
+    import numpy as np
+
+    from keras_group_lasso.graph import model_graph
+
+    graph = model_graph(model)
+    kernels = {node.name: np.asarray(graph.layers[node.name].get_weights()[0]) for node in graph.units}
+    makers, readers, scores = {}, {}, {}
+    for node in graph.units:
+        kernel = np.abs(kernels[node.name])
+        norms = kernel.reshape(-1, kernel.shape[-1]).sum(axis=0)
+        for i, unit in enumerate(node.in_ids.tolist()):
+            readers.setdefault(unit, []).append((node.name, i))
+        if node.is_output:
+            continue
+        for j, unit in enumerate(node.out_ids.tolist()):
+            makers.setdefault(unit, set()).add(node.name)
+            scores[unit] = scores.get(unit, 0.0) + float(norms[j])
+    outputs = {int(u) for node in graph.units if node.is_output for u in node.out_ids.tolist()}
+    groups = {}
+    for unit, names in makers.items():
+        if unit in outputs or unit not in readers:
+            continue
+        groups.setdefault(tuple(sorted(names)), []).append((unit, scores[unit], readers[unit]))
+    return sorted(groups.items())
+
+
+def zero_readers(model, groups, keep_fraction):
+    """A copy of ``model`` in which each group's weakest channels are read by nothing (their rows set to 0)."""
+    import numpy as np
+
+    copy = copy_of(model)
+    rows = {}
+    for _, members in groups:
+        members = sorted(members, key=lambda m: m[1])
+        keep = max(1, int(round(keep_fraction * len(members))))
+        for _, _, where in members[: len(members) - keep]:
+            for name, row in where:
+                rows.setdefault(name, []).append(row)
+    for name, indices in rows.items():
+        layer = copy.get_layer(name)
+        weights = layer.get_weights()
+        weights[0][..., sorted(set(indices)), :] = 0.0  # Conv2D (kh, kw, in, out) and Dense (in, out) alike
+        layer.set_weights(weights)
+    return copy
+
+
+def magnitude_prune(model, max_flops, steps=12):
+    """The largest keep fraction (the same in every layer) whose FLOPs fit ``max_flops``; (zeroed copy, fraction)."""
+    from keras_group_lasso import sparsity_report
+
+    groups = filter_groups(model)
+    low, high = 0.0, 1.0
+    best = zero_readers(model, groups, 0.0), 0.0
+    for _ in range(steps):
+        middle = (low + high) / 2
+        candidate = zero_readers(model, groups, middle)
+        if sparsity_report(candidate, 0.0).flops_after <= max_flops:
+            low, best = middle, (candidate, middle)
+        else:
+            high = middle
+    return best
+
+
+def magnitude(network, seed, dense, max_flops, data, finetune_epochs):
+    import keras
+
+    start = time.perf_counter()
+    zeroed, fraction = magnitude_prune(dense, max_flops)
+    select = time.perf_counter() - start
+    small, record = surgery(zeroed, 0.0, data)
+    record.update({"network": network, "seed": seed, "keep_fraction": fraction, "select_seconds": select,
+                   "flop_target": int(max_flops), "params": int(dense.count_params())})
+    rows = [dict(record, row="magnitude", finetune_epochs=0, test_accuracy=accuracy(small, data))]
+    if finetune_epochs:
+        compile_model(small, keras.optimizers.Adam(cosine(FINETUNE_LR, finetune_epochs, len(data["x_train"]))))
+        wall, epoch_seconds = fit(small, data, finetune_epochs, seed, f"{network} magnitude fine-tune seed {seed}")
+        rows.append(dict(record, row="magnitude+ft", finetune_epochs=finetune_epochs,
+                         test_accuracy=accuracy(small, data), train_seconds=wall, epoch_seconds=epoch_seconds))
+    return rows
+
+
+# ----------------------------------------------------------------------------- results
+
+
+def versions():
+    out = {"Python": platform.python_version()}
+    for name, dist in (("Keras", "keras"), ("JAX", "jax"), ("jaxlib", "jaxlib"), ("NumPy", "numpy"),
+                       ("PyTorch", "torch")):
+        try:
+            out[name] = importlib.metadata.version(dist)
+        except importlib.metadata.PackageNotFoundError:
+            pass
+    return out
+
+
+def device():
+    """The GPU (``nvidia-smi``) and the device Keras computes on."""
+    import keras
+
+    gpu = None
+    try:
+        done = subprocess.run(["nvidia-smi", "--query-gpu=name,memory.total,driver_version", "--format=csv,noheader"],
+                              capture_output=True, text=True, timeout=30)
+        gpu = done.stdout.strip() or None if done.returncode == 0 else None
+    except (OSError, subprocess.SubprocessError):
+        pass
+    compute = "cpu"
+    if keras.backend.backend() == "jax":
+        import jax
+
+        d = jax.devices()[0]
+        compute = f"{d.platform}: {d.device_kind}"
+    elif keras.backend.backend() == "torch":
+        import torch
+
+        compute = f"cuda: {torch.cuda.get_device_name(0)}" if torch.cuda.is_available() else "cpu"
+    return {"gpu": gpu or "cpu", "compute": compute, "cores": os.cpu_count()}
+
+
+def fmt_flops(n):
+    return f"{n / 1e6:.2f} M"
+
+
+def markdown(meta, rows):
+    lines = [
+        "# MobileNetV2- and EfficientNet-B0-style networks on Fashion-MNIST: FLOP budget vs magnitude pruning",
+        "",
+        f"- Command: `{meta['command']}`",
+        f"- Date: {meta['date']}; wall time {meta['wall_seconds'] / 60:.1f} min",
+        f"- Device: {meta['device']['gpu']} (Keras computes on {meta['device']['compute']}); "
+        f"{meta['device']['cores']} CPU cores, {meta['machine']}",
+        f"- Backend: {meta['backend']}; " + ", ".join(f"{k} {v}" for k, v in meta["versions"].items())
+        + f"; TensorFlow imported: {'yes' if meta.get('tensorflow_imported') else 'no'}",
+        f"- Package: {meta.get('package') or 'unknown revision'}",
+        f"- Data: {meta['n_train']:,} training / {meta['n_test']:,} test images, 28x28 padded to 32x32x1"
+        + (" (--quick subset)" if meta["quick"] else ""),
+        f"- Training: batch {BATCH}, {meta['epochs']} epochs, cosine-decayed learning rate {meta['lr']:g}, "
+        "`jit_compile=True`; dense: Adam; budget: `add_group_sparsity(model, "
+        f"{meta['factor']:g}, penalty=\"group\", input_factor=0, group_weight=\"flops\")`, `Proximal(Adam)`, "
+        f"`SparsityBudget(max_flops={meta['max_flops']:g}, schedule_power={meta['schedule_power']:g}, "
+        f"settle={meta['settle']:g})`, threshold {THRESHOLD:g}, no fine-tuning; magnitude: L1 filter pruning of the "
+        f"dense network at the budget row's FLOPs, the same fraction in every layer, fine-tuned {meta['finetune_epochs']} "
+        f"epochs with Adam ({FINETUNE_LR:g}, cosine)",
+        f"- Seeds: {', '.join(map(str, meta['seeds']))}",
+        "- Surgery diff: the largest |pruned - thresholded| logit on "
+        f"{min(GAP_IMAGES, meta['n_test'])} test images, over the largest |logit|, in full float32 (the backend's "
+        "default precision in the JSON); surgery time is the first `prune_model` call",
+        "",
+    ]
+    for network in meta["networks"]:
+        lines += [f"## {network}", "", describe(network), ""]
+        header = ["seed", "row", "test [%]", "Δ vs dense [points]", "FLOPs", "FLOP reduction", "params",
+                  "surgery rel. diff", "surgery [s]", "train [s]"]
+        table = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+        order = {"dense": 0, "budget": 1, "magnitude": 2, "magnitude+ft": 3}
+        for row in sorted(rows, key=lambda r: (r["seed"], order[r["row"]])):
+            if row["network"] != network:
+                continue
+            dense = next((r for r in rows if r["network"] == network and r["seed"] == row["seed"]
+                          and r["row"] == "dense"), None)
+            delta = "–" if dense is None or row["row"] == "dense" else \
+                f"{100 * (row['test_accuracy'] - dense['test_accuracy']):+.2f}"
+            label = {"dense": "dense (Adam)", "budget": f"budget (max_flops={meta['max_flops']:g}), no fine-tuning",
+                     "magnitude": "magnitude filter pruning, no fine-tuning",
+                     "magnitude+ft": f"magnitude filter pruning + {row.get('finetune_epochs')} epochs"}[row["row"]]
+            rel = f"{row['relative_diff']:.1e}" if "relative_diff" in row else "–"
+            surg = f"{row['surgery_seconds']:.2f}" if "surgery_seconds" in row else "–"
+            train = f"{row['train_seconds']:.0f}" if "train_seconds" in row else "–"
+            table.append("| " + " | ".join([
+                str(row["seed"]), label, f"{100 * row['test_accuracy']:.2f}", delta, fmt_flops(row["flops_after"]),
+                f"{row['flop_reduction']:.2f}x", f"{row['params_after']:,}", rel, surg, train]) + " |")
+        lines += table + [""]
+        for row in rows:
+            if row["network"] != network or row["row"] != "budget":
+                continue
+            dense = next((r for r in rows if r["network"] == network and r["seed"] == row["seed"]
+                          and r["row"] == "dense"), None)
+            if dense is None:
+                continue
+            points = 100 * (row["test_accuracy"] - dense["test_accuracy"])
+            checks = [
+                (row["flop_reduction"] >= TARGET_FLOPS, f"at least {TARGET_FLOPS:g}x fewer FLOPs ({row['flop_reduction']:.2f}x)"),
+                (points >= -TARGET_POINTS, f"at most {TARGET_POINTS:g} point below dense ({points:+.2f})"),
+                (row["relative_diff"] <= 1e-4, f"surgery exact (relative diff {row['relative_diff']:.1e} <= 1e-4)"),
+            ]
+            lines.append(f"Seed {row['seed']}: " + "; ".join(("yes: " if ok else "**no**: ") + text for ok, text in checks)
+                         + f". Groups cut when settling began: {sum(row['budget_cut_groups'])}.")
+            for warning in row.get("warnings", []):
+                lines.append(f"  - warning: {warning}")
+            lines.append("")
+    return "\n".join(lines).rstrip() + "\n"
+
+
+def package_revision():
+    root = str(Path(__file__).resolve().parent.parent)
+    try:
+        commit = subprocess.run(["git", "-C", root, "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                                check=True, timeout=30).stdout.strip()
+        dirty = subprocess.run(["git", "-C", root, "status", "--porcelain", "--", "keras_group_lasso"],
+                               capture_output=True, text=True, check=True, timeout=30).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return commit + (" + local changes" if dirty else "")
+
+
+def write(out, meta, rows):
+    """``modern_cnn.json`` and ``modern_cnn.md`` in ``out``, each renamed into place whole."""
+    out.mkdir(parents=True, exist_ok=True)
+    meta = dict(meta, tensorflow_imported="tensorflow" in sys.modules)
+    for name, text in (("modern_cnn.json", json.dumps({"meta": meta, "rows": rows}, indent=1, default=float)),
+                       ("modern_cnn.md", markdown(meta, rows))):
+        partial = out / f".{name}.partial"
+        partial.write_text(text)
+        os.replace(partial, out / name)
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", default=os.environ.get("OUT") or str(Path(__file__).resolve().parent / "out"),
+                        help="folder for modern_cnn.json and modern_cnn.md (default $OUT, else benchmarks/out)")
+    parser.add_argument("--data-dir", default=None, help="folder with the Fashion-MNIST IDX .gz files")
+    parser.add_argument("--networks", nargs="+", choices=NETWORKS, default=list(NETWORKS))
+    parser.add_argument("--seeds", type=int, default=1, help="number of seeds (0, 1, ...)")
+    parser.add_argument("--first-seed", type=int, default=0)
+    parser.add_argument("--epochs", type=int, default=EPOCHS, help=f"epochs of the dense and budget runs ({EPOCHS})")
+    parser.add_argument("--finetune-epochs", type=int, default=FINETUNE_EPOCHS,
+                        help=f"fine-tuning epochs of the magnitude-pruned network ({FINETUNE_EPOCHS}; 0: none)")
+    parser.add_argument("--lr", type=float, default=LEARNING_RATE, help=f"Adam's peak learning rate ({LEARNING_RATE:g})")
+    parser.add_argument("--lam", type=float, default=LAMBDA, help=f"the budget's starting group strength ({LAMBDA:g})")
+    parser.add_argument("--max-flops", type=float, default=MAX_FLOPS,
+                        help=f"SparsityBudget(max_flops=...), a fraction of the dense FLOPs ({MAX_FLOPS:g})")
+    parser.add_argument("--schedule-power", type=float, default=1.0)
+    parser.add_argument("--settle", type=float, default=0.2)
+    parser.add_argument("--train-size", type=int, default=None, help="the first N training images only")
+    parser.add_argument("--quick", action="store_true", help="1,024 training and 256 test images, 1 epoch")
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.epochs, args.finetune_epochs = 1, min(args.finetune_epochs, 1)
+
+    import keras
+
+    started = time.perf_counter()
+    data = load(args.data_dir, args.quick, args.train_size)
+    seeds = list(range(args.first_seed, args.first_seed + args.seeds))
+    meta = {
+        "command": " ".join([f"KERAS_BACKEND={keras.backend.backend()}", "python", "benchmarks/modern_cnn.py",
+                             *map(shlex.quote, sys.argv[1:] if argv is None else argv)]),
+        "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        "device": device(), "machine": f"{platform.system()} {platform.release()}",
+        "backend": keras.backend.backend(), "versions": versions(), "package": package_revision(),
+        "quick": args.quick, "n_train": len(data["x_train"]), "n_test": len(data["x_test"]),
+        "networks": args.networks, "seeds": seeds, "epochs": args.epochs, "finetune_epochs": args.finetune_epochs,
+        "lr": args.lr, "factor": args.lam, "max_flops": args.max_flops, "schedule_power": args.schedule_power,
+        "settle": args.settle, "batch": BATCH, "threshold": THRESHOLD,
+    }
+    out = Path(args.out)
+    say(f"{meta['device']['gpu']} / {meta['device']['compute']}; {meta['n_train']} training images; out {out}")
+    rows, dense_models = [], {}
+    # The claim first (dense and budget of every network), then the magnitude peers: a run cut short keeps the claim.
+    for network in args.networks:
+        for seed in seeds:
+            dense, record = train_dense(network, seed, data, args.epochs, args.lr)
+            dense_models[network, seed] = dense
+            rows.append(record)
+            say(f"{network} seed {seed} dense: {100 * record['test_accuracy']:.2f} %, "
+                f"{fmt_flops(record['flops_before'])} multiply-adds, {record['params']:,} params")
+            meta["wall_seconds"] = time.perf_counter() - started
+            write(out, meta, rows)
+            _, _, budget = train_budget(network, seed, data, args.epochs, args.lr, args.lam, args.max_flops,
+                                        args.schedule_power, args.settle)
+            rows.append(budget)
+            say(f"{network} seed {seed} budget: {100 * budget['test_accuracy']:.2f} %, "
+                f"{budget['flop_reduction']:.2f}x fewer FLOPs, surgery {budget['surgery_seconds']:.2f} s, "
+                f"relative diff {budget['relative_diff']:.1e}")
+            meta["wall_seconds"] = time.perf_counter() - started
+            write(out, meta, rows)
+    for network in args.networks:
+        for seed in seeds:
+            budget = next(r for r in rows if r["network"] == network and r["seed"] == seed and r["row"] == "budget")
+            for row in magnitude(network, seed, dense_models[network, seed], budget["flops_after"], data,
+                                 args.finetune_epochs):
+                rows.append(row)
+                say(f"{network} seed {seed} {row['row']}: {100 * row['test_accuracy']:.2f} %, "
+                    f"{row['flop_reduction']:.2f}x, keep {row['keep_fraction']:.3f}")
+            meta["wall_seconds"] = time.perf_counter() - started
+            write(out, meta, rows)
+    say(f"done in {(time.perf_counter() - started) / 60:.1f} min; {out / 'modern_cnn.md'}")
+    print((out / "modern_cnn.md").read_text())
+
+
+if __name__ == "__main__":
+    main()
