@@ -169,7 +169,8 @@ def _dense_roles(owner, model):
     if not model.built:
         fail(owner, "model", "a built keras.Model (give it an Input or call it on data first)", model)
     graph = model_graph(model)
-    return {name: ("input" if name in graph.input_readers else "hidden") for name in graph.all_units}
+    return {name: ("input" if name in graph.input_readers else "hidden") for name in graph.all_units
+            if name not in graph.calls}
 
 
 def dense_layers(model):
@@ -179,7 +180,7 @@ def dense_layers(model):
         InvalidParameterError: ``model`` is not a built ``keras.Model`` with such a layer.
     """
     graph, _ = _check_model("dense_layers", model)
-    return [graph.layers[node.name] for node in graph.units]
+    return [graph.layers[node.name] for node in graph.units if node.name not in graph.calls]
 
 
 # ----------------------------------------------------------------------------- weights
@@ -578,8 +579,23 @@ def _kernel_size(weights):
 def _report_from(graph, weights, masks, threshold):
     per_layer = []
     total = zero = params_before = params_after = live = flops_before = flops_after = 0
+    # A layer called several times (shared) is one row, its weights and parameters counted once and its
+    # multiply-adds in every call.
+    extra_flops = {}
+    for name, first in graph.calls.items():
+        if name in masks.units:
+            node = graph.node(name)
+            shape = graph.output_shape(name, node.out_units)
+            rule = registry.units_rule(graph.layers[name])
+            kept = (int(masks.inputs[name].sum()), int(masks.units[name].sum()))
+            before = graph.node_flops(name)
+            after = rule.flops(graph.layers[name], node.positions, kept[0], kept[1], shape)
+            total_before, total_after = extra_flops.get(first, (0, 0))
+            extra_flops[first] = (total_before + before, total_after + after)
     for node in graph.units:
         name = node.name
+        if name in graph.calls:
+            continue
         layer = graph.layers[name]
         w = weights[name]
         size = _kernel_size(w)
@@ -589,9 +605,10 @@ def _report_from(graph, weights, masks, threshold):
         has_bias = w["bias"] is not None
         is_output = masks.is_output[name]
         rule = registry.units_rule(layer)
-        shape = registry.output_shape(layer, node.out_units)
-        before = rule.node_flops(layer, node)
+        shape = graph.output_shape(name, node.out_units) if graph.supported else registry.output_shape(layer, node.out_units)
+        before = rule.flops(layer, node.positions, node.in_units, node.out_units, shape)
         after = rule.flops(layer, node.positions, kept_in, kept_out, shape)
+        before, after = before + extra_flops.get(name, (0, 0))[0], after + extra_flops.get(name, (0, 0))[1]
         params = rule.params(layer, node.positions, node.in_units, node.out_units, has_bias)
         params_kept = rule.params(layer, node.positions, kept_in, kept_out, has_bias)
         per_layer.append(

@@ -411,6 +411,8 @@ def _coupling(graph, factor, input_factor):
     readers = {}
     separable = set()
     for node in graph.units:
+        if node.name in graph.calls:  # a later call of a shared layer: the same kernel rows as its first call
+            continue
         for i, unit in enumerate(node.in_ids):
             readers.setdefault(int(unit), []).append((node.name, i))
             if len(registry.units_rule(graph.layers[node.name]).kernels(graph.layers[node.name])) > 1:
@@ -444,13 +446,15 @@ def _flop_weights(graph, coupled, factor, input_factor):
     """
     cost = {}
     for node in graph.units:
-        flops = registry.units_rule(graph.layers[node.name]).node_flops(graph.layers[node.name], node)
+        flops = graph.node_flops(node.name)
         for ids, count in ((node.out_ids, node.out_units), (node.in_ids, node.in_units)):
             for unit in ids:
                 cost[int(unit)] = cost.get(int(unit), 0.0) + flops / count
     coupled_units = {unit for unit, _, _ in coupled.groups}
     groups = []  # (layer name or None, cost, sqrt(size), strength > 0)
     for node in graph.units:
+        if node.name in graph.calls:
+            continue
         strength = input_factor if node.reads_input else factor
         layer = graph.layers[node.name]
         size = registry.units_rule(layer).params(layer, node.positions, 1, node.out_units, False)

@@ -169,7 +169,7 @@ def sizes_with(found, sizes, widths):
             continue
         layer = graph.layers[name]
         rule = registry.units_rule(layer)
-        shape = registry.output_shape(layer, node.out_units)
+        shape = graph.output_shape(name, node.out_units)
         has_bias = getattr(layer, "bias", None) is not None
         for kind, count in (("flops", lambda i, o: rule.flops(layer, node.positions, i, o, shape)),
                             ("params", lambda i, o: rule.params(layer, node.positions, i, o, has_bias))):

@@ -202,6 +202,38 @@ class ModelGraph:
     supported: bool
     streams: tuple = ()
     inputs: tuple = ()
+    calls: types.MappingProxyType = dataclasses.field(default_factory=lambda: types.MappingProxyType({}))
+    call_shapes: types.MappingProxyType = dataclasses.field(default_factory=lambda: types.MappingProxyType({}))
+
+    def output_shape(self, name, units=None):
+        """The output shape of node ``name`` (batch axis included), also for each call of a shared layer;
+        ``(None, units)`` when it cannot be known."""
+        layer = self.layers[name]
+        shapes = self.call_shapes.get(name)
+        if shapes:
+            try:
+                return tuple(layer.compute_output_shape(shapes[0] if len(shapes) == 1 else shapes))
+            except Exception:  # noqa: BLE001 - a layer that cannot say
+                return (None, units)
+        return registry.output_shape(layer, units)
+
+    def node_flops(self, name):
+        """Multiply-adds per sample of the units node ``name`` with all its units."""
+        node, layer = self.node(name), self.layers[name]
+        return registry.units_rule(layer).flops(layer, node.positions, node.in_units, node.out_units,
+                                                self.output_shape(name, node.out_units))
+
+    @property
+    def feature_ids(self):
+        """int ``(n_features,)``: the unit id of each input feature (features of inputs that a shared layer reads
+        side by side are one unit)."""
+        if not self.inputs:
+            return np.arange(self.n_features or 0)
+        return np.concatenate([self.tensor(found.name).ids for found in self.inputs])
+
+    def layer_name(self, name):
+        """The node of the first call of ``name``'s layer (``name`` itself unless it is a later call of a shared layer)."""
+        return self.calls.get(name, name)
 
     @property
     def kept_features_always(self):
@@ -293,6 +325,28 @@ def _keras_histories(value):
     return found
 
 
+def _tensor_shapes(value):
+    """The shapes of the ``__keras_tensor__`` entries in a serialized call (batch axis included)."""
+    found = []
+    if isinstance(value, dict):
+        if value.get("class_name") == "__keras_tensor__":
+            found.append(tuple(value["config"]["shape"]))
+        else:
+            for item in value.values():
+                found.extend(_tensor_shapes(item))
+    elif isinstance(value, (list, tuple)):
+        for item in value:
+            found.extend(_tensor_shapes(item))
+    return found
+
+
+def _io_calls(entry):
+    """``[(name, call index)]`` of the model's inputs or outputs (``[name, node, tensor]`` each)."""
+    if entry and isinstance(entry[0], str):
+        return [(entry[0], int(entry[1]) if len(entry) > 1 else 0)]
+    return [(e[0], int(e[1]) if len(e) > 1 else 0) for e in entry]
+
+
 def _io_names(entry):
     # A single endpoint is serialized as [name, node, tensor]; several as a list of those.
     if entry and isinstance(entry[0], str):
@@ -314,7 +368,7 @@ def flat_graph(model):
     graph = _flat_graph(model)
     if graph is None:
         return None
-    order, layers, producers, consumers, input_names, output_names, problems = graph
+    order, layers, producers, consumers, input_names, output_names, problems, shapes = graph
     shared = {name for name, _ in problems}
     for block in list(order):
         layer = layers.get(block)
@@ -326,7 +380,8 @@ def flat_graph(model):
             problems.append((block, reason))
             continue
         _inline(block, inner, order, layers, producers, consumers, output_names, problems)
-    return order, layers, producers, consumers, input_names, output_names, problems
+        shapes.update({f"{block}/{name}": shape for name, shape in inner[7].items()})
+    return order, layers, producers, consumers, input_names, output_names, problems, shapes
 
 
 def is_graph_model(model):
@@ -336,7 +391,7 @@ def is_graph_model(model):
 def _inline_refusal(model, inner, producers):
     if inner is None:
         return "a nested subclassed model (no layer graph)"
-    _, _, _, _, inputs, outputs, _ = inner
+    _, _, _, _, inputs, outputs, _, _ = inner
     if len(inputs) != 1 or len(outputs) != 1 or len(producers) != 1:
         return f"a nested model with {len(inputs)} inputs and {len(outputs)} outputs"
     if outputs[0] in inputs:
@@ -346,7 +401,7 @@ def _inline_refusal(model, inner, producers):
 
 def _inline(block, inner, order, layers, producers, consumers, output_names, problems):
     """Replace the node ``block`` by the nodes of its own graph ``inner``, in place."""
-    i_order, i_layers, i_producers, i_consumers, (i_input,), (i_output,), i_problems = inner
+    i_order, i_layers, i_producers, i_consumers, (i_input,), (i_output,), i_problems, _ = inner
     (source,) = producers[block]
 
     def qualified(name):
@@ -384,7 +439,7 @@ def _flat_graph(model):
         consumers = {name: ([order[i + 1]] if i + 1 < len(order) else []) for i, name in enumerate(order)}
         consumers["<input>"] = order[:1]
         layers["<input>"] = None
-        return ["<input>"] + order, layers, producers, consumers, ["<input>"], order[-1:], problems
+        return ["<input>"] + order, layers, producers, consumers, ["<input>"], order[-1:], problems, {}
 
     try:
         config = model.get_config()
@@ -394,11 +449,22 @@ def _flat_graph(model):
     except Exception:  # noqa: BLE001 - a subclassed model has no readable graph
         return None
     layers = {layer.name: layer for layer in model.layers}
+    taken = {layer_config["name"] for layer_config in layer_configs}
+
+    def call_name(name, index):
+        """The graph node of call ``index`` of layer ``name``: the name itself, then ``name#1``, ``name#2`` ..."""
+        if not index:
+            return name
+        node = f"{name}#{index}"
+        while node in taken and node not in calls:
+            node += "#"
+        calls[node] = name
+        return node
+
+    calls, shapes = {}, {}  # shapes: the input shapes of every call of a shared layer
     order, producers, consumers = [], {}, {}
     for layer_config in layer_configs:
         name = layer_config["name"]
-        order.append(name)
-        consumers.setdefault(name, [])
         if name not in layers:
             try:
                 layers[name] = model.get_layer(name)
@@ -407,16 +473,27 @@ def _flat_graph(model):
                 # A number added to, subtracted from, or multiplying a tensor is a Rescaling (hard-sigmoid's
                 # ``relu6(x + 3) / 6``): the graph sees, and surgery rebuilds, that layer.
                 layers[name] = registry.operation_layer(operation, layer_config.get("inbound_nodes")) or operation
-        nodes = layer_config.get("inbound_nodes") or []
-        if len(nodes) > 1:
-            problems.append((name, f"a layer called {len(nodes)} times (shared)"))
-        histories = _keras_histories(nodes)
-        if any(node_index or tensor_index for _, node_index, tensor_index in histories):
-            problems.append((name, "a layer reading a shared or multi-output layer"))
-        producers[name] = [h[0] for h in histories]
-        for producer in producers[name]:
-            consumers.setdefault(producer, []).append(name)
-    return order, layers, producers, consumers, input_names, output_names, problems
+        nodes = layer_config.get("inbound_nodes") or [None]
+        # A layer called several times (shared) is one node per call: ``name``, ``name#1``, ...
+        for index, node in enumerate(nodes):
+            node_name = call_name(name, index)
+            layers[node_name] = layers[name]
+            order.append(node_name)
+            consumers.setdefault(node_name, [])
+            histories = _keras_histories(node or [])
+            if any(tensor_index for _, _, tensor_index in histories):
+                problems.append((node_name, "a layer reading a multi-output layer"))
+            producers[node_name] = [call_name(h[0], h[1]) for h in histories]
+            if len(nodes) > 1:
+                shapes[node_name] = _tensor_shapes(node)
+            for producer in producers[node_name]:
+                consumers.setdefault(producer, []).append(node_name)
+    output_names = [call_name(name, index) for name, index in _io_calls(config["output_layers"])]
+    if calls and any(isinstance(layers.get(name), keras.Model) for name in calls.values()):
+        for node_name, name in calls.items():
+            if isinstance(layers.get(name), keras.Model):
+                problems.append((name, "a nested model called several times (shared)"))
+    return order, layers, producers, consumers, input_names, output_names, problems, shapes
 
 
 def _operations(model):
@@ -480,7 +557,7 @@ def _model_graph(model, flat):
                  if registry.rule_of(layer) is not None and registry.rule_of(layer).kind == "units"}
         problems = ((model.name, type(model).__name__, "a subclassed model (no layer graph)"),)
         return _unsupported(model, sequential, None, input_shape, found, tuple(found), (), problems)
-    order, layers, producers, consumers, input_names, output_names, flat_problems = flat
+    order, layers, producers, consumers, input_names, output_names, flat_problems, shapes = flat
     flagged = {}
     for name, reason in flat_problems:
         flagged.setdefault(name, reason)
@@ -490,6 +567,7 @@ def _model_graph(model, flat):
         kinds[name] = kind
         if kind == "other":
             flagged.setdefault(name, reason)
+    calls = _shared_calls(order, layers, input_names)
     all_units = tuple(n for n in order if kinds[n] in ("units", "units_mixing"))
     input_readers = tuple(n for n in all_units if _reads_input(n, producers, kinds, input_names, layers))
     input_name = input_names[0] if len(input_names) == 1 and not sequential else None
@@ -501,7 +579,7 @@ def _model_graph(model, flat):
         else:
             built = _units_graph(_topological(order, producers), layers, producers, consumers, kinds,
                                  input_names, output_names, _input_specs(model, input_names), input_readers,
-                                 flagged)
+                                 flagged, calls)
     problems = [
         (name, class_name(layers[name]) if layers.get(name) is not None else type(model).__name__, reason)
         for name, reason in flagged.items()
@@ -537,6 +615,8 @@ def _model_graph(model, flat):
         supported=True,
         streams=streams,
         inputs=inputs,
+        calls=types.MappingProxyType(calls),
+        call_shapes=types.MappingProxyType(shapes),
     )
 
 
@@ -646,6 +726,20 @@ def _elements_mode(input_name, consumers, kinds, layers, input_shape):
     return True
 
 
+def _shared_calls(order, layers, input_names):
+    """``{node: the node of its layer's first call}`` for every later call of a layer called several times."""
+    first, calls = {}, {}
+    for name in order:
+        layer = layers.get(name)
+        if layer is None or name in input_names:
+            continue
+        if id(layer) in first:
+            calls[name] = first[id(layer)]
+        else:
+            first[id(layer)] = name
+    return calls
+
+
 def _input_specs(model, input_names):
     """``[(name, shape, dtype)]`` of the model's inputs, in the order of ``input_names``."""
     out = []
@@ -655,7 +749,7 @@ def _input_specs(model, input_names):
 
 
 def _units_graph(order, layers, producers, consumers, kinds, input_names, output_names, specs, input_readers,
-                 flagged):
+                 flagged, calls):
     """``(nodes, units, inputs, n_ids, flatten_channels)``, or ``None`` (reasons in ``flagged``)."""
     ids = _Ids()
     info, inputs = {}, []
@@ -750,6 +844,21 @@ def _units_graph(order, layers, producers, consumers, kinds, input_names, output
         if kinds[name] == "units_mixing" and _reaches_units(name, consumers, kinds):
             flagged.setdefault(name, "a hidden layer whose activation mixes units")
             return None
+    # The calls of a shared layer share its kernel rows, columns and per-channel weights: row r (column j) of
+    # every call is one unit, kept or removed together.
+    for name, first in calls.items():
+        pairs = [(info[first]["ids"], info[name]["ids"])]
+        if first in units_info:
+            pairs = [(units_info[first]["in_ids"], units_info[name]["in_ids"]),
+                     (units_info[first]["out_ids"], units_info[name]["out_ids"])]
+        elif kinds[name] not in ("merge", "concat") and len(producers.get(name, [])) == 1:
+            pairs.append((info[producers[first][0]]["ids"], info[producers[name][0]]["ids"]))
+        for a, b in pairs:
+            if len(a) != len(b):
+                flagged.setdefault(name, "a shared layer whose calls read different numbers of units")
+                return None
+            for i, j in zip(a, b):
+                ids.union(i, j)
     output_ids = set()
     for name in output_names:
         output_ids.update(int(ids.find(int(i))) for i in info[name]["ids"])

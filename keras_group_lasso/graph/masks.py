@@ -197,9 +197,19 @@ def compute_masks(graph, weights, threshold, round_to=1):
             needed[graph.tensor(node.inputs[0]).ids] = True
         if node.kind == "units" and rules[node.name].mixes_units(layers[node.name]):
             needed[units[node.name].out_ids] = True
-    needed[: graph.n_features] |= graph.kept_features_always  # the channels of an input map all stay
+    feature_ids = graph.feature_ids
+    needed[feature_ids[graph.kept_features_always]] = True  # the channels of an input map all stay
     live_path = any(depends[name].any() for name in graph.outputs)
     foldable = {n.name: _foldable(layers[n.name], weights[n.name], const[n.source]) for n in graph.units}
+    # The calls of a shared layer share its bias: a constant can leave only when it is 0 in every call.
+    for name, first in graph.calls.items():
+        if name in foldable:
+            zero = [np.isfinite(const[graph.node(n).source]) & (const[graph.node(n).source] == 0) for n in (first, name)]
+            foldable[first] = foldable[first] & zero[0] & zero[1]
+            foldable[name] = foldable[first]
+    for name, first in graph.calls.items():  # a layer called three times: its first call settled last
+        if name in foldable:
+            foldable[name] = foldable[first]
     _settle(graph, conn, foldable, needed, detached, live_path)
     if round_to > 1:
         _round_up(graph, conn, foldable, needed, detached, live_path, round_to)
@@ -216,7 +226,7 @@ def compute_masks(graph, weights, threshold, round_to=1):
         constant[name] = np.isfinite(out)
         folded[name] = constant[name] & ~kept[name]
         fold_values[name] = np.where(folded[name], out, 0.0)
-    features = needed[: graph.n_features].copy()
+    features = needed[feature_ids]
     for d in (inputs, kept, constant, folded, fold_values, fold_in, conn):
         for value in d.values():
             _readonly(value)
@@ -365,7 +375,7 @@ def _all_kept(graph, conn, threshold):
 def needed_units(graph, masks):
     """bool over the unit ids of ``graph`` (:attr:`Node.ids`): the units that stay, each coupled unit once."""
     needed = np.zeros(graph.n_ids, dtype=bool)
-    needed[: graph.n_features] = masks.features | graph.kept_features_always
+    needed[graph.feature_ids[masks.features | graph.kept_features_always]] = True
     for node in graph.units:
         needed[node.in_ids] |= masks.inputs[node.name]
         needed[node.out_ids] |= masks.units[node.name]

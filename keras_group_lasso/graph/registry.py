@@ -658,10 +658,6 @@ class UnitsRule(LayerRule):
         """Parameters (kernels and bias) reading ``in_units`` and making ``out_units``."""
         return positions * in_units * out_units + (out_units if has_bias else 0)
 
-    def node_flops(self, layer, node):
-        """Multiply-adds per sample of the units node ``node`` with all its units."""
-        return self.flops(layer, node.positions, node.in_units, node.out_units, output_shape(layer, node.out_units))
-
 
 def _spatial(shape):
     return math.prod(int(d) for d in shape[1:-1] if d is not None) if len(shape) > 2 else 1

@@ -164,6 +164,8 @@ def prune_model(model, threshold=1e-3, inputs="original", round_to=1, fold_batch
     built = []  # (new layer, weights), in call order
     initializers = {}  # id(new layer) -> the user's initializers, put back once it is built
 
+    made = {}  # node name -> its new layer (the later calls of a shared layer call it again)
+
     def call(layer, weights_, x):
         built.append((layer, weights_))
         return layer(x)
@@ -201,9 +203,15 @@ def prune_model(model, threshold=1e-3, inputs="original", round_to=1, fold_batch
             kept_out = masks.units[node.name]
             n, k, u = int(have.sum()), int((have & want).sum()), int(kept_out.sum())
             rule = registry.units_rule(layer)
-            if k < n and unode.positions == 1 and rule.selects_rows and len(x.shape) == 2 and k * (n + u) < n * u:
+            shared = node.name in graph.calls or node.name in graph.calls.values()
+            if (k < n and unode.positions == 1 and rule.selects_rows and len(x.shape) == 2 and k * (n + u) < n * u
+                    and not shared):
                 # Right before the Dense, after the input preprocessing: that Dense rounds its inputs as
                 # the selection does (e.g. TF32 matmuls on a GPU).
+                x = select(x, have, want, layer)
+                rows = have & want
+            elif shared and (have & ~want).any():
+                # Every call of a shared layer reads the same kept rows: pick them from what this call's input holds.
                 x = select(x, have, want, layer)
                 rows = have & want
             config, new = rule.slice_units(layer, weights[node.name], unode.in_units, np.flatnonzero(rows),
@@ -259,11 +267,15 @@ def prune_model(model, threshold=1e-3, inputs="original", round_to=1, fold_batch
             if rule.thresholded:  # a DepthwiseConv
                 new = [threshold_array(w, plan.threshold) for w in new]
             out_present = have
+        present[node.name] = out_present
+        if graph.layer_name(node.name) in made:  # a later call of a shared layer: the same (new) layer
+            tensors[node.name] = made[graph.layer_name(node.name)](x)
+            continue
         config["name"] = names[node.name]
         _drop_package_penalties(layer, config)
         new_layer, new = _new_layer(layer, config, new, initializers)
+        made[node.name] = new_layer
         tensors[node.name] = call(new_layer, new, x)
-        present[node.name] = out_present
 
     for name in graph.outputs:
         if not present[name].all():  # pragma: no cover - the masks keep every output unit
