@@ -310,34 +310,29 @@ def model_graph(model):
     return graph
 
 
-def _keras_histories(value):
-    """Every ``keras_history`` ``[name, node, tensor]`` inside a serialized call argument."""
+def _serialized_tensors(value):
+    """The config of every ``__keras_tensor__`` inside a serialized call argument, in order."""
     found = []
     if isinstance(value, dict):
         if value.get("class_name") == "__keras_tensor__":
-            found.append(tuple(value["config"]["keras_history"]))
+            found.append(value["config"])
         else:
             for item in value.values():
-                found.extend(_keras_histories(item))
+                found.extend(_serialized_tensors(item))
     elif isinstance(value, (list, tuple)):
         for item in value:
-            found.extend(_keras_histories(item))
+            found.extend(_serialized_tensors(item))
     return found
+
+
+def _keras_histories(value):
+    """Every ``keras_history`` ``[name, node, tensor]`` inside a serialized call argument."""
+    return [tuple(config["keras_history"]) for config in _serialized_tensors(value)]
 
 
 def _tensor_shapes(value):
     """The shapes of the ``__keras_tensor__`` entries in a serialized call (batch axis included)."""
-    found = []
-    if isinstance(value, dict):
-        if value.get("class_name") == "__keras_tensor__":
-            found.append(tuple(value["config"]["shape"]))
-        else:
-            for item in value.values():
-                found.extend(_tensor_shapes(item))
-    elif isinstance(value, (list, tuple)):
-        for item in value:
-            found.extend(_tensor_shapes(item))
-    return found
+    return [tuple(config["shape"]) for config in _serialized_tensors(value)]
 
 
 def _io_calls(entry):

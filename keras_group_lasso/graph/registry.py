@@ -509,6 +509,15 @@ class ConcatRule(LayerRule):
 # ----------------------------------------------------------------------------- layers that make units
 
 
+def _adapted(layer, noun="layer"):
+    """Why a LoRA-enabled or quantized layer is refused (its kernel is not the weights it computes with)."""
+    if getattr(layer, "lora_enabled", False):
+        return f"a LoRA-enabled {noun}"
+    if getattr(layer, "quantization_mode", None):
+        return f"a quantized {noun}"
+    return None
+
+
 def pads(layer):
     """The layer pads its input with zeros (a constant is not constant at the border).
 
@@ -544,13 +553,10 @@ class UnitsRule(LayerRule):
     represents_input = False
 
     def refusal(self, layer):
-        if getattr(layer, "lora_enabled", False):
-            return "a LoRA-enabled layer"
-        if getattr(layer, "quantization_mode", None):
-            return "a quantized layer"
-        if not activation_is_elementwise(layer.activation):
+        reason = _adapted(layer)
+        if reason is None and not activation_is_elementwise(layer.activation):
             return MIXES_UNITS
-        return None
+        return reason
 
     def classify(self, layer):
         reason = self.refusal(layer)
@@ -670,11 +676,7 @@ class DenseRule(UnitsRule):
     width_key = "units"
 
     def refusal(self, layer):
-        if getattr(layer, "lora_enabled", False):
-            return "a LoRA-enabled Dense layer"
-        if getattr(layer, "quantization_mode", None):
-            return "a quantized Dense layer"
-        return super().refusal(layer)
+        return _adapted(layer, "Dense layer") or super().refusal(layer)
 
     def unit_shape(self, layer, channels, positions):
         _, kernel_in, _ = self.kernel_shape(layer)
@@ -849,11 +851,7 @@ class EmbeddingRule(UnitsRule):
     width_key = "output_dim"
 
     def refusal(self, layer):
-        if getattr(layer, "lora_enabled", False):
-            return "a LoRA-enabled layer"
-        if getattr(layer, "quantization_mode", None):
-            return "a quantized layer"
-        return None
+        return _adapted(layer)
 
     def mixes_units(self, layer):
         return False
@@ -1310,13 +1308,10 @@ def _depthwise_refusal(layer):
     """DepthwiseConv with ``depth_multiplier=1``, or a Conv with one group per channel."""
     if getattr(layer, "depth_multiplier", 1) not in (1, None):
         return "a DepthwiseConv with depth_multiplier > 1 (one channel makes several)"
-    if getattr(layer, "lora_enabled", False):
-        return "a LoRA-enabled layer"
-    if getattr(layer, "quantization_mode", None):
-        return "a quantized layer"
-    if not activation_is_elementwise(layer.activation):
+    reason = _adapted(layer)
+    if reason is None and not activation_is_elementwise(layer.activation):
         return MIXES_UNITS
-    return _conv_refusal(layer, grouped=True)
+    return reason or _conv_refusal(layer, grouped=True)
 
 
 def _per_unit_vectors(layer, kept):
