@@ -389,6 +389,10 @@ class SparsityReport:
         streams: one :class:`StreamSparsity` per stream of coupled units.
         inputs: one :class:`InputSparsity` per model input (the features of all
             inputs are numbered one after the other in ``selected_features``).
+        kept_whole: ``(("name (Class)", channels), ...)``: the layers that mix
+            the units they read (a LayerNormalization, GroupNormalization,
+            softmax) and how many channels each keeps whole, dead or not
+            (removing one would change the others' outputs).
     """
 
     threshold: float
@@ -410,6 +414,7 @@ class SparsityReport:
     streams: tuple = ()
     flops_per_position: bool = False
     inputs: tuple = ()
+    kept_whole: tuple = ()
 
     @property
     def n_selected_features(self):
@@ -438,6 +443,7 @@ class SparsityReport:
                           for stream in self.streams]
         out["inputs"] = [dict(dataclasses.asdict(found), selected_features=list(found.selected_features))
                          for found in self.inputs]
+        out["kept_whole"] = [list(item) for item in self.kept_whole]
         return out
 
     def __str__(self):
@@ -481,6 +487,8 @@ class SparsityReport:
             for found in self.inputs:
                 lines.append(f"  input {found.name}: {len(found.selected_features)}/{found.n_features} features"
                              + ("" if found.kept else " (nothing reads it)"))
+        for name, channels in self.kept_whole:
+            lines.append(f"  kept whole: {channels} channels read by {name} (it mixes them)")
         for stream in self.streams:
             lines.append(f"  stream {stream.name}: {stream.channels_alive}/{stream.channels} channels "
                          f"(made by {', '.join(stream.makers)})")
@@ -667,7 +675,22 @@ def _report_from(graph, weights, masks, threshold):
                           found.start)
             for found in graph.inputs
         ),
+        kept_whole=_kept_whole(graph, masks),
     )
+
+
+def _kept_whole(graph, masks):
+    """``(("name (Class)", channels), ...)`` of the unit-mixing layers before the outputs (a softmax on the
+    output units keeps nothing that would otherwise go)."""
+    if not graph.supported:
+        return ()
+    outputs = {int(i) for name in graph.outputs for i in graph.tensor(name).ids}
+    found = []
+    for node in graph.nodes:
+        ids = graph.tensor(node.inputs[0]).ids if node.inputs else ()
+        if node.kind == "tail" and node.name not in masks.detached and not {int(i) for i in ids} <= outputs:
+            found.append((f"{node.name} ({class_name(graph.layers[node.name])})", int(len(ids))))
+    return tuple(found)
 
 
 def _counted_once(graph, masks, live):

@@ -502,6 +502,8 @@ def test_the_channels_a_normalization_reads_stay_and_the_others_prune_exactly(no
     assert small.get_layer("expand").units == 9
     assert small.get_layer("shrink").units == 7 and small.get_layer("depthwise").filters == 7
     assert small.get_layer("depthwise").groups == 7
+    kept = sparsity_report(model, T).kept_whole
+    assert kept == ((f"norm ({type(model.get_layer('norm')).__name__})", 8),)  # the report says what it keeps
 
 
 class _ChannelScale(L.Layer):
