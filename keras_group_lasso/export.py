@@ -162,27 +162,31 @@ def _import_tensorflow(formats):
     return tf
 
 
-def _input_spec(tf, model):
-    shape = list(model.inputs[0].shape)
-    shape[0] = None
-    return tf.TensorSpec(shape, tf.float32, name=INPUT_NAME)
+def _input_signature(tf, model):
+    """One float32 ``INPUT_NAME`` tensor; a model with several inputs takes a list of them, each in its
+    own dtype and under its own name (a categorical column is an integer)."""
+    def spec(tensor, name):
+        shape = [None] + list(tensor.shape[1:])
+        dtype = tf.float32 if name == INPUT_NAME else tf.as_dtype(keras.backend.standardize_dtype(tensor.dtype))
+        return tf.TensorSpec(shape, dtype, name=name)
+
+    if len(model.inputs) == 1:
+        return [spec(model.inputs[0], INPUT_NAME)]
+    return [[spec(tensor, tensor.name) for tensor in model.inputs]]
 
 
 def _serving_model(small):
-    """``small`` without its training-only layers (the same outputs at inference), sharing its layers."""
-    layers = [layer for layer in small.layers if not isinstance(layer, keras.layers.InputLayer)]
+    """``small`` with its training-only layers replaced by ``Identity`` (the same outputs at inference),
+    sharing its other layers, whatever its graph."""
     # Layers that are the identity at inference (Dropout, noise) are left out of the serving formats: on
     # JAX their random seed state would be exported as a uint32 variable, which TFLite cannot convert.
-    training_only = [getattr(registry.rule_of(layer), "inference_identity", False) for layer in layers]
-    if not any(training_only):
+    def training_only(layer):
+        return getattr(registry.rule_of(layer), "inference_identity", False)
+
+    if not any(training_only(layer) for layer in small.layers):
         return small
-    source = small.inputs[0]
-    inputs = keras.Input(shape=tuple(source.shape[1:]), dtype=source.dtype)
-    x = inputs
-    for layer, skip in zip(layers, training_only):  # a pruned model is one chain
-        if not skip:
-            x = layer(x)
-    return keras.Model(inputs, x, name=small.name)
+    return keras.models.clone_model(
+        small, clone_function=lambda layer: keras.layers.Identity(name=layer.name) if training_only(layer) else layer)
 
 
 def _write_saved_model(tf, model, path):
@@ -190,7 +194,7 @@ def _write_saved_model(tf, model, path):
         path,
         format="tf_saved_model",
         verbose=False,
-        input_signature=[_input_spec(tf, model)],
+        input_signature=_input_signature(tf, model),
     )
 
 
@@ -291,6 +295,17 @@ def _manifest(report, small, threshold, inputs, formats):
             "dtype": "float32",
             "output": "output_0",
         }
+        if len(small.inputs) > 1:  # one named argument per input, in its own dtype
+            manifest["serving"] = {
+                "signature": SIGNATURE,
+                "inputs": [{"name": t.name, "shape": [None] + list(t.shape[1:]),
+                            "dtype": keras.backend.standardize_dtype(t.dtype)} for t in small.inputs],
+                "output": "output_0",
+            }
+    if len(small.inputs) > 1 or len(report.inputs) > 1:
+        manifest["model_inputs"] = [
+            {"name": found.name, "n_features": found.n_features, "kept_features": list(found.selected_features),
+             "kept": found.name in getattr(small, "kept_inputs", ())} for found in report.inputs]
     return manifest
 
 

@@ -688,3 +688,44 @@ def test_a_failing_tensorflow_child_is_an_error_and_writes_nothing(tmp_path, mon
         export_pruned(_sparse_model(), tmp_path / "out", formats=("saved_model", "keras"))
     assert not (tmp_path / "out").exists()
     assert os.listdir(tmp_path) == []  # no staging directory left behind
+
+
+def test_a_model_with_several_inputs_exports_every_format_with_one_named_argument_per_input(tmp_path):
+    tf = pytest.importorskip("tensorflow", reason="SavedModel needs TensorFlow")
+    from test_tabular import tabular
+
+    rng = np.random.default_rng(0)
+    model = tabular(rng, 4, [5, 6], [2, 3], [6])
+    kernel, bias = model.get_layer("h0").get_weights()
+    kernel[[1, 3]] = 0.0
+    kernel[4:6] = 0.0  # nobody reads cat0
+    model.get_layer("h0").set_weights([kernel, bias])
+    result = export_pruned(model, tmp_path / "out", inputs="selected", formats=("saved_model", "keras", "tflite"))
+    serving = result.manifest["serving"]
+    assert [(i["name"], i["shape"], i["dtype"]) for i in serving["inputs"]] == [
+        ("numeric", [None, 2], "float32"), ("cat1", [None, 1], "int32")]
+    assert [(i["name"], i["kept"]) for i in result.manifest["model_inputs"]] == [
+        ("numeric", True), ("cat0", False), ("cat1", True)]
+    numeric = rng.normal(size=(5, 4)).astype("float32")
+    column = rng.integers(0, 6, (5, 1)).astype("int32")
+    expected = keras.ops.convert_to_numpy(_thresholded(model)([numeric, np.zeros((5, 1), "int32"), column]))
+    served = tf.saved_model.load(result.paths["saved_model"]).signatures["serving_default"]
+    got = served(numeric=tf.constant(numeric[:, [0, 2]]), cat1=tf.constant(column))["output_0"].numpy()
+    np.testing.assert_allclose(got, expected, atol=1e-5)
+    interpreter = tf.lite.Interpreter(model_path=result.paths["tflite"])
+    runner = interpreter.get_signature_runner("serving_default")
+    got = runner(numeric=numeric[:, [0, 2]], cat1=column)["output_0"]
+    np.testing.assert_allclose(got, expected, atol=1e-5)
+
+
+def test_a_branching_model_with_dropout_serves_its_whole_graph(tmp_path):
+    tf = pytest.importorskip("tensorflow", reason="SavedModel needs TensorFlow")
+    inputs = keras.Input((6,))
+    a = keras.layers.Dropout(0.5)(keras.layers.Dense(5, activation="relu", name="a")(inputs))
+    b = keras.layers.Dense(5, name="b")(inputs)
+    model = keras.Model(inputs, keras.layers.Dense(2, name="out")(keras.layers.Add()([a, b])))
+    x = np.random.default_rng(1).normal(size=(4, 6)).astype("float32")
+    result = export_pruned(model, tmp_path / "out", formats=("saved_model",))
+    served = tf.saved_model.load(result.paths["saved_model"]).signatures["serving_default"]
+    want = keras.ops.convert_to_numpy(_thresholded(model)(x, training=False))
+    np.testing.assert_allclose(served(features=tf.constant(x))["output_0"].numpy(), want, atol=1e-5)
