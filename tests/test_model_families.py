@@ -548,7 +548,8 @@ def test_unregistered_per_channel_scales_and_inference_identities_are_recognized
     small = prune_model(model, T)
     assert_same_outputs(small, model, rng.normal(size=(4, 5)).astype("float32"), rtol=1e-5)
     assert small.get_layer("scale").channels == 4 and small.get_layer("h").units == 4
-    assert "drop" not in [layer.name for layer in export_layers(small)]
+    serving = {layer.name: layer for layer in export_layers(small)}
+    assert type(serving["drop"]) is L.Identity  # the identity at inference, served as one
     shifted = net(lambda h: _Shift(name="shift")(h))
     with pytest.raises(UnsupportedModelError, match=r"cannot prune layer 'shift' \(_Shift\): a layer that surgery "
                                                      r"cannot interpret"):
@@ -556,7 +557,7 @@ def test_unregistered_per_channel_scales_and_inference_identities_are_recognized
 
 
 def export_layers(small):
-    """The layers a serving export keeps (identities at inference are left out)."""
+    """The layers a serving export holds (identities at inference become ``Identity``)."""
     from keras_group_lasso.export import _serving_model
 
     return _serving_model(small).layers
