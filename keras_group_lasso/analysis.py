@@ -478,7 +478,7 @@ class SparsityReport:
             + "-".join(map(str, self.layer_sizes)),
             f"  sparsity:          {100 * self.sparsity:.2f}% of {self.total_weights:,} kernel weights",
             f"  params:            {self.params_before:,} -> {self.params_after:,}"
-            f" ({100 * self.compression:.1f}%)",
+            f" ({100 * self.compression:.1f}%; kernels and biases of the layers that make units)",
             f"  FLOPs:             {self.flops_before:,} -> {self.flops_after:,} multiply-adds per sample"
             + (" (per position of the variable (None) axes)" if self.flops_per_position else "")
             + f" ({100 * self.flops_ratio:.1f}%)",

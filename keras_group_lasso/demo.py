@@ -113,8 +113,8 @@ def run(epochs=200, factor=1e-3, threshold=1e-3, seed=0, stream=None):
     ]
     _say(
         f"pruned model: layer sizes {list(report.original_layer_sizes)} -> {list(report.layer_sizes)}, "
-        f"{model.count_params()} -> {small.count_params()} parameters "
-        f"({100.0 * small.count_params() / model.count_params():.1f}%)",
+        f"{report.params_before} -> {report.params_after} parameters ({100.0 * report.compression:.1f}%)"
+        + _keras_count(model.count_params(), small.count_params(), report),
         stream,
     )
     same = max(gaps) <= 1e-5
@@ -124,6 +124,14 @@ def run(epochs=200, factor=1e-3, threshold=1e-3, seed=0, stream=None):
         stream,
     )
     return 0 if same else 1
+
+
+def _keras_count(before, after, report):
+    """Keras's ``count_params()`` where it differs from the report's count (kernels and biases only)."""
+    if (before, after) == (report.params_before, report.params_after):
+        return ""
+    return (f"; Keras's count_params(): {before} -> {after} (it also counts weights that are not kernels "
+            "or biases, such as the penalties' strength multipliers)")
 
 
 def _feature_picture(selected, image_shape):
