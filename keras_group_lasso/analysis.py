@@ -305,6 +305,8 @@ class LayerSparsity:
             (``None``, e.g. the time axis of ``keras.Input((None, 8))``), so its
             FLOPs are counted at one position of those axes (the known axes
             in full); ``False``: per sample.
+        heads: attention heads (a MultiHeadAttention; 0 for other layers).
+        heads_alive: heads kept by pruning (non-zero output weights).
     """
 
     name: str
@@ -322,6 +324,8 @@ class LayerSparsity:
     flops_before: int = 0
     flops_after: int = 0
     flops_per_position: bool = False
+    heads: int = 0
+    heads_alive: int = 0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -487,6 +491,9 @@ class SparsityReport:
             for found in self.inputs:
                 lines.append(f"  input {found.name}: {len(found.selected_features)}/{found.n_features} features"
                              + ("" if found.kept else " (nothing reads it)"))
+        for layer in self.layers:
+            if layer.heads:
+                lines.append(f"  heads of {layer.name}: {layer.heads_alive}/{layer.heads} alive")
         for name, channels in self.kept_whole:
             lines.append(f"  kept whole: {channels} channels read by {name} (it mixes them)")
         for stream in self.streams:
@@ -581,7 +588,7 @@ def analyze(model, threshold=1e-3, owner="analyze", round_to=1):
 
 
 def _kernel_size(weights):
-    return sum(w.size for kind, w in weights.items() if kind != "bias" and w is not None)
+    return sum(w.size for kind, w in weights.items() if not kind.endswith("bias") and w is not None)
 
 
 def _report_from(graph, weights, masks, threshold):
@@ -597,7 +604,8 @@ def _report_from(graph, weights, masks, threshold):
             rule = registry.units_rule(graph.layers[name])
             kept = (int(masks.inputs[name].sum()), int(masks.units[name].sum()))
             before = graph.node_flops(name)
-            after = rule.flops(graph.layers[name], node.positions, kept[0], kept[1], shape)
+            after = rule.kept_cost(graph.layers[name], node.positions, kept[0], kept[1], shape,
+                                   weights[name]["bias"] is not None, weights[name], masks.units[name])[0]
             total_before, total_after = extra_flops.get(first, (0, 0))
             extra_flops[first] = (total_before + before, total_after + after)
     for node in graph.units:
@@ -607,7 +615,7 @@ def _report_from(graph, weights, masks, threshold):
         layer = graph.layers[name]
         w = weights[name]
         size = _kernel_size(w)
-        nz = sum(int(np.count_nonzero(v)) for kind, v in w.items() if kind != "bias" and v is not None)
+        nz = sum(int(np.count_nonzero(v)) for kind, v in w.items() if not kind.endswith("bias") and v is not None)
         kept_in = int(masks.inputs[name].sum())
         kept_out = int(masks.units[name].sum())
         has_bias = w["bias"] is not None
@@ -615,10 +623,11 @@ def _report_from(graph, weights, masks, threshold):
         rule = registry.units_rule(layer)
         shape = graph.output_shape(name, node.out_units) if graph.supported else registry.output_shape(layer, node.out_units)
         before = rule.flops(layer, node.positions, node.in_units, node.out_units, shape)
-        after = rule.flops(layer, node.positions, kept_in, kept_out, shape)
+        after, params_kept = rule.kept_cost(layer, node.positions, kept_in, kept_out, shape, has_bias, w,
+                                            masks.units[name])
         before, after = before + extra_flops.get(name, (0, 0))[0], after + extra_flops.get(name, (0, 0))[1]
         params = rule.params(layer, node.positions, node.in_units, node.out_units, has_bias)
-        params_kept = rule.params(layer, node.positions, kept_in, kept_out, has_bias)
+        inner = rule.inner_units(layer, w, np.flatnonzero(masks.units[name]))
         per_layer.append(
             LayerSparsity(
                 name=name,
@@ -636,6 +645,8 @@ def _report_from(graph, weights, masks, threshold):
                 flops_before=int(before),
                 flops_after=int(after),
                 flops_per_position=bool(registry.variable_axes(shape)),
+                heads=0 if inner is None else inner[1],
+                heads_alive=0 if inner is None else inner[0],
             )
         )
         total += size
@@ -779,7 +790,7 @@ def apply_threshold(model, threshold=1e-3):
 def _group_norms(graph, node):
     layer = graph.layers[node.name]
     rule = registry.units_rule(layer)
-    return rule.view.norms(rule.weights(layer)["kernel"], node.in_units)
+    return rule.group_norms(layer, node.in_units)
 
 
 def input_feature_strength(model):

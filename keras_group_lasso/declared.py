@@ -49,7 +49,8 @@ WEIGHT_ONLY = (
     "output and group the samples of a batch"
 )
 _ATTRIBUTE = "_group_penalties"
-_PENALTY_ATTRIBUTES = ("kernel_regularizer", "bias_regularizer", "depthwise_regularizer", "pointwise_regularizer")
+_PENALTY_ATTRIBUTES = ("kernel_regularizer", "bias_regularizer", "depthwise_regularizer", "pointwise_regularizer",
+                       "recurrent_regularizer")
 
 
 @keras.saving.register_keras_serializable(package="keras_group_lasso", name="PenaltyState")
@@ -97,23 +98,33 @@ def _unwrapped(optimizer):
 
 
 def _layers(model):
+    from keras_group_lasso.graph import registry
+
     for layer in model.layers:
         if isinstance(layer, keras.Model):
             yield from _layers(layer)
         else:
-            yield layer
+            rule = registry.units_rule(layer)
+            yield from (layer,) if rule is None else rule.penalty_layers(layer)
 
 
 def group_sparse_penalties(model):
     """``[(path, layer, penalty)]``: this package's penalties on the layers of ``model`` (nested models too)."""
     from keras_group_lasso.regularizers import GroupSparseRegularizer
 
-    found = []
+    found, seen = [], set()
     for layer in _layers(model):
         for attribute in _PENALTY_ATTRIBUTES:
             penalty = getattr(layer, attribute, None)
             if isinstance(penalty, GroupSparseRegularizer):
                 found.append((f"{layer.name}.{attribute}", layer, penalty))
+                seen.add(id(penalty))
+        # A penalty put on one variable (an attention layer's head kernel) rather than through a config attribute.
+        for variable in layer.weights:
+            penalty = getattr(variable, "regularizer", None)
+            if isinstance(penalty, GroupSparseRegularizer) and id(penalty) not in seen:
+                found.append((f"{layer.name}.{variable.path.split('/')[-2]}", layer, penalty))
+                seen.add(id(penalty))
     return found
 
 

@@ -35,8 +35,9 @@ import numpy as np
 
 __all__ = ["GroupView", "AXES"]
 
-# The axes a group's unit index can lie on: -2 (Dense, convolutions) or -1 (transposed convolutions).
-AXES = (-2, -1)
+# The axes a group's unit index can lie on: -2 (Dense, convolutions), -1 (transposed convolutions) or 0 (the
+# heads of an attention layer's output kernel (heads, value_dim, out)).
+AXES = (-2, -1, 0)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -44,8 +45,10 @@ class GroupView:
     """Where the groups of a weight lie.
 
     Attributes:
-        axis: ``-2`` (the unit index is the kernel's second-to-last axis) or
-            ``-1`` (its last axis: a transposed convolution's kernel).
+        axis: ``-2`` (the unit index is the kernel's second-to-last axis),
+            ``-1`` (its last axis: a transposed convolution's kernel) or ``0``
+            (its first axis: the heads of an attention output kernel
+            ``(heads, value_dim, out)``, each head's slice one group).
         channels: ``None``, or ``C`` for a Dense kernel (rank 2, ``axis=-2``)
             that reads a flattened ``(..., C)`` map: row ``r`` belongs to
             channel ``r % C``.
@@ -67,6 +70,8 @@ class GroupView:
         shape = tuple(int(d) for d in shape)
         if len(shape) < 2:
             return shape
+        if self.axis == 0:
+            return (1, shape[0], math.prod(shape[1:]))
         if self.axis == -1:
             return (math.prod(shape[:-1]), shape[-1], 1)
         if self.channels is not None:
@@ -104,6 +109,8 @@ class GroupView:
             (9, 4, 8)
         """
         kernel = np.asarray(kernel)
+        if self.axis == 0:
+            return kernel.reshape(1, kernel.shape[0], -1)
         if self.axis == -1:
             kernel = np.swapaxes(kernel, -1, -2)
         in_units, out_units = int(in_units), kernel.shape[-1]
@@ -120,6 +127,8 @@ class GroupView:
             True
         """
         units = np.asarray(units)
+        if self.axis == 0:
+            return units.reshape(shape)
         if self.axis == -1:
             shape = tuple(shape)
             return np.swapaxes(units.reshape(shape[:-2] + (shape[-1], shape[-2])), -1, -2)

@@ -74,6 +74,23 @@ class _MultiplierState:
             variable.assign(value)
 
 
+def _attach_head_penalties(model, penalties):
+    """``{layer name: penalty}`` put on the head kernel of each named layer (a MultiHeadAttention's output kernel)."""
+    attached = {}
+    for name, penalty in penalties.items():
+        if not isinstance(penalty, GroupSparseRegularizer):
+            penalty = keras.saving.deserialize_keras_object(penalty)
+        layer = model.get_layer(name)
+        rule = registry.units_rule(layer)
+        variable = None if rule is None else rule.head_kernel(layer)
+        if variable is None:
+            fail("GroupSparseModel", "head_penalties", "penalties of layers with heads (MultiHeadAttention)",
+                 f"{name!r} ({type(layer).__name__})")
+        variable.regularizer = penalty
+        attached[name] = penalty
+    return attached
+
+
 @keras.saving.register_keras_serializable(package="keras_group_lasso", name="GroupSparseModel")
 class GroupSparseModel(_MultiplierState, keras.Model):
     """A functional model whose group penalties share a strength multiplier and see each other
@@ -102,8 +119,19 @@ class GroupSparseModel(_MultiplierState, keras.Model):
     """
 
     def __init__(self, inputs, outputs, name=None, **kwargs):
+        # ``head_penalties``: ``{layer name: penalty}`` on attention heads (a keyword, so that Keras still reads
+        # the constructor as a functional model's).
+        head_penalties = kwargs.pop("head_penalties", None) or {}
         super().__init__(inputs=inputs, outputs=outputs, name=name, **kwargs)
+        self.head_penalties = _attach_head_penalties(self, head_penalties)
         _declare(self)
+
+    def get_config(self):
+        config = super().get_config()
+        if self.head_penalties:
+            config["head_penalties"] = {name: keras.saving.serialize_keras_object(penalty)
+                                        for name, penalty in self.head_penalties.items()}
+        return config
 
 
 @keras.saving.register_keras_serializable(package="keras_group_lasso", name="GroupSparseSequential")
@@ -361,20 +389,32 @@ def add_group_sparsity(model, factor=1e-3, *, l1=None, input_factor=None, penalt
             else:
                 penalty_of = lambda: HiddenGroupLasso(own, l1=l1, channels=channels, axis=axis)  # noqa: E731
             kernels = rule.regularizer_attributes(layer)
-            has_bias = rule.bias(layer) is not None
-            attributes = kernels + (("bias_regularizer",) if bias and has_bias else ())
-            for attribute in attributes:
-                existing = getattr(layer, attribute, None)
-                if existing is not None and not isinstance(existing, GroupSparseRegularizer):
-                    replaced.append(f"{name}.{attribute} ({type(existing).__name__})")
+            own_units = rule.own_unit_attributes(layer)
+            holders = rule.penalty_layers(layer)
+            has_bias = any(getattr(holder, "use_bias", False) for holder in holders)
+            attributes = kernels + own_units + (("bias_regularizer",) if bias and has_bias else ())
+            for holder in holders:
+                for attribute in attributes:
+                    existing = getattr(holder, attribute, None)
+                    if existing is not None and not isinstance(existing, GroupSparseRegularizer):
+                        replaced.append(f"{name}.{attribute} ({type(existing).__name__})")
             # Input unit c's outgoing weights, in every kernel (a SeparableConv's depthwise[..., c, :] and
-            # pointwise[..., c, :]): each kernel carries the penalty on the same groups.
-            for attribute in kernels:
-                config[attribute] = penalty_of()
+            # pointwise[..., c, :]): each kernel carries the penalty on the same groups. A recurrent kernel's
+            # groups are the layer's own units (hidden groups).
+            penalties = {attribute: penalty_of for attribute in kernels}
+            penalties.update({attribute: (lambda: HiddenGroupLasso(factor, l1=l1)) for attribute in own_units})
             if bias and has_bias:
-                config["bias_regularizer"] = (
+                penalties["bias_regularizer"] = lambda: (
                     SparseGroupLasso(factor, l1=l1) if penalty == "sgl" else GroupLasso(factor)
                 )
+            if holders == (layer,):
+                config.update({attribute: make() for attribute, make in penalties.items()})
+            else:  # a wrapper (Bidirectional): the penalties go on the layers it holds
+                for key in rule.penalty_config_keys(layer):
+                    inner = dict(config[key]["config"])
+                    inner.update({attribute: keras.saving.serialize_keras_object(make())
+                                  for attribute, make in penalties.items()})
+                    config[key] = dict(config[key], config=inner)
         return type(layer).from_config(config)
 
     copy = keras.models.clone_model(model, clone_function=clone, recursive=True)
@@ -388,10 +428,17 @@ def add_group_sparsity(model, factor=1e-3, *, l1=None, input_factor=None, penalt
     # The model's own variables (the strength multiplier) are named after it, and PyTorch refuses a "." in a
     # parameter name (MobileNetV2 is "mobilenetv2_1.00_224"): the copy's name has "_" instead.
     name = copy.name.replace(".", "_")
-    if isinstance(copy, keras.Sequential) and not coupled.members:
+    # Attention heads: the groups of each MultiHeadAttention's output kernel (its config has one regularizer for
+    # all four kernels, so the penalty goes on that variable; the model's config declares it).
+    heads = {}
+    for node in graph.units:
+        layer = graph.layers[node.name]
+        if registry.units_rule(layer).head_kernel(layer) is not None and node.name not in graph.calls:
+            heads[node.name] = HiddenGroupLasso(factor * scale.get(node.name, 1.0), l1=l1, axis=0)
+    if isinstance(copy, keras.Sequential) and not coupled.members and not heads:
         copy = GroupSparseSequential.from_config(dict(copy.get_config(), name=name))
     else:  # the functional copy's own input and output structures (a dict stays a dict)
-        copy = GroupSparseModel(copy.input, copy.output, name=name)
+        copy = GroupSparseModel(copy.input, copy.output, name=name, head_penalties=heads)
     copy.set_weights([keras.ops.convert_to_numpy(v) for v in layer_weights(model)])
     _refresh_normalization(copy)
     return copy

@@ -101,10 +101,11 @@ class GroupSparseRegularizer(keras.regularizers.Regularizer):
         if channels is not None:
             channels = check_positive_int(owner, "channels", channels)
         if isinstance(axis, bool) or axis not in AXES:
-            fail(owner, "axis", "-2 (the unit index of a kernel (..., in, out)) or -1 (a transposed "
-                 "convolution's kernel (..., out, in))", axis)
+            fail(owner, "axis", "-2 (the unit index of a kernel (..., in, out)), -1 (a transposed "
+                 "convolution's kernel (..., out, in)) or 0 (the heads of an attention output kernel "
+                 "(heads, value_dim, out))", axis)
         if channels is not None and axis != -2:
-            fail(owner, "channels", "None with axis=-1 (channels applies to a Dense kernel)", channels)
+            fail(owner, "channels", f"None with axis={axis} (channels applies to a Dense kernel)", channels)
         self.channels = channels
         self.axis = int(axis)
         self.declared = None

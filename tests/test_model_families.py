@@ -249,7 +249,8 @@ def test_a_grouped_convolution_is_named_by_every_entry_point(sequential):
         "add_group_sparsity: argument `model` must be a model whose layers that make units can be read (layer "
         "'grouped' (Conv2D) is a grouped convolution (groups > 1, other than one group per channel); supported: "
         "Dense, Conv1D, Conv2D, Conv3D, SeparableConv1D, SeparableConv2D, Conv1DTranspose, Conv2DTranspose, "
-        f"Conv3DTranspose, Embedding); received {model!r}."
+        "Conv3DTranspose, Embedding, SimpleRNN, GRU, LSTM, Bidirectional (SimpleRNN, GRU, LSTM), MultiHeadAttention "
+        f"(self-attention; heads pruned)); received {model!r}."
     )
     assert "whose graph cannot be read" not in str(info.value)
     with pytest.raises(UnsupportedModelError, match=r"^prune_model: cannot prune layer 'grouped' \(Conv2D\): "

@@ -651,7 +651,8 @@ def test_branching_models_are_pruned_exactly(make):
         (lambda: _seq(keras.Sequential([keras.layers.Reshape((2, 2), name="rs"), keras.layers.Flatten()], name="inner")),
          "inner/rs", "Reshape"),
         (
-            lambda: keras.Sequential([keras.Input((3, 4)), keras.layers.LSTM(4, name="lstm"), keras.layers.Dense(2)]),
+            lambda: keras.Sequential([keras.Input((3, 4), batch_size=2), keras.layers.LSTM(4, stateful=True, name="lstm"),
+                                      keras.layers.Dense(2)]),
             "lstm",
             "LSTM",
         ),

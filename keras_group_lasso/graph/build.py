@@ -134,7 +134,9 @@ class InputFeatures:
         count: how many features it holds.
         flat: its features can be selected one by one (a flat vector, or the
             elements of an input read through ``Flatten``); otherwise they
-            are the channels of a map and all stay.
+            are the channels of a map and all stay, except for a sequence.
+        sequence: a sequence ``(steps, C)``: its features are its ``C``
+            channels (the same at every step), selected as a flat vector's.
     """
 
     name: str
@@ -143,6 +145,7 @@ class InputFeatures:
     start: int
     count: int
     flat: bool
+    sequence: bool = False
 
     @property
     def ids(self):
@@ -240,7 +243,7 @@ class ModelGraph:
         """bool ``(n_features,)``: features that always stay (the channels of an input map)."""
         out = np.zeros(self.n_features or 0, dtype=bool)
         for found in self.inputs:
-            if not found.flat:
+            if not found.flat and not found.sequence:
                 out[found.start : found.start + found.count] = True
         if not self.inputs and not self.flat_features:
             out[:] = True
@@ -475,7 +478,7 @@ def _flat_graph(model):
             layers[node_name] = layers[name]
             order.append(node_name)
             consumers.setdefault(node_name, [])
-            histories = _keras_histories(node or [])
+            histories = _keras_histories(_without_mask(node))
             if any(tensor_index for _, _, tensor_index in histories):
                 problems.append((node_name, "a layer reading a multi-output layer"))
             producers[node_name] = [call_name(h[0], h[1]) for h in histories]
@@ -484,11 +487,37 @@ def _flat_graph(model):
             for producer in producers[node_name]:
                 consumers.setdefault(producer, []).append(node_name)
     output_names = [call_name(name, index) for name, index in _io_calls(config["output_layers"])]
+    _drop_mask_operations(order, layers, producers, consumers, output_names)
     if calls and any(isinstance(layers.get(name), keras.Model) for name in calls.values()):
         for node_name, name in calls.items():
             if isinstance(layers.get(name), keras.Model):
                 problems.append((name, "a nested model called several times (shared)"))
     return order, layers, producers, consumers, input_names, output_names, problems, shapes
+
+
+def _without_mask(node):
+    """A serialized call without its ``mask`` argument: Keras computes a mask again wherever a layer is called
+    on a masked tensor (an ``Embedding(mask_zero=True)``, ``Masking``), so the mask is not a tensor the graph
+    follows."""
+    if isinstance(node, dict) and isinstance(node.get("kwargs"), dict) and "mask" in node["kwargs"]:
+        return dict(node, kwargs={k: v for k, v in node["kwargs"].items() if k != "mask"})
+    return node or []
+
+
+def _drop_mask_operations(order, layers, producers, consumers, output_names):
+    """Remove (in place) the keras.ops operations that nothing reads but a ``mask`` argument."""
+    changed = True
+    while changed:
+        changed = False
+        for name in list(order):
+            if consumers.get(name) or name in output_names or not is_operation(layers.get(name)):
+                continue
+            order.remove(name)
+            for producer in producers.pop(name, []):
+                if name in consumers.get(producer, []):
+                    consumers[producer].remove(name)
+            consumers.pop(name, None)
+            changed = True
 
 
 def _operations(model):
@@ -757,7 +786,8 @@ def _units_graph(order, layers, producers, consumers, kinds, input_names, output
             return None
         elements = _elements_mode(name, consumers, kinds, layers, shape)
         count = _n_features(shape) if elements else int(shape[-1])
-        inputs.append(InputFeatures(name, shape, dtype, len(ids.parent), count, bool(elements or len(shape) == 1)))
+        inputs.append(InputFeatures(name, shape, dtype, len(ids.parent), count, bool(elements or len(shape) == 1),
+                                    sequence=bool(not elements and len(shape) == 2)))
         info[name] = dict(ids=ids.new(count), positions=1, elements=elements)
     units_info = {}
     flatten_channels = {}
@@ -770,6 +800,8 @@ def _units_graph(order, layers, producers, consumers, kinds, input_names, output
         if not sources or any(s not in info for s in sources):
             flagged.setdefault(name, "a layer that does not read the model input")
             return None
+        if kind in ("units", "units_mixing") and len(set(sources)) == 1:  # self-attention reads x as query and value
+            sources = sources[:1]
         src = [info[s] for s in sources]
         if kind not in ("merge", "concat") and len(src) != 1:
             flagged.setdefault(name, f"a layer reading {len(src)} tensors")

@@ -134,6 +134,9 @@ def compute_masks(graph, weights, threshold, round_to=1):
     layers = graph.layers
     rules = {n.name: registry.units_rule(layers[n.name]) for n in graph.units}
     conn = {n.name: rules[n.name].connections(layers[n.name], weights[n.name], n.in_units) for n in graph.units}
+    # A recurrent layer reads its own units: unit j is needed when it feeds a needed unit of the same layer.
+    recur = {n.name: r for n in graph.units
+             if (r := rules[n.name].recurrence(layers[n.name], weights[n.name])) is not None}
     if not graph.supported:
         return _all_kept(graph, conn, threshold)
     units = {n.name: n for n in graph.units}
@@ -145,6 +148,11 @@ def compute_masks(graph, weights, threshold, round_to=1):
             depends[node.name] = np.ones(node.ids.size, dtype=bool)
         elif node.kind == "units":
             depends[node.name] = conn[node.name][depends[node.inputs[0]]].any(axis=0)
+            while node.name in recur:  # what a unit that depends feeds through the recurrence depends too
+                more = depends[node.name] | recur[node.name][depends[node.name]].any(axis=0)
+                if np.array_equal(more, depends[node.name]):
+                    break
+                depends[node.name] = more
         elif node.kind == "merge":
             depends[node.name] = np.any([depends[i] for i in node.inputs], axis=0)
         elif node.kind == "concat":
@@ -210,9 +218,11 @@ def compute_masks(graph, weights, threshold, round_to=1):
     for name, first in graph.calls.items():  # a layer called three times: its first call settled last
         if name in foldable:
             foldable[name] = foldable[first]
-    _settle(graph, conn, foldable, needed, detached, live_path)
+    _settle(graph, conn, foldable, needed, detached, live_path, recur)
+    _pair_halves(graph, conn, foldable, needed, detached, live_path, recur)
     if round_to > 1:
-        _round_up(graph, conn, foldable, needed, detached, live_path, round_to)
+        _round_up(graph, conn, foldable, needed, detached, live_path, round_to, recur)
+        _pair_halves(graph, conn, foldable, needed, detached, live_path, recur)
 
     inputs, kept, constant, folded, fold_values, fold_in = {}, {}, {}, {}, {}, {}
     for node in graph.units:
@@ -249,8 +259,9 @@ def compute_masks(graph, weights, threshold, round_to=1):
     )
 
 
-def _settle(graph, conn, foldable, needed, detached, live_path):
+def _settle(graph, conn, foldable, needed, detached, live_path, recur=None):
     """The backward fixed point: mark (in place) every unit that a needed unit reads and cannot fold."""
+    recur = recur or {}
     changed = True
     while changed:
         changed = False
@@ -258,6 +269,12 @@ def _settle(graph, conn, foldable, needed, detached, live_path):
             out = needed[node.out_ids]
             if not out.any() or node.name in detached:
                 continue
+            if node.name in recur:  # its own units that feed a needed one through the recurrence
+                feeds = recur[node.name][:, out].any(axis=1) & ~out
+                if feeds.any():
+                    needed[node.out_ids[feeds]] = True
+                    out = needed[node.out_ids]
+                    changed = True
             reads = conn[node.name][:, out].any(axis=1) & ~foldable[node.name]
             new = reads & ~needed[node.in_ids]
             if live_path and not reads.any() and not needed[node.in_ids].any() and node.in_units:
@@ -269,7 +286,36 @@ def _settle(graph, conn, foldable, needed, detached, live_path):
                 changed = True
 
 
-def _round_up(graph, conn, foldable, needed, detached, live_path, multiple):
+def _pair_halves(graph, conn, foldable, needed, detached, live_path, recur):
+    """Keep (in place) as many units in both halves of a layer whose halves must be as wide (``Bidirectional``).
+
+    The half that keeps fewer keeps some of its dead units too (those that
+    make the fewest other units needed first): their outgoing weights are
+    zero, so the outputs do not change.
+    """
+    changed = True
+    while changed:
+        changed = False
+        for node in graph.units:
+            if node.name in detached or not registry.units_rule(graph.layers[node.name]).paired_halves(
+                    graph.layers[node.name]):
+                continue
+            half = node.out_units // 2
+            ids = (node.out_ids[:half], node.out_ids[half:])
+            counts = [int(needed[i].sum()) for i in ids]
+            if counts[0] == counts[1]:
+                continue
+            short = 0 if counts[0] < counts[1] else 1
+            offset = 0 if short == 0 else half
+            dead = np.flatnonzero(~needed[ids[short]])
+            reads = conn[node.name][:, offset + dead] & (~foldable[node.name] & ~needed[node.in_ids])[:, None]
+            order = np.lexsort((dead, reads.sum(axis=0)))[: abs(counts[0] - counts[1])]
+            needed[ids[short][dead[order]]] = True
+            _settle(graph, conn, foldable, needed, detached, live_path, recur)
+            changed = True
+
+
+def _round_up(graph, conn, foldable, needed, detached, live_path, multiple, recur=None):
     """Keep (in place) more units so that each hidden layer makes a multiple of ``multiple`` of them.
 
     Hardware runs convolutions and matmuls fastest on channel counts that
@@ -303,7 +349,7 @@ def _round_up(graph, conn, foldable, needed, detached, live_path, multiple):
                 cost += reads.sum(axis=0)
             order = np.lexsort((dead, cost))[:short]
             needed[ids[dead[order]]] = True
-            _settle(graph, conn, foldable, needed, detached, live_path)
+            _settle(graph, conn, foldable, needed, detached, live_path, recur)
             changed = True
 
 
@@ -328,6 +374,8 @@ def _units_constants(layer, node, weights, source, conn):
     constant when every input unit with a non-zero weight into it contributes one.
     """
     rule = registry.units_rule(layer)
+    if not rule.constant_outputs:
+        return np.full(node.out_units, np.nan)
     contributes = np.isfinite(source) & (~np.bool_(rule.pads(layer)) | (source == 0))
     varies = conn[~contributes].any(axis=0)
     bias = weights["bias"]

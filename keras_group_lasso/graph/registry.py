@@ -243,6 +243,10 @@ class LayerRule:
         """Put ``weights`` into a freshly built ``layer``."""
         layer.set_weights(weights)
 
+    def call(self, layer, x, options=None):
+        """Call ``layer`` on ``x`` as the model did (``options``: the call's keyword arguments that are not tensors)."""
+        return layer(x, **(options or {}))
+
 
 class InputRule(LayerRule):
     """The model's input."""
@@ -551,6 +555,8 @@ class UnitsRule(LayerRule):
     rounds = True
     #: Its units stand for the input it reads (an Embedding's dimensions): a layer reading them has input groups.
     represents_input = False
+    #: A unit whose incoming weights are all zero outputs a constant (not so for a recurrent layer).
+    constant_outputs = True
 
     def refusal(self, layer):
         reason = _adapted(layer)
@@ -575,6 +581,39 @@ class UnitsRule(LayerRule):
     def regularizer_attributes(self, layer):
         """The ``*_regularizer`` attributes that carry its group penalties, one per kernel."""
         return ("kernel_regularizer",)
+
+    def own_unit_attributes(self, layer):
+        """The ``*_regularizer`` attributes whose groups are the units the layer makes (a recurrent kernel's rows)."""
+        return ()
+
+    def penalty_layers(self, layer):
+        """The layers that hold its penalties (a ``Bidirectional``: its two directions)."""
+        return (layer,)
+
+    def recurrence(self, layer, weights):
+        """bool ``(out_units, out_units)``: unit ``j`` feeds unit ``k`` inside the layer; ``None``: no recurrence."""
+        return None
+
+    def paired_halves(self, layer):
+        """The first and second half of its units must keep as many units each (a ``Bidirectional``)."""
+        return False
+
+    def group_norms(self, layer, in_units):
+        """The L2 norm of each input unit's group in its kernel, ``(in_units,)``."""
+        return self.view.norms(self.weights(layer)["kernel"], in_units)
+
+    def head_kernel(self, layer):
+        """The variable whose groups are inner units of the layer (an attention layer's heads), or ``None``."""
+        return None
+
+    def inner_units(self, layer, weights, kept_out):
+        """``(alive, total)`` of its inner units (an attention layer's heads), or ``None``."""
+        return None
+
+    def kept_cost(self, layer, positions, kept_in, kept_out, output_shape, has_bias, weights, kept_mask):
+        """``(FLOPs, params)`` reading ``kept_in`` and making ``kept_out`` units (``weights``: thresholded)."""
+        return (self.flops(layer, positions, kept_in, kept_out, output_shape),
+                self.params(layer, positions, kept_in, kept_out, has_bias))
 
     def bias(self, layer):
         return layer.bias if getattr(layer, "use_bias", False) and layer.bias is not None else None
@@ -896,6 +935,452 @@ class EmbeddingRule(UnitsRule):
 
     def params(self, layer, positions, in_units, out_units, has_bias):
         return positions * out_units
+
+
+class RecurrentRule(UnitsRule):
+    """``SimpleRNN``, ``GRU``, ``LSTM``: input groups over its features and hidden units with a recurrence.
+
+    Its kernel ``(in, G * units)`` holds ``G`` gates side by side (1 for
+    SimpleRNN, 3 for GRU, 4 for LSTM; column ``g * units + j`` is gate ``g``
+    of unit ``j``): row ``i`` (every gate) is input feature ``i``'s group, at
+    every time step. Row ``j`` of the recurrent kernel ``(units, G * units)``
+    is hidden unit ``j``'s group inside the layer (:meth:`recurrence`); with
+    what the next layer reads of it (every step with ``return_sequences``,
+    the last one otherwise) it is all of the unit's outgoing weights. A unit
+    that neither a reader nor a kept unit's recurrence reads goes: its gate
+    columns leave both kernels and the bias (both biases of a GRU with
+    ``reset_after``). A unit is never a constant (its state evolves over time
+    even with all incoming weights zero), and only a constant 0 of its input
+    is removed (a constant input would have to go into every gate's bias,
+    which is exact but not done).
+    """
+
+    merges_batchnorm = False
+    rounds = False
+    width_key = "units"
+    constant_outputs = False
+
+    def __init__(self, cls, gates, description=None, **kwargs):
+        super().__init__(cls, description, **kwargs)
+        self.gates = int(gates)
+
+    def refusal(self, layer):
+        reason = _adapted(layer)
+        if reason:
+            return reason
+        if layer.stateful:
+            return "a stateful recurrent layer (its state carries over between batches)"
+        if layer.return_state:
+            return "a recurrent layer with return_state=True (its states are outputs of their own)"
+        for attribute in ("activation", "recurrent_activation"):
+            function = getattr(layer.cell, attribute, None)
+            if function is not None and not activation_is_elementwise(function):
+                return f"a recurrent layer whose {attribute} is not elementwise"
+        return None
+
+    def classify(self, layer):
+        reason = self.refusal(layer)
+        return ("other", reason) if reason else (self.kind, None)
+
+    def mixes_units(self, layer):
+        return False
+
+    def kernels(self, layer):
+        return {"kernel": layer.cell.kernel, "recurrent": layer.cell.recurrent_kernel}
+
+    def own_unit_attributes(self, layer):
+        return ("recurrent_regularizer",)
+
+    def bias(self, layer):
+        return layer.cell.bias if layer.cell.use_bias else None
+
+    def kernel_shape(self, layer):
+        rows, columns = (int(d) for d in layer.cell.kernel.shape)
+        return 1, rows, columns // self.gates
+
+    def unit_shape(self, layer, channels, positions):
+        if positions != 1 or self.kernel_shape(layer)[1] != channels:
+            return None
+        return channels, 1
+
+    def units_view(self, weights, in_units):
+        """The kernel as ``(gates, in_units, units)``: gate ``g``'s weights from input ``i`` into unit ``j``."""
+        kernel = weights["kernel"]
+        return np.moveaxis(kernel.reshape(kernel.shape[0], self.gates, -1), 1, 0)
+
+    def recurrence(self, layer, weights):
+        """bool ``(units, units)``: hidden unit ``j`` reaches unit ``k`` through a non-zero recurrent weight."""
+        recurrent = weights["recurrent"]
+        return np.any(recurrent.reshape(recurrent.shape[0], self.gates, -1) != 0, axis=1)
+
+    def constant_contribution(self, layer, weights, in_units, values):
+        if np.any(np.asarray(values) != 0):  # pragma: no cover - pads() lets only constants of 0 through
+            raise RuntimeError(f"a constant was to be folded into '{layer.name}'; please report this")
+        return np.zeros(weights["kernel"].shape[-1] // self.gates)
+
+    def pads(self, layer):
+        return True
+
+    def columns(self, units, kept_out):
+        """The kernel columns of the units ``kept_out`` in every gate (gate-major)."""
+        return (np.arange(self.gates)[:, None] * units + np.asarray(kept_out, dtype=int)[None, :]).reshape(-1)
+
+    def slice_units(self, layer, weights, in_units, kept_in, kept_out):
+        kept_in = np.asarray(kept_in, dtype=int)
+        kept_out = np.asarray(kept_out, dtype=int)
+        columns = self.columns(weights["recurrent"].shape[0], kept_out)
+        new = [np.ascontiguousarray(weights["kernel"][kept_in][:, columns]),
+               np.ascontiguousarray(weights["recurrent"][kept_out][:, columns])]
+        if weights["bias"] is not None:
+            new.append(np.ascontiguousarray(weights["bias"][..., columns]))
+        return dict(layer.get_config(), units=int(kept_out.size)), new
+
+    def _steps(self, layer):
+        try:
+            steps = layer.input.shape[1]
+        except Exception:  # noqa: BLE001 - a layer with no single input
+            return 1
+        return 1 if steps is None else int(steps)
+
+    def flops(self, layer, positions, in_units, out_units, output_shape):
+        """``steps * G * (in + units) * units`` multiply-adds (a sequence of unknown length: per step)."""
+        return self._steps(layer) * self.gates * (in_units + out_units) * out_units
+
+    def params(self, layer, positions, in_units, out_units, has_bias):
+        biases = 2 if getattr(layer.cell, "reset_after", False) else 1
+        return self.gates * out_units * (in_units + out_units + (biases if has_bias else 0))
+
+
+class BidirectionalRule(UnitsRule):
+    """``Bidirectional`` around a SimpleRNN, GRU or LSTM: forward and backward units.
+
+    With ``merge_mode="concat"`` the output holds the forward units, then the
+    backward ones: separate units, each with its own groups. Keras builds both
+    directions with the same width, so where one direction keeps more units
+    than the other, dead units of the other one stay (their outgoing weights
+    are zero: the outputs do not change). With ``"sum"``, ``"ave"`` or
+    ``"mul"`` forward unit ``j`` and backward unit ``j`` are one output unit,
+    kept or removed together.
+    """
+
+    merges_batchnorm = False
+    rounds = False
+    constant_outputs = False
+    _DIRECTIONS = ("forward", "backward")
+
+    def _inner(self, layer):
+        return _RULES.get(type(layer.forward_layer))
+
+    def _layers(self, layer):
+        return layer.forward_layer, layer.backward_layer
+
+    def penalty_layers(self, layer):
+        return self._layers(layer)
+
+    def penalty_config_keys(self, layer):
+        """The keys of its config that hold the configs of :meth:`penalty_layers`."""
+        return ("layer", "backward_layer")
+
+    def refusal(self, layer):
+        inner = self._inner(layer)
+        if not isinstance(inner, RecurrentRule) or type(layer.backward_layer) is not type(layer.forward_layer):
+            return "a Bidirectional wrapper of a layer other than SimpleRNN, GRU or LSTM"
+        if layer.merge_mode not in ("concat", "sum", "ave", "mul"):
+            return f"a Bidirectional layer with merge_mode={layer.merge_mode!r} (two outputs)"
+        return inner.refusal(layer.forward_layer) or inner.refusal(layer.backward_layer)
+
+    def classify(self, layer):
+        reason = self.refusal(layer)
+        return ("other", reason) if reason else (self.kind, None)
+
+    def mixes_units(self, layer):
+        return False
+
+    def _concat(self, layer):
+        return layer.merge_mode == "concat"
+
+    def kernels(self, layer):
+        inner = self._inner(layer)
+        out = {}
+        for direction, sub in zip(self._DIRECTIONS, self._layers(layer)):
+            for role, variable in inner.kernels(sub).items():
+                out[f"{direction}_{role}"] = variable
+        return out
+
+    def regularizer_attributes(self, layer):
+        return ("kernel_regularizer",)
+
+    def own_unit_attributes(self, layer):
+        return ("recurrent_regularizer",)
+
+    def bias(self, layer):
+        return None
+
+    def weights(self, layer):
+        out = {role: _numpy(variable) for role, variable in self.kernels(layer).items()}
+        inner = self._inner(layer)
+        for direction, sub in zip(self._DIRECTIONS, self._layers(layer)):
+            bias = inner.bias(sub)
+            out[f"{direction}_bias"] = None if bias is None else _numpy(bias)
+        out["bias"] = None
+        return out
+
+    def thresholded_variables(self, layer):
+        inner = self._inner(layer)
+        return [v for sub in self._layers(layer) for v in inner.thresholded_variables(sub)]
+
+    def _direction(self, weights, direction):
+        return {role.split("_", 1)[1]: value for role, value in weights.items() if role.startswith(direction + "_")}
+
+    def kernel_shape(self, layer):
+        _, rows, units = self._inner(layer).kernel_shape(layer.forward_layer)
+        return 1, rows, units * (2 if self._concat(layer) else 1)
+
+    def unit_shape(self, layer, channels, positions):
+        return self._inner(layer).unit_shape(layer.forward_layer, channels, positions)
+
+    def connections(self, layer, weights, in_units):
+        inner = self._inner(layer)
+        forward, backward = (inner.connections(layer.forward_layer, self._direction(weights, d), in_units)
+                             for d in self._DIRECTIONS)
+        return np.concatenate([forward, backward], axis=1) if self._concat(layer) else forward | backward
+
+    def recurrence(self, layer, weights):
+        inner = self._inner(layer)
+        forward, backward = (inner.recurrence(layer.forward_layer, self._direction(weights, d))
+                             for d in self._DIRECTIONS)
+        if not self._concat(layer):
+            return forward | backward
+        units = forward.shape[0]
+        out = np.zeros((2 * units, 2 * units), dtype=bool)
+        out[:units, :units], out[units:, units:] = forward, backward
+        return out
+
+    def paired_halves(self, layer):
+        """Its output's two halves must keep as many units each (Keras builds both directions alike)."""
+        return self._concat(layer)
+
+    def group_norms(self, layer, in_units):
+        weights = self.weights(layer)
+        norms = [GroupView().norms(weights[f"{d}_kernel"], in_units) for d in self._DIRECTIONS]
+        return np.sqrt(norms[0] ** 2 + norms[1] ** 2)
+
+    def constant_contribution(self, layer, weights, in_units, values):
+        if np.any(np.asarray(values) != 0):  # pragma: no cover - pads() lets only constants of 0 through
+            raise RuntimeError(f"a constant was to be folded into '{layer.name}'; please report this")
+        return np.zeros(self.kernel_shape(layer)[2])
+
+    def pads(self, layer):
+        return True
+
+    def slice_units(self, layer, weights, in_units, kept_in, kept_out):
+        inner = self._inner(layer)
+        kept_out = np.asarray(kept_out, dtype=int)
+        units = self._inner(layer).kernel_shape(layer.forward_layer)[2]
+        if self._concat(layer):
+            kept = (kept_out[kept_out < units], kept_out[kept_out >= units] - units)
+            if kept[0].size != kept[1].size:  # pragma: no cover - the masks keep as many in each direction
+                raise RuntimeError(f"the two directions of '{layer.name}' keep different widths; please report this")
+        else:
+            kept = (kept_out, kept_out)
+        config = layer.get_config()
+        new = []
+        for key, direction, sub, keep in zip(("layer", "backward_layer"), self._DIRECTIONS, self._layers(layer), kept):
+            sub_config, sub_weights = inner.slice_units(sub, self._direction(weights, direction), in_units, kept_in,
+                                                        keep)
+            # Built when called (its serialized build_config holds the old input width).
+            config[key] = {k: v for k, v in config[key].items() if k != "build_config"}
+            config[key]["config"] = sub_config
+            new += sub_weights
+        return config, new
+
+    def flops(self, layer, positions, in_units, out_units, output_shape):
+        per_direction = out_units // 2 if self._concat(layer) else out_units
+        return 2 * self._inner(layer).flops(layer.forward_layer, positions, in_units, per_direction, output_shape)
+
+    def params(self, layer, positions, in_units, out_units, has_bias):
+        per_direction = out_units // 2 if self._concat(layer) else out_units
+        has_bias = self._inner(layer).bias(layer.forward_layer) is not None
+        return 2 * self._inner(layer).params(layer.forward_layer, positions, in_units, per_direction, has_bias)
+
+
+_ATTENTION_PARTS = ("query", "key", "value", "attention_output")
+
+
+def _attention_variables(layer):
+    """``{role: variable}`` of a MultiHeadAttention: ``query``, ``key``, ``value``, ``output`` and their biases."""
+    found = {}
+    for variable in layer.weights:
+        part, kind = variable.path.split("/")[-2:]
+        if part in _ATTENTION_PARTS:
+            role = "output" if part == "attention_output" else part
+            found[role if kind == "kernel" else f"{role}_bias"] = variable
+    return found
+
+
+class AttentionRule(UnitsRule):
+    """``MultiHeadAttention`` (self-attention: query, key and value read one tensor): heads are its inner units.
+
+    The group of head ``h`` is its slice ``[h, :, :]`` of the output kernel
+    ``(heads, value_dim, out)`` (``GroupView(axis=0)``): a head whose slice is
+    zero adds nothing to the output (each head's softmax is its own), so its
+    query, key, value and output slices go and the layer is built with fewer
+    heads. Input unit ``i`` reaches the output through its rows of the query,
+    key and value kernels ``(in, heads, dim)`` into live heads; an output unit
+    whose output-kernel column is zero is never a constant to fold (only a
+    constant 0 of its input is removed). Bias groups and key or value
+    dimensions are not pruned.
+    """
+
+    merges_batchnorm = False
+    rounds = False
+    constant_outputs = False
+    width_key = "output_shape"
+    #: Group view of its head kernel (the output kernel).
+    head_view = GroupView(axis=0)
+
+    def refusal(self, layer):
+        reason = _adapted(layer)
+        if reason:
+            return reason
+        if getattr(layer, "_use_gate", False) or layer.get_config().get("use_gate"):
+            return "a MultiHeadAttention with use_gate=True"
+        config = layer.get_config()
+        if tuple(config.get("attention_axes") or (1,)) != (1,):
+            return "a MultiHeadAttention over axes other than the sequence (attention_axes=(1,))"
+        output_shape = config.get("output_shape")
+        if output_shape is not None and len(tuple(np.atleast_1d(output_shape))) != 1:
+            return "a MultiHeadAttention whose output_shape has several axes"
+        try:
+            variables = _attention_variables(layer)
+        except Exception:  # noqa: BLE001 - not built
+            variables = {}
+        if not {"query", "key", "value", "output"} <= set(variables):
+            return "a MultiHeadAttention that is not built"
+        return None
+
+    def classify(self, layer):
+        reason = self.refusal(layer)
+        return ("other", reason) if reason else (self.kind, None)
+
+    def mixes_units(self, layer):
+        return False
+
+    def kernels(self, layer):
+        variables = _attention_variables(layer)
+        return {role: variables[role] for role in ("query", "key", "value", "output")}
+
+    def regularizer_attributes(self, layer):
+        return ()
+
+    def head_kernel(self, layer):
+        """The variable whose groups are its heads (the output kernel)."""
+        return _attention_variables(layer)["output"]
+
+    def bias(self, layer):
+        return _attention_variables(layer).get("output_bias")
+
+    def weights(self, layer):
+        return {role: _numpy(variable) for role, variable in _attention_variables(layer).items()} | {
+            "bias": None if self.bias(layer) is None else _numpy(self.bias(layer))}
+
+    def thresholded_variables(self, layer):
+        return list(_attention_variables(layer).values())
+
+    def kernel_shape(self, layer):
+        variables = _attention_variables(layer)
+        return 1, int(variables["query"].shape[0]), int(variables["output"].shape[-1])
+
+    def unit_shape(self, layer, channels, positions):
+        if positions != 1 or self.kernel_shape(layer)[1] != channels:
+            return None
+        return channels, 1
+
+    def live_heads(self, weights, kept_out=None):
+        """bool ``(heads,)``: heads with a non-zero output weight (into the units ``kept_out``, default all)."""
+        output = weights["output"]
+        if kept_out is not None:
+            output = output[..., np.asarray(kept_out, dtype=int)]
+        return np.any(output.reshape(output.shape[0], -1) != 0, axis=1)
+
+    def units_view(self, weights, in_units):
+        """``(3, in_units, heads)``: input ``i``'s query, key and value weights into each head (any non-zero)."""
+        return np.stack([np.any(weights[role] != 0, axis=-1) for role in ("query", "key", "value")]).astype(float)
+
+    def connections(self, layer, weights, in_units):
+        reads = np.any(self.units_view(weights, in_units) != 0, axis=0)  # (in, heads)
+        writes = np.any(weights["output"] != 0, axis=1)  # (heads, out)
+        return (reads.astype(np.int64) @ writes.astype(np.int64)) > 0
+
+    def group_norms(self, layer, in_units):
+        weights = self.weights(layer)
+        squares = sum(np.sum(np.square(weights[role].astype(np.float32)), axis=(1, 2))
+                      for role in ("query", "key", "value"))
+        return np.sqrt(squares)
+
+    def constant_contribution(self, layer, weights, in_units, values):
+        if np.any(np.asarray(values) != 0):  # pragma: no cover - pads() lets only constants of 0 through
+            raise RuntimeError(f"a constant was to be folded into '{layer.name}'; please report this")
+        return np.zeros(weights["output"].shape[-1])
+
+    def pads(self, layer):
+        return True
+
+    def slice_units(self, layer, weights, in_units, kept_in, kept_out):
+        kept_in = np.asarray(kept_in, dtype=int)
+        kept_out = np.asarray(kept_out, dtype=int)
+        heads = np.flatnonzero(self.live_heads(weights, kept_out))
+        if heads.size == 0:  # a layer has at least one head: one whose output weights are zero adds nothing
+            heads = np.arange(1)
+        new = []
+        for role in ("query", "key", "value"):
+            new.append(np.ascontiguousarray(weights[role][kept_in][:, heads]))
+            if weights.get(f"{role}_bias") is not None:
+                new.append(np.ascontiguousarray(weights[f"{role}_bias"][heads]))
+        new.append(np.ascontiguousarray(weights["output"][heads][..., kept_out]))
+        if weights["bias"] is not None:
+            new.append(np.ascontiguousarray(weights["bias"][kept_out]))
+        config = dict(layer.get_config(), num_heads=int(heads.size), output_shape=int(kept_out.size))
+        return config, new
+
+    def call(self, layer, x, options=None):
+        """Call ``layer`` as the model did: on ``x`` as query and value, with the same keyword options."""
+        return layer(x, x, **(options or {}))
+
+    def _sizes(self, layer):
+        variables = _attention_variables(layer)
+        heads, key_dim = (int(d) for d in variables["query"].shape[1:])
+        value_dim = int(variables["value"].shape[-1])
+        try:
+            steps = layer.input[0].shape[1] if isinstance(layer.input, (list, tuple)) else layer.input.shape[1]
+        except Exception:  # noqa: BLE001 - a layer with several calls or none
+            steps = None
+        return heads, key_dim, value_dim, 1 if steps is None else int(steps)
+
+    def flops(self, layer, positions, in_units, out_units, output_shape, heads=None):
+        """``T * in * H * (2 kd + vd)`` (projections) ``+ T^2 * H * (kd + vd)`` (scores, weighted values)
+        ``+ T * H * vd * out`` (output) multiply-adds per sample, ``T`` its sequence length."""
+        total, key_dim, value_dim, steps = self._sizes(layer)
+        heads = total if heads is None else heads
+        return (steps * in_units * heads * (2 * key_dim + value_dim) + steps * steps * heads * (key_dim + value_dim)
+                + steps * heads * value_dim * out_units)
+
+    def params(self, layer, positions, in_units, out_units, has_bias, heads=None):
+        total, key_dim, value_dim, _ = self._sizes(layer)
+        heads = total if heads is None else heads
+        biases = _attention_variables(layer).get("query_bias") is not None
+        return (in_units * heads * (2 * key_dim + value_dim) + (heads * (2 * key_dim + value_dim) if biases else 0)
+                + heads * value_dim * out_units + (out_units if has_bias else 0))
+
+    def inner_units(self, layer, weights, kept_out):
+        """``(live heads, heads)`` with the units ``kept_out`` kept."""
+        live = self.live_heads(weights, kept_out)
+        return max(int(live.sum()), 1), int(live.size)
+
+    def kept_cost(self, layer, positions, kept_in, kept_out, output_shape, has_bias, weights, kept_mask):
+        heads, _ = self.inner_units(layer, weights, np.flatnonzero(kept_mask))
+        return (self.flops(layer, positions, kept_in, kept_out, output_shape, heads=heads),
+                self.params(layer, positions, kept_in, kept_out, has_bias, heads=heads))
 
 
 # ----------------------------------------------------------------------------- keras.ops operations
@@ -1518,6 +2003,11 @@ def _register_builtin():
     for name in ("Conv1DTranspose", "Conv2DTranspose", "Conv3DTranspose"):
         register_layer(ConvTransposeRule(getattr(L, name)))
     register_layer(EmbeddingRule(L.Embedding))
+    register_layer(RecurrentRule(L.SimpleRNN, 1))
+    register_layer(RecurrentRule(L.GRU, 3))
+    register_layer(RecurrentRule(L.LSTM, 4))
+    register_layer(BidirectionalRule(L.Bidirectional, "Bidirectional (SimpleRNN, GRU, LSTM)"))
+    register_layer(AttentionRule(L.MultiHeadAttention, "MultiHeadAttention (self-attention; heads pruned)"))
     for name in ("DepthwiseConv1D", "DepthwiseConv2D"):
         register_layer(DepthwiseRule(getattr(L, name), f"{name} (depth_multiplier=1)", slicer=_depthwise,
                                      refusal=_depthwise_refusal))
@@ -1547,6 +2037,7 @@ def _register_builtin():
                  "GlobalMaxPooling1D", "GlobalMaxPooling2D", "GlobalMaxPooling3D"):
         register_layer(GlobalPoolRule(getattr(L, name)))
     register_layer(TailRule(L.Softmax))
+    register_layer(TailRule(L.Masking, "Masking (its mask reads every feature)"))
     for name in ("LayerNormalization", "RMSNormalization", "GroupNormalization", "UnitNormalization"):
         if hasattr(L, name):
             register_layer(MixingNormalizationRule(getattr(L, name), f"{name} (its channels stay)"))

@@ -82,7 +82,9 @@ def prune_model(model, threshold=1e-3, inputs="original", round_to=1, fold_batch
             ``select_features`` with a 0/1 kernel picks them, right before the
             first Dense (exact: each output is one input times 1 plus zeros).
             ``"selected"``: it takes only the kept features, a flat vector of
-            ``len(kept_features)`` values in the order of ``kept_features``.
+            ``len(kept_features)`` values in the order of ``kept_features``
+            (a sequence input ``(steps, C)``: ``(steps, len(kept))``, the
+            kept channels at every step).
         round_to: integer >= 1 (default 1: exactly the live units). Each
             hidden layer keeps a multiple of ``round_to`` of its units (or all
             of them): some units found dead are kept, with their weights, so
@@ -150,11 +152,13 @@ def prune_model(model, threshold=1e-3, inputs="original", round_to=1, fold_batch
     sliced = {}  # node name -> it holds elements of an input that "selected" slices (before its Flatten)
     for found, source in zip(graph.inputs, model.inputs):
         keep = needed[found.start : found.start + found.count]
-        sliced[found.name] = inputs == "selected" and found.flat
+        sliced[found.name] = inputs == "selected" and (found.flat or found.sequence)
         if sliced[found.name] and not keep.any():  # nothing reads this input: the new model does not take it
             tensors[found.name], present[found.name] = None, np.zeros(found.count, bool)
             continue
-        shape = (int(keep.sum()),) if sliced[found.name] else tuple(found.shape)
+        shape = tuple(found.shape)
+        if sliced[found.name]:  # a flat vector of the selected features, or a sequence of the selected channels
+            shape = (int(keep.sum()),) if found.flat else shape[:-1] + (int(keep.sum()),)
         inp = keras.Input(shape=shape, dtype=source.dtype, name=None if graph.sequential else found.name)
         tensors[found.name] = inp
         present[found.name] = keep if sliced[found.name] else np.ones(found.count, bool)
@@ -166,9 +170,14 @@ def prune_model(model, threshold=1e-3, inputs="original", round_to=1, fold_batch
 
     made = {}  # node name -> its new layer (the later calls of a shared layer call it again)
 
-    def call(layer, weights_, x):
+    options = _call_options(model)
+
+    def call(layer, weights_, x, name=None):
         built.append((layer, weights_))
-        return layer(x)
+        if name is None:
+            return layer(x)
+        rule = registry.rule_of(layer)
+        return rule.call(layer, x, options.get(name)) if rule is not None else layer(x)
 
     def select(x, have, want, like):
         """``x`` (rank 2, holding the units ``have``) reduced to the units ``want`` by a 0/1 Dense."""
@@ -269,13 +278,14 @@ def prune_model(model, threshold=1e-3, inputs="original", round_to=1, fold_batch
             out_present = have
         present[node.name] = out_present
         if graph.layer_name(node.name) in made:  # a later call of a shared layer: the same (new) layer
-            tensors[node.name] = made[graph.layer_name(node.name)](x)
+            shared_layer = made[graph.layer_name(node.name)]
+            tensors[node.name] = registry.rule_of(shared_layer).call(shared_layer, x, options.get(node.name))
             continue
         config["name"] = names[node.name]
         _drop_package_penalties(layer, config)
         new_layer, new = _new_layer(layer, config, new, initializers)
         made[node.name] = new_layer
-        tensors[node.name] = call(new_layer, new, x)
+        tensors[node.name] = call(new_layer, new, x, node.name)
 
     for name in graph.outputs:
         if not present[name].all():  # pragma: no cover - the masks keep every output unit
@@ -424,8 +434,14 @@ def _restore_initializers(layer, initializers):
     if not originals:
         return
     for key, value in originals.items():
-        if hasattr(layer, key):
-            setattr(layer, key, keras.initializers.get(value))
+        # A recurrent layer's initializers are read-only properties of its cell's.
+        for target in (layer, getattr(layer, "cell", None)):
+            if target is not None and hasattr(target, key):
+                try:
+                    setattr(target, key, keras.initializers.get(value))
+                    break
+                except AttributeError:
+                    continue
 
 
 def _set_weights(layer, weights):
@@ -475,10 +491,50 @@ def _selection(kept, n, like, taken):
     return layer, [kernel]
 
 
+def _call_options(model, prefix=""):
+    """``{node name: {keyword: value}}``: the keyword arguments of each call that are not tensors
+    (``use_causal_mask=True`` of an attention layer), from the model's config (nested blocks too)."""
+    found = {}
+    if not isinstance(model, keras.Model) or isinstance(model, keras.Sequential):
+        return found
+    try:
+        configs = model.get_config()["layers"]
+    except Exception:  # noqa: BLE001 - a model without a readable graph
+        return found
+    for layer_config in configs:
+        name = layer_config["name"]
+        for index, node in enumerate(layer_config.get("inbound_nodes") or []):
+            kwargs = node.get("kwargs", {}) if isinstance(node, dict) else {}
+            plain = {key: value for key, value in kwargs.items()
+                     if key not in ("mask", "training") and isinstance(value, (bool, int, float, str))}
+            if plain:
+                found[f"{prefix}{name}" + (f"#{index}" if index else "")] = plain
+        try:
+            inner = model.get_layer(name)
+        except ValueError:
+            continue
+        if isinstance(inner, keras.Model):
+            found.update(_call_options(inner, f"{prefix}{name}/"))
+    return found
+
+
 def _drop_package_penalties(layer, config):
     """Leave out this package's regularizers, so that plain Keras loads the saved result."""
+    package = __name__.split(".")[0]
     for key in config:
         if key.endswith("_regularizer"):
             value = getattr(layer, key, None)
-            if value is not None and type(value).__module__.split(".")[0] == __name__.split(".")[0]:
+            if value is not None and type(value).__module__.split(".")[0] == package:
                 config[key] = None
+    _drop_serialized_penalties(config, package)
+
+
+def _drop_serialized_penalties(config, package):
+    """The same inside the serialized layers a wrapper's config holds (``Bidirectional``'s two directions)."""
+    for key, value in config.items():
+        if not isinstance(value, dict):
+            continue
+        if key.endswith("_regularizer") and str(value.get("module", "")).split(".")[0] == package:
+            config[key] = None
+        else:
+            _drop_serialized_penalties(value, package)

@@ -252,7 +252,9 @@ def build_plan(owner, model, threshold, round_to=1):
                 units_before=layer.units,
                 units_after=len(kept_out),
                 params_before=rule.params(graph.layers[name], node.positions, layer.groups, layer.units, has_bias),
-                params_after=rule.params(graph.layers[name], node.positions, len(kept_in), len(kept_out), has_bias),
+                params_after=rule.kept_cost(graph.layers[name], node.positions, len(kept_in), len(kept_out),
+                                            graph.output_shape(name, node.out_units), has_bias, result.weights[name],
+                                            masks.units[name])[1],
                 is_output=layer.is_output,
             )
         )
