@@ -174,7 +174,7 @@ class SparsityMonitor(keras.callbacks.Callback):
         ImportError: at construction if ``log_dir`` is set and TensorFlow is
             not installed.
 
-    Example:
+    Examples:
         >>> import os, tempfile
         >>> from keras_group_lasso import Proximal, SparseGroupLasso
         >>> model = keras.Sequential([keras.Input((4,)),

@@ -19,7 +19,7 @@ else
 fi
 # PyTorch (the third Keras backend the tests run on) is its own extra: several GB with its CUDA
 # libraries. SETUP_TORCH=0 leaves it out (scripts/test.sh then runs TensorFlow and JAX only).
-EXTRAS="$TF_EXTRA,test"
+EXTRAS="$TF_EXTRA,test,docs"  # docs: mkdocs + mkdocstrings, so the tests can build the API reference
 if [ "${SETUP_TORCH:-1}" != "0" ]; then EXTRAS="$EXTRAS,torch"; fi
 stamp=".venv/.keras-group-lasso-installed-${EXTRAS//,/-}-$(cksum pyproject.toml | cut -d' ' -f1)"
 if [ ! -f "$stamp" ]; then

@@ -580,8 +580,7 @@ class GroupSparseMLPRegressor(RegressorMixin, _GroupSparseMLP):
     they are large: the penalty competes with the squared error).
 
     Attributes:
-        n_outputs_: number of targets.
-        (the rest as for the classifier, without ``classes_``)
+        n_outputs_: number of targets (the other attributes as for the classifier, without ``classes_``).
 
     Example:
         >>> rng = np.random.default_rng(0)
