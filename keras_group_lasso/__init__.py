@@ -34,6 +34,7 @@ _EXPORTS = {
     "apply_threshold": "analysis",
     "sparsity_report": "analysis",
     "SparsityBudget": "budget",
+    "LatencyTable": "budget",
     "is_chief": "_distributed",
     "SparsityMonitor": "callbacks",
     "export_pruned": "export",
@@ -79,6 +80,7 @@ __all__ = [
     "SparsityMonitor",
     "is_chief",
     "SparsityBudget",
+    "LatencyTable",
     "export_pruned",
     "Proximal",
 ]

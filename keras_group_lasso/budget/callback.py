@@ -7,6 +7,7 @@ widths in whole blocks, and :mod:`.state` is its progress, kept in the model
 uninterrupted one.
 """
 
+import logging
 import math
 import numbers
 import warnings
@@ -17,6 +18,7 @@ import numpy as np
 from keras_group_lasso import analysis
 from keras_group_lasso._validation import check_non_negative, check_positive_int, fail
 from keras_group_lasso.budget import cut, rounding, schedule
+from keras_group_lasso.budget.cost import LatencyTable
 from keras_group_lasso.budget.state import CUT, SEARCH, WITHIN, BudgetState
 from keras_group_lasso.declared import BUDGET_STATE_SIZE, declare_group_penalties
 from keras_group_lasso.regularizers import group_sparse_penalties
@@ -24,6 +26,9 @@ from keras_group_lasso.regularizers import group_sparse_penalties
 __all__ = ["SparsityBudget"]
 
 _OWNER = "SparsityBudget"
+_LOG = logging.getLogger("keras_group_lasso")
+#: The batch size a latency table is measured at when neither ``max_latency`` nor ``latency_table`` says one.
+LATENCY_BATCH_SIZE = 256
 
 
 class SparsityBudget(keras.callbacks.Callback):
@@ -192,17 +197,38 @@ class SparsityBudget(keras.callbacks.Callback):
         True
     """
 
-    def __init__(self, max_features=None, max_units=None, max_params=None, max_flops=None, *, threshold=1e-3,
-                 settle=0.2, max_strength=20.0, schedule_power=1.0, round_to=1, update_freq="epoch",
-                 spare_block=False):
+    def __init__(self, max_features=None, max_units=None, max_params=None, max_flops=None, *, max_latency=None,
+                 latency_table=None, latency_check=True, threshold=1e-3, settle=0.2, max_strength=20.0,
+                 schedule_power=1.0, round_to=1, update_freq="epoch", spare_block=False):
         super().__init__()
         self.max_features = schedule.check_limit(_OWNER, "max_features", max_features)
         self.max_units = schedule.check_limit(_OWNER, "max_units", max_units)
         self.max_params = schedule.check_limit(_OWNER, "max_params", max_params)
         self.max_flops = schedule.check_limit(_OWNER, "max_flops", max_flops)
-        if all(v is None for v in (self.max_features, self.max_units, self.max_params, self.max_flops)):
+        self._latency = schedule.check_latency(_OWNER, "max_latency", max_latency)
+        self.max_latency = max_latency if self._latency is None else (
+            self._latency[1] if self._latency[0] == "fraction" else self._latency[1:])
+        if all(v is None for v in (self.max_features, self.max_units, self.max_params, self.max_flops,
+                                   self._latency)):
             fail(_OWNER, "max_features", "a budget (at least one of max_features, max_units, max_params, "
-                 "max_flops)", None)
+                 "max_flops, max_latency)", None)
+        if latency_table is not None and not isinstance(latency_table, LatencyTable):
+            fail(_OWNER, "latency_table", "None or a LatencyTable", latency_table)
+        if latency_table is not None and self._latency is None:
+            fail(_OWNER, "latency_table", "None without max_latency (the table serves a latency budget)",
+                 latency_table)
+        if latency_table is not None and self._latency[0] == "seconds" \
+                and self._latency[2] not in latency_table.batch_sizes:
+            fail(_OWNER, "max_latency", "a time at a batch size the latency table was measured at "
+                 f"({', '.join(map(str, latency_table.batch_sizes))})", max_latency)
+        if latency_table is not None and self._latency[0] == "fraction" and len(latency_table.batch_sizes) > 1:
+            fail(_OWNER, "latency_table", "a table of one batch size with a fractional max_latency (or give "
+                 "max_latency=(seconds, batch size))", latency_table)
+        self.latency_table = latency_table
+        if not isinstance(latency_check, (bool, np.bool_)):
+            fail(_OWNER, "latency_check", "True or False", latency_check)
+        self.latency_check = bool(latency_check)
+        self.latency = None
         self.threshold = check_non_negative(_OWNER, "threshold", threshold)
         settle = check_non_negative(_OWNER, "settle", settle)
         if settle >= 1.0:
@@ -283,19 +309,42 @@ class SparsityBudget(keras.callbacks.Callback):
     def _report(self):
         return analysis.sparsity_report(self.model, threshold=self.threshold)
 
-    @staticmethod
-    def _sizes(report):
-        return {"features": report.n_selected_features, "units": report.live_neurons,
-                "params": report.params_after, "flops": report.flops_after}
+    @property
+    def latency_batch_size(self):
+        """The batch size the latency budget counts at (``None`` without ``max_latency``)."""
+        if self._latency is None:
+            return None
+        if self._latency[0] == "seconds":
+            return self._latency[2]
+        return self.latency_table.batch_sizes[0] if self.latency_table is not None else LATENCY_BATCH_SIZE
+
+    def _predicted_latency(self, widths):
+        """The table's predicted time of ``{layer name: (in, out)}`` at the budget's batch size."""
+        return self.latency_table.predict(widths, self.latency_batch_size)
+
+    def _sizes(self, report, found=None):
+        """The sizes of a report; with ``max_latency`` (and ``found``, its :class:`Analysis`) the predicted time."""
+        sizes = {"features": report.n_selected_features, "units": report.live_neurons,
+                 "params": report.params_after, "flops": report.flops_after, "latency": 0.0}
+        if self._latency is not None and found is not None and self.latency_table is not None:
+            sizes["latency"] = self._predicted_latency(self.latency_table.widths_of(found))
+        return sizes
 
     def _measure(self):
         """The budgeted sizes of the model now; with ``round_to`` > 1, until settling rounds the widths, at the
         widths rounding up would give."""
-        if self.round_to == 1 or self.state.rounded:
+        if self._latency is None and (self.round_to == 1 or self.state.rounded):
             return self._sizes(self._report())
         found = analysis.analyze(self.model, self.threshold, owner=_OWNER)
+        if self.round_to == 1 or self.state.rounded:
+            return self._sizes(found.report, found)
         layers = rounding.rounded_up(found, self.round_to, grow=True)
-        return rounding.sizes_with(found, self._sizes(found.report), {layer.name: layer for layer in layers})
+        return rounding.sizes_with(found, self._sizes(found.report, found), {layer.name: layer for layer in layers},
+                                   self._latency_of)
+
+    @property
+    def _latency_of(self):
+        return None if self._latency is None else self._predicted_latency
 
     def _over(self, sizes):
         return schedule.over(sizes, self.limits)
@@ -337,6 +386,8 @@ class SparsityBudget(keras.callbacks.Callback):
                 if count >= self.dense[kind]:
                     above.append(f"max_{kind}={limit!r} (the model has {self.dense[kind]})")
                 self.limits[kind] = min(count, self.dense[kind])
+        if self._latency is not None:
+            self._latency_begin(above)
         if above:
             warnings.warn(f"{_OWNER}: {', '.join(above)}: the dense model is within it already; the budget "
                           "removes nothing for it.", RuntimeWarning, stacklevel=2)
@@ -347,6 +398,22 @@ class SparsityBudget(keras.callbacks.Callback):
         self._first_epoch = None
         self._steps = self.params.get("steps") if self.params else None  # None: a dataset of unknown length
         self._done = self._checked = 0  # batches of this epoch: done, done at the last check
+
+    def _latency_begin(self, above):
+        """The latency table (measured now when none was given), the dense time and the latency limit."""
+        if self.latency_table is None:
+            self.latency_table = LatencyTable.measure(self.model, batch_size=self.latency_batch_size)
+            _LOG.info("%s: measured the latency table in %.1f s:\n%s", _OWNER, self.latency_table.measure_seconds,
+                      self.latency_table.to_text())
+        else:
+            self.latency_table.check_model(self.model, owner=_OWNER)
+        dense = self.latency_table.predict(None, self.latency_batch_size)
+        self.dense["latency"] = dense
+        limit = self._latency[1] * dense if self._latency[0] == "fraction" else self._latency[1]
+        if limit >= dense:
+            above.append(f"max_latency={self.max_latency!r} (the dense model takes {_ms(dense)} at batch "
+                         f"{self.latency_batch_size})")
+        self.limits["latency"] = min(limit, dense)
 
     def on_epoch_begin(self, epoch, logs=None):
         """A new search at epoch 0; later, a resumed training catches up with the decision of the epoch before.
@@ -406,7 +473,7 @@ class SparsityBudget(keras.callbacks.Callback):
             logs["budget_over"] = float(self._over(sizes))
             logs["budget_cut"] = int(cut)
             for kind in self.limits:
-                logs[f"budget_{kind}"] = int(sizes[kind])
+                logs[f"budget_{kind}"] = float(sizes[kind]) if kind == "latency" else int(sizes[kind])
 
     def _decide(self, epoch):
         """What the end of ``epoch`` decides: steer the strength, or settle (round, cut, freeze).
@@ -453,7 +520,7 @@ class SparsityBudget(keras.callbacks.Callback):
 
     def _warn_far_below(self, sizes, epoch):
         """Say so when settling begins below half a budget: the penalties took more than was asked."""
-        far = [f"{kind} {sizes[kind]} (budget {limit})" for kind, limit in self.limits.items()
+        far = [f"{kind} {_size(kind, sizes[kind])} (budget {_size(kind, limit)})" for kind, limit in self.limits.items()
                if sizes[kind] < 0.5 * limit and sizes[kind] < self.dense[kind]]
         if far:
             warnings.warn(
@@ -472,6 +539,8 @@ class SparsityBudget(keras.callbacks.Callback):
         if self.limits is None:
             return
         self._finish()
+        if "latency" in self.limits and self.latency_check:
+            self._check_latency(logs)
         history = getattr(self.model, "history", None)
         if isinstance(history, keras.callbacks.History) and "on_train_end" not in vars(history):
             def after_every_callback(logs=None, history=history):
@@ -480,6 +549,45 @@ class SparsityBudget(keras.callbacks.Callback):
                 self._finish(after_others=True)
 
             history.on_train_end = after_every_callback
+
+    def _check_latency(self, logs):
+        """Time the pruned model (and the dense one, at the same moment) and keep predicted vs measured."""
+        from keras_group_lasso.surgery import prune_model
+
+        batch = self.latency_batch_size
+        found = analysis.analyze(self.model, self.threshold, owner=_OWNER)
+        predicted = self._predicted_latency(self.latency_table.widths_of(found))
+        dense_predicted = self.dense["latency"]
+        pruned = prune_model(self.model, self.threshold)
+        measured = LatencyTable.time_model(pruned, batch)
+        dense_measured = LatencyTable.time_model(self.model, batch)
+        self.latency = {
+            "batch_size": batch,
+            "predicted": predicted,
+            "measured": measured,
+            "dense_predicted": dense_predicted,
+            "dense_measured": dense_measured,
+            "predicted_speedup": dense_predicted / predicted,
+            "measured_speedup": dense_measured / measured,
+            "budget": self.limits["latency"],
+        }
+        if logs is not None:
+            logs["budget_latency_predicted"] = predicted
+            logs["budget_latency_measured"] = measured
+        _LOG.info("%s: the pruned model takes %s at batch %d, predicted %s (dense: %s measured now, %s in the table); "
+                  "speed-up measured %.2fx, predicted %.2fx.", _OWNER, _ms(measured), batch, _ms(predicted),
+                  _ms(dense_measured), _ms(dense_predicted), self.latency["measured_speedup"],
+                  self.latency["predicted_speedup"])
+        asked = self.limits["latency"] / dense_predicted  # the budget as a fraction of the dense time
+        if measured > 1.1 * asked * dense_measured:
+            warnings.warn(
+                f"{_OWNER}: the pruned model measured {_ms(measured)} at batch {batch}, {measured / dense_measured:.2f} "
+                f"of the dense model's {_ms(dense_measured)} measured at the same time; the budget asked "
+                f"{asked:.2f} and the latency table predicted {predicted / dense_predicted:.2f}. A table measured on "
+                "a quiet machine (or with more repeats) predicts closer.",
+                RuntimeWarning,
+                stacklevel=3,
+            )
 
     def _finish(self, after_others=False):
         sizes = self._measure()
@@ -575,7 +683,8 @@ class SparsityBudget(keras.callbacks.Callback):
         newly = sum(1 for _, _, was_zero in groups[:count] if not was_zero)
         if self._over(best) > 1.0 and not self._unmeetable:
             self._unmeetable = True  # said once per fit
-            details = ", ".join(f"{kind} {best[kind]} (budget {limit})" for kind, limit in self.limits.items())
+            details = ", ".join(f"{kind} {_size(kind, best[kind])} (budget {_size(kind, limit)})"
+                                for kind, limit in self.limits.items())
             warnings.warn(
                 f"{_OWNER}: the budget cannot be met: with every group it may cut set to zero ({newly} newly) the "
                 f"model has {details}. The strongest group of every layer stays, and layers without a group "
@@ -592,7 +701,8 @@ class SparsityBudget(keras.callbacks.Callback):
         if self._warned:
             return
         self._warned = True
-        details = ", ".join(f"{kind} {sizes[kind]} (budget {limit})" for kind, limit in self.limits.items())
+        details = ", ".join(f"{kind} {_size(kind, sizes[kind])} (budget {_size(kind, limit)})"
+                            for kind, limit in self.limits.items())
         when = "at the end of training" if epoch is None else f"at the end of epoch {epoch + 1}"
         warnings.warn(
             f"{_OWNER}: {when} the model was still over its budget; {what} to meet it: {details} "
@@ -610,7 +720,8 @@ class SparsityBudget(keras.callbacks.Callback):
         them). Returns ``({layer name: (live units before, after)}, live units removed)``.
         """
         found = analysis.analyze(self.model, self.threshold, owner=_OWNER)
-        layers, sizes = rounding.plan_widths(found, self._sizes(found.report), self.limits, self.round_to, grow)
+        layers, sizes = rounding.plan_widths(found, self._sizes(found.report, found), self.limits, self.round_to,
+                                             grow, self._latency_of)
         self._update(rounded=True)  # from here on the sizes are the model's own
         if not layers or self._over(sizes) > 1.0:
             return {}, 0  # blocks cannot meet it: the cut of single groups takes over
@@ -625,3 +736,12 @@ class SparsityBudget(keras.callbacks.Callback):
             self._warn_cut(f"{removed} live units went, in blocks of {self.round_to} (round_to)", self._measure(),
                            epoch)
         return changed, removed
+
+
+def _ms(seconds):
+    return f"{1e3 * seconds:.3g} ms"
+
+
+def _size(kind, value):
+    """A budgeted size in words: a count, or milliseconds for the latency."""
+    return _ms(value) if kind == "latency" else str(value)

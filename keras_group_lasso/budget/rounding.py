@@ -28,7 +28,7 @@ def rounded_up(found, round_to, grow):
     return layers
 
 
-def plan_widths(found, sizes, limits, round_to, grow):
+def plan_widths(found, sizes, limits, round_to, grow, latency=None):
     """``(layers, sizes)``: each roundable layer's width (``layer.width``) within ``limits``, and the sizes then.
 
     Every layer starts at the multiple at or above its live units (or all its
@@ -36,7 +36,7 @@ def plan_widths(found, sizes, limits, round_to, grow):
     down loses the least group strength per budget share goes a step down; a
     layer goes below ``round_to`` only when whole blocks cannot meet the
     budget. ``found``: an :class:`~keras_group_lasso.analysis.Analysis`;
-    ``sizes``: its report's sizes.
+    ``sizes``: its report's sizes; ``latency``: see :func:`sizes_with`.
     """
     layers = rounded_up(found, round_to, grow)
     if not layers:
@@ -46,7 +46,7 @@ def plan_widths(found, sizes, limits, round_to, grow):
     def load(estimated):  # budgets' sum of size / limit: what a step down buys
         return sum(estimated[kind] / max(limit, 1) for kind, limit in limits.items())
 
-    current = sizes_with(found, sizes, by_name)
+    current = sizes_with(found, sizes, by_name, latency)
     for narrow in (False, True):
         while schedule.over(current, limits) > 1.0:
             best = None
@@ -56,7 +56,7 @@ def plan_widths(found, sizes, limits, round_to, grow):
                 if not lower:
                     continue
                 width, layer.width = layer.width, max(lower)
-                smaller = sizes_with(found, sizes, by_name)
+                smaller = sizes_with(found, sizes, by_name, latency)
                 layer.width, lost = width, float(np.sum(layer.scores[max(lower):width]))
                 gain = load(current) - load(smaller)
                 if gain > 0 and (best is None or lost / gain < best[0]):
@@ -153,8 +153,12 @@ def width_choices(units, live, step, grow):
     return sorted(c for c in choices if c >= 1)
 
 
-def sizes_with(found, sizes, widths):
-    """``sizes`` with the layers in ``widths`` (name: :class:`Roundable`) at their ``width``."""
+def sizes_with(found, sizes, widths, latency=None):
+    """``sizes`` with the layers in ``widths`` (name: :class:`Roundable`) at their ``width``.
+
+    ``latency``: ``None``, or a function of ``{layer name: (input units, output units)}`` that gives the
+    ``"latency"`` size (a :class:`~keras_group_lasso.LatencyTable`'s prediction).
+    """
     graph, masks = found.graph, found.masks
     kept_in = {node.name: int(masks.inputs[node.name].sum()) for node in graph.units}
     kept_out = {node.name: int(masks.units[node.name].sum()) for node in graph.units}
@@ -176,6 +180,8 @@ def sizes_with(found, sizes, widths):
             out[kind] += count(new_in[name], new_out[name]) - count(kept_in[name], kept_out[name])
         if not node.is_output:
             out["units"] += new_out[name] - kept_out[name]
+    if latency is not None:
+        out["latency"] = latency({node.name: (new_in[node.name], new_out[node.name]) for node in graph.units})
     return out
 
 

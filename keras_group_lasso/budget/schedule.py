@@ -1,19 +1,20 @@
 """The steering of a size budget, as pure functions of sizes and numbers (no model, no Keras).
 
 Sizes are dicts ``{kind: count}`` over the kinds ``"features"``, ``"units"``,
-``"params"`` and ``"flops"``; ``limits`` holds the budgeted kinds only. The
-multiplier has two entries: input groups (served by ``features``) and all
-other groups (served by ``units``); ``params`` and ``flops`` are served by both.
+``"params"``, ``"flops"`` and ``"latency"`` (predicted seconds, see
+:mod:`.cost`); ``limits`` holds the budgeted kinds only. The multiplier has two
+entries: input groups (served by ``features``) and all other groups (served by
+``units``); ``params``, ``flops`` and ``latency`` are served by both.
 """
 
 import math
 import numbers
 
-__all__ = ["KINDS", "check_limit", "targets", "over", "entry_overs", "steer", "near_budget", "last_fraction"]
+__all__ = ["KINDS", "check_limit", "check_latency", "targets", "over", "entry_overs", "steer", "near_budget", "last_fraction"]
 
-KINDS = ("features", "units", "params", "flops")
+KINDS = ("features", "units", "params", "flops", "latency")
 NEAR = 0.05  # settling may begin early once the schedule is this close to the budget (a fraction of it)
-_SERVED = (("features", "params", "flops"), ("units", "params", "flops"))
+_SERVED = (("features", "params", "flops", "latency"), ("units", "params", "flops", "latency"))
 
 
 def check_limit(owner, name, value):
@@ -40,6 +41,34 @@ def check_limit(owner, name, value):
     if not (0.0 < value <= 1.0):
         fail(owner, name, constraint, value)
     return float(value)
+
+
+def check_latency(owner, name, value):
+    """``value`` as ``("fraction", f)`` for a float ``f`` in (0, 1], or ``("seconds", s, batch size)`` for a pair
+    ``(s, batch size)`` with ``s > 0`` seconds; ``None`` stays ``None``.
+
+    Raises:
+        InvalidParameterError: anything else (a bool, 0, a negative number, a fraction above 1, a bad pair).
+
+    Example:
+        >>> check_latency("SparsityBudget", "max_latency", 0.2), check_latency("SparsityBudget", "max_latency", (0.004, 256))
+        (('fraction', 0.2), ('seconds', 0.004, 256))
+    """
+    from keras_group_lasso._validation import fail
+
+    constraint = ("a float in (0, 1] (a fraction of the dense model's measured time) or a pair (seconds > 0, "
+                  "batch size) (a time per batch of that size)")
+    if value is None:
+        return None
+    if isinstance(value, tuple) and len(value) == 2:
+        seconds, batch = value
+        if (isinstance(seconds, bool) or not isinstance(seconds, numbers.Real) or not math.isfinite(seconds)
+                or seconds <= 0 or isinstance(batch, bool) or not isinstance(batch, numbers.Integral) or batch < 1):
+            fail(owner, name, constraint, value)
+        return ("seconds", float(seconds), int(batch))
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not (0.0 < value <= 1.0):
+        fail(owner, name, constraint, value)
+    return ("fraction", float(value))
 
 
 def targets(dense, limits, progress, power):

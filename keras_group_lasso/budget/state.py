@@ -15,8 +15,9 @@ from keras_group_lasso.budget.schedule import KINDS
 __all__ = ["BudgetState", "SEARCH", "WITHIN", "CUT"]
 
 SEARCH, WITHIN, CUT = 0, 1, 2  # the values of logs["budget_phase"]
-_STARTED, _PHASE, _SETTLING, _INITIAL, _REACHED, _LAST, _HAS_LAST, _CUT, _ROUNDED, _DECIDED = (
-    0, 1, 2, 3, 5, 7, 11, 12, 13, 14)
+_STARTED, _PHASE, _SETTLING, _INITIAL, _REACHED, _LAST, _HAS_LAST, _CUT, _ROUNDED, _DECIDED, _LATENCY = (
+    0, 1, 2, 3, 5, 7, 11, 12, 13, 14, 15)
+_COUNTS = KINDS[:4]  # stored at _LAST..; the predicted latency at _LATENCY (a state saved before it has 0 there)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -56,7 +57,7 @@ class BudgetState:
         return cls(
             started=bool(v[_STARTED]), phase=int(v[_PHASE]), settling=bool(v[_SETTLING]),
             initial=tuple(v[_INITIAL:_INITIAL + 2]), reached=tuple(v[_REACHED:_REACHED + 2]),
-            last_sizes=dict(zip(KINDS, v[_LAST:_LAST + 4])) if v[_HAS_LAST] else None,
+            last_sizes=(dict(zip(_COUNTS, v[_LAST:_LAST + 4]), latency=v[_LATENCY]) if v[_HAS_LAST] else None),
             cut=int(v[_CUT]), rounded=bool(v[_ROUNDED]), decided=int(v[_DECIDED]),
         )
 
@@ -65,7 +66,8 @@ class BudgetState:
         v[_STARTED], v[_PHASE], v[_SETTLING] = float(self.started), self.phase, float(self.settling)
         v[_INITIAL:_INITIAL + 2], v[_REACHED:_REACHED + 2] = self.initial, self.reached
         if self.last_sizes is not None:
-            v[_LAST:_LAST + 4] = [self.last_sizes[kind] for kind in KINDS]
+            v[_LAST:_LAST + 4] = [self.last_sizes[kind] for kind in _COUNTS]
+            v[_LATENCY] = self.last_sizes.get("latency", 0.0)
             v[_HAS_LAST] = 1.0
         v[_CUT], v[_ROUNDED], v[_DECIDED] = self.cut, float(self.rounded), self.decided
         return v
@@ -78,7 +80,7 @@ class BudgetState:
     def replace(self, **changes):
         if "last_sizes" in changes and changes["last_sizes"] is not None:
             # Stored as float32: read back the same in an uninterrupted and a resumed run.
-            changes["last_sizes"] = {k: float(np.float32(changes["last_sizes"][k])) for k in KINDS}
+            changes["last_sizes"] = {k: float(np.float32(changes["last_sizes"].get(k, 0.0))) for k in KINDS}
         for key in ("initial", "reached"):
             if key in changes:
                 changes[key] = tuple(float(np.float32(m)) for m in changes[key])

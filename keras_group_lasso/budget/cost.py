@@ -1,0 +1,560 @@
+"""What a structure costs in measured time: a latency table of the prunable layers, measured on the running backend.
+
+A :class:`LatencyTable` holds, for one model, batch size, backend and device,
+the measured inference time of every layer that makes units (Dense,
+convolutions, ...) at a small grid of ``(input units, output units)``, and the
+time of the rest of the model (pooling, normalization, activations, the call
+itself). Between grid points a layer's time is interpolated bilinearly; a
+structure's predicted time is the rest plus the sum of its layers::
+
+    predict(widths) = rest + sum_layer  t_layer(in_layer, out_layer)
+
+so that the dense widths predict the measured dense model. The table is
+measured once, before training; :class:`~keras_group_lasso.SparsityBudget`
+steers with it (``max_latency``), and it can be saved as JSON and measured on
+the deployment target instead of the training machine.
+"""
+
+import json
+import math
+import numbers
+import os
+import platform
+import time
+
+import keras
+import numpy as np
+
+from keras_group_lasso._validation import Described, check_positive_int, fail
+
+__all__ = ["LatencyTable", "DEFAULT_GRID"]
+
+_OWNER = "LatencyTable"
+FORMAT = "keras_group_lasso.LatencyTable/1"
+#: Widths measured per layer, as fractions of the dense width (each axis).
+DEFAULT_GRID = (0.125, 0.5, 1.0)
+_SAMPLE_SECONDS = 2e-3  # a timing sample repeats a fast call until it lasts about this long
+_TINY = 1e-9
+
+
+# ----------------------------------------------------------------------------- timing
+
+
+def _compiled(obj, is_model):
+    """``call(x)``: a compiled inference call of a layer or model on the running backend, returning when done.
+
+    TensorFlow: ``tf.function`` (the graph a SavedModel serves); JAX: ``jax.jit`` of
+    ``stateless_call``; PyTorch: an eager call under ``torch.no_grad()``.
+    """
+    backend = keras.backend.backend()
+    kwargs = {"training": False} if is_model else {}
+    if backend == "jax":
+        import jax
+
+        trainable = [v.value for v in obj.trainable_variables]
+        non_trainable = [v.value for v in obj.non_trainable_variables]
+        run = jax.jit(lambda t, n, x: obj.stateless_call(t, n, x, **kwargs)[0])
+        return lambda x: jax.block_until_ready(run(trainable, non_trainable, x))
+    if backend == "tensorflow":
+        import tensorflow as tf
+
+        return tf.function(lambda x: obj(x, **kwargs), jit_compile=False)
+    if backend == "torch":
+        import torch
+
+        def call(x):
+            with torch.no_grad():
+                out = obj(x, **kwargs)
+            if getattr(getattr(out, "device", None), "type", "cpu") == "cuda":
+                torch.cuda.synchronize()
+            return out
+
+        return call
+    return lambda x: obj(x, **kwargs)  # another backend: a plain call
+
+
+def _best_seconds(call, x, repeats):
+    """The fastest of ``repeats`` samples of one call's wall time, after two warm-up calls (the first compiles).
+
+    The fastest, not the median: on a shared machine other processes only ever slow a sample down (as
+    ``timeit`` advises), and on a busy 2-core machine whole samples run tens of times slower.
+    """
+    call(x)
+    start = time.perf_counter()
+    call(x)
+    once = time.perf_counter() - start
+    calls = max(1, min(1000, int(_SAMPLE_SECONDS / max(once, 1e-7))))
+    samples = []  # the timed run above is a second warm-up (PyTorch and oneDNN settle in a call or two)
+    while len(samples) < repeats:
+        start = time.perf_counter()
+        for _ in range(calls):
+            call(x)
+        samples.append((time.perf_counter() - start) / calls)
+    return float(min(samples))
+
+
+def _inputs(model, batch_size, owner):
+    """Random inputs of ``batch_size`` for every input of ``model`` (a backend tensor, or a list of them)."""
+    rng = np.random.default_rng(0)
+    xs = []
+    for tensor in model.inputs:
+        shape = tuple(tensor.shape)[1:]
+        if any(d is None for d in shape):
+            fail(owner, "model", "a model whose inputs have a fixed size (a latency is measured on inputs of one "
+                 "shape)", Described(f"a model with input shape {tuple(tensor.shape)}"))
+        dtype = str(tensor.dtype)
+        if "int" in dtype:
+            value = np.zeros((batch_size,) + shape, dtype=dtype)
+        else:
+            value = rng.standard_normal((batch_size,) + shape).astype(dtype)
+        xs.append(keras.ops.convert_to_tensor(value))
+    return xs[0] if len(xs) == 1 else xs
+
+
+def _device():
+    """The device that runs the backend's calls, in words."""
+    backend = keras.backend.backend()
+    cpu = f"CPU ({platform.machine() or 'unknown'}, {os.cpu_count()} cores)"
+    try:
+        if backend == "jax":
+            import jax
+
+            device = jax.devices()[0]
+            return cpu if device.platform == "cpu" else f"{device.platform.upper()} ({device.device_kind})"
+        if backend == "tensorflow":
+            import tensorflow as tf
+
+            gpus = tf.config.list_logical_devices("GPU")
+            return f"GPU ({gpus[0].name})" if gpus else cpu
+        if backend == "torch":
+            import torch
+
+            if torch.cuda.is_available():
+                return f"GPU ({torch.cuda.get_device_name(0)})"
+    except Exception:  # noqa: BLE001 - a device that cannot say its name is described as the CPU
+        return cpu
+    return cpu
+
+
+# ----------------------------------------------------------------------------- the table
+
+
+def _grid(dense, fractions, fixed):
+    if fixed:
+        return [int(dense)]
+    return sorted({max(1, int(math.ceil(f * dense))) for f in fractions} | {int(dense)})
+
+
+def _interpolate(points, value):
+    """``(lower index, upper index, weight of upper)`` of ``value`` in the sorted ``points`` (clamped at the ends)."""
+    if value <= points[0]:
+        return 0, 0, 0.0
+    if value >= points[-1]:
+        last = len(points) - 1
+        return last, last, 0.0
+    upper = int(np.searchsorted(points, value))
+    lower = upper - 1
+    return lower, upper, (value - points[lower]) / (points[upper] - points[lower])
+
+
+def _monotone(seconds):
+    """Times that do not decrease with width along either axis: each point at most any wider point.
+
+    Noise on a busy machine mostly slows a sample down, so a narrow point slower than a wider one is capped
+    by the wider one (rather than the wider raised to it).
+    """
+    seconds = np.maximum(np.asarray(seconds, dtype=np.float64), _TINY)
+    seconds = np.minimum.accumulate(seconds[::-1], axis=0)[::-1]
+    return np.minimum.accumulate(seconds[:, ::-1], axis=1)[:, ::-1].copy()
+
+
+class LatencyTable:
+    """Measured inference time of a model's prunable layers at a grid of widths, and of the rest of the model.
+
+    Measure it with :meth:`measure` (on the machine and backend that will run
+    the pruned model), then :meth:`predict` the time of a structure, for
+    example the live units of a :func:`~keras_group_lasso.sparsity_report`.
+    For each layer that makes units (as :func:`~keras_group_lasso.graph.model_graph`
+    finds them) a standalone copy of the layer is built at every grid point
+    ``(in, out)`` (the widths ``ceil(f * dense)`` for ``f`` in ``grid``, on each
+    axis that a pruning can narrow) and its compiled inference call is timed
+    (two warm-up calls, then the fastest of ``repeats`` samples; a fast call is
+    repeated within a sample). Between grid points the time is bilinear in the
+    widths, below the smallest point it is that point's (a conservative
+    floor), and it never decreases with width along either axis. The rest of
+    the model is the measured dense model minus its layers at full width::
+
+        predict(widths) = rest + sum_layer  t_layer(in_layer, out_layer)
+
+    so the dense widths predict the dense model's measured time exactly. When
+    the standalone layers add up to more than the model (a compiled model fuses
+    what they do apart), each layer's time counts scaled by ``dense model /
+    sum of the layers`` and the rest is 0.
+
+    TensorFlow times a ``tf.function`` (what a SavedModel serves), JAX a
+    ``jax.jit`` of the stateless call, PyTorch an eager call without gradients.
+
+    Attributes:
+        model_name: the name of the model it was measured for.
+        layers: ``{layer name: (input units, output units)}`` of the dense model, in the graph's order.
+        batch_sizes: the batch sizes it holds.
+        backend: the Keras backend it was measured on.
+        device: the device, in words.
+        grid: the fractions of the dense widths measured on each axis.
+        measure_seconds: how long measuring took (``None`` when unknown).
+
+    Example:
+        >>> model = keras.Sequential([keras.Input((16,)), keras.layers.Dense(32, activation="relu", name="hidden"),
+        ...                           keras.layers.Dense(2, name="out")])
+        >>> table = LatencyTable.measure(model, batch_size=64, repeats=2)
+        >>> dense = table.predict()
+        >>> table.predict({"hidden": (16, 4), "out": (4, 2)}) <= dense
+        True
+        >>> table.layers
+        {'hidden': (16, 32), 'out': (32, 2)}
+    """
+
+    def __init__(self, model_name, layers, entries, backend, device, grid=DEFAULT_GRID, measure_seconds=None):
+        self.model_name = str(model_name)
+        self.layers = {str(name): (int(w[0]), int(w[1])) for name, w in layers.items()}
+        self._entries = {}
+        for batch, entry in entries.items():
+            self._entries[int(batch)] = {
+                "model": float(entry["model"]),
+                "rest": float(entry["rest"]),
+                "scale": float(entry.get("scale", 1.0)),
+                "layers": {name: {"in": [int(v) for v in grid_entry["in"]],
+                                  "out": [int(v) for v in grid_entry["out"]],
+                                  "seconds": np.asarray(grid_entry["seconds"], dtype=np.float64)}
+                           for name, grid_entry in entry["layers"].items()},
+            }
+        self.backend = str(backend)
+        self.device = str(device)
+        self.grid = tuple(float(f) for f in grid)
+        self.measure_seconds = None if measure_seconds is None else float(measure_seconds)
+
+    # ------------------------------------------------------------------ measuring
+
+    @classmethod
+    def measure(cls, model, batch_size=256, grid=DEFAULT_GRID, repeats=5):
+        """Measure ``model`` on the running backend and device.
+
+        Args:
+            model: a built Keras model whose inputs have a fixed size.
+            batch_size: an integer >= 1, or a tuple of them (one table for each).
+            grid: fractions in (0, 1] of each dense width to time (1 is always added).
+            repeats: timing samples per point (the fastest counts), an integer >= 1.
+
+        Returns:
+            A :class:`LatencyTable`.
+
+        Raises:
+            InvalidParameterError: a bad argument, a model without a layer that makes units, or a model
+                whose inputs have axes of unknown size.
+        """
+        from keras_group_lasso import analysis
+        from keras_group_lasso.graph import registry
+
+        started = time.perf_counter()
+        batch_sizes = _check_batch_sizes(_OWNER, "batch_size", batch_size)
+        grid = _check_grid(grid)
+        repeats = check_positive_int(_OWNER, "repeats", repeats)
+        found = analysis.analyze(model, threshold=0.0, owner=_OWNER)
+        graph = found.graph
+        model_call = _compiled(model, is_model=True)
+        entries = {}
+        for batch in batch_sizes:
+            x = _inputs(model, batch, _OWNER)
+            dense = _best_seconds(model_call, x, repeats)
+            layers = {}
+            for node in graph.units:
+                layer = graph.layers[node.name]
+                rule = registry.units_rule(layer)
+                shape = _layer_input_shape(graph, node, layer)
+                fixed_in = node.reads_input and not graph.flat_features
+                ins = _grid(node.in_units, grid, fixed_in)
+                outs = _grid(node.out_units, grid, node.is_output)
+                weights = rule.weights(layer)
+                seconds = np.zeros((len(ins), len(outs)))
+                for a, width_in in enumerate(ins):
+                    for b, width_out in enumerate(outs):
+                        seconds[a, b] = _time_layer(layer, rule, weights, node, shape, width_in, width_out, batch,
+                                                    repeats)
+                layers[node.name] = {"in": ins, "out": outs, "seconds": _monotone(seconds)}
+            total = sum(float(entry["seconds"][-1, -1]) for entry in layers.values())
+            # Standalone layers may add up to more than the compiled model (which fuses what they do apart):
+            # their times then count in proportion, scaled to the model's.
+            scale = min(1.0, dense / total) if total > 0 else 1.0
+            entries[batch] = {"model": dense, "rest": dense - scale * total, "scale": scale, "layers": layers}
+        widths = {node.name: (node.in_units, node.out_units) for node in graph.units}
+        return cls(model.name, widths, entries, keras.backend.backend(), _device(), grid,
+                   time.perf_counter() - started)
+
+    @staticmethod
+    def time_model(model, batch_size=256, repeats=5):
+        """The time in seconds of one compiled inference call of ``model`` on a batch of ``batch_size``.
+
+        Timed as :meth:`measure` times the dense model (warm-up calls, then the fastest of ``repeats``).
+        """
+        batch_size = check_positive_int(_OWNER, "batch_size", batch_size)
+        repeats = check_positive_int(_OWNER, "repeats", repeats)
+        if not isinstance(model, keras.Model):
+            fail(_OWNER, "model", "a keras.Model", model)
+        return _best_seconds(_compiled(model, is_model=True), _inputs(model, batch_size, _OWNER), repeats)
+
+    # ------------------------------------------------------------------ predicting
+
+    @property
+    def batch_sizes(self):
+        return tuple(sorted(self._entries))
+
+    def _entry(self, batch_size, owner, name):
+        if batch_size is None:
+            if len(self._entries) == 1:
+                return next(iter(self._entries.values()))
+            fail(owner, name, f"one of the table's batch sizes {list(self.batch_sizes)} (it holds several)",
+                 batch_size)
+        if isinstance(batch_size, bool) or not isinstance(batch_size, numbers.Integral) \
+                or int(batch_size) not in self._entries:
+            fail(owner, name, f"a batch size the latency table was measured at ({', '.join(map(str, self.batch_sizes))})",
+                 batch_size)
+        return self._entries[int(batch_size)]
+
+    def dense_seconds(self, batch_size=None):
+        """The measured time of the dense model (what :meth:`predict` gives for the dense widths)."""
+        return self._entry(batch_size, _OWNER, "batch_size")["model"]
+
+    def rest_seconds(self, batch_size=None):
+        """The time of the model minus its prunable layers at full width."""
+        return self._entry(batch_size, _OWNER, "batch_size")["rest"]
+
+    def layer_seconds(self, name, in_units, out_units, batch_size=None):
+        """The interpolated time of layer ``name`` reading ``in_units`` and making ``out_units``."""
+        entry = self._entry(batch_size, _OWNER, "batch_size")["layers"][name]
+        ins, outs, seconds = entry["in"], entry["out"], entry["seconds"]
+        a0, a1, wa = _interpolate(ins, in_units)
+        b0, b1, wb = _interpolate(outs, out_units)
+        low = seconds[a0, b0] + wb * (seconds[a0, b1] - seconds[a0, b0])  # equal ends give exactly their value
+        high = seconds[a1, b0] + wb * (seconds[a1, b1] - seconds[a1, b0])
+        return float(self._entry(batch_size, _OWNER, "batch_size")["scale"] * (low + wa * (high - low)))
+
+    def widths_of(self, structure):
+        """``{layer name: (input units, output units)}`` of ``structure`` (see :meth:`predict`)."""
+        from keras_group_lasso.analysis import Analysis, SparsityReport
+
+        if structure is None:
+            return dict(self.layers)
+        if isinstance(structure, Analysis):
+            masks = structure.masks
+            return {name: (int(masks.inputs[name].sum()), int(masks.units[name].sum()))
+                    for name in self.layers if name in masks.units}
+        if isinstance(structure, SparsityReport):
+            rows = {row.name: row for row in structure.layers}
+            missing = [name for name in self.layers if name not in rows and "#" not in name]
+            if missing or len(rows) > len(self.layers):
+                fail(_OWNER, "structure", f"the report of model {self.model_name!r} (layers "
+                     f"{', '.join(self.layers)})", Described(f"a report of layers {', '.join(rows)}"))
+            widths = {}
+            for name, (dense_in, dense_out) in self.layers.items():
+                row = rows.get(name.split("#")[0])
+                widths[name] = (dense_in, dense_out) if row is None else (
+                    min(dense_in, row.groups_alive), row.units_alive)
+            return widths
+        if isinstance(structure, dict):
+            return dict(structure)
+        fail(_OWNER, "structure", "None (the dense model), a SparsityReport, or a dict {layer name: (input units, "
+             "output units)}", structure)
+
+    def predict(self, structure=None, batch_size=None):
+        """The predicted time in seconds of one inference call on a batch, for a structure of live units.
+
+        Args:
+            structure: ``None`` (the dense widths), a ``{layer name: (input units, output units)}`` dict
+                (layers left out keep their dense widths), or a
+                :class:`~keras_group_lasso.SparsityReport` (each layer at its live groups and units).
+            batch_size: one of :attr:`batch_sizes` (``None``: the table's only one).
+
+        Returns:
+            ``rest + sum over layers of the layer's interpolated time`` (a float).
+
+        Raises:
+            InvalidParameterError: a batch size the table lacks, a layer it does not know, or widths
+                outside ``0 .. dense``.
+        """
+        entry = self._entry(batch_size, _OWNER, "batch_size")
+        batch = next(b for b, e in self._entries.items() if e is entry)
+        widths = dict(self.layers)
+        for name, value in self.widths_of(structure).items():
+            if name not in self.layers:
+                fail(_OWNER, "structure", f"widths of the layers of model {self.model_name!r} "
+                     f"({', '.join(self.layers)})", Described(f"a layer named {name!r}"))
+            try:
+                width_in, width_out = (int(v) for v in value)
+            except (TypeError, ValueError):
+                fail(_OWNER, "structure", "(input units, output units) pairs of integers", value)
+            dense_in, dense_out = self.layers[name]
+            if not (0 <= width_in <= dense_in and 0 <= width_out <= dense_out):
+                fail(_OWNER, "structure", f"widths of layer {name!r} within (0..{dense_in}, 0..{dense_out})", value)
+            widths[name] = (width_in, width_out)
+        total = entry["rest"] + sum(self.layer_seconds(name, w[0], w[1], batch) for name, w in widths.items())
+        return float(max(total, _TINY))
+
+    def speedup(self, structure, batch_size=None):
+        """``predict(None) / predict(structure)``: how many times faster the structure is predicted to run."""
+        return self.predict(None, batch_size) / self.predict(structure, batch_size)
+
+    # ------------------------------------------------------------------ checking, saving
+
+    def check_model(self, model, owner=_OWNER, name="latency_table"):
+        """Raise unless ``model`` has the layers and dense widths the table was measured for.
+
+        Raises:
+            InvalidParameterError: ``owner: argument `name` must be a latency table of this model ...``.
+        """
+        from keras_group_lasso.graph import model_graph
+
+        widths = {node.name: (node.in_units, node.out_units) for node in model_graph(model).units}
+        if widths != self.layers:
+            fail(owner, name, f"a latency table measured for this model (layers {_widths_text(widths)})", self)
+        return self
+
+    def to_dict(self):
+        """Plain JSON values: what :meth:`save` writes."""
+        return {
+            "format": FORMAT,
+            "model": self.model_name,
+            "layers": {name: list(w) for name, w in self.layers.items()},
+            "backend": self.backend,
+            "device": self.device,
+            "grid": list(self.grid),
+            "measure_seconds": self.measure_seconds,
+            "batches": {str(batch): {
+                "model": entry["model"], "rest": entry["rest"], "scale": entry["scale"],
+                "layers": {name: {"in": g["in"], "out": g["out"], "seconds": g["seconds"].tolist()}
+                           for name, g in entry["layers"].items()},
+            } for batch, entry in self._entries.items()},
+        }
+
+    @classmethod
+    def from_dict(cls, data):
+        if not isinstance(data, dict) or data.get("format") != FORMAT:
+            fail(_OWNER, "data", f"a latency table (a dict with format {FORMAT!r})",
+                 Described(f"format {data.get('format')!r}" if isinstance(data, dict) else repr(data)))
+        return cls(data["model"], data["layers"], {int(b): e for b, e in data["batches"].items()}, data["backend"],
+                   data["device"], data.get("grid", DEFAULT_GRID), data.get("measure_seconds"))
+
+    def save(self, path):
+        """Write the table to ``path`` as JSON."""
+        with open(os.fspath(path), "w", encoding="utf-8") as handle:
+            json.dump(self.to_dict(), handle, indent=1)
+
+    @classmethod
+    def load(cls, path, model=None):
+        """Read a table written by :meth:`save`; with ``model``, check that it was measured for that model.
+
+        Raises:
+            InvalidParameterError: the file is not a latency table, or ``model`` is not the table's model.
+        """
+        with open(os.fspath(path), encoding="utf-8") as handle:
+            try:
+                data = json.load(handle)
+            except json.JSONDecodeError:
+                fail(_OWNER, "path", "a JSON file written by LatencyTable.save", path)
+        table = cls.from_dict(data)
+        if model is not None:
+            table.check_model(model, name="path")
+        return table
+
+    def __eq__(self, other):
+        if not isinstance(other, LatencyTable):
+            return NotImplemented
+        return json.dumps(self.to_dict(), sort_keys=True) == json.dumps(other.to_dict(), sort_keys=True)
+
+    __hash__ = None
+
+    def __repr__(self):
+        return (f"LatencyTable(model={self.model_name!r}, layers={len(self.layers)}, "
+                f"batch_sizes={list(self.batch_sizes)}, backend={self.backend!r}, device={self.device!r})")
+
+    def to_text(self):
+        """The table as readable text: each layer's time at full width, its grid, and the rest."""
+        took = "" if self.measure_seconds is None else f", measured in {self.measure_seconds:.1f} s"
+        lines = [f"LatencyTable of model {self.model_name!r} on {self.backend}, {self.device}{took}"]
+        for batch, entry in sorted(self._entries.items()):
+            lines.append(f"  batch {batch}: dense model {_ms(entry['model'])} = layers "
+                         f"{_ms(entry['model'] - entry['rest'])} + rest {_ms(entry['rest'])}")
+            width = max(len(name) for name in self.layers)
+            lines.append(f"    {'layer'.ljust(width)}  {'in x out':>12}  {'full width':>10}  {'smallest':>10}  grid")
+            for name, (dense_in, dense_out) in self.layers.items():
+                g = entry["layers"][name]
+                lines.append(f"    {name.ljust(width)}  {f'{dense_in} x {dense_out}':>12}  "
+                             f"{_ms(entry['scale'] * g['seconds'][-1, -1]):>10}  "
+                             f"{_ms(entry['scale'] * g['seconds'][0, 0]):>10}  "
+                             f"{len(g['in'])} x {len(g['out'])}")
+        return "\n".join(lines)
+
+    __str__ = to_text
+
+
+def _ms(seconds):
+    return f"{1e3 * seconds:.3f} ms"
+
+
+def _widths_text(widths):
+    return ", ".join(f"{name} {w[0]}->{w[1]}" for name, w in widths.items())
+
+
+def _check_batch_sizes(owner, name, value):
+    values = value if isinstance(value, (tuple, list)) else (value,)
+    if not values:
+        fail(owner, name, "an integer >= 1 or a tuple of them", value)
+    for v in values:
+        if isinstance(v, bool) or not isinstance(v, numbers.Integral) or v < 1:
+            fail(owner, name, "an integer >= 1 or a tuple of them", value)
+    return tuple(sorted({int(v) for v in values}))
+
+
+def _check_grid(grid):
+    constraint = "a non-empty sequence of fractions in (0, 1]"
+    try:
+        values = tuple(float(f) for f in grid)
+    except (TypeError, ValueError):
+        fail(_OWNER, "grid", constraint, grid)
+    if not values or any(isinstance(f, bool) or not (0.0 < f <= 1.0) for f in values):
+        fail(_OWNER, "grid", constraint, grid)
+    return tuple(sorted(set(values) | {1.0}))
+
+
+def _layer_input_shape(graph, node, layer):
+    """The input shape (batch axis included) of the call ``node`` of ``layer``."""
+    shapes = graph.call_shapes.get(node.name)
+    if shapes and len(shapes) == 1:
+        return tuple(shapes[0])
+    try:
+        return tuple(layer.input.shape)
+    except Exception:  # noqa: BLE001 - a layer inside a model the graph cannot see into
+        kernel_in = int(layer.kernel.shape[-2]) if hasattr(layer, "kernel") else node.in_units
+        return (None, kernel_in)
+
+
+def _time_layer(layer, rule, weights, node, shape, width_in, width_out, batch, repeats):
+    """The time of a standalone copy of ``layer`` reading ``width_in`` units and making ``width_out``."""
+    if any(d is None for d in shape[1:]):
+        fail(_OWNER, "model", "a model whose layers have inputs of a fixed size",
+             Described(f"layer {node.name!r} with input shape {shape}"))
+    config, values = rule.slice_units(layer, weights, node.in_units, np.arange(width_in), np.arange(width_out))
+    for key in list(config):
+        if key.endswith("_regularizer") or key.endswith("_constraint"):
+            config[key] = None  # not part of inference
+        elif key.endswith("_initializer") and config[key] is not None:
+            config[key] = "zeros"  # the weights are set below (a random initializer compiles for each shape on JAX)
+    config["name"] = f"latency_{node.name.replace('/', '_').replace('#', '_')}"
+    copy = type(layer).from_config(config)
+    per_unit = int(shape[-1]) // max(node.in_units, 1)  # a Dense after Flatten reads positions * in
+    in_shape = (batch,) + tuple(int(d) for d in shape[1:-1]) + (per_unit * width_in,)
+    copy.build(in_shape)
+    copy.set_weights(values)
+    rng = np.random.default_rng(1)
+    x = keras.ops.convert_to_tensor(rng.standard_normal(in_shape).astype(keras.backend.standardize_dtype(
+        layer.compute_dtype)))
+    return _best_seconds(_compiled(copy, is_model=False), x, repeats)

@@ -1,0 +1,298 @@
+"""The latency table (budget/cost.py) and ``SparsityBudget(max_latency=...)``.
+
+Timings are noisy on a shared machine: the tests check the table's structure and properties (positive,
+monotone, exact at the dense widths, a round trip), and steer with a hand-made table where the outcome must
+be exact. The speed-ups themselves are measured in ``benchmarks/latency_budget.py``.
+"""
+
+import itertools
+import re
+import warnings
+
+import keras
+import numpy as np
+import pytest
+
+from keras_group_lasso import (
+    InvalidParameterError,
+    LatencyTable,
+    Proximal,
+    SparsityBudget,
+    add_group_sparsity,
+    sparsity_report,
+)
+from keras_group_lasso.analysis import analyze
+
+
+def small_cnn(name="cnn", filters=(8, 16), units=16):
+    layers = [keras.Input((12, 12, 1))]
+    for k, count in enumerate(filters, start=1):
+        layers += [keras.layers.Conv2D(count, 3, padding="same", activation="relu", name=f"conv{k}"),
+                   keras.layers.MaxPooling2D()]
+    layers += [keras.layers.Flatten(), keras.layers.Dense(units, activation="relu", name="dense"),
+               keras.layers.Dense(3, name="logits")]
+    return keras.Sequential(layers, name=name)
+
+
+@pytest.fixture(scope="module")
+def table():
+    keras.utils.set_random_seed(0)
+    return LatencyTable.measure(small_cnn(), batch_size=16, repeats=3)
+
+
+def grids(table_):
+    return table_.to_dict()["batches"][str(table_.batch_sizes[0])]["layers"]
+
+
+# ----------------------------------------------------------------------------- the table
+
+
+def test_table_holds_a_grid_per_layer(table):
+    assert table.layers == {"conv1": (1, 8), "conv2": (8, 16), "dense": (16, 16), "logits": (16, 3)}
+    assert table.batch_sizes == (16,)
+    assert table.backend == keras.backend.backend()
+    assert table.device and table.measure_seconds > 0
+    found = grids(table)
+    # ceil(f * dense) for f in (1/8, 1/2, 1); the input channel of conv1 and the outputs of logits stay.
+    assert found["conv1"]["in"] == [1] and found["conv1"]["out"] == [1, 4, 8]
+    assert found["conv2"]["in"] == [1, 4, 8] and found["conv2"]["out"] == [2, 8, 16]
+    assert found["logits"]["out"] == [3]
+    for entry in found.values():
+        seconds = np.asarray(entry["seconds"])
+        assert seconds.shape == (len(entry["in"]), len(entry["out"]))
+        assert np.all(seconds > 0)
+        assert np.all(np.diff(seconds, axis=0) >= 0) and np.all(np.diff(seconds, axis=1) >= 0)
+
+
+def test_interpolation_is_positive_and_monotone(table):
+    for name, (dense_in, dense_out) in table.layers.items():
+        ins = sorted({1, max(1, dense_in // 3), dense_in // 2 or 1, dense_in})
+        outs = sorted({1, max(1, dense_out // 3), dense_out // 2 or 1, dense_out})
+        values = np.array([[table.layer_seconds(name, i, o) for o in outs] for i in ins])
+        assert np.all(values > 0)
+        assert np.all(np.diff(values, axis=0) >= 0) and np.all(np.diff(values, axis=1) >= 0), values
+        # Between two grid points the time lies between theirs.
+        entry = grids(table)[name]
+        if len(entry["out"]) > 1:
+            lo, hi = entry["out"][0], entry["out"][1]
+            mid = table.layer_seconds(name, dense_in, (lo + hi) / 2)
+            assert table.layer_seconds(name, dense_in, lo) <= mid <= table.layer_seconds(name, dense_in, hi)
+
+
+def test_dense_widths_predict_the_dense_model(table):
+    dense = table.predict()
+    assert dense == pytest.approx(table.dense_seconds())
+    assert dense == pytest.approx(table.rest_seconds() + sum(table.layer_seconds(n, *w)
+                                                             for n, w in table.layers.items()))
+    assert table.rest_seconds() >= 0
+    model = small_cnn()
+    assert table.predict(sparsity_report(model)) == pytest.approx(dense)
+    assert table.predict(analyze(model)) == pytest.approx(dense)
+    smaller = {"conv1": (1, 2), "conv2": (2, 4), "dense": (4, 4), "logits": (4, 3)}
+    assert table.predict(smaller) < dense
+    assert table.speedup(smaller) > 1.0
+    # Narrowing any one layer never predicts more.
+    for name, (i, o) in table.layers.items():
+        assert table.predict({name: (max(1, i // 2), max(1, o // 2))}) <= dense
+
+
+def test_prediction_is_near_a_direct_measurement(table):
+    # A loose factor: on a busy machine whole stretches of calls run tens of times slower (threads waiting for
+    # a core), so a table and a measurement taken apart may disagree; up to three tries, each measuring both.
+    narrow = small_cnn(filters=(2, 4), units=4)
+    widths = {"conv1": (1, 2), "conv2": (2, 4), "dense": (4, 4), "logits": (4, 3)}
+    tries = []
+    for attempt in range(3):
+        fresh = table if attempt == 0 else LatencyTable.measure(small_cnn(), batch_size=16, repeats=3)
+        tries.append((fresh.predict(widths), LatencyTable.time_model(narrow, batch_size=16, repeats=3)))
+        if tries[-1][0] / 10 < tries[-1][1] < tries[-1][0] * 10:
+            break
+    else:
+        pytest.fail(f"(predicted, measured) seconds: {tries}")
+
+
+def test_save_load_round_trip(table, tmp_path):
+    path = tmp_path / "latency.json"
+    table.save(path)
+    loaded = LatencyTable.load(path, model=small_cnn())
+    assert loaded == table
+    assert loaded.predict({"conv2": (3, 5)}) == table.predict({"conv2": (3, 5)})
+    assert repr(loaded) == (f"LatencyTable(model='cnn', layers=4, batch_sizes=[16], backend="
+                            f"{keras.backend.backend()!r}, device={table.device!r})")
+    text = table.to_text()
+    assert text.splitlines()[0].startswith(f"LatencyTable of model 'cnn' on {keras.backend.backend()}, ")
+    assert "batch 16: dense model" in text
+    assert all(name in text for name in table.layers)
+    assert str(table) == text
+
+
+# ----------------------------------------------------------------------------- bad input
+
+
+def test_errors_of_the_table(table, tmp_path):
+    table.save(tmp_path / "t.json")
+    with pytest.raises(InvalidParameterError, match=re.escape(
+            "LatencyTable: argument `batch_size` must be a batch size the latency table was measured at (16); "
+            "received 64.")):
+        table.predict(batch_size=64)
+    with pytest.raises(InvalidParameterError, match=re.escape(
+            "LatencyTable: argument `structure` must be widths of layer 'conv2' within (0..8, 0..16); "
+            "received (9, 16).")):
+        table.predict({"conv2": (9, 16)})
+    with pytest.raises(InvalidParameterError, match=re.escape(
+            "LatencyTable: argument `structure` must be widths of the layers of model 'cnn' (conv1, conv2, dense, "
+            "logits); received a layer named 'conv9'.")):
+        table.predict({"conv9": (1, 1)})
+    other = small_cnn(name="other", filters=(8, 12))
+    with pytest.raises(InvalidParameterError, match=re.escape(
+            "LatencyTable: argument `path` must be a latency table measured for this model (layers conv1 1->8, "
+            "conv2 8->12, dense 12->16, logits 16->3); received LatencyTable(model='cnn', layers=4, ")):
+        LatencyTable.load(tmp_path / "t.json", model=other)
+    for bad in (0, -1, (), True):
+        with pytest.raises(InvalidParameterError, match=re.escape(
+                "LatencyTable: argument `batch_size` must be an integer >= 1 or a tuple of them;")):
+            LatencyTable.measure(other, batch_size=bad)
+    with pytest.raises(InvalidParameterError, match=re.escape(
+            "LatencyTable: argument `grid` must be a non-empty sequence of fractions in (0, 1]; received (0.0, 0.5).")):
+        LatencyTable.measure(other, grid=(0.0, 0.5))
+    variable = keras.Sequential([keras.Input((None, 4)), keras.layers.Dense(3)])
+    with pytest.raises(InvalidParameterError, match=re.escape(
+            "LatencyTable: argument `model` must be a model whose inputs have a fixed size (a latency is measured "
+            "on inputs of one shape); received a model with input shape (None, None, 4).")):
+        LatencyTable.measure(variable)
+
+
+BUDGET_CONSTRAINT = ("a float in (0, 1] (a fraction of the dense model's measured time) or a pair (seconds > 0, "
+                     "batch size) (a time per batch of that size)")
+
+
+@pytest.mark.parametrize("bad", [0, 0.0, -0.2, 1.5, True, "0.2", (0, 256), (-1.0, 256), (0.01, 0), (0.01, 2.5)])
+def test_bad_max_latency(bad):
+    with pytest.raises(InvalidParameterError, match=re.escape(
+            f"SparsityBudget: argument `max_latency` must be {BUDGET_CONSTRAINT}; received {bad!r}.")):
+        SparsityBudget(max_latency=bad)
+
+
+def test_bad_latency_table_arguments(table):
+    with pytest.raises(InvalidParameterError, match=re.escape(
+            "SparsityBudget: argument `max_latency` must be a time at a batch size the latency table was measured "
+            "at (16); received (0.01, 64).")):
+        SparsityBudget(max_latency=(0.01, 64), latency_table=table)
+    with pytest.raises(InvalidParameterError, match=re.escape(
+            "SparsityBudget: argument `latency_table` must be None or a LatencyTable; received 'table.json'.")):
+        SparsityBudget(max_latency=0.5, latency_table="table.json")
+    with pytest.raises(InvalidParameterError, match=re.escape(
+            "SparsityBudget: argument `latency_table` must be None without max_latency (the table serves a latency "
+            "budget); received LatencyTable(")):
+        SparsityBudget(max_flops=0.5, latency_table=table)
+
+
+def test_a_table_of_another_model_fails_when_fit_starts(table):
+    x = np.zeros((8, 12, 12, 1), "float32")
+    y = np.zeros((8,), "int32")
+    model = add_group_sparsity(small_cnn(filters=(8, 12)), 1e-3)
+    model.compile("sgd", keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    with pytest.raises(InvalidParameterError, match=re.escape(
+            "SparsityBudget: argument `latency_table` must be a latency table measured for this model (layers "
+            "conv1 1->8, conv2 8->12, dense 12->16, logits 16->3); received LatencyTable(model='cnn', layers=4, ")):
+        model.fit(x, y, epochs=1, verbose=0, callbacks=[SparsityBudget(max_latency=0.5, latency_table=table)])
+
+
+# ----------------------------------------------------------------------------- steering
+
+
+def bilinear_table(model, batch_size=256, per_mac=1e-9, rest=1e-4):
+    """A hand-made table: each layer costs ``per_mac`` per multiply-add of a sample at every grid point."""
+    found = analyze(model)
+    layers, widths = {}, {}
+    for node in found.graph.units:
+        share = found.graph.node_flops(node.name) / (node.in_units * node.out_units)
+        ins = sorted({1, node.in_units})
+        outs = sorted({1, node.out_units})
+        layers[node.name] = {"in": ins, "out": outs,
+                             "seconds": [[batch_size * per_mac * share * i * o for o in outs] for i in ins]}
+        widths[node.name] = (node.in_units, node.out_units)
+    total = sum(entry["seconds"][-1][-1] for entry in layers.values())
+    return LatencyTable(model.name, widths, {batch_size: {"model": total + rest, "rest": rest, "layers": layers}},
+                        keras.backend.backend(), "hand-made")
+
+
+def digits(n=1024):
+    from sklearn.datasets import load_digits
+
+    x, y = load_digits(return_X_y=True)
+    return (x[:n] / 16.0).astype("float32"), y[:n].astype("int32")
+
+
+def digits_mlp():
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential([keras.Input((64,)), keras.layers.Dense(64, activation="relu", name="h1"),
+                              keras.layers.Dense(32, activation="relu", name="h2"),
+                              keras.layers.Dense(10, name="out")], name="digits_mlp")
+    return add_group_sparsity(model, 1e-3)
+
+
+def fit_digits(model, budget, optimizer, epochs=5, n=1024):
+    x, y = digits(n)
+    model.compile(optimizer, keras.losses.SparseCategoricalCrossentropy(from_logits=True), metrics=["accuracy"])
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        history = model.fit(x, y, epochs=epochs, batch_size=128, verbose=0, callbacks=[budget])
+    return history, model.evaluate(x, y, verbose=0)[1]
+
+
+@pytest.mark.parametrize("optimizer", ["proximal", "adam"])
+def test_latency_budget_steers_to_the_target(optimizer):
+    model = digits_mlp()
+    table = bilinear_table(model)
+    budget = SparsityBudget(max_latency=0.3, latency_table=table, latency_check=False)
+    opt = (Proximal(keras.optimizers.SGD(0.1, momentum=0.9)) if optimizer == "proximal"
+           else keras.optimizers.Adam(1e-2))
+    history, accuracy = fit_digits(model, budget, opt)
+    predicted = table.predict(analyze(model, 1e-3))
+    assert predicted <= 0.3 * table.predict() * (1 + 1e-6)
+    assert history.history["budget_latency"][-1] == pytest.approx(predicted, rel=1e-5)
+    assert max(history.history["budget_multiplier_hidden"]) > 1.0  # the strength was steered up
+    assert max(history.history["budget_multiplier_input"]) > 1.0  # a latency budget serves both entries
+    assert accuracy > 0.5
+    assert budget.latency is None  # latency_check=False
+
+
+def test_latency_with_other_limits_and_rounding():
+    model = digits_mlp()
+    table = bilinear_table(model)
+    budget = SparsityBudget(max_features=40, max_latency=(0.5 * table.predict(), 256), latency_table=table,
+                            round_to=4, latency_check=False)
+    fit_digits(model, budget, Proximal(keras.optimizers.SGD(0.1, momentum=0.9)))
+    report = sparsity_report(model, 1e-3)
+    assert report.n_selected_features <= 40
+    assert table.predict(analyze(model, 1e-3)) <= 0.5 * table.predict() * (1 + 1e-6)
+    assert all(after % 4 == 0 or after == model.get_layer(name).units for name, (_, after) in budget.rounded.items())
+
+
+def test_table_measured_when_fit_starts_and_the_pruned_model_timed():
+    model = digits_mlp()
+    budget = SparsityBudget(max_latency=(1.0, 128), settle=0.5)
+    history, _ = fit_digits(model, budget, Proximal(keras.optimizers.SGD(0.1, momentum=0.9)), epochs=2, n=256)
+    assert isinstance(budget.latency_table, LatencyTable)
+    assert budget.latency_table.batch_sizes == (128,)
+    assert budget.latency_table.layers == {"h1": (64, 64), "h2": (64, 32), "out": (32, 10)}
+    result = budget.latency
+    assert set(result) == {"batch_size", "predicted", "measured", "dense_predicted", "dense_measured",
+                           "predicted_speedup", "measured_speedup", "budget"}
+    assert result["batch_size"] == 128 and result["budget"] == pytest.approx(result["dense_predicted"])
+    assert all(result[key] > 0 for key in ("predicted", "measured", "dense_measured"))
+    assert result["predicted"] <= result["dense_predicted"] * (1 + 1e-6)
+    assert len(history.history["budget_latency"]) == 2
+
+
+def test_state_keeps_the_latency_across_a_round_trip():
+    from keras_group_lasso.budget.state import BudgetState
+
+    state = BudgetState().started_from([1.0, 1.0]).replace(
+        last_sizes={"features": 3, "units": 4, "params": 5, "flops": 6, "latency": 0.0125})
+    again = BudgetState.from_vector(state.to_vector())
+    assert again == state and again.last_sizes["latency"] == pytest.approx(0.0125)
+    for combo in itertools.product([None], [{"features": 1, "units": 2, "params": 3, "flops": 4}]):
+        old = BudgetState().replace(last_sizes=combo[1])  # a state without a latency counts 0
+        assert BudgetState.from_vector(old.to_vector()).last_sizes["latency"] == 0.0
