@@ -128,7 +128,22 @@ class SparsityBudget(keras.callbacks.Callback):
     ``budget_phase`` (0 searching, 1 within the budget, 2 groups were cut),
     ``budget_over`` (the largest size / budget), the size of each budgeted
     quantity (``budget_features``, ``budget_units``, ``budget_params``,
-    ``budget_flops``) and ``budget_cut`` (groups set to zero at that epoch).
+    ``budget_flops``, ``budget_latency`` in predicted seconds) and
+    ``budget_cut`` (groups set to zero at that epoch).
+
+    **Latency.** ``max_latency`` budgets the measured inference time of a
+    batch on the backend and device that run ``fit`` (or those a
+    ``latency_table`` was measured on): a
+    :class:`~keras_group_lasso.LatencyTable` times each Dense and
+    convolution layer at a grid of widths once, when ``fit`` starts (a few
+    seconds for a small CNN; the table is kept in ``latency_table`` for the
+    next ``fit``), and the size the budget steers is the table's prediction
+    for the live units, served by both multipliers as ``max_flops`` is. With
+    ``latency_check`` (default) the end of ``fit`` builds the pruned model
+    (:func:`~keras_group_lasso.prune_model`), times it and the dense model
+    and keeps predicted vs measured in ``latency`` (a dict; also logged to the
+    ``keras_group_lasso`` logger, and a warning when the measured pruned
+    model is more than 10 % over the budget's fraction).
 
     **State and resuming.** The multipliers and the budget's progress are
     model state (:mod:`keras_group_lasso.declared`), saved with the weights:
@@ -156,6 +171,16 @@ class SparsityBudget(keras.callbacks.Callback):
         max_units: live hidden units (neurons, channels).
         max_params: parameters of the Dense and convolution layers.
         max_flops: multiply-adds per sample of those layers.
+        max_latency: a float in (0, 1], a fraction of the dense model's
+            measured time, or ``(seconds, batch size)``, a time per batch
+            of that size. The table is measured at that batch size, or at
+            256 (``LATENCY_BATCH_SIZE``) for a fraction.
+        latency_table: a :class:`~keras_group_lasso.LatencyTable` of this
+            model (measured elsewhere, e.g. on the deployment device; for a
+            fraction, of one batch size); ``None``: measured when ``fit``
+            starts.
+        latency_check: with ``max_latency``, time the pruned model when
+            ``fit`` ends (see above). Default True.
         threshold: weights with ``|w| <= threshold`` count as zero (the
             paper's 1e-3; ``Proximal`` training has exact zeros). Prune the
             trained model with the same threshold.
@@ -177,11 +202,13 @@ class SparsityBudget(keras.callbacks.Callback):
         InvalidParameterError: no budget, or a budget, ``threshold``,
             ``settle``, ``max_strength``, ``schedule_power``, ``round_to``,
             ``update_freq`` or ``spare_block`` out of range (a count budget
-            is at least 1: the strongest group of every layer stays); when
+            is at least 1: the strongest group of every layer stays), a
+            ``max_latency`` at a batch size the ``latency_table`` lacks; when
             ``fit`` starts, a model whose layers carry no penalty of this
             package, whose group penalties all have ``factor`` 0, or (on JAX) a
             plain Sequential (see :mod:`keras_group_lasso.declared`); a
-            ``max_flops`` for a model with inputs of variable size.
+            ``max_flops`` for a model with inputs of variable size; a
+            ``latency_table`` measured for another model.
 
     Example:
         >>> from keras_group_lasso import Proximal, add_group_sparsity, sparsity_report
