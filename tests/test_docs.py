@@ -77,3 +77,10 @@ def test_the_api_reference_builds_strictly(tmp_path):
         cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, f"mkdocs build --strict failed:\n{done.stdout[-3000:]}\n{done.stderr[-6000:]}"
     assert (tmp_path / "site" / "api" / "index.html").exists()
+
+
+@pytest.mark.parametrize("page", PAGES, ids=[str(page.relative_to(ROOT)) for page in PAGES])
+def test_relative_links_point_to_files_that_exist(page):
+    targets = re.findall(r"\]\(([^)\s#]+)(?:#[^)\s]*)?\)", page.read_text())
+    missing = [t for t in targets if "://" not in t and not (page.parent / t).exists()]
+    assert not missing, f"{page.relative_to(ROOT)} links to files that do not exist: {missing}"
