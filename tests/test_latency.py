@@ -96,6 +96,18 @@ def test_dense_widths_predict_the_dense_model(table):
         assert table.predict({name: (max(1, i // 2), max(1, o // 2))}) <= dense
 
 
+def test_rest_shrinks_with_the_activations(table):
+    # The rest (pooling, activations, the call) is timed on the model at the smallest grid widths too, built by
+    # prune_model, and counts between that and its full-width time in proportion to the hidden activations.
+    assert table.narrow_widths == {"conv1": (1, 1), "conv2": (1, 2), "dense": (2, 2), "logits": (2, 3)}
+    assert table.positions == {"conv1": 144, "conv2": 36, "dense": 1}
+    entry = table.to_dict()["batches"]["16"]
+    assert 0.0 <= entry["rest_narrow"] <= entry["rest"] and entry["narrow"] > 0
+    sizes = [table.predict({"conv1": (1, o), "conv2": (o, 2 * o), "dense": (2 * o, 2 * o), "logits": (2 * o, 3)})
+             for o in (1, 2, 4, 8)]
+    assert sizes == sorted(sizes) and sizes[-1] <= table.predict()
+
+
 def test_prediction_is_near_a_direct_measurement(table):
     # A loose factor: on a busy machine whole stretches of calls run tens of times slower (threads waiting for
     # a core), so a table and a measurement taken apart may disagree; up to three tries, each measuring both.

@@ -4,10 +4,11 @@ A :class:`LatencyTable` holds, for one model, batch size, backend and device,
 the measured inference time of every layer that makes units (Dense,
 convolutions, ...) at a small grid of ``(input units, output units)``, and the
 time of the rest of the model (pooling, normalization, activations, the call
-itself). Between grid points a layer's time is interpolated bilinearly; a
-structure's predicted time is the rest plus the sum of its layers::
+itself) at full width and at the narrowest widths. Between grid points a
+layer's time is interpolated bilinearly; a structure's predicted time is the
+rest plus the sum of its layers::
 
-    predict(widths) = rest + sum_layer  t_layer(in_layer, out_layer)
+    predict(widths) = rest(widths) + sum_layer  t_layer(in_layer, out_layer)
 
 so that the dense widths predict the measured dense model. The table is
 measured once, before training; :class:`~keras_group_lasso.SparsityBudget`
@@ -21,6 +22,7 @@ import numbers
 import os
 import platform
 import time
+import warnings
 
 import keras
 import numpy as np
@@ -182,9 +184,14 @@ class LatencyTable:
     repeated within a sample). Between grid points the time is bilinear in the
     widths, below the smallest point it is that point's (a conservative
     floor), and it never decreases with width along either axis. The rest of
-    the model is the measured dense model minus its layers at full width::
+    the model is the measured dense model minus its layers at full width; it
+    is measured a second time on the model at the smallest grid width of each
+    hidden layer (built by :func:`~keras_group_lasso.prune_model`), and in
+    between it counts in proportion to the activations the hidden layers make
+    (``sum positions * out_units``: what BatchNormalization, ReLU and pooling
+    read, which a compiled model does not always fuse)::
 
-        predict(widths) = rest + sum_layer  t_layer(in_layer, out_layer)
+        predict(widths) = rest(widths) + sum_layer  t_layer(in_layer, out_layer)
 
     so the dense widths predict the dense model's measured time exactly. When
     the standalone layers add up to more than the model (a compiled model fuses
@@ -202,6 +209,8 @@ class LatencyTable:
         device: the device, in words.
         grid: the fractions of the dense widths measured on each axis.
         measure_seconds: how long measuring took (``None`` when unknown).
+        positions: ``{hidden layer name: output positions}`` (the rest's activations are their sum times the units).
+        narrow_widths: the widths of the narrow model the rest was timed on (``None``: the rest is fixed).
 
     Example:
         >>> model = keras.Sequential([keras.Input((16,)), keras.layers.Dense(32, activation="relu", name="hidden"),
@@ -214,7 +223,8 @@ class LatencyTable:
         {'hidden': (16, 32), 'out': (32, 2)}
     """
 
-    def __init__(self, model_name, layers, entries, backend, device, grid=DEFAULT_GRID, measure_seconds=None):
+    def __init__(self, model_name, layers, entries, backend, device, grid=DEFAULT_GRID, measure_seconds=None,
+                 positions=None, narrow_widths=None):
         self.model_name = str(model_name)
         self.layers = {str(name): (int(w[0]), int(w[1])) for name, w in layers.items()}
         self._entries = {}
@@ -223,6 +233,7 @@ class LatencyTable:
                 "model": float(entry["model"]),
                 "rest": float(entry["rest"]),
                 "scale": float(entry.get("scale", 1.0)),
+                **{key: float(entry[key]) for key in ("narrow", "rest_narrow") if entry.get(key) is not None},
                 "layers": {name: {"in": [int(v) for v in grid_entry["in"]],
                                   "out": [int(v) for v in grid_entry["out"]],
                                   "seconds": np.asarray(grid_entry["seconds"], dtype=np.float64)}
@@ -232,6 +243,9 @@ class LatencyTable:
         self.device = str(device)
         self.grid = tuple(float(f) for f in grid)
         self.measure_seconds = None if measure_seconds is None else float(measure_seconds)
+        self.positions = {str(k): int(v) for k, v in (positions or {}).items()}
+        self.narrow_widths = None if narrow_widths is None else {
+            str(name): (int(w[0]), int(w[1])) for name, w in narrow_widths.items()}
 
     # ------------------------------------------------------------------ measuring
 
@@ -262,10 +276,13 @@ class LatencyTable:
         found = analysis.analyze(model, threshold=0.0, owner=_OWNER)
         graph = found.graph
         model_call = _compiled(model, is_model=True)
+        positions = {node.name: _positions(graph, node) for node in graph.units if not node.is_output}
+        narrow, narrow_widths = _narrow_model(model, graph, grid[0])
         entries = {}
         for batch in batch_sizes:
             x = _inputs(model, batch, _OWNER)
             dense = _best_seconds(model_call, x, repeats)
+            narrow_seconds = None if narrow is None else _best_seconds(_compiled(narrow, is_model=True), x, repeats)
             layers = {}
             for node in graph.units:
                 layer = graph.layers[node.name]
@@ -285,10 +302,18 @@ class LatencyTable:
             # Standalone layers may add up to more than the compiled model (which fuses what they do apart):
             # their times then count in proportion, scaled to the model's.
             scale = min(1.0, dense / total) if total > 0 else 1.0
-            entries[batch] = {"model": dense, "rest": dense - scale * total, "scale": scale, "layers": layers}
+            entry = {"model": dense, "rest": dense - scale * total, "scale": scale, "layers": layers}
+            if narrow_seconds is not None:
+                entry["narrow"] = narrow_seconds
+            entries[batch] = entry
         widths = {node.name: (node.in_units, node.out_units) for node in graph.units}
-        return cls(model.name, widths, entries, keras.backend.backend(), _device(), grid,
-                   time.perf_counter() - started)
+        table = cls(model.name, widths, entries, keras.backend.backend(), _device(), grid,
+                    time.perf_counter() - started, positions=positions, narrow_widths=narrow_widths)
+        for batch, entry in table._entries.items():
+            if "narrow" in entry:  # what the rest takes at the narrow structure (its layers' part taken out)
+                layers_part = sum(table.layer_seconds(name, *w, batch) for name, w in narrow_widths.items())
+                entry["rest_narrow"] = float(min(max(entry["narrow"] - layers_part, 0.0), entry["rest"]))
+        return table
 
     @staticmethod
     def time_model(model, batch_size=256, repeats=5):
@@ -396,8 +421,23 @@ class LatencyTable:
             if not (0 <= width_in <= dense_in and 0 <= width_out <= dense_out):
                 fail(_OWNER, "structure", f"widths of layer {name!r} within (0..{dense_in}, 0..{dense_out})", value)
             widths[name] = (width_in, width_out)
-        total = entry["rest"] + sum(self.layer_seconds(name, w[0], w[1], batch) for name, w in widths.items())
+        total = self._rest(entry, widths) + sum(self.layer_seconds(name, w[0], w[1], batch)
+                                                for name, w in widths.items())
         return float(max(total, _TINY))
+
+    def _activations(self, widths):
+        return sum(count * widths[name][1] for name, count in self.positions.items())
+
+    def _rest(self, entry, widths):
+        """The rest at ``widths``: between its time at the narrow structure and at full width, in proportion to
+        the activations the hidden layers make (what the normalization, activation and pooling layers read)."""
+        if "rest_narrow" not in entry or not self.positions:
+            return entry["rest"]
+        dense, narrow = self._activations(self.layers), self._activations(self.narrow_widths)
+        if dense <= narrow:
+            return entry["rest"]
+        share = min(1.0, max(0.0, (self._activations(widths) - narrow) / (dense - narrow)))
+        return entry["rest_narrow"] + share * (entry["rest"] - entry["rest_narrow"])
 
     def speedup(self, structure, batch_size=None):
         """``predict(None) / predict(structure)``: how many times faster the structure is predicted to run."""
@@ -428,8 +468,12 @@ class LatencyTable:
             "device": self.device,
             "grid": list(self.grid),
             "measure_seconds": self.measure_seconds,
+            "positions": dict(self.positions),
+            "narrow_widths": None if self.narrow_widths is None else {
+                name: list(w) for name, w in self.narrow_widths.items()},
             "batches": {str(batch): {
                 "model": entry["model"], "rest": entry["rest"], "scale": entry["scale"],
+                **{key: entry[key] for key in ("narrow", "rest_narrow") if key in entry},
                 "layers": {name: {"in": g["in"], "out": g["out"], "seconds": g["seconds"].tolist()}
                            for name, g in entry["layers"].items()},
             } for batch, entry in self._entries.items()},
@@ -441,7 +485,8 @@ class LatencyTable:
             fail(_OWNER, "data", f"a latency table (a dict with format {FORMAT!r})",
                  Described(f"format {data.get('format')!r}" if isinstance(data, dict) else repr(data)))
         return cls(data["model"], data["layers"], {int(b): e for b, e in data["batches"].items()}, data["backend"],
-                   data["device"], data.get("grid", DEFAULT_GRID), data.get("measure_seconds"))
+                   data["device"], data.get("grid", DEFAULT_GRID), data.get("measure_seconds"),
+                   data.get("positions"), data.get("narrow_widths"))
 
     def save(self, path):
         """Write the table to ``path`` as JSON."""
@@ -483,6 +528,9 @@ class LatencyTable:
         for batch, entry in sorted(self._entries.items()):
             lines.append(f"  batch {batch}: dense model {_ms(entry['model'])} = layers "
                          f"{_ms(entry['model'] - entry['rest'])} + rest {_ms(entry['rest'])}")
+            if "rest_narrow" in entry:
+                lines.append(f"    narrow model ({_widths_text(self.narrow_widths)}): {_ms(entry['narrow'])}, "
+                             f"rest {_ms(entry['rest_narrow'])}")
             width = max(len(name) for name in self.layers)
             lines.append(f"    {'layer'.ljust(width)}  {'in x out':>12}  {'full width':>10}  {'smallest':>10}  grid")
             for name, (dense_in, dense_out) in self.layers.items():
@@ -558,3 +606,45 @@ def _time_layer(layer, rule, weights, node, shape, width_in, width_out, batch, r
     x = keras.ops.convert_to_tensor(rng.standard_normal(in_shape).astype(keras.backend.standardize_dtype(
         layer.compute_dtype)))
     return _best_seconds(_compiled(copy, is_model=False), x, repeats)
+
+
+def _positions(graph, node):
+    """Output positions of a units node (its activations per sample are ``positions * out_units``)."""
+    shape = graph.output_shape(node.name, node.out_units)
+    return int(np.prod([int(d) for d in shape[1:-1] if d is not None])) if len(shape) > 2 else 1
+
+
+def _narrow_model(model, graph, fraction):
+    """``(pruned model, widths)``: ``model`` with each hidden layer at ``ceil(fraction * units)`` units.
+
+    The kernel columns beyond that width are set to zero for :func:`~keras_group_lasso.prune_model` (which
+    works on copies) and given back their values at once. ``(None, None)`` with a warning when the model
+    cannot be pruned.
+    """
+    from keras_group_lasso import analysis
+    from keras_group_lasso.graph import registry
+    from keras_group_lasso.surgery import prune_model
+
+    saved = []
+    try:
+        for node in graph.units:
+            layer = graph.layers[node.name]
+            if node.is_output or "#" in node.name or not registry.units_rule(layer).rounds:
+                continue
+            keep = max(1, int(math.ceil(fraction * node.out_units)))
+            value = np.array(keras.ops.convert_to_numpy(layer.kernel))
+            saved.append((layer.kernel, value.copy()))
+            value[..., keep:] = 0.0
+            layer.kernel.assign(value)
+        masks = analysis.analyze(model, threshold=0.0, owner=_OWNER).masks
+        widths = {node.name: (int(masks.inputs[node.name].sum()), int(masks.units[node.name].sum()))
+                  for node in graph.units}
+        return prune_model(model, threshold=0.0), widths
+    except Exception as error:  # noqa: BLE001 - a model surgery cannot shrink: its rest counts as fixed
+        warnings.warn(f"{_OWNER}: the rest of model {model.name!r} (the layers between the units layers) counts "
+                      f"as a fixed time: a narrow copy of it could not be built ({type(error).__name__}: {error}).",
+                      RuntimeWarning, stacklevel=3)
+        return None, None
+    finally:
+        for variable, value in reversed(saved):
+            variable.assign(value)

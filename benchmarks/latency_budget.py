@@ -1,0 +1,186 @@
+"""Ask for milliseconds: ``SparsityBudget(max_latency=...)`` vs the FLOP budget on the 32-64-128 VGG, Fashion-MNIST.
+
+In one process, on the backend ``KERAS_BACKEND`` names:
+
+(a) the dense VGG (two 3x3 convolutions + BatchNorm + ReLU per stage, stages of
+    32, 64 and 128 channels, max pooling, Flatten, Dense(units), Dense(10)),
+    trained with Adam;
+(b) the same network with group penalties, ``Proximal(SGD + momentum)`` steered
+    by ``SparsityBudget(max_latency=L)`` (a fraction of the dense model's time at
+    batch 256, measured on this machine by a :class:`~keras_group_lasso.LatencyTable`
+    before training);
+(c) the FLOP budget at the FLOPs row (b) reached: ``SparsityBudget(max_flops=F)``;
+(d) the same FLOP budget with ``round_to=16`` (widths in whole blocks of 16).
+
+For each row: test accuracy of the pruned model (``prune_model``, no
+fine-tuning), multiply-adds per sample, live channels, the table's predicted
+time and speed-up, and the measured speed-up of the pruned model vs the dense
+one at batch 256 (``LatencyTable.time_model``: compiled inference, the fastest
+of several samples; dense and pruned timed in alternation, several rounds, the
+median of the rounds).
+
+Usage:
+    python benchmarks/latency_budget.py                         # 15 epochs, all images
+    python benchmarks/latency_budget.py --epochs 3 --train 6000 --test 2000   # a reduced run
+"""
+
+import argparse
+import statistics
+import sys
+import time
+import warnings
+from pathlib import Path
+
+if __package__ in (None, ""):
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from benchmarks import cnn_fashion, common  # noqa: E402
+
+BATCH_TIMED = 256
+
+
+def timed_speedup(dense, pruned, rounds):
+    """Median over ``rounds`` of dense time / pruned time, each round timing both (alternating which goes first)."""
+    from keras_group_lasso import LatencyTable
+
+    ratios, dense_times, pruned_times = [], [], []
+    for r in range(rounds):
+        order = (dense, pruned) if r % 2 == 0 else (pruned, dense)
+        times = {id(m): LatencyTable.time_model(m, BATCH_TIMED, repeats=5) for m in order}
+        dense_times.append(times[id(dense)])
+        pruned_times.append(times[id(pruned)])
+        ratios.append(times[id(dense)] / times[id(pruned)])
+    return statistics.median(ratios), statistics.median(dense_times), statistics.median(pruned_times)
+
+
+def run_budget(label, data, args, seed, **budget_args):
+    """Train the penalised VGG under one ``SparsityBudget``; returns (model, budget, record)."""
+    from keras_group_lasso import SparsityBudget
+
+    optimizer = cnn_fashion.optimizer_for("proximal", args.epochs, len(data["x_train"]))
+    model = cnn_fashion.compile_model(cnn_fashion.sparse_cnn(seed, args.factor, "group", args.group_weight),
+                                      optimizer, False)
+    budget = SparsityBudget(threshold=cnn_fashion.THRESHOLD, settle=args.settle, **budget_args)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", RuntimeWarning)
+        wall, _ = cnn_fashion.fit(model, data, args.epochs, seed, label, callbacks=[budget])
+    return model, budget, {"label": label, "train_seconds": wall,
+                           "warnings": [str(w.message) for w in caught if "SparsityBudget" in str(w.message)]}
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--epochs", type=common.positive_int, default=15)
+    parser.add_argument("--train", type=common.positive_int, default=None, help="training images (default: all)")
+    parser.add_argument("--test", type=common.positive_int, default=None, help="test images (default: all)")
+    parser.add_argument("--latency", type=float, default=0.2, help="max_latency, a fraction of the dense time")
+    parser.add_argument("--factor", type=float, default=3e-4, help="penalty strength the budget starts from")
+    parser.add_argument("--group-weight", choices=("size", "flops"), default="flops")
+    parser.add_argument("--units", type=common.positive_int, default=64)
+    parser.add_argument("--settle", type=float, default=0.2)
+    parser.add_argument("--rounds", type=common.positive_int, default=5, help="timing rounds per row")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--note", action="append", default=[], help="a line added to the result's header")
+    parser.add_argument("--output", default=None)
+    args = parser.parse_args(argv)
+
+    from keras_group_lasso import LatencyTable, prune_model, sparsity_report
+
+    cnn_fashion.CHANNELS, cnn_fashion.CONVS, cnn_fashion.UNITS = (32, 64, 128), 2, args.units
+    started, clock = common.now(), time.perf_counter()
+    data = cnn_fashion.load(quick=False, seed=args.seed)
+    if args.train:
+        data["x_train"], data["y_train"] = data["x_train"][:args.train], data["y_train"][:args.train]
+    if args.test:
+        data["x_test"], data["y_test"] = data["x_test"][:args.test], data["y_test"][:args.test]
+    common.say(f"{len(data['x_train'])} training images, {len(data['x_test'])} test images, {args.epochs} epochs")
+
+    dense = cnn_fashion.compile_model(cnn_fashion.build_cnn(args.seed),
+                                      cnn_fashion.optimizer_for("adam", args.epochs, len(data["x_train"])), False)
+    cnn_fashion.fit(dense, data, args.epochs, args.seed, "dense")
+    dense_accuracy = cnn_fashion.accuracy(dense, data["x_test"], data["y_test"])
+    dense_flops = sparsity_report(dense).flops_before
+
+    # The table: measured once, on the penalised network's layers (the same shapes as the dense one).
+    template = cnn_fashion.sparse_cnn(args.seed, args.factor, "group", args.group_weight)
+    table = LatencyTable.measure(template, batch_size=BATCH_TIMED)
+    common.say(f"latency table measured in {table.measure_seconds:.1f} s\n{table.to_text()}")
+
+    rows = []
+    model, budget, record = run_budget("latency", data, args, args.seed, max_latency=args.latency,
+                                       latency_table=table, latency_check=False)
+    models = {"latency": model}
+    rows.append(record)
+    flops = sparsity_report(model, cnn_fashion.THRESHOLD).flops_after
+    for round_to in (1, 16):
+        label = f"flops, round_to={round_to}"
+        model, _, record = run_budget(label, data, args, args.seed, max_flops=int(flops), round_to=round_to)
+        models[label] = model
+        rows.append(record)
+
+    table_rows = [["(a) dense", f"{100 * dense_accuracy:.2f}", f"{dense_flops:,}", "1.00x",
+                   ", ".join(str(c) for c in cnn_fashion.filter_counts()) + f" / {args.units}",
+                   "1.00x (table)", "1.00x", "-"]]
+    details = {}
+    for letter, record in zip("bcd", rows):
+        model = models[record["label"]]
+        report = sparsity_report(model, cnn_fashion.THRESHOLD)
+        pruned = prune_model(model, cnn_fashion.THRESHOLD)
+        accuracy = cnn_fashion.accuracy(pruned, data["x_test"], data["y_test"])
+        predicted = table.speedup(report)
+        measured, dense_time, pruned_time = timed_speedup(dense, pruned, args.rounds)
+        channels, units = cnn_fashion.structure(report)
+        table_rows.append([
+            f"({letter}) {record['label']}", f"{100 * accuracy:.2f}", f"{report.flops_after:,}",
+            f"{dense_flops / max(report.flops_after, 1):.2f}x",
+            ", ".join(map(str, channels)) + f" / {', '.join(map(str, units))}",
+            f"{predicted:.2f}x", f"{measured:.2f}x", f"{measured / predicted:.2f}"])
+        details[record["label"]] = (dense_time, pruned_time, record)
+        common.say(f"{record['label']}: accuracy {accuracy:.4f}, predicted {predicted:.2f}x, measured {measured:.2f}x")
+
+    elapsed = time.perf_counter() - clock
+    lines = [
+        "# Latency budget vs FLOP budget, 32-64-128 VGG on Fashion-MNIST",
+        "",
+        common.header(common.command_line(), [args.seed], started, elapsed, notes=[
+            *args.note,
+            f"Network: {cnn_fashion.network_text()}",
+            f"{len(data['x_train'])} training images, {len(data['x_test'])} test images, {args.epochs} epochs; "
+            f"penalties: group Lasso, factor {args.factor:g}, group weight {args.group_weight}; "
+            f"Proximal(SGD {cnn_fashion.SGD_LR}, momentum {cnn_fashion.MOMENTUM}), cosine decay, settle {args.settle}",
+            f"Budgets: (b) max_latency={args.latency} of the dense time at batch {BATCH_TIMED}; (c), (d) max_flops = "
+            "the multiply-adds (b) reached",
+            f"Latency table: {table.backend}, {table.device}, measured in {table.measure_seconds:.1f} s "
+            f"(grid {list(table.grid)} of each width); dense model {1e3 * table.dense_seconds():.2f} ms per batch "
+            f"of {BATCH_TIMED}",
+            f"Speed-ups at batch {BATCH_TIMED}: dense / pruned time, compiled inference "
+            f"(LatencyTable.time_model), median of {args.rounds} alternating rounds; no fine-tuning",
+        ]),
+        "",
+        common.markdown_table(["row", "test acc. (%)", "multiply-adds", "FLOP reduction", "channels / units",
+                               "predicted speed-up", "measured speed-up", "measured / predicted"], table_rows),
+        "",
+        "Times per batch (median of the rounds): " + "; ".join(
+            f"{label}: dense {1e3 * d:.2f} ms, pruned {1e3 * p:.2f} ms" for label, (d, p, _) in details.items()),
+        "",
+        "Training wall time: " + "; ".join(f"{label} {r['train_seconds']:.0f} s" for label, (_, _, r) in
+                                          details.items()),
+        "",
+        "Budget warnings: " + ("; ".join(f"{label}: {w}" for label, (_, _, r) in details.items()
+                                          for w in r["warnings"]) or "none"),
+        "",
+        "```",
+        table.to_text(),
+        "```",
+        "",
+    ]
+    text = "\n".join(lines)
+    output = Path(args.output or common.RESULTS_DIR / f"latency_budget_{started:%Y-%m-%d}.md")
+    output.parent.mkdir(parents=True, exist_ok=True)
+    output.write_text(text, encoding="utf-8")
+    common.say(f"wrote {output}")
+    print(text)
+
+
+if __name__ == "__main__":
+    main()
