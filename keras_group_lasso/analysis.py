@@ -696,11 +696,17 @@ def _kept_whole(graph, masks):
     if not graph.supported:
         return ()
     outputs = {int(i) for name in graph.outputs for i in graph.tensor(name).ids}
+    needed = None
     found = []
     for node in graph.nodes:
         ids = graph.tensor(node.inputs[0]).ids if node.inputs else ()
         if node.kind == "tail" and node.name not in masks.detached and not {int(i) for i in ids} <= outputs:
             found.append((f"{node.name} ({class_name(graph.layers[node.name])})", int(len(ids))))
+        elif node.kind == "per_unit" and node.name not in masks.detached and registry.rule_of(
+                graph.layers[node.name]).unit_groups(graph.layers[node.name]):
+            # A GroupNormalization keeps the whole groups of the channels that are read.
+            needed = needed_units(graph, masks) if needed is None else needed
+            found.append((f"{node.name} ({class_name(graph.layers[node.name])})", int(needed[node.ids].sum())))
     return tuple(found)
 
 

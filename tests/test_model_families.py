@@ -507,6 +507,36 @@ def test_the_channels_a_normalization_reads_stay_and_the_others_prune_exactly(no
     assert kept == ((f"norm ({type(model.get_layer('norm')).__name__})", 8),)  # the report says what it keeps
 
 
+@pytest.mark.parametrize("groups", [4, 1, -1])
+def test_group_normalization_keeps_or_removes_whole_groups(groups, rng, tmp_path):
+    inputs = keras.Input((6, 6, 3))
+    x = L.Conv2D(8, 3, padding="same", name="conv")(inputs)
+    x = L.GroupNormalization(groups=groups, name="norm")(x)
+    x = L.Conv2D(5, 1, activation="relu", name="project")(x)
+    model = keras.Model(inputs, L.Dense(3, name="out")(L.GlobalAveragePooling2D()(x)))
+    randomize(model, rng)
+    conv = model.get_layer("conv")
+    kernel, bias = conv.get_weights()
+    kernel[..., 3] = 0.0  # a constant channel in a group that stays
+    conv.set_weights([kernel, bias])
+    project = model.get_layer("project")
+    kernel, bias = project.get_weights()
+    kernel[..., [0, 1, 2, 5], :] = 0.0  # nobody reads group 0 (channels 0, 1), nor channels 2 and 5
+    project.set_weights([kernel, bias])
+    x = rng.normal(size=(4, 6, 6, 3)).astype("float32")
+    if groups == 1:  # one group read by the others: nothing goes
+        small = prune_model(model, T)
+        assert_same_outputs(small, model, x, 1e-5)
+    else:
+        small = assert_prunes_exactly_and_reloads(model, x, tmp_path)
+    # Groups of 2: (0, 1) goes; 2 stays with 3, and 5 with 4. One group: all stay. One channel per group: the
+    # unread channels 0, 1, 2 and 5 go.
+    want = {4: (6, 3), 1: (8, 1), -1: (4, 4)}[groups]  # groups=-1 is one group per channel
+    assert (small.get_layer("conv").filters, small.get_layer("norm").groups) == want
+    kept = sparsity_report(model, T).kept_whole  # the report says what the groups keep
+    assert kept == ((("norm (GroupNormalization)", want[0]),) if groups != -1 else ())
+
+
 class _ChannelScale(L.Layer):
     def __init__(self, channels, **kwargs):
         super().__init__(**kwargs)

@@ -488,6 +488,23 @@ def test_nested_block_is_pruned_as_part_of_the_chain(outer, kind):
         np.testing.assert_array_equal(a, b)
 
 
+def test_a_nested_functional_block_that_is_the_output_is_opened():
+    # Keras numbers a nested functional model's call 1 in output_layers, 0 where a layer reads it.
+    inner_input = keras.Input((3,))
+    h = keras.layers.Dense(4, activation="relu", name="hidden")(inner_input)
+    block = keras.Model(inner_input, keras.layers.Dense(2, name="out")(h), name="block")
+    inputs = keras.Input((3,))
+    model = keras.Model(inputs, block(inputs))
+    kernel, bias = model.get_layer("block").get_layer("hidden").get_weights()
+    kernel[:, 1] = 0.0
+    model.get_layer("block").get_layer("hidden").set_weights([kernel, bias])
+    report = sparsity_report(model, T)
+    assert [layer.name for layer in report.layers] == ["block/hidden", "block/out"]
+    small = prune_model(model, T)
+    x = np.random.default_rng(0).normal(size=(4, 3)).astype("float32")
+    np.testing.assert_allclose(small.predict(x, verbose=0), model.predict(x, verbose=0), atol=1e-5)
+
+
 def test_nested_layer_names_that_clash_are_qualified():
     inner = keras.Sequential([keras.layers.Dense(3, name="d", **_ZEROS)], name="block")
     model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(3, name="d", **_ZEROS), inner, keras.layers.Dense(2, name="out", **_ZEROS)])

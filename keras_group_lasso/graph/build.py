@@ -486,13 +486,20 @@ def _flat_graph(model):
                 shapes[node_name] = _tensor_shapes(node)
             for producer in producers[node_name]:
                 consumers.setdefault(producer, []).append(node_name)
-    output_names = [call_name(name, index) for name, index in _io_calls(config["output_layers"])]
+    # Keras numbers the calls of a nested functional model from 1 in ``output_layers`` (its node 0 is its own
+    # input-to-output node) but from 0 in the ``keras_history`` of the layers that read it.
+    output_names = [call_name(name, index - 1 if index and _is_functional(layers.get(name)) else index)
+                    for name, index in _io_calls(config["output_layers"])]
     _drop_mask_operations(order, layers, producers, consumers, output_names)
     if calls and any(isinstance(layers.get(name), keras.Model) for name in calls.values()):
         for node_name, name in calls.items():
             if isinstance(layers.get(name), keras.Model):
                 problems.append((name, "a nested model called several times (shared)"))
     return order, layers, producers, consumers, input_names, output_names, problems, shapes
+
+
+def _is_functional(layer):
+    return isinstance(layer, keras.Model) and any(cls.__name__ == "Functional" for cls in type(layer).__mro__)
 
 
 def _without_mask(node):

@@ -218,6 +218,10 @@ def compute_masks(graph, weights, threshold, round_to=1):
     for name, first in graph.calls.items():  # a layer called three times: its first call settled last
         if name in foldable:
             foldable[name] = foldable[first]
+    # Channels kept or removed together (a GroupNormalization's groups): one needed makes all of them needed.
+    recur = _Ties(recur, [node.ids[group] for node in graph.nodes
+                          if node.name not in detached and node.kind == "per_unit"
+                          for group in registry.rule_of(layers[node.name]).unit_groups(layers[node.name])])
     _settle(graph, conn, foldable, needed, detached, live_path, recur)
     _pair_halves(graph, conn, foldable, needed, detached, live_path, recur)
     if round_to > 1:
@@ -259,18 +263,31 @@ def compute_masks(graph, weights, threshold, round_to=1):
     )
 
 
+@dataclasses.dataclass(frozen=True)
+class _Ties:
+    """What else makes a unit needed: ``recurrence`` ``{units layer: bool (out, out)}`` (unit j feeds unit k
+    inside a recurrent layer) and ``together``, id arrays that stay or go as one (a GroupNormalization's groups)."""
+
+    recurrence: dict
+    together: list
+
+
 def _settle(graph, conn, foldable, needed, detached, live_path, recur=None):
     """The backward fixed point: mark (in place) every unit that a needed unit reads and cannot fold."""
-    recur = recur or {}
+    recur = recur or _Ties({}, [])
     changed = True
     while changed:
         changed = False
+        for ids in recur.together:  # channels that stay together: one needed, all needed
+            if needed[ids].any() and not needed[ids].all():
+                needed[ids] = True
+                changed = True
         for node in graph.units:
             out = needed[node.out_ids]
             if not out.any() or node.name in detached:
                 continue
-            if node.name in recur:  # its own units that feed a needed one through the recurrence
-                feeds = recur[node.name][:, out].any(axis=1) & ~out
+            if node.name in recur.recurrence:  # its own units that feed a needed one through the recurrence
+                feeds = recur.recurrence[node.name][:, out].any(axis=1) & ~out
                 if feeds.any():
                     needed[node.out_ids[feeds]] = True
                     out = needed[node.out_ids]

@@ -247,6 +247,10 @@ class LayerRule:
         """Call ``layer`` on ``x`` as the model did (``options``: the call's keyword arguments that are not tensors)."""
         return layer(x, **(options or {}))
 
+    def unit_groups(self, layer):
+        """Index arrays of channels that are kept or removed together (a GroupNormalization's groups); ``[]``."""
+        return []
+
 
 class InputRule(LayerRule):
     """The model's input."""
@@ -428,6 +432,51 @@ class MixingNormalizationRule(TailRule):
     @staticmethod
     def _channels(layer):
         return int(layer.input.shape[-1])
+
+
+class GroupNormRule(LayerRule):
+    """``GroupNormalization`` (last axis): a group of channels stays or goes whole.
+
+    Each group's mean and variance are its own, so when every channel of a
+    group goes, the other groups' outputs do not change: the group leaves and
+    ``groups`` shrinks with it. A channel of a kept group stays, even a
+    constant one (removing it would change its group's statistics).
+    """
+
+    constants = None
+
+    def refusal(self, layer):
+        axis = layer.axis if isinstance(layer.axis, int) else None
+        try:
+            rank = len(layer.input.shape)
+        except Exception:  # noqa: BLE001 - unknown rank
+            return "a GroupNormalization whose input is unknown"
+        if axis is None or axis % rank != rank - 1:
+            return "a GroupNormalization over an axis other than the channels (last axis)"
+        return None
+
+    @property
+    def slices(self):
+        return True
+
+    def _size(self, layer):
+        channels = int(layer.input.shape[-1])
+        groups = channels if layer.groups == -1 else int(layer.groups)
+        return channels, groups, channels // groups
+
+    def unit_groups(self, layer):
+        """The channel indices of each group: kept or removed together."""
+        channels, groups, size = self._size(layer)
+        return [np.arange(g * size, (g + 1) * size) for g in range(groups)] if size > 1 else []
+
+    def slice(self, layer, kept):
+        kept = np.asarray(kept, dtype=int)
+        _, groups, size = self._size(layer)
+        if kept.size % size or np.any(np.bincount(kept // size, minlength=groups)[np.unique(kept // size)] != size):
+            raise RuntimeError(  # pragma: no cover - the masks keep whole groups
+                f"the channels of '{layer.name}' were to be cut inside a group; please report this")
+        config = dict(layer.get_config(), groups=int(kept.size // size) if layer.groups != -1 else -1)
+        return config, [w[kept] for w in layer.get_weights()]
 
 
 _MERGE_OPS = {
@@ -2038,7 +2087,8 @@ def _register_builtin():
         register_layer(GlobalPoolRule(getattr(L, name)))
     register_layer(TailRule(L.Softmax))
     register_layer(TailRule(L.Masking, "Masking (its mask reads every feature)"))
-    for name in ("LayerNormalization", "RMSNormalization", "GroupNormalization", "UnitNormalization"):
+    register_layer(GroupNormRule(L.GroupNormalization, "GroupNormalization (whole groups kept or removed)"))
+    for name in ("LayerNormalization", "RMSNormalization", "UnitNormalization"):
         if hasattr(L, name):
             register_layer(MixingNormalizationRule(getattr(L, name), f"{name} (its channels stay)"))
     for name in _MERGE_OPS:
