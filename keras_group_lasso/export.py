@@ -183,10 +183,28 @@ def _serving_model(small):
     def training_only(layer):
         return getattr(registry.rule_of(layer), "inference_identity", False)
 
-    if not any(training_only(layer) for layer in small.layers):
+    def serving_config(layer):
+        rule = registry.rule_of(layer)
+        return None if rule is None else rule.serving_config(layer)
+
+    if not any(training_only(layer) or serving_config(layer) for layer in small.layers):
         return small
-    return keras.models.clone_model(
-        small, clone_function=lambda layer: keras.layers.Identity(name=layer.name) if training_only(layer) else layer)
+    rebuilt = []
+
+    def clone(layer):
+        if training_only(layer):
+            return keras.layers.Identity(name=layer.name)
+        config = serving_config(layer)
+        if config is None:
+            return layer
+        new = type(layer).from_config(config)
+        rebuilt.append((layer, new))
+        return new
+
+    serving = keras.models.clone_model(small, clone_function=clone)
+    for layer, new in rebuilt:
+        new.set_weights(layer.get_weights())
+    return serving
 
 
 def _write_saved_model(tf, model, path):
@@ -200,7 +218,30 @@ def _write_saved_model(tf, model, path):
 
 def _write_tflite(tf, saved_model_path, path):
     converter = tf.lite.TFLiteConverter.from_saved_model(saved_model_path, [SIGNATURE])
-    flatbuffer = converter.convert()
+    try:
+        flatbuffer = converter.convert()
+    except Exception as error:  # noqa: BLE001 - the converter raises its own ConverterError
+        if "seed_generator_state" in str(error):
+            raise ValueError(
+                "export_pruned: TFLite cannot hold the random-seed state (uint32) that recurrent and attention "
+                "layers keep for their dropout, which a SavedModel written from the JAX backend carries; "
+                "export the TFLite file with KERAS_BACKEND=tensorflow (the .keras file loads there)"
+            ) from error
+        if "tensor list" not in str(error).lower():
+            raise
+        # A recurrent layer over sequences of unknown length (it cannot be unrolled for serving) loops with
+        # TensorFlow's tensor lists, which TFLite's own ops cannot express: those ops stay TensorFlow ops.
+        warnings.warn(
+            "export_pruned: model.tflite keeps TensorFlow ops for its recurrent layers over sequences of unknown "
+            "length (SELECT_TF_OPS): an interpreter needs the Flex delegate (on Android the "
+            "tensorflow-lite-select-tf-ops dependency)",
+            UserWarning,
+            stacklevel=2,
+        )
+        converter = tf.lite.TFLiteConverter.from_saved_model(saved_model_path, [SIGNATURE])
+        converter.target_spec.supported_ops = [tf.lite.OpsSet.TFLITE_BUILTINS, tf.lite.OpsSet.SELECT_TF_OPS]
+        converter._experimental_lower_tensor_list_ops = False  # what TensorFlow's error message asks for
+        flatbuffer = converter.convert()
     with open(path, "wb") as f:
         f.write(flatbuffer)
 

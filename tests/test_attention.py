@@ -5,6 +5,8 @@ the layer with fewer heads. Every surgery is compared output-for-output with
 the thresholded original, and the pruned model loads with plain Keras.
 """
 
+import warnings
+
 import keras
 import numpy as np
 import pytest
@@ -21,6 +23,7 @@ from keras_group_lasso import (
 )
 from keras_group_lasso.graph import registry
 from keras_group_lasso.groups import GroupView
+from test_cnn import thresholded_copy
 from test_sequences import assert_exact, assert_reloads_plain, kill_rows
 
 T = 1e-3
@@ -162,3 +165,38 @@ def test_cross_attention_is_refused_by_name():
     model = keras.Model([query, context], L.Dense(2)(L.Flatten()(mha(query, context))))
     with pytest.raises(UnsupportedModelError, match="'cross'"):
         prune_model(model, T)
+
+
+def test_a_recurrent_attention_model_exports_to_every_format(tmp_path):
+    tf = pytest.importorskip("tensorflow", reason="SavedModel and TFLite need TensorFlow")
+    from keras_group_lasso import export_pruned
+
+    inputs = keras.Input((6, 4))
+    x = L.Bidirectional(L.LSTM(5, return_sequences=True))(inputs)
+    mha = L.MultiHeadAttention(2, 5)
+    x = L.LayerNormalization()(L.Add()([x, mha(x, x)]))
+    model = keras.Model(inputs, L.Dense(3)(L.GlobalAveragePooling1D()(x)))
+    weights = mha.get_weights()
+    weights[6][0] = 0.0  # head 0 adds nothing
+    mha.set_weights(weights)
+    # Served unrolled over its 6 steps: TFLite's own ops, no TensorFlow ops left in model.tflite.
+    if BACKEND == "jax":  # its SavedModel carries the layers' dropout seed state, which TFLite refuses
+        with pytest.raises(ValueError, match="KERAS_BACKEND=tensorflow"):
+            export_pruned(model, tmp_path / "tflite", formats=("tflite",))
+        result = export_pruned(model, tmp_path / "out", formats=("saved_model", "keras"))
+    else:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            result = export_pruned(model, tmp_path / "out", formats=("saved_model", "keras", "tflite"))
+        assert not [w for w in caught if "Flex" in str(w.message)]
+    x = np.random.default_rng(0).normal(size=(3, 6, 4)).astype("float32")
+    expected = np.asarray(keras.ops.convert_to_numpy(thresholded_copy(model)(x)))
+    served = tf.saved_model.load(result.paths["saved_model"]).signatures["serving_default"]
+    np.testing.assert_allclose(served(features=tf.constant(x))["output_0"].numpy(), expected, atol=1e-5)
+    if "tflite" in result.paths:
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=r"(?s).*tf.lite.Interpreter is deprecated")
+            interpreter = tf.lite.Interpreter(model_path=result.paths["tflite"])
+        got = interpreter.get_signature_runner("serving_default")(features=x)["output_0"]
+        np.testing.assert_allclose(got, expected, atol=1e-5)
+    assert result.manifest["params_after"] < result.manifest["params_before"]

@@ -200,7 +200,10 @@ def test_bidirectional_concat_keeps_the_same_width_in_both_directions():
     small = prune_model(model, T)
     new = small.layers[1]
     assert new.forward_layer.units == new.backward_layer.units == 4  # 2 live forward + 2 kept as the backward's 4
-    assert sparsity_report(model, T).layers[0].units_alive == 8
+    row = sparsity_report(model, T).layers[0]
+    assert row.units_alive == 8
+    assert row.flops_before == 2 * 5 * 4 * (4 + 5) * 5  # both directions, 5 steps, 4 gates
+    assert row.flops_after == 2 * 5 * 4 * (4 + 4) * 4
     assert_exact(small, model, np.random.default_rng(2).normal(size=(3, 5, 4)).astype("float32"))
 
 

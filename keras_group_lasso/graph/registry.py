@@ -251,6 +251,10 @@ class LayerRule:
         """Index arrays of channels that are kept or removed together (a GroupNormalization's groups); ``[]``."""
         return []
 
+    def serving_config(self, layer):
+        """The config a serving export builds the layer from instead, or ``None`` (the layer as it is)."""
+        return None
+
 
 class InputRule(LayerRule):
     """The model's input."""
@@ -1084,12 +1088,18 @@ class RecurrentRule(UnitsRule):
             new.append(np.ascontiguousarray(weights["bias"][..., columns]))
         return dict(layer.get_config(), units=int(kept_out.size)), new
 
-    def _steps(self, layer):
+    def serving_config(self, layer):
+        """Unrolled over a sequence of known length: the same computation without a loop (TFLite's own ops)."""
+        if layer.unroll or self._steps(layer, None) is None:
+            return None
+        return dict(layer.get_config(), unroll=True)
+
+    def _steps(self, layer, unknown=1):
         try:
             steps = layer.input.shape[1]
         except Exception:  # noqa: BLE001 - a layer with no single input
-            return 1
-        return 1 if steps is None else int(steps)
+            return unknown
+        return unknown if steps is None else int(steps)
 
     def flops(self, layer, positions, in_units, out_units, output_shape):
         """``steps * G * (in + units) * units`` multiply-adds (a sequence of unknown length: per step)."""
@@ -1129,6 +1139,16 @@ class BidirectionalRule(UnitsRule):
     def penalty_config_keys(self, layer):
         """The keys of its config that hold the configs of :meth:`penalty_layers`."""
         return ("layer", "backward_layer")
+
+    def serving_config(self, layer):
+        inner = self._inner(layer)
+        if layer.forward_layer.unroll or inner._steps(layer, None) is None:
+            return None
+        config = layer.get_config()
+        for key in self.penalty_config_keys(layer):
+            config[key] = {k: v for k, v in config[key].items() if k != "build_config"}
+            config[key]["config"] = dict(config[key]["config"], unroll=True)
+        return config
 
     def refusal(self, layer):
         inner = self._inner(layer)
@@ -1245,7 +1265,9 @@ class BidirectionalRule(UnitsRule):
 
     def flops(self, layer, positions, in_units, out_units, output_shape):
         per_direction = out_units // 2 if self._concat(layer) else out_units
-        return 2 * self._inner(layer).flops(layer.forward_layer, positions, in_units, per_direction, output_shape)
+        inner = self._inner(layer)
+        # The sequence length from the wrapper (the layers it holds are not called in the model's graph).
+        return 2 * inner._steps(layer) * inner.gates * (in_units + per_direction) * per_direction
 
     def params(self, layer, positions, in_units, out_units, has_bias):
         per_direction = out_units // 2 if self._concat(layer) else out_units

@@ -173,10 +173,12 @@ def prune_model(model, threshold=1e-3, inputs="original", round_to=1, fold_batch
     options = _call_options(model)
 
     def call(layer, weights_, x, name=None):
+        """Call the new ``layer`` on ``x`` as node ``name`` called its original (the original's rule: a layer
+        recognized by what it computes is recognized on the original, which has been called)."""
         built.append((layer, weights_))
         if name is None:
             return layer(x)
-        rule = registry.rule_of(layer)
+        rule = registry.rule_of(layers[name])
         return rule.call(layer, x, options.get(name)) if rule is not None else layer(x)
 
     def select(x, have, want, like):
@@ -279,7 +281,7 @@ def prune_model(model, threshold=1e-3, inputs="original", round_to=1, fold_batch
         present[node.name] = out_present
         if graph.layer_name(node.name) in made:  # a later call of a shared layer: the same (new) layer
             shared_layer = made[graph.layer_name(node.name)]
-            tensors[node.name] = registry.rule_of(shared_layer).call(shared_layer, x, options.get(node.name))
+            tensors[node.name] = registry.rule_of(layer).call(shared_layer, x, options.get(node.name))
             continue
         config["name"] = names[node.name]
         _drop_package_penalties(layer, config)
