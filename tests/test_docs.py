@@ -58,6 +58,11 @@ def test_python_block_runs_as_written(page, line, code, tmp_path, jax_cache):
     if wanted and backend not in wanted.group(1).split():
         pytest.skip(f"the block runs on {wanted.group(1).strip()} only {wanted.group(2).strip()}".rstrip())
     env = dict(os.environ, KERAS_BACKEND=backend, TF_CPP_MIN_LOG_LEVEL="2", PYTHONPATH=str(ROOT))
+    # One thread per block: the examples are tiny, and the suite runs three backends side by side, where
+    # PyTorch's and TensorFlow's thread pools would oversubscribe the cores (PyTorch's small matmuls ran 3x
+    # slower). A value the caller set is kept.
+    for name in ("OMP_NUM_THREADS", "TF_NUM_INTRAOP_THREADS", "TF_NUM_INTEROP_THREADS"):
+        env.setdefault(name, "1")
     if backend == "jax":  # the same results, fewer compilations
         env.update(JAX_COMPILATION_CACHE_DIR=jax_cache, JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
                    JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0")
