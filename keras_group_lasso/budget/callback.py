@@ -18,7 +18,7 @@ import numpy as np
 from keras_group_lasso import analysis
 from keras_group_lasso._validation import check_non_negative, check_positive_int, fail
 from keras_group_lasso.budget import cut, rounding, schedule
-from keras_group_lasso.budget.cost import LatencyTable
+from keras_group_lasso.budget.cost import LatencyTable, current_device
 from keras_group_lasso.budget.state import CUT, SEARCH, WITHIN, BudgetState
 from keras_group_lasso.declared import BUDGET_STATE_SIZE, declare_group_penalties
 from keras_group_lasso.regularizers import group_sparse_penalties
@@ -143,7 +143,8 @@ class SparsityBudget(keras.callbacks.Callback):
     (:func:`~keras_group_lasso.prune_model`), times it and the dense model
     and keeps predicted vs measured in ``latency`` (a dict; also logged to the
     ``keras_group_lasso`` logger, and a warning when the measured pruned
-    model is more than 10 % over the budget's fraction).
+    model is more than 10 % over the budget's fraction), when the table was
+    measured on the backend and device ``fit`` runs on.
 
     **State and resuming.** The multipliers and the budget's progress are
     model state (:mod:`keras_group_lasso.declared`), saved with the weights:
@@ -582,6 +583,11 @@ class SparsityBudget(keras.callbacks.Callback):
         from keras_group_lasso.surgery import prune_model
 
         batch = self.latency_batch_size
+        here = (keras.backend.backend(), current_device())
+        if (self.latency_table.backend, self.latency_table.device) != here:
+            _LOG.info("%s: the pruned model is not timed: the latency table was measured on %s, %s, fit runs on "
+                      "%s, %s.", _OWNER, self.latency_table.backend, self.latency_table.device, *here)
+            return
         found = analysis.analyze(self.model, self.threshold, owner=_OWNER)
         predicted = self._predicted_latency(self.latency_table.widths_of(found))
         dense_predicted = self.dense["latency"]

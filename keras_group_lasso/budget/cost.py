@@ -29,7 +29,7 @@ import numpy as np
 
 from keras_group_lasso._validation import Described, check_positive_int, fail
 
-__all__ = ["LatencyTable", "DEFAULT_GRID"]
+__all__ = ["LatencyTable", "DEFAULT_GRID", "current_device"]
 
 _OWNER = "LatencyTable"
 FORMAT = "keras_group_lasso.LatencyTable/1"
@@ -113,7 +113,7 @@ def _inputs(model, batch_size, owner):
     return xs[0] if len(xs) == 1 else xs
 
 
-def _device():
+def current_device():
     """The device that runs the backend's calls, in words."""
     backend = keras.backend.backend()
     cpu = f"CPU ({platform.machine() or 'unknown'}, {os.cpu_count()} cores)"
@@ -302,12 +302,12 @@ class LatencyTable:
             # Standalone layers may add up to more than the compiled model (which fuses what they do apart):
             # their times then count in proportion, scaled to the model's.
             scale = min(1.0, dense / total) if total > 0 else 1.0
-            entry = {"model": dense, "rest": dense - scale * total, "scale": scale, "layers": layers}
+            entry = {"model": dense, "rest": max(0.0, dense - total), "scale": scale, "layers": layers}
             if narrow_seconds is not None:
                 entry["narrow"] = narrow_seconds
             entries[batch] = entry
         widths = {node.name: (node.in_units, node.out_units) for node in graph.units}
-        table = cls(model.name, widths, entries, keras.backend.backend(), _device(), grid,
+        table = cls(model.name, widths, entries, keras.backend.backend(), current_device(), grid,
                     time.perf_counter() - started, positions=positions, narrow_widths=narrow_widths)
         for batch, entry in table._entries.items():
             if "narrow" in entry:  # what the rest takes at the narrow structure (its layers' part taken out)
