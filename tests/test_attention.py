@@ -200,3 +200,27 @@ def test_a_recurrent_attention_model_exports_to_every_format(tmp_path):
         got = interpreter.get_signature_runner("serving_default")(features=x)["output_0"]
         np.testing.assert_allclose(got, expected, atol=1e-5)
     assert result.manifest["params_after"] < result.manifest["params_before"]
+
+
+def test_key_and_value_dimensions_that_add_nothing_leave_every_head(tmp_path):
+    key_dim, value_dim = (6, 6) if BACKEND == "jax" else (6, 5)
+    inputs = keras.Input((5, 8))
+    mha = L.MultiHeadAttention(3, key_dim, value_dim=value_dim, name="attention")
+    model = keras.Model(inputs, L.Dense(2)(L.Flatten()(mha(inputs, inputs))))
+    weights = mha.get_weights()  # query, its bias, key, its bias, value, its bias, output, its bias
+    for head, role, dims in ((0, 0, [1, 4]), (1, 0, [0]), (1, 2, [2, 3]), (2, 2, [3, 5])):
+        weights[role][:, head, dims] = 0.0  # a query or key column and its bias: q_j * k_j adds nothing
+        weights[role + 1][head, dims] = 0.0
+    weights[6][:, [1, 3]] = 0.0  # value dimensions 1 and 3 reach no output in any head
+    mha.set_weights(weights)
+    small = prune_model(model, T)
+    config = small.get_layer("attention").get_config()
+    # Every head keeps 4 key dimensions (the most live ones in a head: 6 - 2); the query is scaled by
+    # sqrt(4 / 6) for Keras's 1 / sqrt(key_dim).
+    want = (3, 4, 4) if BACKEND == "jax" else (3, 4, 3)
+    assert (config["num_heads"], config["key_dim"], config["value_dim"]) == want
+    x = np.random.default_rng(0).normal(size=(4, 5, 8)).astype("float32")
+    assert_exact(small, model, x)
+    assert_reloads_plain(small, x, tmp_path)
+    assert sparsity_report(model, T).params_after == sum(layer.count_params() for layer in small.layers
+                                                         if registry.units_rule(layer) is not None)

@@ -1299,8 +1299,8 @@ class AttentionRule(UnitsRule):
     heads. Input unit ``i`` reaches the output through its rows of the query,
     key and value kernels ``(in, heads, dim)`` into live heads; an output unit
     whose output-kernel column is zero is never a constant to fold (only a
-    constant 0 of its input is removed). Bias groups and key or value
-    dimensions are not pruned.
+    constant 0 of its input is removed). Inside the kept heads, key and value
+    dimensions that add nothing go too (:meth:`kept_shape`).
     """
 
     merges_batchnorm = False
@@ -1397,21 +1397,62 @@ class AttentionRule(UnitsRule):
     def pads(self, layer):
         return True
 
-    def slice_units(self, layer, weights, in_units, kept_in, kept_out):
-        kept_in = np.asarray(kept_in, dtype=int)
+    def kept_shape(self, weights, kept_out):
+        """``(heads, key dims, value dims)`` that stay: the live heads, and for each the key and value
+        dimensions it keeps (as many in every head: Keras gives all heads one ``key_dim`` and one ``value_dim``).
+
+        Value dimension ``j`` of head ``h`` adds nothing when its output rows ``[h, j, :]`` are zero; key
+        dimension ``j`` adds nothing to the scores when its query column (and bias) or its key column (and
+        bias) is zero. A head keeps its live dimensions and, where another head keeps more, some dead ones.
+        Where ``key_dim == value_dim`` (Keras on JAX needs it) both stay equal.
+        """
         kept_out = np.asarray(kept_out, dtype=int)
         heads = np.flatnonzero(self.live_heads(weights, kept_out))
         if heads.size == 0:  # a layer has at least one head: one whose output weights are zero adds nothing
             heads = np.arange(1)
+
+        def live(role):
+            column = np.any(weights[role] != 0, axis=0)  # (heads, dim)
+            bias = weights.get(f"{role}_bias")
+            return column if bias is None else column | (bias != 0)
+
+        key_live = live("query") & live("key")
+        value_live = np.any(weights["output"][..., kept_out] != 0, axis=-1)  # (heads, value_dim)
+        key_dim, value_dim = key_live.shape[1], value_live.shape[1]
+        new_key = max(1, int(key_live[heads].sum(axis=1).max()))
+        new_value = max(1, int(value_live[heads].sum(axis=1).max()))
+        if key_dim == value_dim:
+            new_key = new_value = max(new_key, new_value)
+
+        def dims(mask, count):  # live dimensions first, then dead ones, in index order
+            return [np.sort(np.argsort(~mask[h], kind="stable")[:count]) for h in heads]
+
+        return heads, dims(key_live, new_key), dims(value_live, new_value)
+
+    def slice_units(self, layer, weights, in_units, kept_in, kept_out):
+        kept_in = np.asarray(kept_in, dtype=int)
+        kept_out = np.asarray(kept_out, dtype=int)
+        heads, key_dims, value_dims = self.kept_shape(weights, kept_out)
+        # Keras scales the query by 1 / sqrt(key_dim): fewer key dimensions need the query scaled back.
+        scale = math.sqrt(key_dims[0].size / weights["query"].shape[-1])
+
+        def pick(array, dims):  # array (..., heads, dim) -> the kept heads and their dims
+            return np.stack([array[..., h, d] for h, d in zip(heads, dims)], axis=-2)
+
         new = []
-        for role in ("query", "key", "value"):
-            new.append(np.ascontiguousarray(weights[role][kept_in][:, heads]))
-            if weights.get(f"{role}_bias") is not None:
-                new.append(np.ascontiguousarray(weights[f"{role}_bias"][heads]))
-        new.append(np.ascontiguousarray(weights["output"][heads][..., kept_out]))
+        for role, dims, factor in (("query", key_dims, scale), ("key", key_dims, 1.0), ("value", value_dims, 1.0)):
+            kernel = pick(weights[role][kept_in], dims)
+            new.append(np.ascontiguousarray(kernel * np.asarray(factor, kernel.dtype) if factor != 1.0 else kernel))
+            bias = weights.get(f"{role}_bias")
+            if bias is not None:
+                bias = pick(bias, dims)
+                new.append(np.ascontiguousarray(bias * np.asarray(factor, bias.dtype) if factor != 1.0 else bias))
+        output = np.stack([weights["output"][h][d] for h, d in zip(heads, value_dims)])
+        new.append(np.ascontiguousarray(output[..., kept_out]))
         if weights["bias"] is not None:
             new.append(np.ascontiguousarray(weights["bias"][kept_out]))
-        config = dict(layer.get_config(), num_heads=int(heads.size), output_shape=int(kept_out.size))
+        config = dict(layer.get_config(), num_heads=int(heads.size), key_dim=int(key_dims[0].size),
+                      value_dim=int(value_dims[0].size), output_shape=int(kept_out.size))
         return config, new
 
     def call(self, layer, x, options=None):
@@ -1428,30 +1469,35 @@ class AttentionRule(UnitsRule):
             steps = None
         return heads, key_dim, value_dim, 1 if steps is None else int(steps)
 
-    def flops(self, layer, positions, in_units, out_units, output_shape, heads=None):
+    def flops(self, layer, positions, in_units, out_units, output_shape, heads=None, key_dim=None, value_dim=None):
         """``T * in * H * (2 kd + vd)`` (projections) ``+ T^2 * H * (kd + vd)`` (scores, weighted values)
         ``+ T * H * vd * out`` (output) multiply-adds per sample, ``T`` its sequence length."""
-        total, key_dim, value_dim, steps = self._sizes(layer)
+        total, full_key, full_value, steps = self._sizes(layer)
         heads = total if heads is None else heads
+        key_dim = full_key if key_dim is None else key_dim
+        value_dim = full_value if value_dim is None else value_dim
         return (steps * in_units * heads * (2 * key_dim + value_dim) + steps * steps * heads * (key_dim + value_dim)
                 + steps * heads * value_dim * out_units)
 
-    def params(self, layer, positions, in_units, out_units, has_bias, heads=None):
-        total, key_dim, value_dim, _ = self._sizes(layer)
+    def params(self, layer, positions, in_units, out_units, has_bias, heads=None, key_dim=None, value_dim=None):
+        total, full_key, full_value, _ = self._sizes(layer)
         heads = total if heads is None else heads
+        key_dim = full_key if key_dim is None else key_dim
+        value_dim = full_value if value_dim is None else value_dim
         biases = _attention_variables(layer).get("query_bias") is not None
         return (in_units * heads * (2 * key_dim + value_dim) + (heads * (2 * key_dim + value_dim) if biases else 0)
                 + heads * value_dim * out_units + (out_units if has_bias else 0))
 
     def inner_units(self, layer, weights, kept_out):
         """``(live heads, heads)`` with the units ``kept_out`` kept."""
-        live = self.live_heads(weights, kept_out)
-        return max(int(live.sum()), 1), int(live.size)
+        heads, _, _ = self.kept_shape(weights, kept_out)
+        return int(heads.size), int(weights["output"].shape[0])
 
     def kept_cost(self, layer, positions, kept_in, kept_out, output_shape, has_bias, weights, kept_mask):
-        heads, _ = self.inner_units(layer, weights, np.flatnonzero(kept_mask))
-        return (self.flops(layer, positions, kept_in, kept_out, output_shape, heads=heads),
-                self.params(layer, positions, kept_in, kept_out, has_bias, heads=heads))
+        heads, key_dims, value_dims = self.kept_shape(weights, np.flatnonzero(kept_mask))
+        shape = dict(heads=int(heads.size), key_dim=int(key_dims[0].size), value_dim=int(value_dims[0].size))
+        return (self.flops(layer, positions, kept_in, kept_out, output_shape, **shape),
+                self.params(layer, positions, kept_in, kept_out, has_bias, **shape))
 
 
 # ----------------------------------------------------------------------------- keras.ops operations
