@@ -990,7 +990,43 @@ class EmbeddingRule(UnitsRule):
         return positions * out_units
 
 
-class RecurrentRule(UnitsRule):
+class SequenceRule(UnitsRule):
+    """The base of the recurrent and attention rules: layers whose units carry state over a sequence.
+
+    A unit they make is never a constant (a recurrent unit's state evolves
+    over time even with all incoming weights zero; an attention output mixes
+    the positions), so nothing is folded into their biases and only a
+    constant 0 of their input is removed. They read the channels of a
+    sequence (one position of their kernel), and their activations act on
+    each unit on its own.
+    """
+
+    merges_batchnorm = False
+    rounds = False
+    constant_outputs = False
+
+    def classify(self, layer):
+        reason = self.refusal(layer)
+        return ("other", reason) if reason else (self.kind, None)
+
+    def mixes_units(self, layer):
+        return False
+
+    def unit_shape(self, layer, channels, positions):
+        if positions != 1 or self.kernel_shape(layer)[1] != channels:
+            return None
+        return channels, 1
+
+    def constant_contribution(self, layer, weights, in_units, values):
+        if np.any(np.asarray(values) != 0):  # pragma: no cover - pads() lets only constants of 0 through
+            raise RuntimeError(f"a constant was to be folded into '{layer.name}'; please report this")
+        return np.zeros(self.kernel_shape(layer)[2])
+
+    def pads(self, layer):
+        return True
+
+
+class RecurrentRule(SequenceRule):
     """``SimpleRNN``, ``GRU``, ``LSTM``: input groups over its features and hidden units with a recurrence.
 
     Its kernel ``(in, G * units)`` holds ``G`` gates side by side (1 for
@@ -1008,10 +1044,7 @@ class RecurrentRule(UnitsRule):
     which is exact but not done).
     """
 
-    merges_batchnorm = False
-    rounds = False
     width_key = "units"
-    constant_outputs = False
 
     def __init__(self, cls, gates, description=None, **kwargs):
         super().__init__(cls, description, **kwargs)
@@ -1031,13 +1064,6 @@ class RecurrentRule(UnitsRule):
                 return f"a recurrent layer whose {attribute} is not elementwise"
         return None
 
-    def classify(self, layer):
-        reason = self.refusal(layer)
-        return ("other", reason) if reason else (self.kind, None)
-
-    def mixes_units(self, layer):
-        return False
-
     def kernels(self, layer):
         return {"kernel": layer.cell.kernel, "recurrent": layer.cell.recurrent_kernel}
 
@@ -1051,11 +1077,6 @@ class RecurrentRule(UnitsRule):
         rows, columns = (int(d) for d in layer.cell.kernel.shape)
         return 1, rows, columns // self.gates
 
-    def unit_shape(self, layer, channels, positions):
-        if positions != 1 or self.kernel_shape(layer)[1] != channels:
-            return None
-        return channels, 1
-
     def units_view(self, weights, in_units):
         """The kernel as ``(gates, in_units, units)``: gate ``g``'s weights from input ``i`` into unit ``j``."""
         kernel = weights["kernel"]
@@ -1065,14 +1086,6 @@ class RecurrentRule(UnitsRule):
         """bool ``(units, units)``: hidden unit ``j`` reaches unit ``k`` through a non-zero recurrent weight."""
         recurrent = weights["recurrent"]
         return np.any(recurrent.reshape(recurrent.shape[0], self.gates, -1) != 0, axis=1)
-
-    def constant_contribution(self, layer, weights, in_units, values):
-        if np.any(np.asarray(values) != 0):  # pragma: no cover - pads() lets only constants of 0 through
-            raise RuntimeError(f"a constant was to be folded into '{layer.name}'; please report this")
-        return np.zeros(weights["kernel"].shape[-1] // self.gates)
-
-    def pads(self, layer):
-        return True
 
     def columns(self, units, kept_out):
         """The kernel columns of the units ``kept_out`` in every gate (gate-major)."""
@@ -1110,7 +1123,7 @@ class RecurrentRule(UnitsRule):
         return self.gates * out_units * (in_units + out_units + (biases if has_bias else 0))
 
 
-class BidirectionalRule(UnitsRule):
+class BidirectionalRule(SequenceRule):
     """``Bidirectional`` around a SimpleRNN, GRU or LSTM: forward and backward units.
 
     With ``merge_mode="concat"`` the output holds the forward units, then the
@@ -1122,9 +1135,6 @@ class BidirectionalRule(UnitsRule):
     kept or removed together.
     """
 
-    merges_batchnorm = False
-    rounds = False
-    constant_outputs = False
     _DIRECTIONS = ("forward", "backward")
 
     def _inner(self, layer):
@@ -1157,13 +1167,6 @@ class BidirectionalRule(UnitsRule):
         if layer.merge_mode not in ("concat", "sum", "ave", "mul"):
             return f"a Bidirectional layer with merge_mode={layer.merge_mode!r} (two outputs)"
         return inner.refusal(layer.forward_layer) or inner.refusal(layer.backward_layer)
-
-    def classify(self, layer):
-        reason = self.refusal(layer)
-        return ("other", reason) if reason else (self.kind, None)
-
-    def mixes_units(self, layer):
-        return False
 
     def _concat(self, layer):
         return layer.merge_mode == "concat"
@@ -1234,14 +1237,6 @@ class BidirectionalRule(UnitsRule):
         norms = [GroupView().norms(weights[f"{d}_kernel"], in_units) for d in self._DIRECTIONS]
         return np.sqrt(norms[0] ** 2 + norms[1] ** 2)
 
-    def constant_contribution(self, layer, weights, in_units, values):
-        if np.any(np.asarray(values) != 0):  # pragma: no cover - pads() lets only constants of 0 through
-            raise RuntimeError(f"a constant was to be folded into '{layer.name}'; please report this")
-        return np.zeros(self.kernel_shape(layer)[2])
-
-    def pads(self, layer):
-        return True
-
     def slice_units(self, layer, weights, in_units, kept_in, kept_out):
         inner = self._inner(layer)
         kept_out = np.asarray(kept_out, dtype=int)
@@ -1289,7 +1284,7 @@ def _attention_variables(layer):
     return found
 
 
-class AttentionRule(UnitsRule):
+class AttentionRule(SequenceRule):
     """``MultiHeadAttention`` (self-attention: query, key and value read one tensor): heads are its inner units.
 
     The group of head ``h`` is its slice ``[h, :, :]`` of the output kernel
@@ -1303,9 +1298,6 @@ class AttentionRule(UnitsRule):
     dimensions that add nothing go too (:meth:`kept_shape`).
     """
 
-    merges_batchnorm = False
-    rounds = False
-    constant_outputs = False
     width_key = "output_shape"
     #: Group view of its head kernel (the output kernel).
     head_view = GroupView(axis=0)
@@ -1329,13 +1321,6 @@ class AttentionRule(UnitsRule):
         if not {"query", "key", "value", "output"} <= set(variables):
             return "a MultiHeadAttention that is not built"
         return None
-
-    def classify(self, layer):
-        reason = self.refusal(layer)
-        return ("other", reason) if reason else (self.kind, None)
-
-    def mixes_units(self, layer):
-        return False
 
     def kernels(self, layer):
         variables = _attention_variables(layer)
@@ -1362,11 +1347,6 @@ class AttentionRule(UnitsRule):
         variables = _attention_variables(layer)
         return 1, int(variables["query"].shape[0]), int(variables["output"].shape[-1])
 
-    def unit_shape(self, layer, channels, positions):
-        if positions != 1 or self.kernel_shape(layer)[1] != channels:
-            return None
-        return channels, 1
-
     def live_heads(self, weights, kept_out=None):
         """bool ``(heads,)``: heads with a non-zero output weight (into the units ``kept_out``, default all)."""
         output = weights["output"]
@@ -1388,14 +1368,6 @@ class AttentionRule(UnitsRule):
         squares = sum(np.sum(np.square(weights[role].astype(np.float32)), axis=(1, 2))
                       for role in ("query", "key", "value"))
         return np.sqrt(squares)
-
-    def constant_contribution(self, layer, weights, in_units, values):
-        if np.any(np.asarray(values) != 0):  # pragma: no cover - pads() lets only constants of 0 through
-            raise RuntimeError(f"a constant was to be folded into '{layer.name}'; please report this")
-        return np.zeros(weights["output"].shape[-1])
-
-    def pads(self, layer):
-        return True
 
     def kept_shape(self, weights, kept_out):
         """``(heads, key dims, value dims)`` that stay: the live heads, and for each the key and value
