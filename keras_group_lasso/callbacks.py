@@ -124,13 +124,15 @@ class SparsityMonitor(keras.callbacks.Callback):
     * ``logs["flops"] = report.flops_ratio`` (the fraction of the dense
       model's multiply-adds per sample that pruning at ``threshold`` would
       keep),
+    * ``logs["live_heads"]``, for a model with attention layers: their live
+      heads, all together,
 
     and, with ``log_dir``, writes these TensorBoard summaries at step ``epoch``:
     scalars ``sparsity/total``, ``selected_features``, ``live_neurons``,
     ``flops/after`` (multiply-adds per sample), ``flops/ratio``,
     ``sparsity/<layer>``, ``live_units/stream/<merge>`` (live channels of a
-    residual stream, each once) and ``live_units/<layer>`` (neurons, or channels of a
-    convolution); histograms
+    residual stream, each once), ``live_units/<layer>`` (neurons, or channels of a
+    convolution) and ``live_heads/<layer>`` (an attention layer's heads); histograms
     ``group_norms/<layer>`` (the L2 norm of each unit's outgoing weights); and,
     when the input is an image, the image ``input_feature_strength`` (see
     :func:`feature_strength_image`).
@@ -246,6 +248,8 @@ class SparsityMonitor(keras.callbacks.Callback):
             logs["selected_features"] = len(report.selected_features)
             logs["live_neurons"] = int(report.live_neurons)
             logs["flops"] = float(report.flops_ratio)
+            if any(layer.heads for layer in report.layers):  # attention layers: their live heads, all together
+                logs["live_heads"] = int(sum(layer.heads_alive for layer in report.layers))
         if self.log_dir is not None:
             self._write_summaries(report, epoch)
 
@@ -286,6 +290,8 @@ class SparsityMonitor(keras.callbacks.Callback):
         for layer in report.layers:
             scalars.append((f"sparsity/{layer.name}", layer.sparsity))
             scalars.append((f"live_units/{layer.name}", layer.units_alive))
+            if layer.heads:
+                scalars.append((f"live_heads/{layer.name}", layer.heads_alive))
         for stream in report.streams:  # a residual stream's channels, each counted once
             scalars.append((f"live_units/stream/{stream.name}", stream.channels_alive))
         norms = analysis.layer_group_norms(self.model)

@@ -140,6 +140,7 @@ def test_head_penalties_train_to_exact_zero_heads_and_are_saved(tmp_path):
     row = next(r for r in report.layers if r.name == mha.name)
     assert row.heads_alive == max(heads - zero_heads, 1)
     assert history.history["flops"][-1] == pytest.approx(report.flops_ratio)
+    assert history.history["live_heads"][-1] == row.heads_alive  # the monitor counts the live heads
     path = tmp_path / "sparse.keras"
     sparse.save(path)
     again = keras.saving.load_model(path)
