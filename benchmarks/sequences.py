@@ -5,7 +5,7 @@ Each image is a sequence of its 28 rows (28 pixels each).
 * Transformer: every row token is its 28 pixels plus a one-hot of its row
   index (28 more input channels: the position, given as data), ``Dense(d)``,
   ``--blocks`` blocks of ``MultiHeadAttention(4 heads, key_dim d / 4)`` +
-  ``Add`` + ``LayerNormalization`` + ``Dense(2d, gelu)`` + ``Dense(d)`` + ``Add``
+  ``Add`` + ``LayerNormalization`` + ``Dense(--ffn * d, gelu)`` + ``Dense(d)`` + ``Add``
   + ``LayerNormalization``, then global average pooling and ``Dense(10)``.
   Methods, from the same initial weights: *dense* (Adam); *budget*
   (``add_group_sparsity(model, lam)``, ``Proximal(Adam)``,
@@ -25,7 +25,7 @@ the model ``prune_model`` builds (checked against the thresholded model:
 the dense model (``predict``, batch 256, the test set, median of 3 after a
 warm-up), on this machine's CPU.
 
-    python benchmarks/sequences.py --out          # writes benchmarks/results/sequences.md / .json
+    python benchmarks/sequences.py --out          # writes benchmarks/results/sequences.md / .json (--out-name)
     python benchmarks/sequences.py --quick        # a smoke run (few samples, 1 epoch); writes nothing
 """
 
@@ -60,7 +60,7 @@ def with_positions(x):
     return np.concatenate([x, eye], axis=-1)
 
 
-def transformer(width, blocks, heads=4):
+def transformer(width, blocks, heads=4, ffn=2):
     import keras
 
     L = keras.layers
@@ -69,7 +69,7 @@ def transformer(width, blocks, heads=4):
     for b in range(blocks):
         a = L.MultiHeadAttention(heads, width // heads, name=f"attention{b}")(x, x)
         x = L.LayerNormalization(name=f"norm{b}a")(L.Add()([x, a]))
-        f = L.Dense(2 * width, activation="gelu", name=f"ffn{b}_in")(x)
+        f = L.Dense(ffn * width, activation="gelu", name=f"ffn{b}_in")(x)
         f = L.Dense(width, name=f"ffn{b}_out")(f)
         x = L.LayerNormalization(name=f"norm{b}b")(L.Add()([x, f]))
     out = L.Dense(10, activation="softmax", name="head")(L.GlobalAveragePooling1D()(x))
@@ -140,7 +140,7 @@ def run_transformer(args, data):
     xt, xs = with_positions(x_train), with_positions(x_test)
     rows = []
     keras.utils.set_random_seed(args.seed)
-    dense = transformer(args.width, args.blocks)
+    dense = transformer(args.width, args.blocks, ffn=args.ffn)
     initial = dense.get_weights()
     wall = fit(dense, keras.optimizers.Adam(1e-3), xt, y_train, args)
     report = sparsity_report(dense, 1e-3)
@@ -152,7 +152,7 @@ def run_transformer(args, data):
     common.say(f"transformer dense: {rows[-1]['test']:.4f} ({wall:.0f} s)")
 
     keras.utils.set_random_seed(args.seed)
-    model = transformer(args.width, args.blocks)
+    model = transformer(args.width, args.blocks, ffn=args.ffn)
     model.set_weights(initial)
     sparse = add_group_sparsity(model, args.lam)
     budget = SparsityBudget(max_flops=args.flops)
@@ -233,14 +233,13 @@ def render(payload):
         f"Backend: {payload['backend']}; {args['n_train']:,} training and {args['n_test']:,} test images; "
         f"{args['epochs']} epochs, batch {args['batch_size']}, seed {args['seed']} (one run).",
         "",
-        f"## Transformer ({args['blocks']} blocks, width {args['width']}, 4 heads)",
-        "",
-        table(payload["transformer"]),
-        "",
-        f"## LSTM ({args['lstm_units']} units)",
-        "",
-        table(payload["lstm"]),
-        "",
+    ]
+    if payload["transformer"]:
+        lines += [f"## Transformer ({args['blocks']} blocks, width {args['width']}, 4 heads, feed-forward "
+                  f"{args.get('ffn', 2) * args['width']})", "", table(payload["transformer"]), ""]
+    if payload["lstm"]:
+        lines += [f"## LSTM ({args['lstm_units']} units)", "", table(payload["lstm"]), ""]
+    lines += [
         "Accuracy of a sparse row is the pruned model's (no fine-tuning); max abs diff compares it with the "
         "thresholded model on 512 test images. Predict speed-up: dense `predict` time over the pruned model's "
         "(batch 256, the test set, median of 3).",
@@ -257,6 +256,7 @@ def main(argv=None):
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--width", type=common.positive_int, default=64)
     parser.add_argument("--blocks", type=common.positive_int, default=2)
+    parser.add_argument("--ffn", type=common.positive_int, default=2, help="feed-forward width, times --width")
     parser.add_argument("--lam", type=float, default=1e-4)
     parser.add_argument("--flops", type=float, default=0.5, help="the Transformer budget's max_flops (a fraction)")
     parser.add_argument("--lstm-units", type=common.positive_int, default=64)
@@ -264,6 +264,7 @@ def main(argv=None):
     parser.add_argument("--lstm-flops", type=float, default=0.5,
                         help="the LSTM budget's max_flops (a fraction); 0: no budget, lambda alone")
     parser.add_argument("--only", choices=("transformer", "lstm"))
+    parser.add_argument("--out-name", default="sequences", help="result files benchmarks/results/<name>.md/.json")
     parser.add_argument("--quick", action="store_true", help="2,000 images, 1 epoch; writes nothing")
     parser.add_argument("--out", action="store_true", help="write benchmarks/results/sequences.md and .json")
     args = parser.parse_args(argv)
@@ -281,8 +282,9 @@ def main(argv=None):
     text = render(payload)
     print(text)
     if args.out and not args.quick:
-        common.write_text_atomically(common.RESULTS_DIR / "sequences.json", json.dumps(payload, indent=1, default=float))
-        common.say(f"wrote {common.write_text_atomically(common.RESULTS_DIR / 'sequences.md', text)}")
+        common.write_text_atomically(common.RESULTS_DIR / f"{args.out_name}.json",
+                                     json.dumps(payload, indent=1, default=float))
+        common.say(f"wrote {common.write_text_atomically(common.RESULTS_DIR / f'{args.out_name}.md', text)}")
     return 0
 
 
