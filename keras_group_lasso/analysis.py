@@ -397,6 +397,12 @@ class SparsityReport:
             the units they read (a LayerNormalization, GroupNormalization,
             softmax) and how many channels each keeps whole, dead or not
             (removing one would change the others' outputs).
+        latency_before: with a ``latency_table`` given to
+            :func:`sparsity_report`, the dense model's predicted time in
+            seconds of one inference call on a batch of ``latency_batch_size``
+            (``None`` without a table).
+        latency_after: the same for the pruned structure (live features and units).
+        latency_batch_size: the batch size those times are for.
     """
 
     threshold: float
@@ -419,6 +425,9 @@ class SparsityReport:
     flops_per_position: bool = False
     inputs: tuple = ()
     kept_whole: tuple = ()
+    latency_before: float = None
+    latency_after: float = None
+    latency_batch_size: int = None
 
     @property
     def n_selected_features(self):
@@ -429,6 +438,14 @@ class SparsityReport:
     def flops_ratio(self):
         """``flops_after / flops_before`` (1.0 when nothing is removed)."""
         return self.flops_after / self.flops_before if self.flops_before else 1.0
+
+    @property
+    def latency_speedup(self):
+        """``latency_before / latency_after``: how many times faster the pruned model is predicted to run
+        (``None`` without a latency table)."""
+        if self.latency_before is None or self.latency_after is None:
+            return None
+        return self.latency_before / self.latency_after
 
     @property
     def compression(self):
@@ -487,6 +504,10 @@ class SparsityReport:
             + (" (per position of the variable (None) axes)" if self.flops_per_position else "")
             + f" ({100 * self.flops_ratio:.1f}%)",
         ]
+        if self.latency_before is not None:
+            lines.append(f"  latency:           {1e3 * self.latency_before:.3f} ms -> {1e3 * self.latency_after:.3f} ms"
+                         f" per batch of {self.latency_batch_size} (predicted by the latency table, "
+                         f"{self.latency_speedup:.2f}x faster)")
         if len(self.inputs) > 1:
             for found in self.inputs:
                 lines.append(f"  input {found.name}: {len(found.selected_features)}/{found.n_features} features"
@@ -504,7 +525,7 @@ class SparsityReport:
         return "\n".join(lines)
 
 
-def sparsity_report(model, threshold=1e-3):
+def sparsity_report(model, threshold=1e-3, latency_table=None):
     """Describe the sparsity of ``model``'s Dense and convolution layers at ``threshold`` (the model is not changed).
 
     ``sparsity = #{|w| <= threshold} / #weights`` over every kernel (the
@@ -519,9 +540,15 @@ def sparsity_report(model, threshold=1e-3):
     global pooling do: they are counted per position of its variable axes,
     and ``report.flops_per_position`` is ``True`` (``str(report)`` says so).
 
+    With a ``latency_table`` the report also holds the predicted time of the
+    dense model and of the pruned structure (``latency_before``,
+    ``latency_after``, ``latency_speedup``): table look-ups, nothing is timed.
+
     Args:
         model: a built ``keras.Model`` with at least one Dense or convolution layer.
         threshold: finite number >= 0 (default ``1e-3``, the paper's).
+        latency_table: ``None`` or a :class:`~keras_group_lasso.LatencyTable`
+            measured for ``model`` at one batch size.
 
     Returns:
         A frozen :class:`SparsityReport`; ``str(report)`` is a readable table,
@@ -530,7 +557,8 @@ def sparsity_report(model, threshold=1e-3):
     Raises:
         InvalidParameterError: ``threshold`` is negative, NaN, infinite or not
             a number; ``model`` is not a built ``keras.Model`` or has no Dense
-            or convolution layer.
+            or convolution layer; ``latency_table`` is not a table of this
+            model at one batch size.
         NonFiniteError: a kernel or bias holds NaN or inf (the message names them).
 
     Example:
@@ -542,7 +570,20 @@ def sparsity_report(model, threshold=1e-3):
         >>> report.selected_features, report.layer_sizes
         ((1, 2, 3), (3, 3))
     """
-    return analyze(model, threshold, owner="sparsity_report").report
+    owner = "sparsity_report"
+    found = analyze(model, threshold, owner=owner)
+    if latency_table is None:
+        return found.report
+    from keras_group_lasso.budget.cost import LatencyTable
+
+    if not isinstance(latency_table, LatencyTable):
+        fail(owner, "latency_table", "None or a LatencyTable", latency_table)
+    latency_table.check_model(model, owner=owner)
+    if len(latency_table.batch_sizes) > 1:
+        fail(owner, "latency_table", "a LatencyTable of one batch size", latency_table)
+    batch = latency_table.batch_sizes[0]
+    return dataclasses.replace(found.report, latency_before=latency_table.predict(None, batch),
+                               latency_after=latency_table.predict(found, batch), latency_batch_size=batch)
 
 
 @dataclasses.dataclass(frozen=True, eq=False)

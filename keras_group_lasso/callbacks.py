@@ -16,6 +16,7 @@ callback runs on the JAX backend without TensorFlow as long as ``log_dir`` is
 ``None``.
 """
 
+import dataclasses
 import importlib.util
 import math
 import os
@@ -126,13 +127,18 @@ class SparsityMonitor(keras.callbacks.Callback):
       keep),
     * ``logs["live_heads"]``, for a model with attention layers: their live
       heads, all together,
+    * with a latency table, ``logs["latency"]`` (the predicted time in
+      **seconds** of one inference call of the pruned structure on a batch of
+      the table's size) and ``logs["latency_speedup"]`` (the dense model's
+      predicted time over it),
 
     and, with ``log_dir``, writes these TensorBoard summaries at step ``epoch``:
     scalars ``sparsity/total``, ``selected_features``, ``live_neurons``,
     ``flops/after`` (multiply-adds per sample), ``flops/ratio``,
     ``sparsity/<layer>``, ``live_units/stream/<merge>`` (live channels of a
     residual stream, each once), ``live_units/<layer>`` (neurons, or channels of a
-    convolution) and ``live_heads/<layer>`` (an attention layer's heads); histograms
+    convolution), ``live_heads/<layer>`` (an attention layer's heads) and, with
+    a latency table, ``latency/predicted`` (seconds) and ``latency/speedup``; histograms
     ``group_norms/<layer>`` (the L2 norm of each unit's outgoing weights); and,
     when the input is an image, the image ``input_feature_strength`` (see
     :func:`feature_strength_image`).
@@ -162,6 +168,12 @@ class SparsityMonitor(keras.callbacks.Callback):
             (:func:`is_chief`); every process gets the logs.
             Writing needs TensorFlow installed (on any backend).
         every: report at the end of epochs ``every, 2 * every, ...``.
+        latency_table: ``None`` or a :class:`~keras_group_lasso.LatencyTable`
+            of the model at one batch size: the predicted latency is logged
+            (table look-ups, nothing is timed) and kept in the report. With
+            ``None``, the table of a :class:`~keras_group_lasso.SparsityBudget`
+            with ``max_latency`` steering the same ``fit`` serves (at the
+            budget's batch size); without either, no latency is logged.
 
     Attributes:
         last_report: the latest :class:`~keras_group_lasso.analysis.SparsityReport`
@@ -171,8 +183,10 @@ class SparsityMonitor(keras.callbacks.Callback):
     Raises:
         InvalidParameterError: for a negative threshold, ``every`` that is not
             an integer >= 1, a ``log_dir`` that is not a path, is an existing
-            file, or lies in a directory that cannot be written, or (when
-            training starts) a model without a Dense layer.
+            file, or lies in a directory that cannot be written, a
+            ``latency_table`` that is not a table of one batch size, or (when
+            training starts) a model without a Dense layer or not the
+            ``latency_table``'s model.
         ImportError: at construction if ``log_dir`` is set and TensorFlow is
             not installed.
 
@@ -195,10 +209,18 @@ class SparsityMonitor(keras.callbacks.Callback):
         (1, (0,))
     """
 
-    def __init__(self, threshold=1e-3, log_dir=None, every=1):
+    def __init__(self, threshold=1e-3, log_dir=None, every=1, latency_table=None):
         super().__init__()
         self.threshold = check_non_negative(_OWNER, "threshold", threshold)
         self.every = check_positive_int(_OWNER, "every", every)
+        if latency_table is not None:
+            from keras_group_lasso.budget.cost import LatencyTable
+
+            if not isinstance(latency_table, LatencyTable):
+                fail(_OWNER, "latency_table", "None or a LatencyTable", latency_table)
+            if len(latency_table.batch_sizes) > 1:
+                fail(_OWNER, "latency_table", "a LatencyTable of one batch size", latency_table)
+        self.latency_table = latency_table
         if log_dir is not None:
             if not isinstance(log_dir, (str, os.PathLike)) or not os.fspath(log_dir):
                 fail(_OWNER, "log_dir", "a non-empty path (str or os.PathLike) or None", log_dir)
@@ -222,6 +244,8 @@ class SparsityMonitor(keras.callbacks.Callback):
                 "a keras.Model with at least one Dense or convolution layer (the layers whose sparsity it reports)",
                 self.model,
             )
+        if self.latency_table is not None:
+            self.latency_table.check_model(self.model, owner=_OWNER)
         self._model_checked = True
 
     def on_train_begin(self, logs=None):
@@ -238,10 +262,11 @@ class SparsityMonitor(keras.callbacks.Callback):
         if (epoch + 1) % self.every != 0:
             return
         try:
-            report = analysis.sparsity_report(self.model, threshold=self.threshold)
+            found = analysis.analyze(self.model, threshold=self.threshold, owner="sparsity_report")
         except NonFiniteError as error:
             self._non_finite(epoch, error, logs)
             return
+        report = self._with_latency(found)
         self.last_report = report
         if logs is not None:
             logs["sparsity"] = float(report.sparsity)
@@ -250,13 +275,34 @@ class SparsityMonitor(keras.callbacks.Callback):
             logs["flops"] = float(report.flops_ratio)
             if any(layer.heads for layer in report.layers):  # attention layers: their live heads, all together
                 logs["live_heads"] = int(sum(layer.heads_alive for layer in report.layers))
+            if report.latency_after is not None:
+                logs["latency"] = float(report.latency_after)
+                logs["latency_speedup"] = float(report.latency_speedup)
         if self.log_dir is not None:
             self._write_summaries(report, epoch)
+
+    def _serving_table(self):
+        """``(latency table, batch size)``: its own, or a latency budget's in the same ``fit``; else ``None``."""
+        if self.latency_table is not None:
+            return self.latency_table, self.latency_table.batch_sizes[0]
+        from keras_group_lasso.budget.callback import training_latency_table
+
+        return training_latency_table(self.model)
+
+    def _with_latency(self, found):
+        """The report of ``found``, with the predicted latency when a table serves (look-ups only)."""
+        serving = self._serving_table()
+        if serving is None:
+            return found.report
+        table, batch = serving
+        return dataclasses.replace(found.report, latency_before=table.predict(None, batch),
+                                   latency_after=table.predict(found, batch), latency_batch_size=batch)
 
     def _non_finite(self, epoch, error, logs):
         self.last_report = None
         if logs is not None:
-            for key in ("sparsity", "selected_features", "live_neurons", "flops"):
+            latency = ("latency", "latency_speedup") if self._serving_table() is not None else ()
+            for key in ("sparsity", "selected_features", "live_neurons", "flops") + latency:
                 logs[key] = float("nan")
         if not self._warned_non_finite:
             self._warned_non_finite = True
@@ -287,6 +333,8 @@ class SparsityMonitor(keras.callbacks.Callback):
             ("flops/after_per_position" if report.flops_per_position else "flops/after", report.flops_after),
             ("flops/ratio", report.flops_ratio),
         ]
+        if report.latency_after is not None:
+            scalars += [("latency/predicted", report.latency_after), ("latency/speedup", report.latency_speedup)]
         for layer in report.layers:
             scalars.append((f"sparsity/{layer.name}", layer.sparsity))
             scalars.append((f"live_units/{layer.name}", layer.units_alive))

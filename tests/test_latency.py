@@ -5,6 +5,7 @@ monotone, exact at the dense widths, a round trip), and steer with a hand-made t
 be exact. The speed-ups themselves are measured in ``benchmarks/latency_budget.py``.
 """
 
+import glob
 import itertools
 import re
 import warnings
@@ -18,6 +19,7 @@ from keras_group_lasso import (
     LatencyTable,
     Proximal,
     SparsityBudget,
+    SparsityMonitor,
     add_group_sparsity,
     sparsity_report,
 )
@@ -309,3 +311,104 @@ def test_state_keeps_the_latency_across_a_round_trip():
     for combo in itertools.product([None], [{"features": 1, "units": 2, "params": 3, "flops": 4}]):
         old = BudgetState().replace(last_sizes=combo[1])  # a state without a latency counts 0
         assert BudgetState.from_vector(old.to_vector()).last_sizes["latency"] == 0.0
+
+
+# ----------------------------------------------------------------------------- the report and the monitor
+
+
+def test_report_with_a_table_holds_the_predicted_latency(table):
+    model = small_cnn()
+    dense = sparsity_report(model, latency_table=table)
+    assert dense.latency_before == pytest.approx(table.predict())
+    assert dense.latency_after == pytest.approx(dense.latency_before) and dense.latency_speedup == pytest.approx(1.0)
+    assert dense.latency_batch_size == 16
+    conv2 = model.get_layer("conv2")
+    kernel, bias = conv2.get_weights()
+    kernel[..., 4:] = 0.0  # conv2 keeps 4 of its 16 channels; dense then reads 4
+    conv2.set_weights([kernel, bias * 0.0])
+    report = sparsity_report(model, latency_table=table)
+    assert report.latency_after == pytest.approx(table.predict(analyze(model)))
+    assert report.latency_after < report.latency_before
+    assert report.latency_speedup == pytest.approx(report.latency_before / report.latency_after) and \
+        report.latency_speedup > 1.0
+    line = [line for line in str(report).splitlines() if line.lstrip().startswith("latency:")]
+    assert line == [f"  latency:           {1e3 * report.latency_before:.3f} ms -> {1e3 * report.latency_after:.3f} ms "
+                    f"per batch of 16 (predicted by the latency table, {report.latency_speedup:.2f}x faster)"]
+    assert report.to_dict()["latency_after"] == report.latency_after
+    plain = sparsity_report(model)
+    assert plain.latency_before is plain.latency_after is plain.latency_speedup is None
+    assert "latency" not in str(plain)
+
+
+def test_report_refuses_a_table_of_another_model(table):
+    other = small_cnn(name="other", filters=(8, 12))
+    with pytest.raises(InvalidParameterError, match=re.escape(
+            "sparsity_report: argument `latency_table` must be a latency table measured for this model (layers "
+            "conv1 1->8, conv2 8->12, dense 12->16, logits 16->3); received LatencyTable(model='cnn', layers=4, ")):
+        sparsity_report(other, latency_table=table)
+    with pytest.raises(InvalidParameterError, match=re.escape(
+            "sparsity_report: argument `latency_table` must be None or a LatencyTable; received 'table.json'.")):
+        sparsity_report(other, latency_table="table.json")
+    two = LatencyTable.from_dict(dict(table.to_dict(), batches={"16": table.to_dict()["batches"]["16"],
+                                                                "32": table.to_dict()["batches"]["16"]}))
+    with pytest.raises(InvalidParameterError, match=re.escape(
+            "sparsity_report: argument `latency_table` must be a LatencyTable of one batch size; received "
+            "LatencyTable(model='cnn', layers=4, batch_sizes=[16, 32], ")):
+        sparsity_report(small_cnn(), latency_table=two)
+    with pytest.raises(InvalidParameterError, match=re.escape(
+            "SparsityMonitor: argument `latency_table` must be a LatencyTable of one batch size; received ")):
+        SparsityMonitor(latency_table=two)
+    with pytest.raises(InvalidParameterError, match=re.escape(
+            "SparsityMonitor: argument `latency_table` must be None or a LatencyTable; received 3.")):
+        SparsityMonitor(latency_table=3)
+
+
+def _latency_events(log_dir):
+    from tensorboard.backend.event_processing import event_file_loader
+    from tensorboard.util import tensor_util
+
+    found = {}
+    for path in glob.glob(f"{log_dir}/**/events.out.tfevents.*", recursive=True):
+        for event in event_file_loader.EventFileLoader(path).Load():
+            for value in event.summary.value:
+                if value.tag.startswith("latency/"):
+                    found.setdefault(value.tag, []).append(float(tensor_util.make_ndarray(value.tensor)))
+    return found
+
+
+def test_monitor_logs_the_predicted_latency(table, tmp_path):
+    x = np.random.default_rng(0).standard_normal((32, 12, 12, 1)).astype("float32")
+    y = np.zeros((32,), "int32")
+    model = add_group_sparsity(small_cnn(), 1e-3)
+    model.compile("sgd", keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    log_dir = tmp_path / "logs" if keras.backend.backend() == "tensorflow" else None
+    monitor = SparsityMonitor(latency_table=table, log_dir=log_dir)
+    history = model.fit(x, y, epochs=2, batch_size=16, verbose=0, callbacks=[monitor])
+    report = monitor.last_report
+    assert history.history["latency"][-1] == pytest.approx(table.predict(analyze(model)))
+    assert history.history["latency"][-1] == pytest.approx(report.latency_after)
+    assert history.history["latency_speedup"][-1] == pytest.approx(report.latency_speedup)
+    assert len(history.history["latency_speedup"]) == 2
+    if log_dir is not None:
+        events = _latency_events(log_dir)
+        assert events["latency/predicted"] == pytest.approx(history.history["latency"], rel=1e-6)
+        assert events["latency/speedup"] == pytest.approx(history.history["latency_speedup"], rel=1e-6)
+    # Without a table of its own the monitor reports with the latency budget's, while that budget steers fit.
+    model = digits_mlp()
+    hand_made = bilinear_table(model)
+    monitor = SparsityMonitor()
+    budget = SparsityBudget(max_latency=0.5, latency_table=hand_made, latency_check=False)
+    x, y = digits(256)
+    model.compile("adam", keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        history = model.fit(x, y, epochs=2, batch_size=128, verbose=0, callbacks=[budget, monitor])
+    assert history.history["latency"][-1] == pytest.approx(hand_made.predict(analyze(model)))
+    assert history.history["latency_speedup"][-1] == pytest.approx(hand_made.speedup(analyze(model)))
+    assert monitor.last_report.latency_batch_size == 256
+    history = model.fit(x, y, epochs=1, batch_size=128, verbose=0, callbacks=[monitor])  # the budget is gone
+    assert "latency" not in history.history and monitor.last_report.latency_after is None
+    with pytest.raises(InvalidParameterError, match=re.escape(
+            "SparsityMonitor: argument `latency_table` must be a latency table measured for this model (layers "
+            "h1 64->64, h2 64->32, out 32->10); received LatencyTable(model='cnn', ")):
+        model.fit(x, y, epochs=1, verbose=0, callbacks=[SparsityMonitor(latency_table=table)])

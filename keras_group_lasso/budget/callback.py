@@ -11,6 +11,7 @@ import logging
 import math
 import numbers
 import warnings
+import weakref
 
 import keras
 import numpy as np
@@ -23,12 +24,27 @@ from keras_group_lasso.budget.state import CUT, SEARCH, WITHIN, BudgetState
 from keras_group_lasso.declared import BUDGET_STATE_SIZE, declare_group_penalties
 from keras_group_lasso.regularizers import group_sparse_penalties
 
-__all__ = ["SparsityBudget"]
+__all__ = ["SparsityBudget", "training_latency_table"]
 
 _OWNER = "SparsityBudget"
 _LOG = logging.getLogger("keras_group_lasso")
 #: The batch size a latency table is measured at when neither ``max_latency`` nor ``latency_table`` says one.
 LATENCY_BATCH_SIZE = 256
+#: ``{model: (latency table, batch size)}`` of the latency budgets steering a ``fit`` now.
+_TRAINING_TABLES = weakref.WeakKeyDictionary()
+
+
+def training_latency_table(model):
+    """``(table, batch size)`` of the latency budget steering ``model``'s ``fit`` now, or ``None``.
+
+    What :class:`~keras_group_lasso.SparsityMonitor` reports the predicted latency with when it is given no
+    table of its own. Set when a :class:`SparsityBudget` with ``max_latency`` starts training (after its table is
+    measured), removed when the training ends.
+    """
+    try:
+        return _TRAINING_TABLES.get(model)
+    except TypeError:  # not weak-referenceable
+        return None
 
 
 class SparsityBudget(keras.callbacks.Callback):
@@ -442,6 +458,10 @@ class SparsityBudget(keras.callbacks.Callback):
             above.append(f"max_latency={self.max_latency!r} (the dense model takes {_ms(dense)} at batch "
                          f"{self.latency_batch_size})")
         self.limits["latency"] = min(limit, dense)
+        try:
+            _TRAINING_TABLES[self.model] = (self.latency_table, self.latency_batch_size)
+        except TypeError:  # pragma: no cover - not weak-referenceable: a monitor then needs its own table
+            pass
 
     def on_epoch_begin(self, epoch, logs=None):
         """A new search at epoch 0; later, a resumed training catches up with the decision of the epoch before.
@@ -566,6 +586,10 @@ class SparsityBudget(keras.callbacks.Callback):
         # runs once more after every callback, at the end of fit's History (Keras puts it last).
         if self.limits is None:
             return
+        try:
+            _TRAINING_TABLES.pop(self.model, None)
+        except TypeError:  # pragma: no cover - not weak-referenceable
+            pass
         self._finish()
         if "latency" in self.limits and self.latency_check:
             self._check_latency(logs)
