@@ -193,7 +193,20 @@ def set_penalty_multiplier(model, value=None, *, input=None, hidden=None):
     declared.set_multiplier(input=value if input is None else input, hidden=value if hidden is None else hidden)
 
 _PENALTIES = ("sgl", "group")
-_GROUP_WEIGHTS = ("size", "flops")
+_GROUP_WEIGHTS = ("size", "flops", "latency")
+
+
+def _check_latency_table(owner, group_weight, latency_table):
+    from keras_group_lasso.budget.cost import LatencyTable
+
+    if latency_table is not None and not isinstance(latency_table, LatencyTable):
+        fail(owner, "latency_table", "None or a LatencyTable", latency_table)
+    if group_weight == "latency" and latency_table is None:
+        fail(owner, "latency_table", "a LatencyTable of the model with group_weight='latency' (it weighs the groups)",
+             latency_table)
+    if group_weight != "latency" and latency_table is not None:
+        fail(owner, "latency_table", f"None with group_weight={group_weight!r} (a table weighs the groups with "
+             "group_weight='latency')", latency_table)
 
 
 def _check_graph_model(owner, model):
@@ -270,7 +283,7 @@ def _refresh_normalization(model):
 
 
 def add_group_sparsity(model, factor=1e-3, *, l1=None, input_factor=None, penalty="sgl", bias=True,
-                       group_weight="size"):
+                       group_weight="size", latency_table=None):
     """Return a copy of ``model`` with group-sparse penalties on every Dense and convolution layer.
 
     Layers that read the model input get :class:`InputGroupLasso` (feature
@@ -306,6 +319,17 @@ def add_group_sparsity(model, factor=1e-3, *, l1=None, input_factor=None, penalt
     parameters. The groups of one layer share its strength, the mean cost of
     the units it reads; a coupled group gets its own.
 
+    ``group_weight="latency"`` does the same with measured time instead of
+    multiply-adds: a unit costs the marginal time of making it and of reading
+    it in each layer, from ``latency_table``
+    (:meth:`~keras_group_lasso.LatencyTable.marginal_seconds`: the slope of the
+    layer's measured time over its grid of widths, from the smallest measured
+    width to the dense one, at the table's largest batch size), normalized as
+    the FLOPs are. A unit whose time does not grow with width costs 1 % of
+    the mean unit, so its groups keep a penalty. Only the resulting strengths
+    are kept (in the regularizers, as with ``"flops"``), so the model saves
+    and loads without the table.
+
     Args:
         model: a built Sequential or Functional ``keras.Model``; a nested
             model must be a Sequential or Functional block called once with one
@@ -319,8 +343,12 @@ def add_group_sparsity(model, factor=1e-3, *, l1=None, input_factor=None, penalt
         penalty: ``"sgl"`` (sparse group Lasso) or ``"group"`` (group Lasso).
         bias: also penalize the biases (the paper's bias groups), with
             ``factor`` whatever ``group_weight`` is.
-        group_weight: ``"size"`` (the paper's ``sqrt(|g|)``) or ``"flops"``
-            (the cost of the group's unit, see above).
+        group_weight: ``"size"`` (the paper's ``sqrt(|g|)``), ``"flops"``
+            (the multiply-adds of the group's unit, see above) or
+            ``"latency"`` (its measured time, see above).
+        latency_table: a :class:`~keras_group_lasso.LatencyTable` measured
+            for ``model``; required with ``group_weight="latency"``, and only
+            then.
 
     Returns:
         A new, uncompiled model with the same weights whose penalties share a
@@ -332,7 +360,7 @@ def add_group_sparsity(model, factor=1e-3, *, l1=None, input_factor=None, penalt
         InvalidParameterError: bad arguments, or a model that is not
             Sequential/Functional (subclassed models have no graph to copy),
             or a Dense layer inside a nested model whose graph cannot be read
-            (the message names both).
+            (the message names both), or a ``latency_table`` of another model.
 
     Example:
         >>> model = keras.Sequential([keras.Input((8, 8, 1)), keras.layers.Conv2D(4, 3, name="conv"),
@@ -355,7 +383,10 @@ def add_group_sparsity(model, factor=1e-3, *, l1=None, input_factor=None, penalt
     if not isinstance(bias, bool):
         fail(owner, "bias", "True or False", bias)
     group_weight = check_choice(owner, "group_weight", group_weight, _GROUP_WEIGHTS)
+    _check_latency_table(owner, group_weight, latency_table)
     _check_graph_model(owner, model)
+    if latency_table is not None:
+        latency_table.check_model(model, owner=owner)
     roles = _roles_by_layer(owner, model)
     if not roles:
         fail(owner, "model", "a model with at least one Dense or convolution layer (the layers group penalties "
@@ -366,8 +397,9 @@ def add_group_sparsity(model, factor=1e-3, *, l1=None, input_factor=None, penalt
     graph = model_graph(model)
     coupled = _coupling(graph, factor, input_factor)
     scale = {}
-    if group_weight == "flops":
-        scale, scales = _flop_weights(graph, coupled, factor, input_factor)
+    if group_weight != "size":
+        cost = _flop_costs(graph) if group_weight == "flops" else _latency_costs(graph, latency_table)
+        scale, scales = _cost_weights(graph, coupled, factor, input_factor, cost)
         coupled = _Coupling(coupled.members, scales, coupled.groups)
 
     def clone(layer):
@@ -484,19 +516,53 @@ def _coupling(graph, factor, input_factor):
     return _Coupling(members, tuple(scales), tuple(groups))
 
 
-def _flop_weights(graph, coupled, factor, input_factor):
-    """``group_weight="flops"``: a multiplier of each layer's strength, and the coupled groups' scales.
+def _unit_costs(graph, per_unit):
+    """``{unit id: cost}``: making the unit in every layer that makes it and reading it in every layer that reads it.
 
-    A group's weight becomes the multiply-adds of its unit (making it in every
-    producer, reading it in every reader) over the mean of that cost, times
-    the mean ``sqrt(|g|)``; means over the groups with a strength above 0.
+    ``per_unit`` is ``{node name: (cost per input unit, cost per output unit)}``.
     """
     cost = {}
     for node in graph.units:
-        flops = graph.node_flops(node.name)
-        for ids, count in ((node.out_ids, node.out_units), (node.in_ids, node.in_units)):
+        per_in, per_out = per_unit[node.name]
+        for ids, each in ((node.out_ids, per_out), (node.in_ids, per_in)):
             for unit in ids:
-                cost[int(unit)] = cost.get(int(unit), 0.0) + flops / count
+                cost[int(unit)] = cost.get(int(unit), 0.0) + each
+    return cost
+
+
+def _flop_costs(graph):
+    """``group_weight="flops"``: each node's multiply-adds per sample, shared by its input and by its output units."""
+    per_unit = {}
+    for node in graph.units:
+        flops = graph.node_flops(node.name)
+        per_unit[node.name] = (flops / max(node.in_units, 1), flops / max(node.out_units, 1))
+    return _unit_costs(graph, per_unit)
+
+
+#: With ``group_weight="latency"`` a unit costs at least this fraction of the mean unit's cost.
+_LATENCY_FLOOR = 0.01
+
+
+def _latency_costs(graph, table):
+    """``group_weight="latency"``: each unit's measured marginal time (:meth:`LatencyTable.marginal_seconds`).
+
+    At the table's largest batch size (the least dominated by the call's fixed cost); a unit whose measured time
+    does not grow with width (noise, or a layer whose time is the call's) costs ``_LATENCY_FLOOR`` of the mean,
+    so that its groups keep a penalty.
+    """
+    cost = _unit_costs(graph, table.marginal_seconds(max(table.batch_sizes)))
+    mean = sum(cost.values()) / len(cost) if cost else 0.0
+    if mean <= 0.0:  # no layer's time grows with its width: equal costs
+        return {unit: 1.0 for unit in cost}
+    return {unit: max(value, _LATENCY_FLOOR * mean) for unit, value in cost.items()}
+
+
+def _cost_weights(graph, coupled, factor, input_factor, cost):
+    """``group_weight="flops"`` or ``"latency"``: a multiplier of each layer's strength, and the coupled groups' scales.
+
+    A group's weight becomes the cost of its unit (``cost``: ``{unit id: cost}``, see :func:`_unit_costs`) over
+    the mean of that cost, times the mean ``sqrt(|g|)``; means over the groups with a strength above 0.
+    """
     coupled_units = {unit for unit, _, _ in coupled.groups}
     groups = []  # (layer name or None, cost, sqrt(size), strength > 0)
     for node in graph.units:

@@ -7,6 +7,7 @@ be exact. The speed-ups themselves are measured in ``benchmarks/latency_budget.p
 
 import glob
 import itertools
+import math
 import re
 import warnings
 
@@ -215,12 +216,16 @@ def test_a_table_of_another_model_fails_when_fit_starts(table):
 # ----------------------------------------------------------------------------- steering
 
 
-def bilinear_table(model, batch_size=256, per_mac=1e-9, rest=1e-4):
-    """A hand-made table: each layer costs ``per_mac`` per multiply-add of a sample at every grid point."""
+def bilinear_table(model, batch_size=256, per_mac=1e-9, rest=1e-4, costlier=None):
+    """A hand-made table: each layer costs ``per_mac`` per multiply-add of a sample at every grid point.
+
+    ``costlier``: ``{layer name: factor}``, layers whose multiply-adds cost ``factor`` times more.
+    """
     found = analyze(model)
     layers, widths = {}, {}
     for node in found.graph.units:
         share = found.graph.node_flops(node.name) / (node.in_units * node.out_units)
+        share *= (costlier or {}).get(node.name, 1.0)
         ins = sorted({1, node.in_units})
         outs = sorted({1, node.out_units})
         layers[node.name] = {"in": ins, "out": outs,
@@ -412,3 +417,75 @@ def test_monitor_logs_the_predicted_latency(table, tmp_path):
             "SparsityMonitor: argument `latency_table` must be a latency table measured for this model (layers "
             "h1 64->64, h2 64->32, out 32->10); received LatencyTable(model='cnn', ")):
         model.fit(x, y, epochs=1, verbose=0, callbacks=[SparsityMonitor(latency_table=table)])
+
+
+# ----------------------------------------------------------------------------- groups weighted by measured time
+
+
+def effective_strengths(model):
+    """``{layer: factor * sqrt(|g|)}``: the weight each Dense layer's penalty gives one of its groups."""
+    return {layer.name: layer.kernel_regularizer.factor * math.sqrt(layer.units)
+            for layer in model.layers if isinstance(layer.kernel_regularizer, keras.regularizers.Regularizer)}
+
+
+def test_latency_group_weights_follow_the_measured_cost():
+    model = digits_mlp()  # 64 -> h1 64 -> h2 32 -> out 10
+    # A table proportional to the multiply-adds weighs the groups as group_weight="flops" does.
+    flops = add_group_sparsity(model, 1e-3, penalty="group", group_weight="flops")
+    proportional = add_group_sparsity(model, 1e-3, penalty="group", group_weight="latency",
+                                      latency_table=bilinear_table(model))
+    assert effective_strengths(proportional) == pytest.approx(effective_strengths(flops), rel=1e-6)
+    # A group is a unit; it costs what making it and reading it cost. h1 costlier: the input features (read by
+    # h1) weigh more than h2's units (read by out); h2 costlier: the other way round.
+    h1 = effective_strengths(add_group_sparsity(model, 1e-3, penalty="group", group_weight="latency",
+                                                latency_table=bilinear_table(model, costlier={"h1": 50.0})))
+    h2 = effective_strengths(add_group_sparsity(model, 1e-3, penalty="group", group_weight="latency",
+                                                latency_table=bilinear_table(model, costlier={"h2": 50.0})))
+    assert h1["h1"] > h1["out"] and h2["h1"] < h2["out"]
+    assert h1["h2"] > h1["out"] and h2["h2"] > h2["h1"]  # h1's units are made by h1 and read by h2
+    # A measured table: every group keeps a penalty (a layer whose time does not grow with width gets a floor).
+    measured = LatencyTable.measure(model, batch_size=32, repeats=1, grid=(0.5,))
+    weighted = add_group_sparsity(model, 1e-3, group_weight="latency", latency_table=measured)
+    assert all(value > 0 for value in effective_strengths(weighted).values())
+
+
+def test_bad_group_weight_arguments(table):
+    model = small_cnn()
+    with pytest.raises(InvalidParameterError, match=re.escape(
+            "add_group_sparsity: argument `latency_table` must be a LatencyTable of the model with "
+            "group_weight='latency' (it weighs the groups); received None.")):
+        add_group_sparsity(model, group_weight="latency")
+    with pytest.raises(InvalidParameterError, match=re.escape(
+            "add_group_sparsity: argument `latency_table` must be None with group_weight='flops' (a table weighs "
+            "the groups with group_weight='latency'); received LatencyTable(model='cnn', ")):
+        add_group_sparsity(model, group_weight="flops", latency_table=table)
+    with pytest.raises(InvalidParameterError, match=re.escape(
+            "add_group_sparsity: argument `latency_table` must be None with group_weight='size' (a table weighs "
+            "the groups with group_weight='latency'); received LatencyTable(model='cnn', ")):
+        add_group_sparsity(model, latency_table=table)
+    with pytest.raises(InvalidParameterError, match=re.escape(
+            "add_group_sparsity: argument `latency_table` must be None or a LatencyTable; received 'table.json'.")):
+        add_group_sparsity(model, group_weight="latency", latency_table="table.json")
+    with pytest.raises(InvalidParameterError, match=re.escape(
+            "add_group_sparsity: argument `latency_table` must be a latency table measured for this model (layers "
+            "conv1 1->8, conv2 8->12, dense 12->16, logits 16->3); received LatencyTable(model='cnn', ")):
+        add_group_sparsity(small_cnn(name="other", filters=(8, 12)), group_weight="latency", latency_table=table)
+    with pytest.raises(InvalidParameterError, match=re.escape(
+            "add_group_sparsity: argument `group_weight` must be one of 'size', 'flops', 'latency'; received "
+            "'time'.")):
+        add_group_sparsity(model, group_weight="time", latency_table=table)
+
+
+def test_latency_group_weights_save_and_load(table, tmp_path):
+    model = add_group_sparsity(small_cnn(), 1e-3, group_weight="latency", latency_table=table)
+    path = tmp_path / "weighted.keras"
+    model.save(path)
+    loaded = keras.models.load_model(path)
+    for name in table.layers:
+        assert loaded.get_layer(name).kernel_regularizer.get_config() == \
+            model.get_layer(name).kernel_regularizer.get_config()
+    x = np.random.default_rng(0).standard_normal((4, 12, 12, 1)).astype("float32")
+    np.testing.assert_allclose(keras.ops.convert_to_numpy(loaded(x)), keras.ops.convert_to_numpy(model(x)),
+                               rtol=1e-6, atol=1e-6)
+    assert float(keras.ops.convert_to_numpy(sum(loaded.losses))) == pytest.approx(
+        float(keras.ops.convert_to_numpy(sum(model.losses))), rel=1e-6)

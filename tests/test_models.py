@@ -172,7 +172,7 @@ def test_bad_arguments():
         add_group_sparsity(sequential(), penalty="l3")
     with pytest.raises(InvalidParameterError, match=r"argument `bias` must be True or False; received 1\."):
         add_group_sparsity(sequential(), bias=1)
-    with pytest.raises(InvalidParameterError, match=r"argument `group_weight` must be one of 'size', 'flops'; received 'macs'\."):
+    with pytest.raises(InvalidParameterError, match=r"argument `group_weight` must be one of 'size', 'flops', 'latency'; received 'macs'\."):
         add_group_sparsity(sequential(), group_weight="macs")
 
     class Subclassed(keras.Model):

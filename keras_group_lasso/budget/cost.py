@@ -443,6 +443,57 @@ class LatencyTable:
         """``predict(None) / predict(structure)``: how many times faster the structure is predicted to run."""
         return self.predict(None, batch_size) / self.predict(structure, batch_size)
 
+    def marginal_seconds(self, batch_size=None):
+        """What one unit of each layer costs at the dense widths: the slope of :meth:`predict` along each width.
+
+        For layer ``l`` at dense widths ``(in, out)``, with ``in_min`` and ``out_min`` its smallest grid widths::
+
+            per_in  = (t_l(in, out) - t_l(in_min, out)) / (in - in_min)
+            per_out = (t_l(in, out) - t_l(in, out_min)) / (out - out_min) + positions_l * d rest / d activations
+
+        A secant over the whole measured grid rather than ``t(w) - t(w - 1)``: it spans the largest measured
+        difference, so the noise of one grid point weighs least (and the interpolation is linear between grid
+        points, so the last unit's step is only the top interval's slope). An axis measured at one width only (the
+        model's input channels, the output layer's units) counts the layer's mean, ``t_l / width``. A hidden
+        layer's output unit also carries its share of the rest (the activations that normalization, activation
+        and pooling layers read; 0 when the rest is fixed).
+
+        Args:
+            batch_size: one of :attr:`batch_sizes` (``None``: the table's only one).
+
+        Returns:
+            ``{layer name: (seconds per input unit, seconds per output unit)}``, each >= 0.
+
+        Example:
+            >>> model = keras.Sequential([keras.Input((16,)), keras.layers.Dense(32, name="hidden"),
+            ...                           keras.layers.Dense(2, name="out")])
+            >>> per_unit = LatencyTable.measure(model, batch_size=64, repeats=1).marginal_seconds()
+            >>> sorted(per_unit), all(v >= 0 for pair in per_unit.values() for v in pair)
+            (['hidden', 'out'], True)
+        """
+        entry = self._entry(batch_size, _OWNER, "batch_size")
+        batch = next(b for b, e in self._entries.items() if e is entry)
+        rest_slope = 0.0
+        if "rest_narrow" in entry and self.positions:
+            dense, narrow = self._activations(self.layers), self._activations(self.narrow_widths)
+            if dense > narrow:
+                rest_slope = (entry["rest"] - entry["rest_narrow"]) / (dense - narrow)
+        marginal = {}
+        for name, (dense_in, dense_out) in self.layers.items():
+            grid = entry["layers"][name]
+            full = self.layer_seconds(name, dense_in, dense_out, batch)
+            slopes = []
+            for smallest, dense_width, narrow in ((grid["in"][0], dense_in, (grid["in"][0], dense_out)),
+                                                  (grid["out"][0], dense_out, (dense_in, grid["out"][0]))):
+                if smallest < dense_width:
+                    slopes.append((full - self.layer_seconds(name, *narrow, batch)) / (dense_width - smallest))
+                else:
+                    slopes.append(full / max(dense_width, 1))
+            per_in, per_out = slopes
+            per_out += rest_slope * self.positions.get(name, 0)
+            marginal[name] = (max(per_in, 0.0), max(per_out, 0.0))
+        return marginal
+
     # ------------------------------------------------------------------ checking, saving
 
     def check_model(self, model, owner=_OWNER, name="latency_table"):
