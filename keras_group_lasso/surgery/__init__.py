@@ -2,8 +2,10 @@
 
 Three parts, as in Torch-Pruning: :mod:`~keras_group_lasso.analysis` decides
 what is dead (one place), :mod:`.plan` plans what to cut across coupled layers
-and refuses what it cannot plan, the one registry (:mod:`keras_group_lasso.graph.registry`) knows how to slice each layer
-type, and :mod:`.build` builds the new model.
+and refuses what it cannot plan, with the typed steps of :mod:`.steps` (one or
+a few per node, decided before anything is built), the one registry
+(:mod:`keras_group_lasso.graph.registry`) knows how to slice each layer type,
+and :mod:`.build` applies the steps in a short loop.
 """
 
 from keras_group_lasso.surgery.build import prune_model

@@ -1,4 +1,4 @@
-"""Build the smaller model: threshold a copy of the weights, fold constant units, slice, rebuild."""
+"""Build the smaller model: apply the steps of the plan to a thresholded copy of the weights, with constants folded."""
 
 import collections
 
@@ -7,12 +7,11 @@ import numpy as np
 
 from keras_group_lasso._validation import check_choice, check_positive_int, fail
 from keras_group_lasso.graph import registry
-from keras_group_lasso.graph.masks import needed_units, threshold_array
+from keras_group_lasso.graph.masks import threshold_array
 from keras_group_lasso.surgery import plan as planning
+from keras_group_lasso.surgery import steps
 
 __all__ = ["prune_model"]
-
-_INPUTS = ("original", "selected")
 
 
 def prune_model(model, threshold=1e-3, inputs="original", round_to=1, fold_batchnorm=False):
@@ -53,9 +52,10 @@ def prune_model(model, threshold=1e-3, inputs="original", round_to=1, fold_batch
     ``model`` is one, else a functional ``keras.Model``, uncompiled, with the
     attributes ``kept_features`` (tuple of input indices), ``pruning_report``
     (the :class:`~keras_group_lasso.SparsityReport` of ``model`` at
-    ``threshold``), ``pruning_plan`` (the :class:`PruningPlan`) and
-    ``folded_batchnorms`` (``{BatchNormalization name: the layer it was
-    merged into}``, see ``fold_batchnorm``). Those attributes are not saved
+    ``threshold``), ``pruning_plan`` (the :class:`PruningPlan`; its
+    ``steps`` say what was built, node by node) and ``folded_batchnorms``
+    (``{BatchNormalization name: the layer it was merged into}``, see
+    ``fold_batchnorm``). Those attributes are not saved
     in a ``.keras`` file. The report and plan count parameters of the
     compact layers; with ``inputs="original"`` the first Dense may hold zero
     rows or be preceded by a selection layer (see ``inputs``).
@@ -130,226 +130,143 @@ def prune_model(model, threshold=1e-3, inputs="original", round_to=1, fold_batch
         True
     """
     owner = "prune_model"
-    inputs = check_choice(owner, "inputs", inputs, _INPUTS)
+    inputs = check_choice(owner, "inputs", inputs, planning.INPUTS)
     round_to = check_positive_int(owner, "round_to", round_to)
     if not isinstance(fold_batchnorm, bool):
         fail(owner, "fold_batchnorm", "a bool", fold_batchnorm)
-    plan = planning.build_plan(owner, model, threshold, round_to)
-    result = plan.analysis
-    graph = result.graph
-    masks = result.masks
-    layers = graph.layers
-    weights = _folded(result)
-    needed = needed_units(graph, masks)
-    batchnorms = _foldable_batchnorms(graph, masks) if fold_batchnorm else {}
-    into = {units: bn for bn, units in batchnorms.items()}
-
-    input_names = [found.name for found in graph.inputs]
-    reserved = tuple(name for name in input_names if not graph.sequential)
-    names = _flat_names([node.name for node in graph.nodes if node.name not in input_names], reserved=reserved)
-    taken = {*names.values(), *reserved}
-    tensors, present, new_inputs = {}, {}, []
-    sliced = {}  # node name -> it holds elements of an input that "selected" slices (before its Flatten)
-    for found, source in zip(graph.inputs, model.inputs):
-        keep = needed[found.start : found.start + found.count]
-        sliced[found.name] = inputs == "selected" and (found.flat or found.sequence)
-        if sliced[found.name] and not keep.any():  # nothing reads this input: the new model does not take it
-            tensors[found.name], present[found.name] = None, np.zeros(found.count, bool)
-            continue
-        shape = tuple(found.shape)
-        if sliced[found.name]:  # a flat vector of the selected features, or a sequence of the selected channels
-            shape = (int(keep.sum()),) if found.flat else shape[:-1] + (int(keep.sum()),)
-        inp = keras.Input(shape=shape, dtype=source.dtype, name=None if graph.sequential else found.name)
-        tensors[found.name] = inp
-        present[found.name] = keep if sliced[found.name] else np.ones(found.count, bool)
-        new_inputs.append(inp)
-    shape = tuple(new_inputs[0].shape[1:])
-    source = model.inputs[0]
-    built = []  # (new layer, weights), in call order
-    initializers = {}  # id(new layer) -> the user's initializers, put back once it is built
-
-    made = {}  # node name -> its new layer (the later calls of a shared layer call it again)
-
-    options = _call_options(model)
-
-    def call(layer, weights_, x, name=None):
-        """Call the new ``layer`` on ``x`` as node ``name`` called its original (the original's rule: a layer
-        recognized by what it computes is recognized on the original, which has been called)."""
-        built.append((layer, weights_))
-        if name is None:
-            return layer(x)
-        rule = registry.rule_of(layers[name])
-        return rule.call(layer, x, options.get(name)) if rule is not None else layer(x)
-
-    def select(x, have, want, like):
-        """``x`` (rank 2, holding the units ``have``) reduced to the units ``want`` by a 0/1 Dense."""
-        kept = np.flatnonzero(want[have])
-        layer, w = _selection(kept, int(have.sum()), like, taken)
-        return call(layer, w, x)
-
-    for node in graph.nodes:
-        if node.name in tensors:  # an input
-            continue
-        sliced[node.name] = len(node.inputs) == 1 and sliced.get(node.inputs[0], False) and node.elements
-        layer = layers[node.name]
-        if node.name in masks.detached:  # only a constant operand that its merge drops uses it
-            tensors[node.name], present[node.name] = None, np.zeros(node.ids.size, bool)
-            continue
-        if node.name in batchnorms:  # merged into the layer before it
-            tensors[node.name], present[node.name] = tensors[node.inputs[0]], present[node.inputs[0]]
-            continue
-        fold = masks.merge_folds.get(node.name)
-        src = node.inputs if fold is None else tuple(n for n, d in zip(node.inputs, fold.dropped) if not d)
-        missing = [tensors[name] is None for name in src]
-        lost = all(missing) if node.kind == "concat" else any(missing)  # Concatenate keeps its other operands
-        if lost or (node.kind == "units" and not masks.units[node.name].any()):
-            # a branch that lost every unit: nothing reads it
-            tensors[node.name], present[node.name] = None, np.zeros(node.ids.size, bool)
-            continue
-        if node.kind == "units":
-            unode = graph.node(node.name)
-            x, have = tensors[unode.source], present[unode.source]
-            rows = have
-            want = masks.inputs[node.name]
-            kept_out = masks.units[node.name]
-            n, k, u = int(have.sum()), int((have & want).sum()), int(kept_out.sum())
-            rule = registry.units_rule(layer)
-            shared = node.name in graph.calls or node.name in graph.calls.values()
-            if (k < n and unode.positions == 1 and rule.selects_rows and len(x.shape) == 2 and k * (n + u) < n * u
-                    and not shared):
-                # Right before the Dense, after the input preprocessing: that Dense rounds its inputs as
-                # the selection does (e.g. TF32 matmuls on a GPU).
-                x = select(x, have, want, layer)
-                rows = have & want
-            elif shared and (have & ~want).any():
-                # Every call of a shared layer reads the same kept rows: pick them from what this call's input holds.
-                x = select(x, have, want, layer)
-                rows = have & want
-            config, new = rule.slice_units(layer, weights[node.name], unode.in_units, np.flatnonzero(rows),
-                                           np.flatnonzero(kept_out))
-            if node.name in into:
-                config, new = _merge_batchnorm(config, new, layers[into[node.name]], np.flatnonzero(kept_out))
-            out_present = kept_out
-        elif node.kind == "merge":
-            want = needed[node.ids]
-            xs = []
-            for name in src:
-                x = tensors[name]
-                if not np.array_equal(present[name], want):
-                    x = select(x, present[name], want, layer)
-                xs.append(x)
-            if len(xs) > 1:
-                config, new = layer.get_config(), layer.get_weights()
-                config["name"] = names[node.name]
-                new_layer, new = _new_layer(layer, config, new, initializers)
-                y = call(new_layer, new, xs)
-            else:  # the other operands were constants: nothing left to merge
-                (y,) = xs
-            if fold is not None and not fold.is_identity:
-                # The merge's own name when it is gone, else a new one next to it.
-                name = names[node.name] if len(xs) == 1 else _unique(f"{names[node.name]}_constants", taken)
-                y = call(_constant_operands(layer, fold, want, name), [], y)
-            tensors[node.name] = y
-            present[node.name] = want
-            continue
-        elif node.kind == "concat":
-            present[node.name] = np.concatenate([present[name] for name in src])
-            operands = [tensors[name] for name in src if tensors[name] is not None]
-            if len(operands) == 1:  # the other operands lost every unit
-                tensors[node.name] = operands[0]
-                continue
-            config, new = layer.get_config(), layer.get_weights()
-            config["name"] = names[node.name]
-            new_layer, new = _new_layer(layer, config, new, initializers)
-            tensors[node.name] = call(new_layer, new, operands)
-            continue
-        else:
-            (name,) = src
-            x, have = tensors[name], present[name]
-            from_sliced = sliced.get(name, False) and graph.tensor(name).elements
-            if node.kind == "flatten" and from_sliced and len(layer.output.shape) == 2:
-                tensors[node.name], present[node.name] = x, have  # the selected features are already flat
-                continue
-            rule = registry.rule_of(layer)
-            if have.all() and not from_sliced:
-                config, new = layer.get_config(), layer.get_weights()
-            else:  # fewer units, or the input's elements already flattened into the selected features
-                config, new = rule.slice(layer, _entries(have, graph.tensor(name)))
-            if rule.thresholded:  # a DepthwiseConv
-                new = [threshold_array(w, plan.threshold) for w in new]
-            out_present = have
-        present[node.name] = out_present
-        if graph.layer_name(node.name) in made:  # a later call of a shared layer: the same (new) layer
-            shared_layer = made[graph.layer_name(node.name)]
-            tensors[node.name] = registry.rule_of(layer).call(shared_layer, x, options.get(node.name))
-            continue
-        config["name"] = names[node.name]
-        _drop_package_penalties(layer, config)
-        new_layer, new = _new_layer(layer, config, new, initializers)
-        made[node.name] = new_layer
-        tensors[node.name] = call(new_layer, new, x, node.name)
-
-    for name in graph.outputs:
-        if not present[name].all():  # pragma: no cover - the masks keep every output unit
-            raise RuntimeError(f"prune_model: the output of '{name}' lost units; please report this")
-    outputs = [tensors[name] for name in graph.outputs]
-    if graph.sequential:
-        # Fresh layers: those above were called on a functional input already.
-        fresh = []
-        for layer, new in built:
-            clone = type(layer).from_config(layer.get_config())
-            if id(layer) in initializers:
-                initializers[id(clone)] = initializers.pop(id(layer))
-            fresh.append((clone, new))
-        built = fresh
-        small = keras.Sequential([keras.Input(shape=shape, dtype=source.dtype)] + [layer for layer, _ in built],
-                                 name=model.name)
-    else:
-        small = keras.Model(new_inputs[0] if len(new_inputs) == 1 else new_inputs,
-                            outputs[0] if len(outputs) == 1 else outputs, name=model.name)
-    for layer, new in built:
-        if new:
-            _set_weights(layer, new)
-        _restore_initializers(layer, initializers)
-
+    plan = planning.build_plan(owner, model, threshold, round_to, inputs=inputs, fold_batchnorm=fold_batchnorm)
+    builder = _Builder(plan, model)
+    for step in plan.steps:
+        getattr(builder, step.kind)(step)
+    small = builder.model()
     small.kept_features = plan.kept_features
-    small.kept_inputs = tuple(found.name for found in graph.inputs if tensors[found.name] is not None)
-    small.folded_batchnorms = {names[bn]: names[units] for bn, units in batchnorms.items()}
+    small.kept_inputs = tuple(step.name for step in plan.steps if isinstance(step, steps.NewInput))
+    small.folded_batchnorms = {
+        builder.names[step.name]: builder.names[step.source]
+        for step in plan.steps if isinstance(step, steps.Alias) and step.reason == steps.BATCHNORM
+    }
     small.pruning_report = plan.report
     small.pruning_plan = plan
     return small
 
 
-def _foldable_batchnorms(graph, masks):
-    """``{BatchNormalization name: units layer name}``: each that can be merged into the layer it reads.
+class _Builder:
+    """Applies the steps of a :class:`PruningPlan`: one method per kind of step, each writes one tensor."""
 
-    The units layer has no activation, nothing else reads it, and the
-    BatchNormalization normalizes its last axis (its units).
-    """
-    readers = collections.Counter(name for node in graph.nodes for name in node.inputs)
-    out = {}
-    for node in graph.nodes:
-        layer = graph.layers.get(node.name)
-        rule = registry.rule_of(layer) if layer is not None else None
-        if rule is None or not rule.batchnorm or len(node.inputs) != 1:
-            continue
-        (source,) = node.inputs
-        maker = graph.layers.get(source)
-        maker_rule = registry.units_rule(maker)
-        if (maker_rule is None or not registry.makes_units(maker) or not maker_rule.merges_batchnorm
-                or keras.activations.serialize(maker.activation) != "linear"
-                or readers[source] != 1 or source in graph.outputs or source in masks.detached
-                or not masks.units[source].any()):
-            continue
-        axis = layer.axis if isinstance(layer.axis, int) else (layer.axis[0] if len(layer.axis) == 1 else None)
-        try:
-            rank = len(maker.compute_output_shape(maker.input.shape))
-        except Exception:  # noqa: BLE001 - no single input shape: it stays a layer of its own
-            continue
-        if axis is None or axis % rank != rank - 1:
-            continue
-        out[node.name] = source
-    return out
+    def __init__(self, plan, model):
+        result = plan.analysis
+        graph = result.graph
+        self.model_name, self.sequential, self.dtype = model.name, graph.sequential, model.inputs[0].dtype
+        self.layers, self.node, self.outputs = graph.layers, graph.node, graph.outputs
+        self.weights = _folded(result)
+        input_names = [found.name for found in graph.inputs]
+        reserved = tuple(name for name in input_names if not graph.sequential)
+        self.names = _flat_names([node.name for node in graph.nodes if node.name not in input_names],
+                                 reserved=reserved)
+        self.taken = {*self.names.values(), *reserved}
+        self.options = _call_options(model)
+        self.tensors = {}  # tensor name -> the new model's tensor (None: it has none)
+        self.inputs = []
+        self.built = []  # (new layer, weights), in call order
+        self.initializers = {}  # id(new layer) -> the user's initializers, put back once it is built
+        self.made = {}  # node name -> its new layer (the later calls of a shared layer call it again)
+
+    def new_input(self, step):
+        inp = keras.Input(shape=step.shape, dtype=step.dtype, name=None if self.sequential else step.name)
+        self.tensors[step.name] = inp
+        self.inputs.append(inp)
+
+    def drop(self, step):
+        self.tensors[step.name] = None
+
+    def alias(self, step):
+        self.tensors[step.name] = self.tensors[step.source]
+
+    def select_units(self, step):
+        layer, w = _selection(np.asarray(step.kept, dtype=np.intp), step.width, self.layers[step.reader], self.taken)
+        self.tensors[step.name] = self.call(layer, w, self.tensors[step.source])
+
+    def slice_units(self, step):
+        layer = self.layers[step.name]
+        units = np.asarray(step.units, dtype=np.intp)
+        config, new = registry.units_rule(layer).slice_units(
+            layer, self.weights[step.name], self.node(step.name).in_units, np.asarray(step.rows, dtype=np.intp), units)
+        if step.batchnorm is not None:
+            config, new = _merge_batchnorm(config, new, self.layers[step.batchnorm], units)
+        self.make(step, config, new)
+
+    def slice_per_unit(self, step):
+        layer = self.layers[step.name]
+        if step.entries is None:
+            config, new = layer.get_config(), layer.get_weights()
+        else:
+            config, new = registry.rule_of(layer).slice(layer, np.asarray(step.entries, dtype=np.intp))
+        if step.threshold is not None:  # a DepthwiseConv
+            new = [threshold_array(w, step.threshold) for w in new]
+        self.make(step, config, new)
+
+    def merge(self, step):
+        layer = self.layers[step.name]
+        config = dict(layer.get_config(), name=self.names[step.name])
+        new_layer, new = _new_layer(layer, config, layer.get_weights(), self.initializers)
+        self.tensors[step.name] = self.call(new_layer, new, [self.tensors[name] for name in step.operands])
+
+    concat = merge
+
+    def fold_constants(self, step):
+        name = self.names[step.name]
+        if step.separate:
+            name = _unique(f"{name}_constants", self.taken)
+        layer = _constant_operands(self.layers[step.name], step.scale, step.offset, name)
+        self.tensors[step.name] = self.call(layer, [], self.tensors[step.source])
+
+    def call_shared(self, step):
+        rule = registry.rule_of(self.layers[step.name])
+        self.tensors[step.name] = rule.call(self.made[step.layer], self.tensors[step.source],
+                                            self.options.get(step.name))
+
+    def make(self, step, config, new):
+        """Build the new layer of node ``step.name`` from ``(config, weights)`` and call it on ``step.source``."""
+        layer = self.layers[step.name]
+        config["name"] = self.names[step.name]
+        _drop_package_penalties(layer, config)
+        new_layer, new = _new_layer(layer, config, new, self.initializers)
+        self.made[step.name] = new_layer
+        self.tensors[step.name] = self.call(new_layer, new, self.tensors[step.source], step.name)
+
+    def call(self, layer, weights, x, name=None):
+        """Call the new ``layer`` on ``x`` as node ``name`` called its original (the original's rule: a layer
+        recognized by what it computes is recognized on the original, which has been called)."""
+        self.built.append((layer, weights))
+        if name is None:
+            return layer(x)
+        rule = registry.rule_of(self.layers[name])
+        return rule.call(layer, x, self.options.get(name)) if rule is not None else layer(x)
+
+    def model(self):
+        """The new model, its weights set."""
+        built = self.built
+        if self.sequential:
+            # Fresh layers: those above were called on a functional input already.
+            fresh = []
+            for layer, new in built:
+                clone = type(layer).from_config(layer.get_config())
+                if id(layer) in self.initializers:
+                    self.initializers[id(clone)] = self.initializers.pop(id(layer))
+                fresh.append((clone, new))
+            built = fresh
+            shape = tuple(self.inputs[0].shape[1:])
+            small = keras.Sequential([keras.Input(shape=shape, dtype=self.dtype)] + [layer for layer, _ in built],
+                                     name=self.model_name)
+        else:
+            outputs = [self.tensors[name] for name in self.outputs]
+            small = keras.Model(self.inputs[0] if len(self.inputs) == 1 else self.inputs,
+                                outputs[0] if len(outputs) == 1 else outputs, name=self.model_name)
+        for layer, new in built:
+            if new:
+                _set_weights(layer, new)
+            _restore_initializers(layer, self.initializers)
+        return small
 
 
 def _merge_batchnorm(config, weights, bn, kept):
@@ -371,29 +288,21 @@ def _merge_batchnorm(config, weights, bn, kept):
     return config, kernels + [((bias - mean) * scale + beta).astype(last.dtype)]
 
 
-def _constant_operands(merge, fold, want, name):
+def _constant_operands(merge, scale, offset, name):
     """A ``Rescaling`` that puts back what the dropped constant operands of ``merge`` added (kept channels only).
 
-    ``scale * x + offset`` per channel with ``scale`` and ``offset`` of the
-    :class:`~keras_group_lasso.graph.masks.MergeFold` (a plain Keras layer:
+    ``scale * x + offset`` per channel (of a
+    :class:`~keras_group_lasso.graph.masks.MergeFold`; a plain Keras layer:
     the pruned model still loads without this package).
     """
     dtype = merge.dtype_policy.name if hasattr(merge, "dtype_policy") else None
     cast = np.dtype(merge.compute_dtype if hasattr(merge, "compute_dtype") else "float32")
     return keras.layers.Rescaling(
-        scale=[float(v) for v in fold.scale[want].astype(cast)],
-        offset=[float(v) for v in fold.offset[want].astype(cast)],
+        scale=[float(v) for v in np.asarray(scale, dtype=np.float64).astype(cast)],
+        offset=[float(v) for v in np.asarray(offset, dtype=np.float64).astype(cast)],
         name=name,
         dtype=dtype,
     )
-
-
-def _entries(have, node):
-    """Indices of the kept entries of ``node``'s last axis (``have``: kept ids; repeated over its positions)."""
-    kept = np.flatnonzero(have)
-    if node.positions == 1:
-        return kept
-    return (np.arange(node.positions)[:, None] * have.size + kept[None, :]).reshape(-1)
 
 
 def _folded(result):
@@ -454,15 +363,15 @@ def _set_weights(layer, weights):
         rule.set_weights(layer, weights)
 
 
-def _flat_names(steps, reserved=()):
-    """A layer name per step: the layer's own name, or ``<block>_<layer>`` where that clashes."""
-    own = {step: step.rsplit("/", 1)[-1] for step in steps}
+def _flat_names(nodes, reserved=()):
+    """A layer name per node: the layer's own name, or ``<block>_<layer>`` where that clashes."""
+    own = {node: node.rsplit("/", 1)[-1] for node in nodes}
     counts = collections.Counter(own.values())
     used = {name for name in reserved if name}
     names = {}
-    for step in steps:
-        name = own[step] if counts[own[step]] == 1 and own[step] not in used else step.replace("/", "_")
-        names[step] = _unique(name, used)
+    for node in nodes:
+        name = own[node] if counts[own[node]] == 1 and own[node] not in used else node.replace("/", "_")
+        names[node] = _unique(name, used)
     return names
 
 

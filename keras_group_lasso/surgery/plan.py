@@ -2,7 +2,8 @@
 
 The decision itself (which units are dead) is :func:`keras_group_lasso.analysis.unit_masks`;
 this module turns it into a plan that covers every layer on the path from the
-model input to its output, and refuses models it cannot plan for.
+model input to its output, with the steps that build the smaller model
+(:mod:`.steps`), and refuses models it cannot plan for.
 """
 
 import dataclasses
@@ -10,9 +11,10 @@ import dataclasses
 import numpy as np
 
 from keras_group_lasso import analysis
-from keras_group_lasso._validation import fail
+from keras_group_lasso._validation import check_choice, fail
 from keras_group_lasso.graph import registry
 from keras_group_lasso.graph.build import model_graph
+from keras_group_lasso.surgery.steps import plan_steps
 
 __all__ = ["UnsupportedModelError", "LayerPlan", "DensePlan", "PruningPlan", "plan_pruning", "SUPPORTED"]
 
@@ -26,6 +28,8 @@ def supported_text():
 
 
 SUPPORTED = supported_text()
+
+INPUTS = ("original", "selected")  # what the pruned model takes (``inputs=`` of plan_pruning and prune_model)
 
 
 class UnsupportedModelError(ValueError):
@@ -100,6 +104,14 @@ class PruningPlan:
         folded_merges: ``{merge name: names of its operands that leave}``: operands
             constant on every channel, replaced by a ``Rescaling`` after the merge.
         removed_layers: layers that only such operands used (surgery builds none of them).
+        steps: the surgery, one frozen step per node of the graph (a few for
+            some), in call order: :class:`~keras_group_lasso.surgery.steps.NewInput`,
+            ``Drop``, ``Alias``, ``SelectUnits``, ``SliceUnits``, ``SlicePerUnit``,
+            ``Merge``, ``Concat``, ``FoldConstants``, ``CallShared``
+            (:mod:`keras_group_lasso.surgery.steps`); :func:`~keras_group_lasso.prune_model`
+            applies them in order.
+        inputs, fold_batchnorm: the options the steps were planned with (see
+            :func:`~keras_group_lasso.prune_model`).
     """
 
     threshold: float
@@ -118,6 +130,9 @@ class PruningPlan:
     masks: object = dataclasses.field(repr=False, compare=False, default=None)
     analysis: object = dataclasses.field(repr=False, compare=False, default=None)
     input_shapes: tuple = ()
+    steps: tuple = ()
+    inputs: str = "original"
+    fold_batchnorm: bool = False
 
     def to_dict(self):
         """A JSON-serializable dict (for a manifest)."""
@@ -142,6 +157,9 @@ class PruningPlan:
                 }
                 for layer in self.dense
             ],
+            "inputs": self.inputs,
+            "fold_batchnorm": self.fold_batchnorm,
+            "steps": [step.to_dict() for step in self.steps],
         }
 
 
@@ -190,19 +208,25 @@ def check_supported(owner, model):
     return graph
 
 
-def plan_pruning(model, threshold=1e-3, round_to=1):
+def plan_pruning(model, threshold=1e-3, round_to=1, inputs="original", fold_batchnorm=False):
     """Plan the surgery of ``model`` at ``threshold`` without building anything.
 
     The kept input units and units of every Dense and convolution layer come
     from :func:`keras_group_lasso.analysis.unit_masks` (the same fixed point as
     the report), so ``plan.layer_sizes_after == sparsity_report(model, threshold).layer_sizes``
-    when ``round_to`` is 1.
+    when ``round_to`` is 1. ``plan.steps`` says what
+    :func:`~keras_group_lasso.prune_model` with the same arguments builds, node by node.
 
     Args:
         model: a built ``keras.Model``.
         threshold: finite number >= 0; weights with ``|w| <= threshold`` are zero.
         round_to: integer >= 1: each hidden layer keeps a multiple of it of
             its units (see :func:`~keras_group_lasso.prune_model`).
+        inputs: ``"original"`` (default) or ``"selected"``: what the new model
+            takes (see :func:`~keras_group_lasso.prune_model`).
+        fold_batchnorm: bool (default ``False``): plan to merge each
+            BatchNormalization that can be into the layer before it (see
+            :func:`~keras_group_lasso.prune_model`).
 
     Returns:
         A frozen :class:`PruningPlan`; ``plan.to_dict()`` is JSON-serializable.
@@ -220,12 +244,18 @@ def plan_pruning(model, threshold=1e-3, round_to=1):
         >>> plan = plan_pruning(model, 1e-3)
         >>> plan.layer_sizes_after
         (3, 4)
+        >>> [step.kind for step in plan.steps]
+        ['new_input', 'slice_units', 'slice_units']
     """
-    return build_plan("plan_pruning", model, threshold, round_to)
+    owner = "plan_pruning"
+    inputs = check_choice(owner, "inputs", inputs, INPUTS)
+    if not isinstance(fold_batchnorm, bool):
+        fail(owner, "fold_batchnorm", "a bool", fold_batchnorm)
+    return build_plan(owner, model, threshold, round_to, inputs=inputs, fold_batchnorm=fold_batchnorm)
 
 
-def build_plan(owner, model, threshold, round_to=1):
-    """The :class:`PruningPlan` of ``model``, its :class:`~keras_group_lasso.analysis.Analysis` attached."""
+def build_plan(owner, model, threshold, round_to=1, inputs="original", fold_batchnorm=False):
+    """The :class:`PruningPlan` of ``model`` with its steps, its :class:`~keras_group_lasso.analysis.Analysis` attached."""
     result = analysis.analyze(model, threshold, owner=owner, round_to=round_to)
     check_supported(owner, model)
     graph, masks, report = result.graph, result.masks, result.report
@@ -279,5 +309,8 @@ def build_plan(owner, model, threshold, round_to=1):
         round_to=int(round_to),
         masks=masks,
         analysis=result,
+        steps=plan_steps(model, graph, masks, threshold, inputs=inputs, fold_batchnorm=fold_batchnorm, owner=owner),
+        inputs=inputs,
+        fold_batchnorm=fold_batchnorm,
     )
 
