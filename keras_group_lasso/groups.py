@@ -19,6 +19,13 @@ the same two views of the weight:
 A Dense kernel that reads a flattened ``(..., C)`` map (``channels=C``) has
 rows ``p * C + c``: its groups are whole channels, the rows ``c, C + c, ...``.
 
+A grouped convolution (``groups=g``, ``1 < g``) has a kernel ``(k..., C / g,
+F)``: input channel ``c`` of convolution group ``q = c // (C / g)`` reaches
+only the ``F / g`` filters of group ``q``, through ``kernel[..., c % (C / g),
+q * F / g : (q + 1) * F / g]``. Its reshape-only view ``(prod(k), C, F / g)``
+(``conv_groups=g``) holds channel ``c``'s group in row ``(c % (C / g)) * g +
+q`` (:meth:`GroupView.unit_order` says which channel each row is).
+
 Example:
     >>> GroupView().shape((3, 3, 16, 32))
     (9, 16, 32)
@@ -26,6 +33,8 @@ Example:
     (288, 16, 1)
     >>> GroupView(channels=4).shape((12, 5))
     (3, 4, 5)
+    >>> GroupView(conv_groups=2).shape((3, 3, 4, 6))
+    (9, 8, 3)
 """
 
 import dataclasses
@@ -52,24 +61,35 @@ class GroupView:
         channels: ``None``, or ``C`` for a Dense kernel (rank 2, ``axis=-2``)
             that reads a flattened ``(..., C)`` map: row ``r`` belongs to
             channel ``r % C``.
+        conv_groups: ``None``, or the ``groups`` ``g`` of a grouped
+            convolution's kernel ``(k..., C / g, F)`` (``axis=-2``).
     """
 
     axis: int = -2
     channels: object = None
+    conv_groups: object = None
 
     def shape(self, shape):
         """The rank-3 (or unchanged rank <= 1) shape in which group ``g`` is ``[..., g, :]``; a reshape of ``shape``.
 
         ``(k..., G, n) -> (prod(k), G, n)``; with ``axis=-1``: ``(k..., n, G)
         -> (prod(k) * n, G, 1)``; with ``channels=C``: ``(P * C, n) -> (P, C,
-        n)``. A bias (rank 1) is its own view: each scalar is a group.
+        n)``; with ``conv_groups=g``: ``(k..., C / g, F) -> (prod(k), C, F /
+        g)`` (rows in :meth:`unit_order`). A bias (rank 1) is its own view:
+        each scalar is a group.
 
         Raises:
-            ValueError: ``channels`` does not divide the rows of a rank-2 kernel.
+            ValueError: ``channels`` does not divide the rows of a rank-2
+                kernel, or ``conv_groups`` the filters of a kernel.
         """
         shape = tuple(int(d) for d in shape)
         if len(shape) < 2:
             return shape
+        if self.conv_groups is not None and self.conv_groups > 1:
+            g = int(self.conv_groups)
+            if shape[-1] % g:
+                raise ValueError(f"conv_groups={g} does not divide the filters of a kernel of shape {shape}")
+            return (math.prod(shape[:-2]), shape[-2] * g, shape[-1] // g)
         if self.axis == 0:
             return (1, shape[0], math.prod(shape[1:]))
         if self.axis == -1:
@@ -111,6 +131,13 @@ class GroupView:
         kernel = np.asarray(kernel)
         if self.axis == 0:
             return kernel.reshape(1, kernel.shape[0], -1)
+        if self._grouped:  # block-diagonal: channel c reaches only the filters of its convolution group
+            g, per_in, filters = int(self.conv_groups), kernel.shape[-2], kernel.shape[-1]
+            blocks = kernel.reshape(-1, per_in, g, filters // g)
+            full = np.zeros((blocks.shape[0], g, per_in, g, filters // g), kernel.dtype)
+            for q in range(g):
+                full[:, q, :, q, :] = blocks[:, :, q, :]
+            return full.reshape(blocks.shape[0], g * per_in, filters)
         if self.axis == -1:
             kernel = np.swapaxes(kernel, -1, -2)
         in_units, out_units = int(in_units), kernel.shape[-1]
@@ -129,10 +156,33 @@ class GroupView:
         units = np.asarray(units)
         if self.axis == 0:
             return units.reshape(shape)
+        if self._grouped:
+            shape = tuple(int(d) for d in shape)
+            g, per_in, filters = int(self.conv_groups), shape[-2], shape[-1]
+            full = units.reshape(-1, g, per_in, g, filters // g)
+            blocks = np.stack([full[:, q, :, q, :] for q in range(g)], axis=2)  # (P, C / g, g, F / g)
+            return blocks.reshape(shape)
         if self.axis == -1:
             shape = tuple(shape)
             return np.swapaxes(units.reshape(shape[:-2] + (shape[-1], shape[-2])), -1, -2)
         return units.reshape(shape)
+
+    @property
+    def _grouped(self):
+        return self.conv_groups is not None and self.conv_groups > 1
+
+    def unit_order(self, in_units):
+        """The input unit of each row of :meth:`shape`'s view, int ``(in_units,)`` (``arange`` but for ``conv_groups``).
+
+        Example:
+            >>> GroupView(conv_groups=2).unit_order(4).tolist()
+            [0, 2, 1, 3]
+        """
+        rows = np.arange(int(in_units))
+        if not self._grouped:
+            return rows
+        g = int(self.conv_groups)
+        return (rows % g) * (int(in_units) // g) + rows // g
 
     def norms(self, kernel, in_units):
         """The L2 norm of each input unit's group, float32 ``(in_units,)`` (numpy).

@@ -410,16 +410,17 @@ def add_group_sparsity(model, factor=1e-3, *, l1=None, input_factor=None, penalt
             own = (input_factor if role == "input" else factor) * scale.get(name, 1.0)
             own_l1 = input_l1 if role == "input" else l1
             rule = registry.units_rule(layer)
-            axis = rule.view.axis
+            view = rule.view_of(layer)  # a grouped convolution's groups: each channel's weights into its own group
+            where = {"axis": view.axis, "conv_groups": view.conv_groups}
             if name in coupled.members:
                 keys, anchor = coupled.members[name]
                 penalty_of = lambda: CoupledGroupLasso(  # noqa: E731
                     own, l1=own_l1, channels=channels, coupled=keys, scales=coupled.scales, anchor=anchor, role=role,
-                    axis=axis)
+                    **where)
             elif role == "input":
-                penalty_of = lambda: InputGroupLasso(own, l1=input_l1, channels=channels, axis=axis)  # noqa: E731
+                penalty_of = lambda: InputGroupLasso(own, l1=input_l1, channels=channels, **where)  # noqa: E731
             else:
-                penalty_of = lambda: HiddenGroupLasso(own, l1=l1, channels=channels, axis=axis)  # noqa: E731
+                penalty_of = lambda: HiddenGroupLasso(own, l1=l1, channels=channels, **where)  # noqa: E731
             kernels = rule.regularizer_attributes(layer)
             own_units = rule.own_unit_attributes(layer)
             holders = rule.penalty_layers(layer)
@@ -511,6 +512,9 @@ def _coupling(graph, factor, input_factor):
     members = {}
     for node in graph.units:
         row = [keys.get(int(unit), -1) for unit in node.in_ids]
+        # In the order of the penalty's group rows (a grouped convolution's rows are not its channels' order).
+        layer = graph.layers[node.name]
+        row = [row[int(u)] for u in registry.units_rule(layer).view_of(layer).unit_order(len(row))]
         if any(k >= 0 for k in row):
             members[node.name] = (row, not members)
     return _Coupling(members, tuple(scales), tuple(groups))

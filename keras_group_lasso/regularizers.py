@@ -65,6 +65,11 @@ class GroupSparseRegularizer(keras.regularizers.Regularizer):
             ``-1`` (a transposed convolution's kernel ``(..., out, in)``);
             :func:`~keras_group_lasso.add_group_sparsity` sets it from the
             layer (see :class:`~keras_group_lasso.groups.GroupView`).
+        conv_groups: ``None``, or the ``groups`` of the grouped convolution
+            whose kernel ``(k..., in / groups, filters)`` carries the penalty:
+            input channel ``c``'s group is then its weights into the filters
+            of its own convolution group
+            (:func:`~keras_group_lasso.add_group_sparsity` sets it).
         role: ``"input"``, ``"hidden"`` or ``"any"``.
         spared: the number of strongest groups (largest norms, read at each
             step) that the penalty leaves alone: they add nothing to its
@@ -94,7 +99,7 @@ class GroupSparseRegularizer(keras.regularizers.Regularizer):
 
     role = "any"
 
-    def __init__(self, factor=DEFAULT_FACTOR, l1=0.0, channels=None, axis=-2):
+    def __init__(self, factor=DEFAULT_FACTOR, l1=0.0, channels=None, axis=-2, conv_groups=None):
         owner = type(self).__name__
         self.factor = check_non_negative(owner, "factor", factor)
         self.l1 = check_non_negative(owner, "l1", l1)
@@ -106,8 +111,14 @@ class GroupSparseRegularizer(keras.regularizers.Regularizer):
                  "(heads, value_dim, out))", axis)
         if channels is not None and axis != -2:
             fail(owner, "channels", f"None with axis={axis} (channels applies to a Dense kernel)", channels)
+        if conv_groups is not None:
+            conv_groups = check_positive_int(owner, "conv_groups", conv_groups)
+            if channels is not None or axis != -2:
+                fail(owner, "conv_groups", "None with channels or axis set (conv_groups applies to a "
+                     "convolution kernel (k..., in / groups, filters))", conv_groups)
         self.channels = channels
         self.axis = int(axis)
+        self.conv_groups = None if conv_groups in (None, 1) else conv_groups
         self.declared = None
         # The number of strongest groups the penalty leaves alone (a SparsityBudget with
         # round_to sets it during fit; never saved). Read when a step is traced.
@@ -159,7 +170,7 @@ class GroupSparseRegularizer(keras.regularizers.Regularizer):
     @property
     def view(self):
         """The :class:`~keras_group_lasso.groups.GroupView` of this penalty's weight (``axis``, ``channels``)."""
-        return GroupView(self.axis, self.channels)
+        return GroupView(self.axis, self.channels, self.conv_groups)
 
     def group_shape(self, shape):
         """The shape in which this penalty's groups lie along axis -2: a reshape of ``shape`` (:class:`GroupView`).
@@ -181,6 +192,10 @@ class GroupSparseRegularizer(keras.regularizers.Regularizer):
         try:
             return self.view.shape(shape)
         except ValueError:
+            if self.conv_groups is not None:
+                fail(type(self).__name__, "conv_groups",
+                     f"a divisor of the filters of the kernel (the kernel has shape {tuple(shape)})",
+                     self.conv_groups)
             fail(
                 type(self).__name__,
                 "channels",
@@ -277,6 +292,8 @@ class GroupSparseRegularizer(keras.regularizers.Regularizer):
             config["channels"] = self.channels
         if self.axis != -2:
             config["axis"] = self.axis
+        if self.conv_groups is not None:
+            config["conv_groups"] = self.conv_groups
         return config
 
     def get_config(self):
@@ -320,8 +337,8 @@ class GroupLasso(GroupSparseRegularizer):
         >>> layer = keras.layers.Dense(20, kernel_regularizer=GroupLasso(1e-3))
     """
 
-    def __init__(self, factor=DEFAULT_FACTOR, channels=None, axis=-2):
-        super().__init__(factor=factor, l1=0.0, channels=channels, axis=axis)
+    def __init__(self, factor=DEFAULT_FACTOR, channels=None, axis=-2, conv_groups=None):
+        super().__init__(factor=factor, l1=0.0, channels=channels, axis=axis, conv_groups=conv_groups)
 
     def get_config(self):
         return self._with_channels({"factor": self.factor})
@@ -349,11 +366,11 @@ class SparseGroupLasso(GroupSparseRegularizer):
         >>> layer = keras.layers.Dense(40, kernel_regularizer=SparseGroupLasso(1e-3))
     """
 
-    def __init__(self, factor=DEFAULT_FACTOR, l1=None, channels=None, axis=-2):
+    def __init__(self, factor=DEFAULT_FACTOR, l1=None, channels=None, axis=-2, conv_groups=None):
         owner = type(self).__name__
         factor = check_non_negative(owner, "factor", factor)
         l1 = factor if l1 is None else check_non_negative(owner, "l1", l1, allow_none=True)
-        super().__init__(factor=factor, l1=l1, channels=channels, axis=axis)
+        super().__init__(factor=factor, l1=l1, channels=channels, axis=axis, conv_groups=conv_groups)
 
 
 @keras.saving.register_keras_serializable(package=_PACKAGE, name="InputGroupLasso")
@@ -440,8 +457,8 @@ class CoupledGroupLasso(GroupSparseRegularizer):
     """
 
     def __init__(self, factor=DEFAULT_FACTOR, l1=0.0, channels=None, coupled=(), scales=(), anchor=False,
-                 role="hidden", axis=-2):
-        super().__init__(factor=factor, l1=l1, channels=channels, axis=axis)
+                 role="hidden", axis=-2, conv_groups=None):
+        super().__init__(factor=factor, l1=l1, channels=channels, axis=axis, conv_groups=conv_groups)
         owner = type(self).__name__
         try:
             self.coupled = tuple(int(k) for k in coupled)

@@ -24,7 +24,7 @@ def kill_units(model, rng, dead=0.3, constant=0.25, dead_layer=0.15):
     for node in graph.units:
         layer = graph.layers[node.name]
         weights = layer.get_weights()
-        group_view = registry.units_rule(layer).view
+        group_view = registry.units_rule(layer).view_of(layer)
         view = group_view.units(weights[0], node.in_units).copy()
         view[:, rng.random(node.in_units) < dead, :] = 0.0
         view[np.abs(view) < 0.05] *= 1e-4  # below the threshold

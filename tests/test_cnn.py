@@ -445,11 +445,13 @@ def test_round_to_must_be_a_positive_integer(value, tmp_path):
 
 
 def test_refusals_name_the_layer_and_list_what_the_registry_supports():
-    grouped = keras.Sequential([keras.Input((6, 6, 4)), L.Conv2D(4, 3, groups=2, name="g"), L.Flatten(), L.Dense(2)])
+    first = keras.Sequential([keras.Input((4, 6, 6)), L.Conv2D(4, 3, data_format="channels_first", name="g"),
+                              L.Flatten(), L.Dense(2)])
     with pytest.raises(UnsupportedModelError) as info:
-        prune_model(grouped, T)
+        prune_model(first, T)
     message = str(info.value)
-    assert message.startswith("prune_model: cannot prune layer 'g' (Conv2D): a grouped convolution (groups > 1, other than one group per channel).")
+    assert message.startswith("prune_model: cannot prune layer 'g' (Conv2D): a convolution with "
+                              "data_format='channels_first'.")
     assert "layers that make units: " + ", ".join(registry.supported_of("units")) in message
     assert "Conv2DTranspose" in registry.supported_of("units")
     many = keras.Sequential([keras.Input((6, 6, 2)), L.DepthwiseConv2D(3, depth_multiplier=2, name="dw"),

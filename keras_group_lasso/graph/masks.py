@@ -219,9 +219,13 @@ def compute_masks(graph, weights, threshold, round_to=1):
         if name in foldable:
             foldable[name] = foldable[first]
     # Channels kept or removed together (a GroupNormalization's groups): one needed makes all of them needed.
-    recur = _Ties(recur, [node.ids[group] for node in graph.nodes
-                          if node.name not in detached and node.kind == "per_unit"
-                          for group in registry.rule_of(layers[node.name]).unit_groups(layers[node.name])])
+    # A grouped convolution's groups: the input channels and filters of one convolution group, all or none.
+    together = [node.ids[group] for node in graph.nodes
+                if node.name not in detached and node.kind == "per_unit"
+                for group in registry.rule_of(layers[node.name]).unit_groups(layers[node.name])]
+    together += [np.concatenate([node.in_ids[reads], node.out_ids[makes]]) for node in graph.units
+                 if node.name not in detached for reads, makes in rules[node.name].tied_units(layers[node.name])]
+    recur = _Ties(recur, together)
     _settle(graph, conn, foldable, needed, detached, live_path, recur)
     _pair_halves(graph, conn, foldable, needed, detached, live_path, recur)
     if round_to > 1:

@@ -199,6 +199,11 @@ class LayerRule:
         """Why this configuration of the layer cannot be handled exactly, or ``None``."""
         return self._refusal(layer) if self._refusal is not None else None
 
+    def variant(self, layer):
+        """The rule of this configuration of the layer: itself, or another rule of the same class (a grouped
+        convolution's)."""
+        return self
+
     def classify(self, layer):
         """``(kind, reason)``: the graph kind of ``layer`` (``"other"`` with a reason when refused)."""
         reason = self.refusal(layer)
@@ -651,9 +656,18 @@ class UnitsRule(LayerRule):
         """The first and second half of its units must keep as many units each (a ``Bidirectional``)."""
         return False
 
+    def view_of(self, layer):
+        """The :class:`~keras_group_lasso.groups.GroupView` of its kernels (:attr:`view`, or one for this layer)."""
+        return self.view
+
+    def tied_units(self, layer):
+        """``[(input unit indices, unit indices), ...]``: sets of its inputs and units that stay or go as one
+        (a grouped convolution's groups); ``[]``."""
+        return []
+
     def group_norms(self, layer, in_units):
         """The L2 norm of each input unit's group in its kernel, ``(in_units,)``."""
-        return self.view.norms(self.weights(layer)["kernel"], in_units)
+        return self.view_of(layer).norms(self.weights(layer)["kernel"], in_units)
 
     def head_kernel(self, layer):
         """The variable whose groups are inner units of the layer (an attention layer's heads), or ``None``."""
@@ -697,13 +711,15 @@ class UnitsRule(LayerRule):
             return None
         return channels, window
 
-    def units_view(self, weights, in_units):
-        """The kernel (numpy, from :meth:`weights`) as ``(positions, in_units, out_units)``."""
-        return self.view.units(weights["kernel"], in_units)
+    def units_view(self, weights, in_units, layer=None):
+        """The kernel (numpy, from :meth:`weights`) as ``(positions, in_units, out_units)`` (``layer``: the one
+        whose :meth:`view_of` to use)."""
+        view = self.view if layer is None else self.view_of(layer)
+        return view.units(weights["kernel"], in_units)
 
     def connections(self, layer, weights, in_units):
         """bool ``(in_units, out_units)``: input unit ``i`` reaches output unit ``j`` through a non-zero weight."""
-        return np.any(self.units_view(weights, in_units) != 0, axis=0)
+        return np.any(self.units_view(weights, in_units, layer) != 0, axis=0)
 
     def constant_contribution(self, layer, weights, in_units, values):
         """What constant input units add to every output unit's pre-activation, ``(out_units,)`` float64.
@@ -714,7 +730,7 @@ class UnitsRule(LayerRule):
         gets constants of 0 here).
         """
         values = np.asarray(values, np.float64)
-        return values @ self.units_view(weights, in_units).astype(np.float64).sum(axis=0)
+        return values @ self.units_view(weights, in_units, layer).astype(np.float64).sum(axis=0)
 
     def pads(self, layer):
         """A constant input is not constant at every output position (only a constant 0 passes)."""
@@ -795,6 +811,14 @@ class ConvRule(UnitsRule):
             return False
         return groups > 1 and shape[-2] == 1 and shape[-1] == groups
 
+    def variant(self, layer):
+        if getattr(layer, "groups", 1) in (1, None) or self.depthwise(layer):
+            return self
+        grouped = self.__dict__.get("_grouped")
+        if grouped is None:
+            grouped = self._grouped = GroupedConvRule(self.cls, self.description)
+        return grouped
+
     def refusal(self, layer):
         if self.depthwise(layer):
             return _depthwise_refusal(layer)
@@ -824,6 +848,76 @@ class ConvRule(UnitsRule):
         return {labels[i]: _numpy(v) for i, v in enumerate(self.thresholded_variables(layer))}
 
 
+class GroupedConvRule(ConvRule):
+    """``Conv1D/2D/3D`` with ``groups=g`` (``1 < g``, not one group per channel; ResNeXt, RegNet): a kernel
+    ``(k..., C / g, F)``.
+
+    Input channel ``c`` reaches only the ``F / g`` filters of its convolution
+    group ``c // (C / g)`` (:class:`~keras_group_lasso.groups.GroupView` with
+    ``conv_groups=g``: the penalties see each channel's own weights). Every
+    group keeps as many inputs and filters as the others, so a convolution
+    group goes only when all of it goes: its ``C / g`` input channels and its
+    ``F / g`` filters, and ``groups`` shrinks with it. A channel of a kept
+    group stays, even a dead or constant one (its zero weights change nothing).
+    """
+
+    rounds = False
+
+    def variant(self, layer):
+        return self
+
+    def refusal(self, layer):
+        return _conv_refusal(layer, grouped=True) or UnitsRule.refusal(self, layer)
+
+    def classify(self, layer):
+        return UnitsRule.classify(self, layer)
+
+    def view_of(self, layer):
+        return GroupView(conv_groups=int(layer.groups))
+
+    def kernel_shape(self, layer):
+        shape = tuple(int(d) for d in layer.kernel.shape)
+        return math.prod(shape[:-2]), shape[-2] * int(layer.groups), shape[-1]
+
+    def _sizes(self, layer):
+        """``(groups, input channels per group, filters per group)``."""
+        _, channels, filters = self.kernel_shape(layer)
+        groups = int(layer.groups)
+        return groups, channels // groups, filters // groups
+
+    def tied_units(self, layer):
+        groups, per_in, per_out = self._sizes(layer)
+        return [(np.arange(q * per_in, (q + 1) * per_in), np.arange(q * per_out, (q + 1) * per_out))
+                for q in range(groups)]
+
+    def slice_units(self, layer, weights, in_units, kept_in, kept_out):
+        kept_in = np.asarray(kept_in, dtype=int)
+        kept_out = np.asarray(kept_out, dtype=int)
+        groups, per_in, per_out = self._sizes(layer)
+        kept = np.unique(kept_out // per_out)
+        whole = (np.array_equal(kept_out, (kept[:, None] * per_out + np.arange(per_out)).reshape(-1))
+                 and np.array_equal(kept_in, (kept[:, None] * per_in + np.arange(per_in)).reshape(-1)))
+        if not whole:
+            raise RuntimeError(  # pragma: no cover - the masks keep whole convolution groups
+                f"the channels of '{layer.name}' were to be cut inside a convolution group; please report this")
+        config = dict(layer.get_config(), filters=int(kept_out.size), groups=int(kept.size))
+        kernel = weights["kernel"][..., kept_out]
+        return config, self._with_bias([np.ascontiguousarray(kernel)], weights, kept_out)
+
+    def _kept_groups(self, layer, in_units, out_units):
+        groups, per_in, per_out = self._sizes(layer)
+        return max(1, -(-int(in_units) // per_in), -(-int(out_units) // per_out))
+
+    def flops(self, layer, positions, in_units, out_units, output_shape):
+        # Each filter reads the input channels of its own group only.
+        return _spatial(output_shape) * positions * in_units * out_units // self._kept_groups(layer, in_units,
+                                                                                              out_units)
+
+    def params(self, layer, positions, in_units, out_units, has_bias):
+        return (positions * in_units * out_units // self._kept_groups(layer, in_units, out_units)
+                + (out_units if has_bias else 0))
+
+
 def _conv_refusal(layer, grouped=False):
     if getattr(layer, "data_format", "channels_last") != "channels_last":
         return "a convolution with data_format='channels_first'"
@@ -843,6 +937,9 @@ class SeparableConvRule(ConvRule):
         if getattr(layer, "depth_multiplier", 1) != 1:
             return "a SeparableConv with depth_multiplier > 1"
         return super().refusal(layer)
+
+    def variant(self, layer):
+        return self
 
     def kernels(self, layer):
         return {"kernel": layer.depthwise_kernel, "pointwise": layer.pointwise_kernel}
@@ -900,6 +997,9 @@ class ConvTransposeRule(ConvRule):
     view = GroupView(axis=-1)
     merges_batchnorm = False
     rounds = False
+
+    def variant(self, layer):
+        return self
 
     def kernel_shape(self, layer):
         shape = tuple(int(d) for d in layer.kernel.shape)
@@ -1077,7 +1177,7 @@ class RecurrentRule(SequenceRule):
         rows, columns = (int(d) for d in layer.cell.kernel.shape)
         return 1, rows, columns // self.gates
 
-    def units_view(self, weights, in_units):
+    def units_view(self, weights, in_units, layer=None):
         """The kernel as ``(gates, in_units, units)``: gate ``g``'s weights from input ``i`` into unit ``j``."""
         kernel = weights["kernel"]
         return np.moveaxis(kernel.reshape(kernel.shape[0], self.gates, -1), 1, 0)
@@ -1354,7 +1454,7 @@ class AttentionRule(SequenceRule):
             output = output[..., np.asarray(kept_out, dtype=int)]
         return np.any(output.reshape(output.shape[0], -1) != 0, axis=1)
 
-    def units_view(self, weights, in_units):
+    def units_view(self, weights, in_units, layer=None):
         """``(3, in_units, heads)``: input ``i``'s query, key and value weights into each head (any non-zero)."""
         return np.stack([np.any(weights[role] != 0, axis=-1) for role in ("query", "key", "value")]).astype(float)
 
@@ -1778,13 +1878,13 @@ def rule_of(layer):
     rule = _RULES.get(type(layer))
     if rule is None and isinstance(layer, keras.layers.Layer):
         rule = recognize(layer)
-    return rule
+    return rule.variant(layer) if rule is not None else None
 
 
 def units_rule(layer):
     """The :class:`UnitsRule` of a layer that makes units, or ``None``."""
     rule = _RULES.get(type(layer))
-    return rule if isinstance(rule, UnitsRule) else None
+    return rule.variant(layer) if isinstance(rule, UnitsRule) else None
 
 
 def makes_units(layer):
