@@ -333,9 +333,10 @@ def test_report_with_a_table_holds_the_predicted_latency(table):
     conv2.set_weights([kernel, bias * 0.0])
     report = sparsity_report(model, latency_table=table)
     assert report.latency_after == pytest.approx(table.predict(analyze(model)))
-    assert report.latency_after < report.latency_before
+    # A measured table is monotone in the widths; on a busy machine two widths may time the same.
+    assert report.latency_after <= report.latency_before
     assert report.latency_speedup == pytest.approx(report.latency_before / report.latency_after) and \
-        report.latency_speedup > 1.0
+        report.latency_speedup >= 1.0
     line = [line for line in str(report).splitlines() if line.lstrip().startswith("latency:")]
     assert line == [f"  latency:           {1e3 * report.latency_before:.3f} ms -> {1e3 * report.latency_after:.3f} ms "
                     f"per batch of 16 (predicted by the latency table, {report.latency_speedup:.2f}x faster)"]
