@@ -226,3 +226,12 @@ def test_a_shared_rule_answers_for_each_configuration_of_a_convolution():
     assert registry.rule_of(depthwise).classify(depthwise) == ("per_unit", None)
     assert registry.rule_of(grouped).classify(grouped) == ("units", None)
     assert registry.units_rule(grouped).params(grouped, 9, 4, 8, True) == grouped.count_params()
+
+
+def test_a_latency_table_times_a_grouped_convolution_at_whole_groups():
+    from keras_group_lasso import LatencyTable
+
+    model = _resnext(groups=4, per_group=2)
+    table = LatencyTable.measure(model, batch_size=4, repeats=1)
+    assert table.layer_seconds("grouped", 2, 2) <= table.layer_seconds("grouped", 8, 8)
+    assert table.predict() > 0

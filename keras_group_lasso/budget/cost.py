@@ -641,7 +641,8 @@ def _time_layer(layer, rule, weights, node, shape, width_in, width_out, batch, r
     if any(d is None for d in shape[1:]):
         fail(_OWNER, "model", "a model whose layers have inputs of a fixed size",
              Described(f"layer {node.name!r} with input shape {shape}"))
-    config, values = rule.slice_units(layer, weights, node.in_units, np.arange(width_in), np.arange(width_out))
+    # A grouped convolution is timed at the nearest whole number of its groups.
+    config, values, width_in, width_out = rule.slice_widths(layer, weights, node.in_units, width_in, width_out)
     for key in list(config):
         if key.endswith("_regularizer") or key.endswith("_constraint"):
             config[key] = None  # not part of inference

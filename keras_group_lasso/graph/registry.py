@@ -752,6 +752,12 @@ class UnitsRule(LayerRule):
 
     width_key = "filters"
 
+    def slice_widths(self, layer, weights, in_units, width_in, width_out):
+        """``(config, weights, width_in, width_out)`` of a copy reading its first ``width_in`` input units and
+        making its first ``width_out`` units (a latency table times it), at the nearest widths it can take."""
+        config, new = self.slice_units(layer, weights, in_units, np.arange(width_in), np.arange(width_out))
+        return config, new, int(width_in), int(width_out)
+
     def _with_bias(self, new, weights, kept_out):
         if weights["bias"] is not None:
             new.append(np.ascontiguousarray(weights["bias"][kept_out]))
@@ -903,6 +909,13 @@ class GroupedConvRule(ConvRule):
         config = dict(layer.get_config(), filters=int(kept_out.size), groups=int(kept.size))
         kernel = weights["kernel"][..., kept_out]
         return config, self._with_bias([np.ascontiguousarray(kernel)], weights, kept_out)
+
+    def slice_widths(self, layer, weights, in_units, width_in, width_out):
+        """Whole convolution groups: as many as ``width_out`` filters make (rounded, at least one)."""
+        groups, per_in, per_out = self._sizes(layer)
+        kept = min(groups, max(1, int(round(width_out / per_out))))
+        config, new = self.slice_units(layer, weights, in_units, np.arange(kept * per_in), np.arange(kept * per_out))
+        return config, new, kept * per_in, kept * per_out
 
     def _kept_groups(self, layer, in_units, out_units):
         groups, per_in, per_out = self._sizes(layer)
