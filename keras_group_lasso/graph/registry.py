@@ -730,6 +730,8 @@ class UnitsRule(LayerRule):
         gets constants of 0 here).
         """
         values = np.asarray(values, np.float64)
+        if not values.any():  # the usual case: no constant input (skips a float64 copy of the kernel)
+            return np.zeros(self.out_units(layer))
         return values @ self.units_view(weights, in_units, layer).astype(np.float64).sum(axis=0)
 
     def pads(self, layer):
@@ -974,6 +976,8 @@ class SeparableConvRule(ConvRule):
 
     def constant_contribution(self, layer, weights, in_units, values):
         values = np.asarray(values, np.float64)
+        if not values.any():
+            return np.zeros(self.out_units(layer))
         depthwise = self.units_view(weights, in_units).astype(np.float64).sum(axis=0)  # (C, m)
         pointwise = weights["pointwise"].reshape(-1, weights["pointwise"].shape[-1]).astype(np.float64)
         return (values[:, None] * depthwise).reshape(-1) @ pointwise
