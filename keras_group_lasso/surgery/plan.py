@@ -130,7 +130,7 @@ class PruningPlan:
     masks: object = dataclasses.field(repr=False, compare=False, default=None)
     analysis: object = dataclasses.field(repr=False, compare=False, default=None)
     input_shapes: tuple = ()
-    steps: tuple = ()
+    steps: tuple = dataclasses.field(default=(), repr=False)
     inputs: str = "original"
     fold_batchnorm: bool = False
 
