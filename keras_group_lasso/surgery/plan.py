@@ -244,8 +244,8 @@ def plan_pruning(model, threshold=1e-3, round_to=1, inputs="original", fold_batc
         >>> plan = plan_pruning(model, 1e-3)
         >>> plan.layer_sizes_after
         (3, 4)
-        >>> [step.kind for step in plan.steps]
-        ['new_input', 'slice_units', 'slice_units']
+        >>> tuple(step.kind for step in plan.steps)
+        ('new_input', 'slice_units', 'slice_units')
     """
     owner = "plan_pruning"
     inputs = check_choice(owner, "inputs", inputs, INPUTS)
