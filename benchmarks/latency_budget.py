@@ -17,7 +17,11 @@ fine-tuning), multiply-adds per sample, live channels, the table's predicted
 time and speed-up, and the measured speed-up of the pruned model vs the dense
 one at batch 256 (``LatencyTable.time_model``: compiled inference, the fastest
 of several samples; dense and pruned timed in alternation, several rounds, the
-median of the rounds).
+median of the rounds). Then at batch 1, where a deployment serves one request
+at a time: the dense model and each pruned one written by ``export_pruned`` as
+a SavedModel and a ``.tflite`` file (TensorFlow only), every call timed on its
+own, all models and formats interleaved (``--batch1-rounds`` rounds of 20 calls
+each), the median per call and the speed-up dense / pruned.
 
 Usage:
     python benchmarks/latency_budget.py                         # 15 epochs, all images
@@ -68,6 +72,37 @@ def run_budget(label, data, args, seed, **budget_args):
                            "warnings": [str(w.message) for w in caught if "SparsityBudget" in str(w.message)]}
 
 
+def batch_one(dense, pruned, x, rounds):
+    """Rows ``[label, SavedModel us, speed-up, TFLite us, speed-up]`` at batch 1 for ``dense`` and each pruned model."""
+    import tempfile
+
+    from benchmarks import inference_latency
+    from keras_group_lasso import export_pruned
+
+    workdir = tempfile.mkdtemp(prefix="latency_budget_")
+    exported = {}
+    for label, model in [("dense", dense), *pruned.items()]:
+        # The dense model through the same exporter at threshold 0: no weight is zero, nothing is removed.
+        threshold = 0.0 if label == "dense" else cnn_fashion.THRESHOLD
+        result = export_pruned(model, Path(workdir) / label.replace(", ", "_").replace("=", ""),
+                               threshold=threshold, formats=("saved_model", "tflite"))
+        exported[label] = (result.paths["saved_model"], result.paths["tflite"])
+    fns = {}
+    for label, (saved, tflite) in exported.items():
+        fns[("SavedModel", label)] = inference_latency.saved_model_call(saved, x)
+        fns[("TFLite", label)] = inference_latency.tflite_call(tflite, x, 1)
+    wall, _ = inference_latency.latencies(fns, rounds, 20)
+    median = {key: statistics.median(values) for key, values in wall.items()}
+    rows = []
+    for label in exported:
+        cells = [label if label == "dense" else f"{label}"]
+        for fmt in ("SavedModel", "TFLite"):
+            cells += [f"{1e6 * median[(fmt, label)]:.0f}",
+                      f"{median[(fmt, 'dense')] / median[(fmt, label)]:.2f}x"]
+        rows.append(cells)
+    return rows
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--epochs", type=common.positive_int, default=15)
@@ -79,6 +114,8 @@ def main(argv=None):
     parser.add_argument("--units", type=common.positive_int, default=64)
     parser.add_argument("--settle", type=float, default=0.2)
     parser.add_argument("--rounds", type=common.positive_int, default=5, help="timing rounds per row")
+    parser.add_argument("--batch1-rounds", type=int, default=10,
+                        help="rounds of the batch-1 SavedModel / TFLite timing (0: skip it; TensorFlow only)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--note", action="append", default=[], help="a line added to the result's header")
     parser.add_argument("--output", default=None)
@@ -138,6 +175,10 @@ def main(argv=None):
         details[record["label"]] = (dense_time, pruned_time, record)
         common.say(f"{record['label']}: accuracy {accuracy:.4f}, predicted {predicted:.2f}x, measured {measured:.2f}x")
 
+    batch1 = []
+    if args.batch1_rounds and common.machine_info()["backend"] == "tensorflow":
+        batch1 = batch_one(dense, {label: models[label] for label in details}, data["x_test"][:1], args.batch1_rounds)
+
     elapsed = time.perf_counter() - clock
     lines = [
         "# Latency budget vs FLOP budget, 32-64-128 VGG on Fashion-MNIST",
@@ -160,6 +201,10 @@ def main(argv=None):
         common.markdown_table(["row", "test acc. (%)", "multiply-adds", "FLOP reduction", "channels / units",
                                "predicted speed-up", "measured speed-up", "measured / predicted"], table_rows),
         "",
+        *(["At batch 1 (exported by `export_pruned`; median per call of " f"{args.batch1_rounds} interleaved rounds "
+            "of 20 calls; speed-up = dense / pruned):", "",
+            common.markdown_table(["row", "SavedModel (us)", "speed-up", "TFLite, 1 thread (us)", "speed-up"], batch1),
+            ""] if batch1 else []),
         "Times per batch (median of the rounds): " + "; ".join(
             f"{label}: dense {1e3 * d:.2f} ms, pruned {1e3 * p:.2f} ms" for label, (d, p, _) in details.items()),
         "",
