@@ -10,6 +10,7 @@ from keras_group_lasso import prune_model, sparsity_report
 from keras_group_lasso.analysis import unit_masks
 from keras_group_lasso.graph import model_graph, registry
 from test_cnn import assert_rounded, assert_same_outputs, outputs, randomize_batchnorm, thresholded_copy
+from _examples import examples
 
 L = keras.layers
 T = 1e-3
@@ -114,8 +115,8 @@ def build(shape, image, blocks, head, n_outputs):
     return keras.Model(inp, outs if n_outputs > 1 else outs[0])
 
 
-# Per backend: the three backends draw 60 random graphs in all.
-@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+# 20 random graphs on TensorFlow and PyTorch, 10 on JAX (tests/_examples.py).
+@settings(max_examples=examples(20), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(branching())
 def test_pruned_branching_model_equals_thresholded_original(case):
     shape, image, blocks, head, n_outputs, seed = case

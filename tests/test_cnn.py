@@ -27,6 +27,7 @@ from keras_group_lasso.analysis import unit_masks
 from keras_group_lasso.graph import registry
 from keras_group_lasso.groups import GroupView
 from keras_group_lasso.graph.build import model_graph
+from _examples import examples
 
 T = 1e-3
 L = keras.layers
@@ -175,8 +176,8 @@ def cnns(draw):
     return layers, seed
 
 
-# Per backend: the three backends draw 60 random CNNs in all.
-@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+# 20 random CNNs on TensorFlow and PyTorch, 10 on JAX (tests/_examples.py).
+@settings(max_examples=examples(20), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(cnns())
 def test_pruned_cnn_equals_thresholded_original(case):
     makers, seed = case

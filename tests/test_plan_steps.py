@@ -14,6 +14,7 @@ from keras_group_lasso.graph import model_graph
 from keras_group_lasso.surgery import steps as S
 from test_branching import branching, build, kill_units
 from test_cnn import assert_same_outputs, outputs, randomize_batchnorm
+from _examples import examples
 
 L = keras.layers
 T = 1e-3
@@ -220,7 +221,7 @@ def test_the_new_options_are_checked_as_prune_model_checks_them():
     assert str(info.value) == "plan_pruning: argument `fold_batchnorm` must be a bool; received 'yes'."
 
 
-@settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(6), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(branching())
 def test_prune_model_applies_the_steps_plan_pruning_shows(case):
     shape, image, blocks, head, n_outputs, seed = case

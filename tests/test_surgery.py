@@ -19,6 +19,7 @@ from keras_group_lasso import (
 )
 from keras_group_lasso.analysis import dense_layers, get_layer
 from keras_group_lasso.surgery import SelectFeatures
+from _examples import examples
 
 saved_model_export_in_process = pytest.mark.skipif(
     keras.backend.backend() == "torch",
@@ -867,8 +868,8 @@ def _random_model(arch):
     return model, shape
 
 
-# Per backend: the three backends draw 90 architectures in all.
-@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+# 30 architectures on TensorFlow and PyTorch, 15 on JAX (tests/_examples.py).
+@settings(max_examples=examples(30), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(arch=_architectures())
 # Selected features of a 2x1 image normalized before Flatten (axis -1): the pruned model's flat input needs the
 # statistics per element even when every feature stays.
