@@ -248,7 +248,8 @@ def test_a_refused_convolution_is_named_by_every_entry_point(sequential):
         add_group_sparsity(model, 1e-3)
     assert str(info.value).startswith(
         "add_group_sparsity: argument `model` must be a model whose layers that make units can be read (layer "
-        "'first' (Conv2D) is a convolution with data_format='channels_first'; supported: Dense, Conv1D, Conv2D, ")
+        "'first' (Conv2D) is a convolution with data_format='channels_first'; supported: Dense, Conv1D (grouped too: "
+        "whole groups pruned), Conv2D (grouped too: whole groups pruned), ")
     assert "whose graph cannot be read" not in str(info.value)
     with pytest.raises(UnsupportedModelError, match=r"^prune_model: cannot prune layer 'first' \(Conv2D\): "
                                                     r"a convolution with data_format='channels_first'\. Supported: "):

@@ -2203,7 +2203,7 @@ def _register_builtin():
     register_layer(InputRule(L.InputLayer, "the model's input"))
     register_layer(DenseRule(L.Dense))
     for name in ("Conv1D", "Conv2D", "Conv3D"):
-        register_layer(ConvRule(getattr(L, name)))
+        register_layer(ConvRule(getattr(L, name), f"{name} (grouped too: whole groups pruned)"))
     for name in ("SeparableConv1D", "SeparableConv2D"):
         register_layer(SeparableConvRule(getattr(L, name)))
     for name in ("Conv1DTranspose", "Conv2DTranspose", "Conv3DTranspose"):
