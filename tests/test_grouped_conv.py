@@ -235,3 +235,28 @@ def test_a_latency_table_times_a_grouped_convolution_at_whole_groups():
     table = LatencyTable.measure(model, batch_size=4, repeats=1)
     assert table.layer_seconds("grouped", 2, 2) <= table.layer_seconds("grouped", 8, 8)
     assert table.predict() > 0
+
+
+def test_a_channel_of_a_residual_stream_that_a_grouped_convolution_reads_is_one_coupled_group(rng):
+    inp = keras.Input((6, 6, 8))
+    x = L.Conv2D(8, 1, name="stem")(inp)
+    y = L.Conv2D(8, 3, padding="same", groups=2, name="grouped")(x)
+    z = L.Conv2D(4, 1, name="reader")(L.Add(name="add")([x, y]))
+    model = add_group_sparsity(keras.Model(inp, L.Dense(2, name="out")(L.GlobalAveragePooling2D()(z))), 1e-2)
+    grouped, reader = model.get_layer("grouped"), model.get_layer("reader")
+    # The grouped kernel's group rows are in GroupView.unit_order: its coupled keys follow them.
+    assert grouped.kernel_regularizer.coupled == (0, 4, 1, 5, 2, 6, 3, 7)
+    assert tuple(reader.kernel_regularizer.coupled) == tuple(range(8))
+    kernel = rng.normal(size=(3, 3, 4, 8)).astype("float32")
+    kernel[..., 1, 4:8] *= 1e-4  # channel 5 (group 1, its second channel) in the grouped convolution ...
+    grouped.set_weights([kernel, np.zeros(8, "float32")])
+    weights = reader.get_weights()
+    weights[0][..., 5, :] *= 1e-4  # ... and in the other reader of the stream: one coupled group, tiny
+    reader.set_weights(weights)
+    x = rng.normal(size=(8, 6, 6, 8)).astype("float32")
+    y = keras.ops.convert_to_numpy(model(x))
+    model.compile(Proximal(keras.optimizers.SGD(0.5)), "mse")
+    model.fit(x, y, epochs=1, batch_size=8, verbose=0)
+    after = keras.ops.convert_to_numpy(grouped.kernel)
+    assert np.all(after[..., 1, 4:8] == 0) and np.all(keras.ops.convert_to_numpy(reader.kernel)[..., 5, :] == 0)
+    assert np.all(np.any(after[..., 1, 0:4] != 0, axis=(0, 1)))  # channel 1 (group 0) is another group: alive
