@@ -504,7 +504,8 @@ def _coupling(graph, factor, input_factor):
         # groups; SeparableConv's two kernels keep their own penalties.
         if len({name for name, _ in found}) < 2 or unit in separable:
             continue
-        size = sum(units[name].positions * units[name].out_units for name, _ in found)
+        size = sum(registry.units_rule(graph.layers[name]).group_size(graph.layers[name], units[name].positions,
+                                                                      units[name].out_units) for name, _ in found)
         strength = input_factor if unit < graph.n_features else factor
         keys[unit] = len(scales)
         scales.append(strength * math.sqrt(size))

@@ -15,6 +15,7 @@ from keras_group_lasso import (
     HiddenGroupLasso,
     Proximal,
     add_group_sparsity,
+    coupled_groups,
     prune_model,
     sparsity_report,
 )
@@ -111,7 +112,7 @@ def random_grouped_net(seed):
 
 
 def kill_conv_groups(model, rng):
-    """Zero every weight of some whole convolution groups (and the readers' rows of their filters, sometimes)."""
+    """Zero every incoming weight of a whole convolution group's filters (they output their bias), sometimes."""
     for layer in model.layers:
         if getattr(layer, "groups", 1) > 1 and rng.random() < 0.7:
             weights = layer.get_weights()
@@ -231,10 +232,12 @@ def test_a_shared_rule_answers_for_each_configuration_of_a_convolution():
 def test_a_latency_table_times_a_grouped_convolution_at_whole_groups():
     from keras_group_lasso import LatencyTable
 
-    model = _resnext(groups=4, per_group=2)
+    model = _resnext(groups=8, per_group=2)  # 16 channels and filters: 2 of each per group
     table = LatencyTable.measure(model, batch_size=4, repeats=1)
-    assert table.layer_seconds("grouped", 2, 2) <= table.layer_seconds("grouped", 8, 8)
-    assert table.predict() > 0
+    grid = table.to_dict()["batches"]["4"]["layers"]["grouped"]
+    # Timed at whole groups (1/8 of 16 filters is one group of 2; half is 4 groups), its inputs going with them.
+    assert (grid["in"], grid["out"]) == ([16], [2, 8, 16])
+    assert table.layer_seconds("grouped", 4, 4) <= table.layer_seconds("grouped", 16, 16)
 
 
 def test_a_channel_of_a_residual_stream_that_a_grouped_convolution_reads_is_one_coupled_group(rng):
@@ -246,6 +249,9 @@ def test_a_channel_of_a_residual_stream_that_a_grouped_convolution_reads_is_one_
     grouped, reader = model.get_layer("grouped"), model.get_layer("reader")
     # The grouped kernel's group rows are in GroupView.unit_order: its coupled keys follow them.
     assert grouped.kernel_regularizer.coupled == (0, 4, 1, 5, 2, 6, 3, 7)
+    # A channel's group: 9 positions x its group's 4 filters in the grouped kernel, 4 filters in the 1x1 reader.
+    assert [group.size for group in coupled_groups(model)] == [40] * 8
+    assert grouped.kernel_regularizer.scales == pytest.approx((1e-2 * np.sqrt(40),) * 8)
     assert tuple(reader.kernel_regularizer.coupled) == tuple(range(8))
     kernel = rng.normal(size=(3, 3, 4, 8)).astype("float32")
     kernel[..., 1, 4:8] *= 1e-4  # channel 5 (group 1, its second channel) in the grouped convolution ...
@@ -260,3 +266,19 @@ def test_a_channel_of_a_residual_stream_that_a_grouped_convolution_reads_is_one_
     after = keras.ops.convert_to_numpy(grouped.kernel)
     assert np.all(after[..., 1, 4:8] == 0) and np.all(keras.ops.convert_to_numpy(reader.kernel)[..., 5, :] == 0)
     assert np.all(np.any(after[..., 1, 0:4] != 0, axis=(0, 1)))  # channel 1 (group 0) is another group: alive
+
+
+@pytest.mark.parametrize("inputs", ["original", "selected"])
+def test_a_grouped_convolution_reading_a_sequence_input_reads_only_its_kept_groups(inputs, rng):
+    inp = keras.Input((10, 4))
+    model = keras.Model(inp, L.Conv1D(3, 1, name="reader")(L.Conv1D(4, 3, padding="same", groups=2,
+                                                                     name="grouped")(inp)))
+    kernel, bias = model.get_layer("reader").get_weights()
+    kernel[:, 2:4, :] = 0.0  # nothing reads convolution group 1: it goes, and so do the input channels 2 and 3
+    model.get_layer("reader").set_weights([kernel, bias])
+    small = prune_model(model, T, inputs=inputs)
+    assert small.kept_features == (0, 1) and small.get_layer("grouped").groups == 1
+    x = rng.normal(size=(3, 10, 4)).astype("float32")
+    want = keras.ops.convert_to_numpy(model(x))
+    got = keras.ops.convert_to_numpy(small(x if inputs == "original" else x[..., :2]))
+    np.testing.assert_allclose(got, want, rtol=0, atol=1e-5)

@@ -141,10 +141,11 @@ def current_device():
 # ----------------------------------------------------------------------------- the table
 
 
-def _grid(dense, fractions, fixed):
+def _grid(dense, fractions, fixed, step=1):
+    """The widths timed: ``ceil(f * dense)`` for each fraction, rounded up to a multiple of ``step``, and ``dense``."""
     if fixed:
         return [int(dense)]
-    return sorted({max(1, int(math.ceil(f * dense))) for f in fractions} | {int(dense)})
+    return sorted({max(step, int(math.ceil(f * dense / step)) * step) for f in fractions} | {int(dense)})
 
 
 def _interpolate(points, value):
@@ -289,8 +290,11 @@ class LatencyTable:
                 rule = registry.units_rule(layer)
                 shape = _layer_input_shape(graph, node, layer)
                 fixed_in = node.reads_input and not graph.flat_features
-                ins = _grid(node.in_units, grid, fixed_in)
-                outs = _grid(node.out_units, grid, node.is_output)
+                # A grouped convolution takes whole groups: its time follows its filters (multiples of a
+                # group's), and its inputs go with them (one point on that axis).
+                step = rule.width_step(layer)
+                ins = _grid(node.in_units, grid, fixed_in or step is not None)
+                outs = _grid(node.out_units, grid, node.is_output, step or 1)
                 weights = rule.weights(layer)
                 seconds = np.zeros((len(ins), len(outs)))
                 for a, width_in in enumerate(ins):
@@ -641,8 +645,7 @@ def _time_layer(layer, rule, weights, node, shape, width_in, width_out, batch, r
     if any(d is None for d in shape[1:]):
         fail(_OWNER, "model", "a model whose layers have inputs of a fixed size",
              Described(f"layer {node.name!r} with input shape {shape}"))
-    # A grouped convolution is timed at the nearest whole number of its groups.
-    config, values, width_in, width_out = rule.slice_widths(layer, weights, node.in_units, width_in, width_out)
+    config, values, width_in = rule.slice_widths(layer, weights, node.in_units, width_in, width_out)
     for key in list(config):
         if key.endswith("_regularizer") or key.endswith("_constraint"):
             config[key] = None  # not part of inference

@@ -669,6 +669,10 @@ class UnitsRule(LayerRule):
         """The L2 norm of each input unit's group in its kernel, ``(in_units,)``."""
         return self.view_of(layer).norms(self.weights(layer)["kernel"], in_units)
 
+    def group_size(self, layer, positions, out_units):
+        """The weights in one input unit's group: ``positions * out_units`` (its row at every position)."""
+        return positions * out_units
+
     def head_kernel(self, layer):
         """The variable whose groups are inner units of the layer (an attention layer's heads), or ``None``."""
         return None
@@ -754,11 +758,16 @@ class UnitsRule(LayerRule):
 
     width_key = "filters"
 
+    def width_step(self, layer):
+        """``None``: its input and output widths vary apart; else ``k``: it makes a multiple of ``k`` units and
+        reads as many inputs as they need (a grouped convolution: ``k`` filters per group)."""
+        return None
+
     def slice_widths(self, layer, weights, in_units, width_in, width_out):
-        """``(config, weights, width_in, width_out)`` of a copy reading its first ``width_in`` input units and
-        making its first ``width_out`` units (a latency table times it), at the nearest widths it can take."""
+        """``(config, weights, inputs read)`` of a copy making its first ``width_out`` units and reading its first
+        ``width_in`` input units (with a :meth:`width_step`, those its units need): a latency table times it."""
         config, new = self.slice_units(layer, weights, in_units, np.arange(width_in), np.arange(width_out))
-        return config, new, int(width_in), int(width_out)
+        return config, new, int(width_in)
 
     def _with_bias(self, new, weights, kept_out):
         if weights["bias"] is not None:
@@ -912,12 +921,18 @@ class GroupedConvRule(ConvRule):
         kernel = weights["kernel"][..., kept_out]
         return config, self._with_bias([np.ascontiguousarray(kernel)], weights, kept_out)
 
+    def width_step(self, layer):
+        return self._sizes(layer)[2]
+
     def slice_widths(self, layer, weights, in_units, width_in, width_out):
-        """Whole convolution groups: as many as ``width_out`` filters make (rounded, at least one)."""
+        """Whole convolution groups: as many as ``width_out`` filters make, reading their groups' inputs."""
         groups, per_in, per_out = self._sizes(layer)
-        kept = min(groups, max(1, int(round(width_out / per_out))))
+        kept = min(groups, max(1, width_out // per_out))
         config, new = self.slice_units(layer, weights, in_units, np.arange(kept * per_in), np.arange(kept * per_out))
-        return config, new, kept * per_in, kept * per_out
+        return config, new, kept * per_in
+
+    def group_size(self, layer, positions, out_units):
+        return positions * out_units // int(layer.groups)
 
     def _kept_groups(self, layer, in_units, out_units):
         groups, per_in, per_out = self._sizes(layer)

@@ -375,9 +375,11 @@ class _Planner:
         # Selecting the kept inputs first costs fewer multiply-adds (k * (n + u) < n * u): right before the
         # Dense, after the input preprocessing (that Dense rounds its inputs as the selection does, e.g. TF32
         # matmuls on a GPU). Every call of a shared layer reads the same kept rows: each picks them from what
-        # its input holds.
+        # its input holds. A layer that reads its inputs in whole groups (a grouped convolution) reads only the
+        # kept ones when its input holds others (an input with every channel, inputs="original").
+        extra = (have & ~want).any()
         if ((k < n and unode.positions == 1 and rule.selects_rows and self.rank(source) == 2 and k * (n + u) < n * u
-                and not shared) or (shared and (have & ~want).any())):
+                and not shared) or ((shared or rule.tied_units(layer)) and extra)):
             source = self.select(f"{node.name}/select", source, have, want, node.name)
             rows = have & want
         self.present[node.name] = kept_out
