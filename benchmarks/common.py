@@ -208,6 +208,17 @@ def positive_int(text):
     return value
 
 
+def non_negative_int(text):
+    """argparse type: an integer >= 0."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = None
+    if value is None or value < 0:
+        raise argparse.ArgumentTypeError(f"must be an integer >= 0; received {text!r}")
+    return value
+
+
 @contextlib.contextmanager
 def staged(out):
     """A scratch folder whose files replace those of ``out`` only when the block succeeds.

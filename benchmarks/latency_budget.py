@@ -29,6 +29,7 @@ Usage:
 """
 
 import argparse
+import shutil
 import statistics
 import sys
 import time
@@ -76,10 +77,17 @@ def batch_one(dense, pruned, x, rounds):
     """Rows ``[label, SavedModel us, speed-up, TFLite us, speed-up]`` at batch 1 for ``dense`` and each pruned model."""
     import tempfile
 
+    workdir = tempfile.mkdtemp(prefix="latency_budget_")
+    try:
+        return _batch_one_rows(dense, pruned, x, rounds, workdir)
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+def _batch_one_rows(dense, pruned, x, rounds, workdir):
     from benchmarks import inference_latency
     from keras_group_lasso import export_pruned
 
-    workdir = tempfile.mkdtemp(prefix="latency_budget_")
     exported = {}
     for label, model in [("dense", dense), *pruned.items()]:
         # The dense model through the same exporter at threshold 0: no weight is zero, nothing is removed.
@@ -95,7 +103,7 @@ def batch_one(dense, pruned, x, rounds):
     median = {key: statistics.median(values) for key, values in wall.items()}
     rows = []
     for label in exported:
-        cells = [label if label == "dense" else f"{label}"]
+        cells = [label]
         for fmt in ("SavedModel", "TFLite"):
             cells += [f"{1e6 * median[(fmt, label)]:.0f}",
                       f"{median[(fmt, 'dense')] / median[(fmt, label)]:.2f}x"]
@@ -114,7 +122,7 @@ def main(argv=None):
     parser.add_argument("--units", type=common.positive_int, default=64)
     parser.add_argument("--settle", type=float, default=0.2)
     parser.add_argument("--rounds", type=common.positive_int, default=5, help="timing rounds per row")
-    parser.add_argument("--batch1-rounds", type=int, default=10,
+    parser.add_argument("--batch1-rounds", type=common.non_negative_int, default=10,
                         help="rounds of the batch-1 SavedModel / TFLite timing (0: skip it; TensorFlow only)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--note", action="append", default=[], help="a line added to the result's header")

@@ -127,6 +127,9 @@ def main(argv=None):
         table, "",
     ])
     say(text)
+    if diff > 1e-4:
+        raise SystemExit(f"surgery_speed: the pruned model differs from the thresholded one by {diff:.1e} "
+                         "of the output scale (more than 1e-4)")
     if args.out:
         RESULTS_DIR.mkdir(parents=True, exist_ok=True)
         (RESULTS_DIR / f"surgery_speed_{backend}.md").write_text(text)

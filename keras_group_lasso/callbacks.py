@@ -249,8 +249,11 @@ class SparsityMonitor(keras.callbacks.Callback):
         self._model_checked = True
 
     def on_train_begin(self, logs=None):
+        from keras_group_lasso.budget.callback import forget_training_latency_table
+
         self._model_checked = False
         self._warned_non_finite = False
+        forget_training_latency_table(self.model)  # a budget of this fit registers its table again
         # A Sequential without an Input is built by its first step (TensorFlow
         # backend): then the check waits for the end of the first epoch.
         if self.model.built:

@@ -414,6 +414,25 @@ def test_monitor_logs_the_predicted_latency(table, tmp_path):
     assert monitor.last_report.latency_batch_size == 256
     history = model.fit(x, y, epochs=1, batch_size=128, verbose=0, callbacks=[monitor])  # the budget is gone
     assert "latency" not in history.history and monitor.last_report.latency_after is None
+
+    class Fails(keras.callbacks.Callback):
+        def on_epoch_end(self, epoch, logs=None):
+            raise RuntimeError("stopped")
+
+    # A budgeted fit that ends by an exception (no on_train_end) leaves nothing to a later fit's monitor ...
+    with warnings.catch_warnings(), pytest.raises(RuntimeError, match="stopped"):
+        warnings.simplefilter("ignore", RuntimeWarning)
+        model.fit(x, y, epochs=1, batch_size=128, verbose=0, callbacks=[
+            SparsityBudget(max_latency=0.5, latency_table=hand_made, latency_check=False), Fails()])
+    history = model.fit(x, y, epochs=1, batch_size=128, verbose=0, callbacks=[monitor])
+    assert "latency" not in history.history
+    # ... and a monitor before the budget in the list still reports with the budget's table.
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        history = model.fit(x, y, epochs=1, batch_size=128, verbose=0, callbacks=[
+            monitor, SparsityBudget(max_latency=0.5, latency_table=hand_made, latency_check=False)])
+    # (logged before the budget's end of the epoch changed the weights: the structure the epoch trained)
+    assert 0 < history.history["latency"][-1] <= hand_made.predict(None)
     with pytest.raises(InvalidParameterError, match=re.escape(
             "SparsityMonitor: argument `latency_table` must be a latency table measured for this model (layers "
             "h1 64->64, h2 64->32, out 32->10); received LatencyTable(model='cnn', ")):

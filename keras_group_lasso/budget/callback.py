@@ -47,6 +47,25 @@ def training_latency_table(model):
         return None
 
 
+def forget_training_latency_table(model):
+    """Drop what a latency budget registered for ``model`` (a ``fit`` that ended by an exception left it).
+
+    A monitor calls it when its ``fit`` begins; a budget in that ``fit`` registers its table again at the start
+    of every epoch, before any epoch ends, whatever the order of the callbacks.
+    """
+    try:
+        _TRAINING_TABLES.pop(model, None)
+    except TypeError:  # pragma: no cover - not weak-referenceable
+        pass
+
+
+def _register_training_latency_table(model, table, batch_size):
+    try:
+        _TRAINING_TABLES[model] = (table, batch_size)
+    except TypeError:  # pragma: no cover - not weak-referenceable: a monitor then needs its own table
+        pass
+
+
 class SparsityBudget(keras.callbacks.Callback):
     """Steer the group penalties during ``fit`` so that training ends within a size budget.
 
@@ -458,10 +477,7 @@ class SparsityBudget(keras.callbacks.Callback):
             above.append(f"max_latency={self.max_latency!r} (the dense model takes {_ms(dense)} at batch "
                          f"{self.latency_batch_size})")
         self.limits["latency"] = min(limit, dense)
-        try:
-            _TRAINING_TABLES[self.model] = (self.latency_table, self.latency_batch_size)
-        except TypeError:  # pragma: no cover - not weak-referenceable: a monitor then needs its own table
-            pass
+        _register_training_latency_table(self.model, self.latency_table, self.latency_batch_size)
 
     def on_epoch_begin(self, epoch, logs=None):
         """A new search at epoch 0; later, a resumed training catches up with the decision of the epoch before.
@@ -473,6 +489,8 @@ class SparsityBudget(keras.callbacks.Callback):
         """
         self._epoch = epoch
         self._done = self._checked = 0
+        if self.limits and "latency" in self.limits:  # for a monitor in this fit (which dropped any table a failed fit left)
+            _register_training_latency_table(self.model, self.latency_table, self.latency_batch_size)
         if self._first_epoch is not None:
             return
         self._first_epoch = epoch

@@ -884,7 +884,7 @@ class GroupedConvRule(ConvRule):
         return self
 
     def refusal(self, layer):
-        return _conv_refusal(layer, grouped=True) or UnitsRule.refusal(self, layer)
+        return _conv_refusal(layer) or UnitsRule.refusal(self, layer)
 
     def classify(self, layer):
         return UnitsRule.classify(self, layer)
@@ -948,11 +948,9 @@ class GroupedConvRule(ConvRule):
                 + (out_units if has_bias else 0))
 
 
-def _conv_refusal(layer, grouped=False):
+def _conv_refusal(layer):
     if getattr(layer, "data_format", "channels_last") != "channels_last":
         return "a convolution with data_format='channels_first'"
-    if getattr(layer, "groups", 1) != 1 and not grouped:
-        return "a grouped convolution (groups > 1, other than one group per channel)"
     return None
 
 
@@ -2017,7 +2015,7 @@ def _depthwise_refusal(layer):
     reason = _adapted(layer)
     if reason is None and not activation_is_elementwise(layer.activation):
         return MIXES_UNITS
-    return reason or _conv_refusal(layer, grouped=True)
+    return reason or _conv_refusal(layer)
 
 
 def _per_unit_vectors(layer, kept):
