@@ -195,18 +195,22 @@ def cnn(penalty):
     return add_group_sparsity(model, FACTOR) if penalty == "SGL" else model
 
 
-def optimizer(name, proximal=False):
+def optimizer(name, proximal=False, compile_step=False):
+    """The optimizer ``name``; ``proximal``: wrapped in ``Proximal`` (its step compiled alone on PyTorch with
+    ``compile_step``, else eager: ``"auto"`` would switch half-way through the rounds)."""
     import keras
 
     from keras_group_lasso import Proximal
 
     inner = {"sgd-momentum": lambda: keras.optimizers.SGD(0.01, momentum=0.9),
              "adam": lambda: keras.optimizers.Adam(1e-3)}[name]()
-    return Proximal(inner) if proximal else inner
+    return Proximal(inner, jit_compile_step=compile_step) if proximal else inner
 
 
 def variants(kind, jit, log_dir):
     """``({name: (compiled model, callbacks)}, reference, {name: its own reference})`` of a comparison."""
+    import keras
+
     from keras_group_lasso import SparsityMonitor
 
     def compiled(model, opt):
@@ -224,6 +228,10 @@ def variants(kind, jit, log_dir):
             out[f"{opt} Proximal"] = (compiled(mlp("SparseGroupLasso"), optimizer(opt, proximal=True)), [])
             out[f"{opt} subgradient"] = (compiled(mlp("SparseGroupLasso"), optimizer(opt)), [])
             refs.update({f"{opt} {k}": f"{opt} plain" for k in ("plain", "Proximal", "subgradient")})
+            if keras.backend.backend() == "torch" and not jit:  # the proximal step compiled on its own
+                out[f"{opt} Proximal, step compiled"] = (
+                    compiled(mlp("SparseGroupLasso"), optimizer(opt, proximal=True, compile_step=True)), [])
+                refs[f"{opt} Proximal, step compiled"] = f"{opt} plain"
         return out, "sgd-momentum plain", refs
     if kind == "monitor":
         out = {

@@ -22,6 +22,7 @@ from keras_group_lasso import (
     InvalidParameterError,
     Proximal,
     SparseGroupLasso,
+    add_group_sparsity,
     prox,
 )
 from keras_group_lasso import optimizers as kgl_optimizers
@@ -550,7 +551,8 @@ def test_keras_round_trip_keeps_the_optimizer_state_and_resumes(tmp_path):
 def test_get_config_round_trip_and_keras_serialization():
     opt = Proximal(keras.optimizers.SGD(0.1, momentum=0.9, nesterov=True), metric="euclidean", name="p")
     config = opt.get_config()
-    assert config == {"name": "p", "optimizer": config["optimizer"], "metric": "euclidean"}
+    assert config == {"name": "p", "optimizer": config["optimizer"], "metric": "euclidean",
+                      "jit_compile_step": "auto"}
     again = Proximal.from_config(config)
     assert again.get_config() == config
     restored = keras.optimizers.deserialize(keras.optimizers.serialize(opt))
@@ -972,3 +974,73 @@ def test_the_proximal_step_leaves_the_spared_groups_as_the_wrapped_update_left_t
     assert len(kept) == 3
     np.testing.assert_allclose(kernel[kept], reference[kept], rtol=1e-5)
     assert set(kept) == set(np.argsort(-np.abs(reference))[:3])
+
+
+# ----------------------------------------------------------------------------- the proximal step compiled alone
+
+
+def _residual_model():
+    inp = keras.Input((16,))
+    h = keras.layers.Dense(12, activation="relu", name="h")(inp)
+    stream = keras.layers.Add(name="add")([h, keras.layers.Dense(12, name="branch")(h)])  # coupled groups
+    out = keras.layers.Dense(3, name="out")(keras.layers.Dense(8, activation="relu", name="h2")(stream))
+    return add_group_sparsity(keras.Model(inp, out), 3e-3)
+
+
+def _train_with(jit_compile_step, x, y):
+    keras.utils.set_random_seed(0)
+    model = _residual_model()
+    model.compile(Proximal(keras.optimizers.Adam(1e-2), jit_compile_step=jit_compile_step),
+                  keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    model.fit(x, y, batch_size=50, epochs=4, verbose=0, shuffle=False)
+    return model
+
+
+def test_the_proximal_step_compiled_alone_is_the_eager_step(rng):
+    x = rng.normal(size=(200, 16)).astype("float32")
+    y = (x[:, 0] > 0).astype("int32") + (x[:, 1] > 0)
+    eager = _train_with(False, x, y)
+    compiled = _train_with(True, x, y)
+    assert eager.optimizer._compiled_points is None
+    if BACKEND == "torch":
+        assert callable(compiled.optimizer._compiled_points)
+    else:  # TensorFlow and JAX compile the whole training step already
+        assert compiled.optimizer._compiled_points is None
+    for a, b in zip(eager.get_weights(), compiled.get_weights()):
+        np.testing.assert_allclose(a, b, rtol=0, atol=1e-5)
+        np.testing.assert_array_equal(a == 0, b == 0)  # the same exact zeros
+    assert sum(int(np.sum(w == 0)) for w in compiled.get_weights()) > 0
+
+
+@pytest.mark.skipif(BACKEND != "torch", reason="the step is compiled alone on PyTorch only")
+def test_a_failed_compilation_leaves_the_step_eager_with_a_warning(rng, monkeypatch):
+    import torch
+
+    def broken(function, **kwargs):
+        def call(*args):
+            raise RuntimeError("no C++ compiler")
+        return call
+
+    monkeypatch.setattr(torch, "compile", broken)
+    x = rng.normal(size=(200, 16)).astype("float32")
+    y = (x[:, 0] > 0).astype("int32")
+    eager = _train_with(False, x, y)
+    with pytest.warns(RuntimeWarning, match=r"^Proximal: torch.compile of the proximal step failed \(RuntimeError: "
+                                            r"no C\+\+ compiler\); the step runs eagerly from now on"):
+        fallback = _train_with(True, x, y)
+    assert fallback.optimizer._compiled_points is False
+    for a, b in zip(eager.get_weights(), fallback.get_weights()):
+        np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.parametrize("value", ["yes", 1, 0, None])
+def test_jit_compile_step_must_be_auto_or_a_bool(value):
+    with pytest.raises(ValueError) as info:
+        Proximal(keras.optimizers.SGD(0.1), jit_compile_step=value)
+    assert str(info.value) == f"Proximal: argument `jit_compile_step` must be 'auto', True or False; received {value!r}."
+
+
+def test_jit_compile_step_is_in_the_config():
+    optimizer = Proximal(keras.optimizers.SGD(0.1), jit_compile_step=False)
+    assert Proximal.from_config(optimizer.get_config()).jit_compile_step is False
+    assert Proximal(keras.optimizers.SGD(0.1)).get_config()["jit_compile_step"] == "auto"
