@@ -197,26 +197,24 @@ def markdown_table(header_row, rows):
     return "\n".join(lines)
 
 
-def positive_int(text):
-    """argparse type: an integer >= 1 (``--seeds 0`` would train nothing and then write empty results)."""
+def _int_at_least(text, minimum):
     try:
         value = int(text)
     except ValueError:
         value = None
-    if value is None or value < 1:
-        raise argparse.ArgumentTypeError(f"must be an integer >= 1; received {text!r}")
+    if value is None or value < minimum:
+        raise argparse.ArgumentTypeError(f"must be an integer >= {minimum}; received {text!r}")
     return value
+
+
+def positive_int(text):
+    """argparse type: an integer >= 1 (``--seeds 0`` would train nothing and then write empty results)."""
+    return _int_at_least(text, 1)
 
 
 def non_negative_int(text):
     """argparse type: an integer >= 0."""
-    try:
-        value = int(text)
-    except ValueError:
-        value = None
-    if value is None or value < 0:
-        raise argparse.ArgumentTypeError(f"must be an integer >= 0; received {text!r}")
-    return value
+    return _int_at_least(text, 0)
 
 
 @contextlib.contextmanager
