@@ -489,3 +489,14 @@ def test_spare_block_keeps_a_block_of_trained_units_in_every_layer_through_the_s
     set_penalty_multiplier(model, 1e4)
     model.fit(x, y, epochs=1, batch_size=32, verbose=0)
     assert sparsity_report(model, 1e-3).layer_sizes[1:3] == (0, 0)
+
+
+def test_round_to_says_when_blocks_cannot_meet_the_budget_and_single_groups_are_cut(rng):
+    x, y = data(rng)
+    model = mlp(hidden=(24, 20), factor=1e-6)  # too weak to remove anything: the settling cut does it all
+    budget = SparsityBudget(max_units=6, round_to=8, settle=0.5)  # one block of 8 is already more than 6
+    _, cuts = fit(model, x, y, budget, epochs=2)
+    sizes = sparsity_report(model, 1e-3).layer_sizes[1:]
+    assert sum(sizes) <= 6
+    assert len(cuts) == 1 and "widths in blocks of 8 (round_to) could not meet it, so " in str(cuts[0].message)
+    assert "of its weakest groups were set to zero" in str(cuts[0].message)

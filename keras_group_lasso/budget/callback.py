@@ -455,7 +455,7 @@ class SparsityBudget(keras.callbacks.Callback):
             warnings.warn(f"{_OWNER}: {', '.join(above)}: the dense model is within it already; the budget "
                           "removes nothing for it.", RuntimeWarning, stacklevel=2)
         self._release_constraints()  # a fit that ended by an exception may have left them
-        self._warned = self._unmeetable = False
+        self._warned = self._unmeetable = self._blocks_failed = False
         self._finished = None
         self.rounded = {}
         self._first_epoch = None
@@ -768,7 +768,9 @@ class SparsityBudget(keras.callbacks.Callback):
                 stacklevel=3,
             )
         elif newly and self._over(best) <= 1.0:
-            self._warn_cut(f"{newly} of its weakest groups were set to zero", best, epoch)
+            blocks = (f"widths in blocks of {self.round_to} (round_to) could not meet it, so "
+                      if getattr(self, "_blocks_failed", False) else "")
+            self._warn_cut(f"{blocks}{newly} of its weakest groups were set to zero", best, epoch)
         return newly, best
 
     def _warn_cut(self, what, sizes, epoch):
@@ -799,7 +801,8 @@ class SparsityBudget(keras.callbacks.Callback):
                                              grow, self._latency_of)
         self._update(rounded=True)  # from here on the sizes are the model's own
         if not layers or self._over(sizes) > 1.0:
-            return {}, 0  # blocks cannot meet it: the cut of single groups takes over
+            self._blocks_failed = True  # the cut of single groups takes over, and says so
+            return {}, 0
         rng = np.random.default_rng(0)
         changed, removed = {}, 0
         for layer in layers:
