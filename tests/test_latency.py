@@ -67,6 +67,27 @@ def test_table_holds_a_grid_per_layer(table):
         assert np.all(np.diff(seconds, axis=0) >= 0) and np.all(np.diff(seconds, axis=1) >= 0)
 
 
+def test_each_layer_is_timed_with_the_per_channel_layers_after_it():
+    # conv1's BatchNormalization and ReLU read it alone: timed with it. conv2's output branches (a residual add
+    # reads it and conv3 does), so nothing is timed with it; the add and what follows count in the rest.
+    inputs = keras.Input((8, 8, 2))
+    x = keras.layers.Conv2D(4, 3, padding="same", name="conv1")(inputs)
+    x = keras.layers.BatchNormalization(name="bn1")(x)
+    x = keras.layers.ReLU(name="relu1")(x)
+    y = keras.layers.Conv2D(4, 3, padding="same", name="conv2")(x)
+    z = keras.layers.Conv2D(4, 3, padding="same", name="conv3")(y)
+    x = keras.layers.Add(name="add")([y, z])
+    x = keras.layers.GlobalAveragePooling2D(name="gap")(x)
+    outputs = keras.layers.Dense(2, name="logits")(keras.layers.Dropout(0.5, name="drop")(x))
+    model = keras.Model(inputs, outputs, name="branchy")
+    table = LatencyTable.measure(model, batch_size=4, repeats=1)
+    assert table.segments == {"conv1": ("bn1", "relu1"), "conv2": (), "conv3": (), "logits": ()}
+    assert "timed with" in table.to_text() and "bn1, relu1" in table.to_text()
+    assert LatencyTable.from_dict(table.to_dict()).segments == table.segments
+    entry = table.to_dict()["batches"]["4"]
+    assert 0.0 < entry["call"] and entry["rest"] >= 0.0
+
+
 def test_interpolation_is_positive_and_monotone(table):
     for name, (dense_in, dense_out) in table.layers.items():
         ins = sorted({1, max(1, dense_in // 3), dense_in // 2 or 1, dense_in})

@@ -35,6 +35,7 @@ _OWNER = "LatencyTable"
 FORMAT = "keras_group_lasso.LatencyTable/1"
 #: Widths measured per layer, as fractions of the dense width (each axis).
 DEFAULT_GRID = (0.125, 0.5, 1.0)
+_OPTIONAL = ("narrow", "rest_narrow", "call")  # entry values that older tables or unprunable models lack
 _SAMPLE_SECONDS = 2e-3  # a timing sample repeats a fast call until it lasts about this long
 _TINY = 1e-9
 
@@ -180,9 +181,13 @@ class LatencyTable:
     For each layer that makes units (as :func:`~keras_group_lasso.graph.model_graph`
     finds them) a standalone copy of the layer is built at every grid point
     ``(in, out)`` (the widths ``ceil(f * dense)`` for ``f`` in ``grid``, on each
-    axis that a pruning can narrow) and its compiled inference call is timed
-    (two warm-up calls, then the fastest of ``repeats`` samples; a fast call is
-    repeated within a sample). Between grid points the time is bilinear in the
+    axis that a pruning can narrow), together with copies of the per-channel
+    layers that read it alone (normalization, activation, pooling, dropout, up
+    to the next branch or merge: :attr:`segments`), whose cost follows its
+    width too; its compiled inference call is timed (two warm-up calls, then
+    the fastest of ``repeats`` samples; a fast call is repeated within a
+    sample), less the fixed cost of one call (a call that only passes a small
+    input on), which the whole model pays once. Between grid points the time is bilinear in the
     widths, below the smallest point it is that point's (a conservative
     floor), and it never decreases with width along either axis. The rest of
     the model is the measured dense model minus its layers at full width; it
@@ -212,6 +217,7 @@ class LatencyTable:
         measure_seconds: how long measuring took (``None`` when unknown).
         positions: ``{hidden layer name: output positions}`` (the rest's activations are their sum times the units).
         narrow_widths: the widths of the narrow model the rest was timed on (``None``: the rest is fixed).
+        segments: ``{layer name: names of the layers timed with it}``.
 
     Example:
         >>> model = keras.Sequential([keras.Input((16,)), keras.layers.Dense(32, activation="relu", name="hidden"),
@@ -225,7 +231,7 @@ class LatencyTable:
     """
 
     def __init__(self, model_name, layers, entries, backend, device, grid=DEFAULT_GRID, measure_seconds=None,
-                 positions=None, narrow_widths=None):
+                 positions=None, narrow_widths=None, segments=None):
         self.model_name = str(model_name)
         self.layers = {str(name): (int(w[0]), int(w[1])) for name, w in layers.items()}
         self._entries = {}
@@ -234,7 +240,7 @@ class LatencyTable:
                 "model": float(entry["model"]),
                 "rest": float(entry["rest"]),
                 "scale": float(entry.get("scale", 1.0)),
-                **{key: float(entry[key]) for key in ("narrow", "rest_narrow") if entry.get(key) is not None},
+                **{key: float(entry[key]) for key in _OPTIONAL if entry.get(key) is not None},
                 "layers": {name: {"in": [int(v) for v in grid_entry["in"]],
                                   "out": [int(v) for v in grid_entry["out"]],
                                   "seconds": np.asarray(grid_entry["seconds"], dtype=np.float64)}
@@ -247,6 +253,7 @@ class LatencyTable:
         self.positions = {str(k): int(v) for k, v in (positions or {}).items()}
         self.narrow_widths = None if narrow_widths is None else {
             str(name): (int(w[0]), int(w[1])) for name, w in narrow_widths.items()}
+        self.segments = {str(name): tuple(str(v) for v in after) for name, after in (segments or {}).items()}
 
     # ------------------------------------------------------------------ measuring
 
@@ -278,11 +285,13 @@ class LatencyTable:
         graph = found.graph
         model_call = _compiled(model, is_model=True)
         positions = {node.name: _positions(graph, node) for node in graph.units if not node.is_output}
+        segments = _segments(graph)
         narrow, narrow_widths = _narrow_model(model, graph, grid[0])
         entries = {}
         for batch in batch_sizes:
             x = _inputs(model, batch, _OWNER)
             dense = _best_seconds(model_call, x, repeats)
+            floor = _call_floor(batch, repeats)
             narrow_seconds = None if narrow is None else _best_seconds(_compiled(narrow, is_model=True), x, repeats)
             layers = {}
             for node in graph.units:
@@ -296,23 +305,25 @@ class LatencyTable:
                 ins = _grid(node.in_units, grid, fixed_in or step is not None)
                 outs = _grid(node.out_units, grid, node.is_output, step or 1)
                 weights = rule.weights(layer)
+                after = [graph.layers[name] for name in segments[node.name]]
                 seconds = np.zeros((len(ins), len(outs)))
                 for a, width_in in enumerate(ins):
                     for b, width_out in enumerate(outs):
-                        seconds[a, b] = _time_layer(layer, rule, weights, node, shape, width_in, width_out, batch,
-                                                    repeats)
+                        seconds[a, b] = max(_time_layer(layer, rule, weights, node, shape, width_in, width_out,
+                                                        batch, repeats, after) - floor, _TINY)
                 layers[node.name] = {"in": ins, "out": outs, "seconds": _monotone(seconds)}
             total = sum(float(entry["seconds"][-1, -1]) for entry in layers.values())
             # Standalone layers may add up to more than the compiled model (which fuses what they do apart):
             # their times then count in proportion, scaled to the model's.
             scale = min(1.0, dense / total) if total > 0 else 1.0
-            entry = {"model": dense, "rest": max(0.0, dense - total), "scale": scale, "layers": layers}
+            entry = {"model": dense, "rest": max(0.0, dense - total), "scale": scale, "call": floor, "layers": layers}
             if narrow_seconds is not None:
                 entry["narrow"] = narrow_seconds
             entries[batch] = entry
         widths = {node.name: (node.in_units, node.out_units) for node in graph.units}
         table = cls(model.name, widths, entries, keras.backend.backend(), current_device(), grid,
-                    time.perf_counter() - started, positions=positions, narrow_widths=narrow_widths)
+                    time.perf_counter() - started, positions=positions, narrow_widths=narrow_widths,
+                    segments=segments)
         for batch, entry in table._entries.items():
             if "narrow" in entry:  # what the rest takes at the narrow structure (its layers' part taken out)
                 layers_part = sum(table.layer_seconds(name, *w, batch) for name, w in narrow_widths.items())
@@ -526,9 +537,10 @@ class LatencyTable:
             "positions": dict(self.positions),
             "narrow_widths": None if self.narrow_widths is None else {
                 name: list(w) for name, w in self.narrow_widths.items()},
+            "segments": {name: list(after) for name, after in self.segments.items()},
             "batches": {str(batch): {
                 "model": entry["model"], "rest": entry["rest"], "scale": entry["scale"],
-                **{key: entry[key] for key in ("narrow", "rest_narrow") if key in entry},
+                **{key: entry[key] for key in _OPTIONAL if key in entry},
                 "layers": {name: {"in": g["in"], "out": g["out"], "seconds": g["seconds"].tolist()}
                            for name, g in entry["layers"].items()},
             } for batch, entry in self._entries.items()},
@@ -541,7 +553,7 @@ class LatencyTable:
                  Described(f"format {data.get('format')!r}" if isinstance(data, dict) else repr(data)))
         return cls(data["model"], data["layers"], {int(b): e for b, e in data["batches"].items()}, data["backend"],
                    data["device"], data.get("grid", DEFAULT_GRID), data.get("measure_seconds"),
-                   data.get("positions"), data.get("narrow_widths"))
+                   data.get("positions"), data.get("narrow_widths"), data.get("segments"))
 
     def save(self, path):
         """Write the table to ``path`` as JSON."""
@@ -581,19 +593,22 @@ class LatencyTable:
         took = "" if self.measure_seconds is None else f", measured in {self.measure_seconds:.1f} s"
         lines = [f"LatencyTable of model {self.model_name!r} on {self.backend}, {self.device}{took}"]
         for batch, entry in sorted(self._entries.items()):
+            call = f" (one call: {_ms(entry['call'])})" if "call" in entry else ""
             lines.append(f"  batch {batch}: dense model {_ms(entry['model'])} = layers "
-                         f"{_ms(entry['model'] - entry['rest'])} + rest {_ms(entry['rest'])}")
+                         f"{_ms(entry['model'] - entry['rest'])} + rest {_ms(entry['rest'])}{call}")
             if "rest_narrow" in entry:
                 lines.append(f"    narrow model ({_widths_text(self.narrow_widths)}): {_ms(entry['narrow'])}, "
                              f"rest {_ms(entry['rest_narrow'])}")
             width = max(len(name) for name in self.layers)
-            lines.append(f"    {'layer'.ljust(width)}  {'in x out':>12}  {'full width':>10}  {'smallest':>10}  grid")
+            lines.append(f"    {'layer'.ljust(width)}  {'in x out':>12}  {'full width':>10}  {'smallest':>10}  grid"
+                         f"{'   timed with' if any(self.segments.values()) else ''}")
             for name, (dense_in, dense_out) in self.layers.items():
                 g = entry["layers"][name]
                 lines.append(f"    {name.ljust(width)}  {f'{dense_in} x {dense_out}':>12}  "
                              f"{_ms(entry['scale'] * g['seconds'][-1, -1]):>10}  "
                              f"{_ms(entry['scale'] * g['seconds'][0, 0]):>10}  "
-                             f"{len(g['in'])} x {len(g['out'])}")
+                             f"{len(g['in'])} x {len(g['out'])}"
+                             f"{'    ' + ', '.join(self.segments[name]) if self.segments.get(name) else ''}")
         return "\n".join(lines)
 
     __str__ = to_text
@@ -640,27 +655,81 @@ def _layer_input_shape(graph, node, layer):
         return (None, kernel_in)
 
 
-def _time_layer(layer, rule, weights, node, shape, width_in, width_out, batch, repeats):
-    """The time of a standalone copy of ``layer`` reading ``width_in`` units and making ``width_out``."""
+def _segments(graph):
+    """``{units layer name: names of the per-channel layers after it}``: each units layer is timed together with the
+    chain of layers that read it alone, one channel at a time (normalization, activation, pooling, dropout), up to
+    the next layer that reads or is read by more than one (a merge, a branch) or makes units.
+
+    Timed apart, a layer misses what its channel count costs the layers after it (a normalization or pooling of
+    an odd channel count is not the cost of the same layer at a neighbouring count), so the chain counts with it.
+    """
+    consumers = {}
+    for found in graph.nodes:
+        for name in found.inputs:
+            consumers.setdefault(name, []).append(found.name)
+    segments = {}
+    for node in graph.units:
+        chain, current = [], node.name
+        while current not in graph.outputs and len(consumers.get(current, ())) == 1:
+            following = graph.tensor(consumers[current][0])
+            if following.kind != "per_unit" or tuple(following.inputs) != (current,):
+                break
+            chain.append(following.name)
+            current = following.name
+        segments[node.name] = tuple(chain)
+    return segments
+
+
+def _time_layer(layer, rule, weights, node, shape, width_in, width_out, batch, repeats, after=()):
+    """The time of a standalone copy of ``layer`` reading ``width_in`` units and making ``width_out``, followed by
+    copies of the per-channel layers ``after`` it (see :func:`_segments`)."""
     if any(d is None for d in shape[1:]):
         fail(_OWNER, "model", "a model whose layers have inputs of a fixed size",
              Described(f"layer {node.name!r} with input shape {shape}"))
     config, values, width_in = rule.slice_widths(layer, weights, node.in_units, width_in, width_out)
-    for key in list(config):
-        if key.endswith("_regularizer") or key.endswith("_constraint"):
-            config[key] = None  # not part of inference
-        elif key.endswith("_initializer") and config[key] is not None:
-            config[key] = "zeros"  # the weights are set below (a random initializer compiles for each shape on JAX)
-    config["name"] = f"latency_{node.name.replace('/', '_').replace('#', '_')}"
-    copy = type(layer).from_config(config)
+    stem = f"latency_{node.name.replace('/', '_').replace('#', '_')}"
+    copy = type(layer).from_config(_inference_config(config, stem))
     per_unit = int(shape[-1]) // max(node.in_units, 1)  # a Dense after Flatten reads positions * in
     in_shape = (batch,) + tuple(int(d) for d in shape[1:-1]) + (per_unit * width_in,)
     copy.build(in_shape)
     copy.set_weights(values)
+    timed = copy
+    if after:
+        try:  # the per-channel layers at this width, with their initial weights (their values do not change the time)
+            inputs = keras.Input(batch_shape=in_shape, dtype=layer.compute_dtype)
+            outputs = copy(inputs)
+            for k, following in enumerate(after):
+                outputs = type(following).from_config(_inference_config(following.get_config(), f"{stem}_{k}"))(outputs)
+            timed = keras.Model(inputs, outputs, name=stem)
+        except Exception:  # noqa: BLE001 - a layer that cannot be rebuilt at this width: the rest counts it
+            timed = copy
     rng = np.random.default_rng(1)
     x = keras.ops.convert_to_tensor(rng.standard_normal(in_shape).astype(keras.backend.standardize_dtype(
         layer.compute_dtype)))
-    return _best_seconds(_compiled(copy, is_model=False), x, repeats)
+    return _best_seconds(_compiled(timed, is_model=timed is not copy), x, repeats)
+
+
+def _call_floor(batch, repeats):
+    """The fixed cost of one compiled call: a model that only passes a ``(batch, 1)`` input on.
+
+    Every standalone layer pays it once and the whole model pays it once, so it is taken off each layer's time
+    (and stays in the rest).
+    """
+    model = keras.Sequential([keras.Input((1,)), keras.layers.Identity()], name="latency_call")
+    return _best_seconds(_compiled(model, is_model=True), keras.ops.zeros((batch, 1)), repeats)
+
+
+def _inference_config(config, name):
+    """``config`` for a timing copy: no regularizer or constraint, zero initializers (the weights are set after, and
+    a random initializer compiles for each shape on JAX), and ``name``."""
+    config = dict(config)
+    for key in list(config):
+        if key.endswith("_regularizer") or key.endswith("_constraint"):
+            config[key] = None  # not part of inference
+        elif key.endswith("_initializer") and config[key] is not None:
+            config[key] = "zeros"
+    config["name"] = name
+    return config
 
 
 def _positions(graph, node):
