@@ -8,6 +8,7 @@ import keras
 
 from keras_group_lasso._validation import check_choice, check_non_negative, fail
 from keras_group_lasso.analysis import dense_roles, input_dense_layers
+from keras_group_lasso.budget.cost import unit_costs
 from keras_group_lasso.declared import PenaltyState, attach_state, declare_group_penalties, layer_weights
 from keras_group_lasso.graph import registry
 from keras_group_lasso.graph.build import model_graph
@@ -398,7 +399,7 @@ def add_group_sparsity(model, factor=1e-3, *, l1=None, input_factor=None, penalt
     coupled = _coupling(graph, factor, input_factor)
     scale = {}
     if group_weight != "size":
-        cost = _flop_costs(graph) if group_weight == "flops" else _latency_costs(graph, latency_table)
+        cost = unit_costs(graph, "flops") if group_weight == "flops" else _latency_costs(graph, latency_table)
         scale, scales = _cost_weights(graph, coupled, factor, input_factor, cost)
         coupled = _Coupling(coupled.members, scales, coupled.groups)
 
@@ -521,29 +522,6 @@ def _coupling(graph, factor, input_factor):
     return _Coupling(members, tuple(scales), tuple(groups))
 
 
-def _unit_costs(graph, per_unit):
-    """``{unit id: cost}``: making the unit in every layer that makes it and reading it in every layer that reads it.
-
-    ``per_unit`` is ``{node name: (cost per input unit, cost per output unit)}``.
-    """
-    cost = {}
-    for node in graph.units:
-        per_in, per_out = per_unit[node.name]
-        for ids, each in ((node.out_ids, per_out), (node.in_ids, per_in)):
-            for unit in ids:
-                cost[int(unit)] = cost.get(int(unit), 0.0) + each
-    return cost
-
-
-def _flop_costs(graph):
-    """``group_weight="flops"``: each node's multiply-adds per sample, shared by its input and by its output units."""
-    per_unit = {}
-    for node in graph.units:
-        flops = graph.node_flops(node.name)
-        per_unit[node.name] = (flops / max(node.in_units, 1), flops / max(node.out_units, 1))
-    return _unit_costs(graph, per_unit)
-
-
 #: With ``group_weight="latency"`` a unit costs at least this fraction of the mean unit's cost.
 _LATENCY_FLOOR = 0.01
 
@@ -555,7 +533,7 @@ def _latency_costs(graph, table):
     does not grow with width (noise, or a layer whose time is the call's) costs ``_LATENCY_FLOOR`` of the mean,
     so that its groups keep a penalty.
     """
-    cost = _unit_costs(graph, table.marginal_seconds(max(table.batch_sizes)))
+    cost = unit_costs(graph, "latency", table, max(table.batch_sizes))
     mean = sum(cost.values()) / len(cost) if cost else 0.0
     if mean <= 0.0:  # no layer's time grows with its width: equal costs
         return {unit: 1.0 for unit in cost}
@@ -565,7 +543,7 @@ def _latency_costs(graph, table):
 def _cost_weights(graph, coupled, factor, input_factor, cost):
     """``group_weight="flops"`` or ``"latency"``: a multiplier of each layer's strength, and the coupled groups' scales.
 
-    A group's weight becomes the cost of its unit (``cost``: ``{unit id: cost}``, see :func:`_unit_costs`) over
+    A group's weight becomes the cost of its unit (``cost``: ``{unit id: cost}``, see :func:`~keras_group_lasso.budget.cost.unit_costs`) over
     the mean of that cost, times the mean ``sqrt(|g|)``; means over the groups with a strength above 0.
     """
     coupled_units = {unit for unit, _, _ in coupled.groups}

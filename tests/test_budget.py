@@ -500,3 +500,57 @@ def test_round_to_says_when_blocks_cannot_meet_the_budget_and_single_groups_are_
     assert sum(sizes) <= 6
     assert len(cuts) == 1 and "widths in blocks of 8 (round_to) could not meet it, so " in str(cuts[0].message)
     assert "of its weakest groups were set to zero" in str(cuts[0].message)
+
+
+# ----------------------------------------------------------------------------- what the cut frees
+
+
+def test_unit_costs_of_each_budget_kind():
+    from keras_group_lasso.budget.cost import unit_costs
+    from keras_group_lasso.graph import model_graph
+
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(3, name="hidden"), keras.layers.Dense(2, name="out")])
+    graph = model_graph(model)
+    inputs, hidden, outputs = range(4), graph.node("hidden").out_ids, graph.node("out").out_ids
+    # hidden: 12 multiply-adds, 12 + 3 parameters; out: 6 multiply-adds, 6 + 2 parameters.
+    expected = {"flops": (12 / 4, 12 / 3 + 6 / 3, 6 / 2), "params": (12 / 4, 15 / 3 + 6 / 3, 8 / 2),
+                "units": (0, 1, 0), "features": (1, 0, 0)}
+    for kind, (each_input, each_hidden, each_output) in expected.items():
+        cost = unit_costs(graph, kind)
+        assert [cost[int(u)] for u in inputs] == pytest.approx([each_input] * 4), kind
+        assert [cost[int(u)] for u in hidden] == pytest.approx([each_hidden] * 3), kind
+        assert [cost.get(int(u), 0.0) for u in outputs] == pytest.approx([each_output] * 2), kind
+
+
+def test_the_cut_ranks_groups_by_weakness_per_share_of_the_budget():
+    from keras_group_lasso.budget import cut
+    from keras_group_lasso.budget.cost import unit_costs
+    from keras_group_lasso.graph import model_graph
+
+    # conv_b's groups are conv_a's channels (made on a 16x16 map, read on a 4x4 one), the head's groups are conv_b's
+    # channels (made on the 4x4 map): per share of a FLOP budget a group of conv_b frees 9 times more. The weak
+    # group of the head is the weaker (0.4 of its layer's median against 0.5), so it ranks first on weakness alone
+    # and second per share of the budget.
+    model = add_group_sparsity(keras.Sequential([
+        keras.Input((16, 16, 2)), keras.layers.Conv2D(4, 3, padding="same", name="conv_a"),
+        keras.layers.MaxPooling2D(4), keras.layers.Conv2D(4, 3, padding="same", name="conv_b"),
+        keras.layers.GlobalAveragePooling2D(), keras.layers.Dense(1, name="head")]), 1e-3)
+    model.get_layer("conv_b").kernel.assign(np.ones((3, 3, 4, 4)) * np.array([1, 0.5, 1, 1])[:, None])
+    model.get_layer("head").kernel.assign(np.ones((4, 1)) * np.array([1, 0.4, 1, 1])[:, None])
+    graph = model_graph(model)
+    loads = cut.group_loads(graph, model, [(unit_costs(graph, "flops"), 1000.0)])
+    paths = {name: model.get_layer(name).kernel.path for name in ("conv_a", "conv_b", "head")}
+    make_a, read_b, make_b, read_head = 16 * 16 * 9 * 2, 4 * 4 * 9 * 4, 4 * 4 * 9 * 4, 1
+    assert loads[paths["conv_b"]] == pytest.approx([(make_a + read_b) / 1000.0] * 4)
+    assert loads[paths["head"]] == pytest.approx([(make_b + read_head) / 1000.0] * 4)
+    assert loads[paths["conv_a"]] == pytest.approx([16 * 16 * 9 * 4 / 1000.0] * 2)  # the input channels
+
+    def weakest(ranked, variables):
+        (index, row), = ranked[0][1]
+        return variables[index].path, row
+
+    plain, variables = cut.ranked_groups(model, {"hidden"})
+    assert weakest(plain, variables) == (paths["head"], 1)
+    ranked, variables = cut.ranked_groups(model, {"hidden"}, loads=loads)
+    assert weakest(ranked, variables) == (paths["conv_b"], 1)
+    assert [round(score, 6) for score, _, _ in ranked] == sorted(round(score, 6) for score, _, _ in ranked)

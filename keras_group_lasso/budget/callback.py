@@ -19,9 +19,10 @@ import numpy as np
 from keras_group_lasso import analysis
 from keras_group_lasso._validation import check_non_negative, check_positive_int, fail
 from keras_group_lasso.budget import cut, rounding, schedule
-from keras_group_lasso.budget.cost import LatencyTable, current_device
+from keras_group_lasso.budget.cost import LatencyTable, current_device, unit_costs
 from keras_group_lasso.budget.state import CUT, SEARCH, WITHIN, BudgetState
 from keras_group_lasso.declared import BUDGET_STATE_SIZE, declare_group_penalties
+from keras_group_lasso.graph.build import model_graph
 from keras_group_lasso.regularizers import group_sparse_penalties
 
 __all__ = ["SparsityBudget", "training_latency_table"]
@@ -727,14 +728,16 @@ class SparsityBudget(keras.callbacks.Callback):
         Only input groups when only feature budgets are exceeded, only hidden
         groups when only unit budgets are; both for parameters and FLOPs. The
         groups already at zero go first, then the weakest relative to their
-        own layer; the strongest group of every kernel is never cut.
+        own layer per share of the budget their unit takes (what cutting it
+        frees: its multiply-adds, parameters, measured time, ...); the
+        strongest group of every kernel is never cut.
         """
         input_over, hidden_over = schedule.entry_overs(sizes, self.limits)
         roles = {"input"} if (input_over or 0.0) > 1.0 else set()
         if (hidden_over or 0.0) > 1.0:
             roles.add("hidden")
         groups, variables = cut.ranked_groups(self.model, roles, cut.dead_groups(self.model, self.threshold,
-                                                                                  exact=True))
+                                                                                  exact=True), self._group_loads())
         values = [np.array(keras.ops.convert_to_numpy(v)) for v in variables]
 
         def assign(count):
@@ -772,6 +775,13 @@ class SparsityBudget(keras.callbacks.Callback):
                       if getattr(self, "_blocks_failed", False) else "")
             self._warn_cut(f"{blocks}{newly} of its weakest groups were set to zero", best, epoch)
         return newly, best
+
+    def _group_loads(self):
+        """``{kernel path: per-group share of the budgets}`` (:func:`~keras_group_lasso.budget.cut.group_loads`)."""
+        graph = model_graph(self.model)
+        costs = [(unit_costs(graph, kind, self.latency_table, self.latency_batch_size), limit)
+                 for kind, limit in self.limits.items()]
+        return cut.group_loads(graph, self.model, costs)
 
     def _warn_cut(self, what, sizes, epoch):
         """Say once per ``fit`` that ``what`` (groups, units) was set to zero to meet the budget."""

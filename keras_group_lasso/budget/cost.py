@@ -139,6 +139,57 @@ def current_device():
     return cpu
 
 
+# ----------------------------------------------------------------------------- what a unit costs
+
+
+def unit_costs(graph, kind, latency_table=None, batch_size=None):
+    """``{unit id: cost}``: what one unit of a model graph costs in a budget's ``kind``.
+
+    A unit costs what making it costs in every layer that makes it plus what reading it costs in every layer that
+    reads it, each layer's cost per unit being::
+
+        flops:    multiply-adds / input units,  multiply-adds / output units
+        params:   the kernel row of one input unit,  the kernel column and bias of one output unit
+        latency:  LatencyTable.marginal_seconds (the slope of the layer's measured time over its widths)
+        units:    0,  1 for a unit a hidden layer makes
+        features: 1 for an input feature, 0 for any other unit
+
+    Args:
+        graph: a :class:`~keras_group_lasso.graph.ModelGraph`.
+        kind: ``"flops"``, ``"params"``, ``"latency"``, ``"units"`` or ``"features"``.
+        latency_table: the :class:`LatencyTable` of the graph's model (``kind="latency"`` only).
+        batch_size: the table's batch size (``None``: its only one).
+    """
+    from keras_group_lasso.graph import registry
+
+    if kind == "features":
+        return {unit: 1.0 if unit < (graph.n_features or 0) else 0.0 for unit in range(graph.n_ids)}
+    if kind == "latency":
+        per_node = latency_table.marginal_seconds(batch_size)
+    else:
+        per_node = {}
+        for node in graph.units:
+            layer = graph.layers[node.name]
+            if kind == "flops":
+                flops = graph.node_flops(node.name)
+                per_node[node.name] = (flops / max(node.in_units, 1), flops / max(node.out_units, 1))
+            elif kind == "params":
+                rule = registry.units_rule(layer)
+                per_node[node.name] = (rule.params(layer, node.positions, node.in_units, node.out_units, False)
+                                       / max(node.in_units, 1),
+                                       rule.params(layer, node.positions, node.in_units, node.out_units, True)
+                                       / max(node.out_units, 1))
+            else:
+                per_node[node.name] = (0.0, 0.0 if node.is_output else 1.0)
+    cost = {}
+    for node in graph.units:
+        per_in, per_out = per_node[node.name]
+        for ids, each in ((node.out_ids, per_out), (node.in_ids, per_in)):
+            for unit in ids:
+                cost[int(unit)] = cost.get(int(unit), 0.0) + each
+    return cost
+
+
 # ----------------------------------------------------------------------------- the table
 
 

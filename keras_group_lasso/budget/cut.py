@@ -9,7 +9,7 @@ import numpy as np
 
 from keras_group_lasso.regularizers import CoupledGroupLasso, GroupSparseRegularizer
 
-__all__ = ["FrozenGroups", "strength", "ranked_groups", "zeroed", "penalised_kernels", "dead_groups",
+__all__ = ["FrozenGroups", "strength", "ranked_groups", "group_loads", "zeroed", "penalised_kernels", "dead_groups",
            "zero_dead_groups", "freeze_groups", "release_frozen_groups"]
 
 
@@ -116,7 +116,7 @@ def strength(penalty):
     return max([penalty.factor, penalty.l1, *scales])
 
 
-def ranked_groups(model, roles, cut_before=frozenset()):
+def ranked_groups(model, roles, cut_before=frozenset(), loads=None):
     """``([(score, ((variable index, row), ...), all zero), ...] weakest first, [variables])``.
 
     A group is a row along axis -2 of a penalty's group view (a unit that the
@@ -128,6 +128,11 @@ def ranked_groups(model, roles, cut_before=frozenset()):
     cut by how weak a group is among its own (a layer of many small input
     groups does not go first as a whole); groups in ``cut_before`` (``(path,
     row)``) come first, and the strongest group of each kernel is left out.
+
+    ``loads``: ``{kernel path: (groups,) array}``, the share of the budget each group's unit takes
+    (:func:`group_loads`). A group's score is then divided by its load over the mean load, so that of two
+    groups as weak in their layers the one that frees more of the budget goes first (a kernel missing from
+    ``loads`` counts the mean load).
     """
     variables, entries, coupled = [], [], {}
     input_keys = {key for v in model.weights if isinstance(getattr(v, "regularizer", None), CoupledGroupLasso)
@@ -144,13 +149,14 @@ def ranked_groups(model, roles, cut_before=frozenset()):
         rms = np.sqrt(np.sum(value ** 2, axis=axes) / (value.size // view[-2]))
         live = rms[rms > 0]
         scale = float(np.median(live)) if live.size else 1.0
+        per_load = _relative_loads(loads, variable.path, view[-2])
         strongest = int(np.argmax(rms))
         keys = penalty.coupled if isinstance(penalty, CoupledGroupLasso) else (-1,) * view[-2]
         for row, key in enumerate(keys):
             is_input = penalty.group_role == "input" if key < 0 else key in input_keys
             if ("input" if is_input else "hidden") not in roles:
                 continue
-            score = -1.0 if (variable.path, row) in cut_before else rms[row] / scale
+            score = -1.0 if (variable.path, row) in cut_before else rms[row] / scale / per_load[row]
             if key >= 0:
                 total = coupled.setdefault(key, [0.0, 0, [], True])
                 total[0] += score
@@ -163,6 +169,48 @@ def ranked_groups(model, roles, cut_before=frozenset()):
         entries.append((score / parts, tuple(rows), zero))
     entries.sort(key=lambda entry: entry[0])
     return entries, variables
+
+
+def _relative_loads(loads, path, rows):
+    """The loads of kernel ``path``'s groups over the mean load of all groups (at least 1 %); ones without ``loads``."""
+    if not loads:
+        return np.ones(rows)
+    mean = float(np.mean(np.concatenate([np.asarray(v, dtype=np.float64) for v in loads.values()])))
+    found = loads.get(path)
+    if found is None or len(found) != rows or not mean > 0.0:
+        return np.ones(rows)
+    return np.maximum(np.asarray(found, dtype=np.float64) / mean, _LEAST_LOAD)
+
+
+def group_loads(graph, model, costs):
+    """``{kernel path: (groups,) array}``: the share of a budget each penalised group's unit takes.
+
+    ``costs``: ``[({unit id: cost}, limit), ...]``, one per budgeted kind (see
+    :func:`~keras_group_lasso.budget.cost.unit_costs`); a unit's load is ``sum cost / limit``. The groups are a
+    kernel's rows in its penalty's view order (a grouped convolution's rows are not its channels' order).
+    """
+    from keras_group_lasso.graph import registry
+
+    load = {}
+    for unit_cost, limit in costs:
+        for unit, value in unit_cost.items():
+            load[unit] = load.get(unit, 0.0) + value / max(float(limit), 1e-30)
+    penalised = {id(v) for v in penalised_kernels(model)}
+    out = {}
+    for node in graph.units:
+        if node.name in graph.calls:
+            continue
+        layer = graph.layers[node.name]
+        order = registry.units_rule(layer).view_of(layer).unit_order(node.in_units)
+        ids = np.asarray(node.in_ids)[np.asarray(order, dtype=int)]
+        for variable in layer.weights:
+            if id(variable) in penalised and variable.regularizer.group_shape(tuple(variable.shape))[-2] == ids.size:
+                out[variable.path] = np.array([load.get(int(u), 0.0) for u in ids])
+    return out
+
+
+#: A group's load counts at least this fraction of the mean load (a group that frees nothing still ranks).
+_LEAST_LOAD = 0.01
 
 
 def zeroed(values, groups, variables):
