@@ -69,3 +69,8 @@ def test_residual_digits(tmp_path):
     assert "SparsityReport" in out and "pixels read:" in out
     gap = float(out.split("largest output difference vs the thresholded model: ")[1].split()[0])
     assert gap <= 1e-5
+
+
+def test_sklearn_feature_selection(tmp_path):
+    out = run_example("sklearn_feature_selection.py", cwd=tmp_path)
+    assert "pipeline test accuracy" in out and "<= 30 pixels" in out

@@ -663,18 +663,3 @@ def test_best_errors(path_result):
         path.best(max_features=-1)
     with pytest.raises(InvalidParameterError, match="argument `tolerance` must be a finite number >= 0; received -0.1."):
         path.best(tolerance=-0.1)
-
-
-def test_example_runs_in_quick_mode(tmp_path):
-    import os
-    import subprocess
-    import sys
-    from pathlib import Path
-
-    script = Path(__file__).resolve().parent.parent / "examples" / "sklearn_feature_selection.py"
-    env = dict(os.environ, KERAS_BACKEND=keras.backend.backend(), TF_CPP_MIN_LOG_LEVEL="3")
-    result = subprocess.run(
-        [sys.executable, str(script), "--quick"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert "pipeline test accuracy" in result.stdout and "<= 30 pixels" in result.stdout
