@@ -175,7 +175,7 @@ def build_cnn(seed, filters=None, units=None):
     ], name="cnn")
 
 
-def sparse_cnn(seed, factor, penalty, group_weight="size"):
+def sparse_cnn(seed, factor, penalty, group_weight="size", latency_table=None):
     """The dense CNN with the package's penalties: channel groups on every convolution after the first, channel groups
     on the Dense head (all the rows that read one flattened channel).
 
@@ -185,7 +185,8 @@ def sparse_cnn(seed, factor, penalty, group_weight="size"):
     """
     from keras_group_lasso import add_group_sparsity
 
-    return add_group_sparsity(build_cnn(seed), factor, input_factor=0.0, penalty=penalty, group_weight=group_weight)
+    return add_group_sparsity(build_cnn(seed), factor, input_factor=0.0, penalty=penalty, group_weight=group_weight,
+                              latency_table=latency_table)
 
 
 def compile_model(model, optimizer, jit_compile):

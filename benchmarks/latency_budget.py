@@ -58,14 +58,20 @@ def timed_speedup(dense, pruned, rounds):
     return statistics.median(ratios), statistics.median(dense_times), statistics.median(pruned_times)
 
 
-def run_budget(label, data, args, seed, **budget_args):
-    """Train the penalised VGG under one ``SparsityBudget``; returns (model, budget, record)."""
+def run_budget(label, data, args, seed, group_weight=None, weight_table=None, **budget_args):
+    """Train the penalised VGG under one ``SparsityBudget``; returns (model, budget, record).
+
+    ``group_weight``: the penalties' group weights (default ``args.group_weight``); ``weight_table``: the latency
+    table of ``group_weight="latency"``.
+    """
     from keras_group_lasso import SparsityBudget
 
     optimizer = cnn_fashion.optimizer_for("proximal", args.epochs, len(data["x_train"]))
-    model = cnn_fashion.compile_model(cnn_fashion.sparse_cnn(seed, args.factor, "group", args.group_weight),
-                                      optimizer, False)
-    budget = SparsityBudget(threshold=cnn_fashion.THRESHOLD, settle=args.settle, **budget_args)
+    network = cnn_fashion.sparse_cnn(seed, args.factor, "group", group_weight or args.group_weight,
+                                     latency_table=weight_table)
+    model = cnn_fashion.compile_model(network, optimizer, False)
+    budget = SparsityBudget(threshold=cnn_fashion.THRESHOLD, settle=args.settle, schedule_power=args.power,
+                            **budget_args)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", RuntimeWarning)
         wall, _ = cnn_fashion.fit(model, data, args.epochs, seed, label, callbacks=[budget])
@@ -119,8 +125,12 @@ def main(argv=None):
     parser.add_argument("--latency", type=float, default=0.2, help="max_latency, a fraction of the dense time")
     parser.add_argument("--factor", type=float, default=3e-4, help="penalty strength the budget starts from")
     parser.add_argument("--group-weight", choices=("size", "flops"), default="flops")
+    parser.add_argument("--latency-group-weight", choices=("same", "latency"), default="same",
+                        help="group weights of the latency row: those of --group-weight, or each group's measured "
+                             "marginal time (group_weight='latency', from the table)")
     parser.add_argument("--units", type=common.positive_int, default=64)
     parser.add_argument("--settle", type=float, default=0.2)
+    parser.add_argument("--power", type=float, default=1.0, help="schedule_power of every budget")
     parser.add_argument("--rounds", type=common.positive_int, default=5, help="timing rounds per row")
     parser.add_argument("--batch1-rounds", type=common.non_negative_int, default=10,
                         help="rounds of the batch-1 SavedModel / TFLite timing (0: skip it; TensorFlow only)")
@@ -152,8 +162,11 @@ def main(argv=None):
     common.say(f"latency table measured in {table.measure_seconds:.1f} s\n{table.to_text()}")
 
     rows = []
+    weighted = args.latency_group_weight == "latency"
     model, budget, record = run_budget("latency", data, args, args.seed, max_latency=args.latency,
-                                       latency_table=table, latency_check=False)
+                                       latency_table=table, latency_check=False,
+                                       group_weight="latency" if weighted else None,
+                                       weight_table=table if weighted else None)
     models = {"latency": model}
     rows.append(record)
     flops = sparsity_report(model, cnn_fashion.THRESHOLD).flops_after
@@ -195,8 +208,10 @@ def main(argv=None):
             *args.note,
             f"Network: {cnn_fashion.network_text()}",
             f"{len(data['x_train'])} training images, {len(data['x_test'])} test images, {args.epochs} epochs; "
-            f"penalties: group Lasso, factor {args.factor:g}, group weight {args.group_weight}; "
-            f"Proximal(SGD {cnn_fashion.SGD_LR}, momentum {cnn_fashion.MOMENTUM}), cosine decay, settle {args.settle}",
+            f"penalties: group Lasso, factor {args.factor:g}, group weight {args.group_weight}"
+            f"{' (the latency row: latency, from the table)' if weighted else ''}; "
+            f"Proximal(SGD {cnn_fashion.SGD_LR}, momentum {cnn_fashion.MOMENTUM}), cosine decay, settle {args.settle}, "
+            f"schedule power {args.power:g}",
             f"Budgets: (b) max_latency={args.latency} of the dense time at batch {BATCH_TIMED}; (c), (d) max_flops = "
             "the multiply-adds (b) reached",
             f"Latency table: {table.backend}, {table.device}, measured in {table.measure_seconds:.1f} s "
