@@ -171,7 +171,8 @@ class SparsityBudget(keras.callbacks.Callback):
     batch on the backend and device that run ``fit`` (or those a
     ``latency_table`` was measured on): a
     :class:`~keras_group_lasso.LatencyTable` times each Dense and
-    convolution layer at a grid of widths once, when ``fit`` starts (a few
+    convolution layer (with the per-channel layers after it) at a grid of
+    widths once, when ``fit`` starts (a few
     seconds for a small CNN; the table is kept in ``latency_table`` for the
     next ``fit``), and the size the budget steers is the table's prediction
     for the live units, served by both multipliers as ``max_flops`` is. With
