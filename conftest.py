@@ -23,3 +23,15 @@ def _doctest_names(doctest_namespace):
 def _seed():
     # tests/conftest.py seeds the same way; the doctests need it too.
     keras.utils.set_random_seed(0)
+
+
+def pytest_collection_modifyitems(config, items):
+    # The scikit-learn estimators' examples train several networks each; eager PyTorch takes 17-44 s per example
+    # here (three minutes in all). On PyTorch tests/test_sklearn.py and test_sklearn_cv.py run the same estimator
+    # code; the examples themselves run on TensorFlow and JAX.
+    if keras.backend.backend() != "torch":
+        return
+    skip = pytest.mark.skip(reason="the scikit-learn examples run on TensorFlow and JAX (slow on eager PyTorch)")
+    for item in items:
+        if isinstance(item, pytest.DoctestItem) and "keras_group_lasso/sklearn/" in str(item.path).replace("\\", "/"):
+            item.add_marker(skip)
