@@ -509,17 +509,21 @@ def test_unit_costs_of_each_budget_kind():
     from keras_group_lasso.budget.cost import unit_costs
     from keras_group_lasso.graph import model_graph
 
-    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(3, name="hidden"), keras.layers.Dense(2, name="out")])
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(3, use_bias=False, name="hidden"),
+                              keras.layers.Dense(2, name="out")])
     graph = model_graph(model)
     inputs, hidden, outputs = range(4), graph.node("hidden").out_ids, graph.node("out").out_ids
-    # hidden: 12 multiply-adds, 12 + 3 parameters; out: 6 multiply-adds, 6 + 2 parameters.
-    expected = {"flops": (12 / 4, 12 / 3 + 6 / 3, 6 / 2), "params": (12 / 4, 15 / 3 + 6 / 3, 8 / 2),
+    # hidden: 12 multiply-adds, 12 parameters (no bias); out: 6 multiply-adds, 6 + 2 parameters.
+    expected = {"flops": (12 / 4, 12 / 3 + 6 / 3, 6 / 2), "params": (12 / 4, 12 / 3 + 6 / 3, 8 / 2),
                 "units": (0, 1, 0), "features": (1, 0, 0)}
     for kind, (each_input, each_hidden, each_output) in expected.items():
         cost = unit_costs(graph, kind)
         assert [cost[int(u)] for u in inputs] == pytest.approx([each_input] * 4), kind
         assert [cost[int(u)] for u in hidden] == pytest.approx([each_hidden] * 3), kind
         assert [cost.get(int(u), 0.0) for u in outputs] == pytest.approx([each_output] * 2), kind
+    # At live widths (2 of the 4 inputs read, 1 hidden unit left): what one more unit costs there.
+    cost = unit_costs(graph, "flops", widths={"hidden": (2, 1), "out": (1, 2)})
+    assert cost[0] == pytest.approx(1.0) and cost[int(hidden[0])] == pytest.approx(2 / 1 + 2 / 1)
 
 
 def test_the_cut_ranks_groups_by_weakness_per_share_of_the_budget():

@@ -67,7 +67,7 @@ def test_table_holds_a_grid_per_layer(table):
         assert np.all(np.diff(seconds, axis=0) >= 0) and np.all(np.diff(seconds, axis=1) >= 0)
 
 
-def test_each_layer_is_timed_with_the_per_channel_layers_after_it():
+def test_each_layer_is_timed_with_the_per_channel_layers_after_it(monkeypatch):
     # conv1's BatchNormalization and ReLU read it alone: timed with it. conv2's output branches (a residual add
     # reads it and conv3 does), so nothing is timed with it; the add and what follows count in the rest.
     inputs = keras.Input((8, 8, 2))
@@ -80,8 +80,20 @@ def test_each_layer_is_timed_with_the_per_channel_layers_after_it():
     x = keras.layers.GlobalAveragePooling2D(name="gap")(x)
     outputs = keras.layers.Dense(2, name="logits")(keras.layers.Dropout(0.5, name="drop")(x))
     model = keras.Model(inputs, outputs, name="branchy")
+    from keras_group_lasso.budget import cost
+
+    timed, compiled = [], cost._compiled
+
+    def recording(obj, is_model):
+        timed.append([type(layer).__name__ for layer in getattr(obj, "layers", [])])
+        return compiled(obj, is_model)
+
+    monkeypatch.setattr(cost, "_compiled", recording)
     table = LatencyTable.measure(model, batch_size=4, repeats=1)
     assert table.segments == {"conv1": ("bn1", "relu1"), "conv2": (), "conv3": (), "logits": ()}
+    # conv1 is timed with its BatchNormalization and ReLU at each of its 3 output widths; conv2 alone (in a model).
+    assert sum(names[1:] == ["Conv2D", "BatchNormalization", "ReLU"] for names in timed) == 3
+    assert ["InputLayer", "Conv2D"] in timed
     assert "timed with" in table.to_text() and "bn1, relu1" in table.to_text()
     assert LatencyTable.from_dict(table.to_dict()).segments == table.segments
     entry = table.to_dict()["batches"]["4"]

@@ -22,7 +22,6 @@ from keras_group_lasso.budget import cut, rounding, schedule
 from keras_group_lasso.budget.cost import LatencyTable, current_device, unit_costs
 from keras_group_lasso.budget.state import CUT, SEARCH, WITHIN, BudgetState
 from keras_group_lasso.declared import BUDGET_STATE_SIZE, declare_group_penalties
-from keras_group_lasso.graph.build import model_graph
 from keras_group_lasso.regularizers import group_sparse_penalties
 
 __all__ = ["SparsityBudget", "training_latency_table"]
@@ -738,7 +737,8 @@ class SparsityBudget(keras.callbacks.Callback):
         if (hidden_over or 0.0) > 1.0:
             roles.add("hidden")
         groups, variables = cut.ranked_groups(self.model, roles, cut.dead_groups(self.model, self.threshold,
-                                                                                  exact=True), self._group_loads())
+                                                                                  exact=True),
+                                              self._group_loads(sizes))
         values = [np.array(keras.ops.convert_to_numpy(v)) for v in variables]
 
         def assign(count):
@@ -777,12 +777,17 @@ class SparsityBudget(keras.callbacks.Callback):
             self._warn_cut(f"{blocks}{newly} of its weakest groups were set to zero", best, epoch)
         return newly, best
 
-    def _group_loads(self):
-        """``{kernel path: per-group share of the budgets}`` (:func:`~keras_group_lasso.budget.cut.group_loads`)."""
-        graph = model_graph(self.model)
-        costs = [(unit_costs(graph, kind, self.latency_table, self.latency_batch_size), limit)
-                 for kind, limit in self.limits.items()]
-        return cut.group_loads(graph, self.model, costs)
+    def _group_loads(self, sizes):
+        """``{kernel path: per-group share of the budgets}`` (:func:`~keras_group_lasso.budget.cut.group_loads`): of
+        the budgets the model is over at ``sizes``, each unit at what one more costs at the live widths."""
+        found = analysis.analyze(self.model, self.threshold, owner=_OWNER)
+        masks = found.masks
+        widths = {node.name: (int(masks.inputs[node.name].sum()), int(masks.units[node.name].sum()))
+                  for node in found.graph.units if node.name in masks.units}
+        over = [kind for kind, limit in self.limits.items() if sizes[kind] > limit] or list(self.limits)
+        costs = [(unit_costs(found.graph, kind, self.latency_table, self.latency_batch_size, widths),
+                  self.limits[kind]) for kind in over]
+        return cut.group_loads(found.graph, self.model, costs)
 
     def _warn_cut(self, what, sizes, epoch):
         """Say once per ``fit`` that ``what`` (groups, units) was set to zero to meet the budget."""

@@ -29,7 +29,7 @@ import numpy as np
 
 from keras_group_lasso._validation import Described, check_positive_int, fail
 
-__all__ = ["LatencyTable", "DEFAULT_GRID", "current_device"]
+__all__ = ["unit_costs", "LatencyTable", "DEFAULT_GRID", "current_device"]
 
 _OWNER = "LatencyTable"
 FORMAT = "keras_group_lasso.LatencyTable/1"
@@ -142,7 +142,7 @@ def current_device():
 # ----------------------------------------------------------------------------- what a unit costs
 
 
-def unit_costs(graph, kind, latency_table=None, batch_size=None):
+def unit_costs(graph, kind, latency_table=None, batch_size=None, widths=None):
     """``{unit id: cost}``: what one unit of a model graph costs in a budget's ``kind``.
 
     A unit costs what making it costs in every layer that makes it plus what reading it costs in every layer that
@@ -159,6 +159,11 @@ def unit_costs(graph, kind, latency_table=None, batch_size=None):
         kind: ``"flops"``, ``"params"``, ``"latency"``, ``"units"`` or ``"features"``.
         latency_table: the :class:`LatencyTable` of the graph's model (``kind="latency"`` only).
         batch_size: the table's batch size (``None``: its only one).
+        widths: ``{layer name: (input units, output units)}`` to count multiply-adds and parameters at (the live
+            units of a pruned structure: what one more unit costs there); ``None``: the dense widths. The
+            latency slope is the table's, at the dense widths.
+
+    A layer called several times counts its multiply-adds and time at each call, its parameters and units once.
     """
     from keras_group_lasso.graph import registry
 
@@ -169,16 +174,19 @@ def unit_costs(graph, kind, latency_table=None, batch_size=None):
     else:
         per_node = {}
         for node in graph.units:
-            layer = graph.layers[node.name]
+            layer, rule = graph.layers[node.name], registry.units_rule(graph.layers[node.name])
+            width_in, width_out = (widths or {}).get(node.name, (node.in_units, node.out_units))
+            width_in, width_out = max(int(width_in), 1), max(int(width_out), 1)
             if kind == "flops":
-                flops = graph.node_flops(node.name)
-                per_node[node.name] = (flops / max(node.in_units, 1), flops / max(node.out_units, 1))
+                flops = rule.flops(layer, node.positions, width_in, width_out,
+                                   graph.output_shape(node.name, node.out_units))
+                per_node[node.name] = (flops / width_in, flops / width_out)
+            elif node.name in graph.calls:  # a later call of a shared layer: its parameters and units counted once
+                per_node[node.name] = (0.0, 0.0)
             elif kind == "params":
-                rule = registry.units_rule(layer)
-                per_node[node.name] = (rule.params(layer, node.positions, node.in_units, node.out_units, False)
-                                       / max(node.in_units, 1),
-                                       rule.params(layer, node.positions, node.in_units, node.out_units, True)
-                                       / max(node.out_units, 1))
+                kernel = rule.params(layer, node.positions, width_in, width_out, False)
+                bias = rule.params(layer, node.positions, width_in, width_out, bool(getattr(layer, "use_bias", True)))
+                per_node[node.name] = (kernel / width_in, bias / width_out)
             else:
                 per_node[node.name] = (0.0, 0.0 if node.is_output else 1.0)
     cost = {}
@@ -356,12 +364,21 @@ class LatencyTable:
                 ins = _grid(node.in_units, grid, fixed_in or step is not None)
                 outs = _grid(node.out_units, grid, node.is_output, step or 1)
                 weights = rule.weights(layer)
-                after = [graph.layers[name] for name in segments[node.name]]
-                seconds = np.zeros((len(ins), len(outs)))
-                for a, width_in in enumerate(ins):
-                    for b, width_out in enumerate(outs):
-                        seconds[a, b] = max(_time_layer(layer, rule, weights, node, shape, width_in, width_out,
-                                                        batch, repeats, after) - floor, _TINY)
+                def grid_seconds(after):
+                    seconds = np.zeros((len(ins), len(outs)))
+                    for a, width_in in enumerate(ins):
+                        for b, width_out in enumerate(outs):
+                            seconds[a, b] = max(_time_layer(layer, rule, weights, node, shape, width_in, width_out,
+                                                            batch, repeats, after) - floor, _TINY)
+                    return seconds
+
+                try:
+                    seconds = grid_seconds([graph.layers[name] for name in segments[node.name]])
+                except Exception:  # noqa: BLE001 - a following layer that cannot be rebuilt at some width: the
+                    if not segments[node.name]:  # layer alone at every point (and its followers count in the rest)
+                        raise
+                    segments[node.name] = ()
+                    seconds = grid_seconds([])
                 layers[node.name] = {"in": ins, "out": outs, "seconds": _monotone(seconds)}
             total = sum(float(entry["seconds"][-1, -1]) for entry in layers.values())
             # Standalone layers may add up to more than the compiled model (which fuses what they do apart):
@@ -744,20 +761,17 @@ def _time_layer(layer, rule, weights, node, shape, width_in, width_out, batch, r
     in_shape = (batch,) + tuple(int(d) for d in shape[1:-1]) + (per_unit * width_in,)
     copy.build(in_shape)
     copy.set_weights(values)
-    timed = copy
-    if after:
-        try:  # the per-channel layers at this width, with their initial weights (their values do not change the time)
-            inputs = keras.Input(batch_shape=in_shape, dtype=layer.compute_dtype)
-            outputs = copy(inputs)
-            for k, following in enumerate(after):
-                outputs = type(following).from_config(_inference_config(following.get_config(), f"{stem}_{k}"))(outputs)
-            timed = keras.Model(inputs, outputs, name=stem)
-        except Exception:  # noqa: BLE001 - a layer that cannot be rebuilt at this width: the rest counts it
-            timed = copy
+    # A model even with nothing after the layer: timed as the fixed cost of a call is (see _call_floor). The
+    # per-channel layers take their initial weights at this width (their values do not change the time).
+    inputs = keras.Input(batch_shape=in_shape, dtype=layer.compute_dtype)
+    outputs = copy(inputs)
+    for k, following in enumerate(after):
+        outputs = type(following).from_config(_inference_config(following.get_config(), f"{stem}_{k}"))(outputs)
+    timed = keras.Model(inputs, outputs, name=stem)
     rng = np.random.default_rng(1)
     x = keras.ops.convert_to_tensor(rng.standard_normal(in_shape).astype(keras.backend.standardize_dtype(
         layer.compute_dtype)))
-    return _best_seconds(_compiled(timed, is_model=timed is not copy), x, repeats)
+    return _best_seconds(_compiled(timed, is_model=True), x, repeats)
 
 
 def _call_floor(batch, repeats):

@@ -186,8 +186,10 @@ def group_loads(graph, model, costs):
     """``{kernel path: (groups,) array}``: the share of a budget each penalised group's unit takes.
 
     ``costs``: ``[({unit id: cost}, limit), ...]``, one per budgeted kind (see
-    :func:`~keras_group_lasso.budget.cost.unit_costs`); a unit's load is ``sum cost / limit``. The groups are a
-    kernel's rows in its penalty's view order (a grouped convolution's rows are not its channels' order).
+    :func:`~keras_group_lasso.budget.cost.unit_costs`); a unit's load is ``sum cost / limit``. The groups are the
+    rows of a layer's input kernel (whose groups are the units it reads), in its penalty's view order (a grouped
+    convolution's rows are not its channels' order); kernels whose groups are other units (a recurrent kernel's,
+    an attention layer's heads) get none.
     """
     from keras_group_lasso.graph import registry
 
@@ -203,9 +205,9 @@ def group_loads(graph, model, costs):
         layer = graph.layers[node.name]
         order = registry.units_rule(layer).view_of(layer).unit_order(node.in_units)
         ids = np.asarray(node.in_ids)[np.asarray(order, dtype=int)]
-        for variable in layer.weights:
-            if id(variable) in penalised and variable.regularizer.group_shape(tuple(variable.shape))[-2] == ids.size:
-                out[variable.path] = np.array([load.get(int(u), 0.0) for u in ids])
+        variable = registry.units_rule(layer).kernels(layer).get("kernel")
+        if id(variable) in penalised and variable.regularizer.group_shape(tuple(variable.shape))[-2] == ids.size:
+            out[variable.path] = np.array([load.get(int(u), 0.0) for u in ids])
     return out
 
 
