@@ -131,6 +131,8 @@ def main(argv=None):
     parser.add_argument("--units", type=common.positive_int, default=64)
     parser.add_argument("--settle", type=float, default=0.2)
     parser.add_argument("--power", type=float, default=1.0, help="schedule_power of every budget")
+    parser.add_argument("--latency-only", action="store_true",
+                        help="rows (a) and (b) only: no FLOP-budget rows (a full-data run in half the time)")
     parser.add_argument("--rounds", type=common.positive_int, default=5, help="timing rounds per row")
     parser.add_argument("--batch1-rounds", type=common.non_negative_int, default=10,
                         help="rounds of the batch-1 SavedModel / TFLite timing (0: skip it; TensorFlow only)")
@@ -170,7 +172,7 @@ def main(argv=None):
     models = {"latency": model}
     rows.append(record)
     flops = sparsity_report(model, cnn_fashion.THRESHOLD).flops_after
-    for round_to in (1, 16):
+    for round_to in (1, 16)[:0 if args.latency_only else 2]:
         label = f"flops, round_to={round_to}"
         model, _, record = run_budget(label, data, args, args.seed, max_flops=int(flops), round_to=round_to)
         models[label] = model
@@ -212,8 +214,8 @@ def main(argv=None):
             f"{' (the latency row: latency, from the table)' if weighted else ''}; "
             f"Proximal(SGD {cnn_fashion.SGD_LR}, momentum {cnn_fashion.MOMENTUM}), cosine decay, settle {args.settle}, "
             f"schedule power {args.power:g}",
-            f"Budgets: (b) max_latency={args.latency} of the dense time at batch {BATCH_TIMED}; (c), (d) max_flops = "
-            "the multiply-adds (b) reached",
+            f"Budgets: (b) max_latency={args.latency} of the dense time at batch {BATCH_TIMED}"
+            + ("" if args.latency_only else "; (c), (d) max_flops = the multiply-adds (b) reached"),
             f"Latency table: {table.backend}, {table.device}, measured in {table.measure_seconds:.1f} s "
             f"(grid {list(table.grid)} of each width); dense model {1e3 * table.dense_seconds():.2f} ms per batch "
             f"of {BATCH_TIMED}",
