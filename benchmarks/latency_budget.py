@@ -79,6 +79,30 @@ def run_budget(label, data, args, seed, group_weight=None, weight_table=None, **
                            "warnings": [str(w.message) for w in caught if "SparsityBudget" in str(w.message)]}
 
 
+def layer_widths(filters, head):
+    """``{layer: (input units, output units)}`` of the VGG with ``filters`` channels per convolution and ``head``
+    units in its Dense layer (what :meth:`LatencyTable.predict` reads)."""
+    names = [f"conv{k}" for k in range(1, len(filters) + 1)] + ["dense", "logits"]
+    outs = [*filters, head, cnn_fashion.N_CLASSES]
+    return {name: (([1] + outs)[k], outs[k]) for k, name in enumerate(names)}
+
+
+def uniform_widths(table, fraction):
+    """``(filters, head)``: every width of the dense VGG times the largest factor (steps of 1/256) whose predicted
+    time is within ``fraction`` of the dense time."""
+    dense = table.predict(None)
+    best = None
+    for step in range(1, 257):
+        scale = step / 256
+        filters = [max(1, round(scale * c)) for c in cnn_fashion.filter_counts()]
+        head = max(1, round(scale * cnn_fashion.UNITS))
+        if table.predict(layer_widths(filters, head)) <= fraction * dense:
+            best = (filters, head)
+    if best is None:
+        raise SystemExit(f"no uniform width is predicted within {fraction} of the dense time")
+    return best
+
+
 def batch_one(dense, pruned, x, rounds):
     """Rows ``[label, SavedModel us, speed-up, TFLite us, speed-up]`` at batch 1 for ``dense`` and each pruned model."""
     import tempfile
@@ -133,9 +157,15 @@ def main(argv=None):
     parser.add_argument("--power", type=float, default=1.0, help="schedule_power of every budget")
     parser.add_argument("--latency-only", action="store_true",
                         help="rows (a) and (b) only: no FLOP-budget rows (a full-data run in half the time)")
+    parser.add_argument("--scratch", action="store_true",
+                        help="two more rows trained from scratch as the dense one is (Adam, no penalties): the "
+                             "latency row's structure, and every width scaled by one factor to the latency budget")
     parser.add_argument("--rounds", type=common.positive_int, default=5, help="timing rounds per row")
     parser.add_argument("--batch1-rounds", type=common.non_negative_int, default=10,
                         help="rounds of the batch-1 SavedModel / TFLite timing (0: skip it; TensorFlow only)")
+    parser.add_argument("--table", default=None,
+                        help="a latency table file (LatencyTable.save): loaded when it exists, else measured and "
+                             "saved there (runs that compare settings then share one measurement)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--note", action="append", default=[], help="a line added to the result's header")
     parser.add_argument("--output", default=None)
@@ -160,8 +190,14 @@ def main(argv=None):
 
     # The table: measured once, on the penalised network's layers (the same shapes as the dense one).
     template = cnn_fashion.sparse_cnn(args.seed, args.factor, "group", args.group_weight)
-    table = LatencyTable.measure(template, batch_size=BATCH_TIMED)
-    common.say(f"latency table measured in {table.measure_seconds:.1f} s\n{table.to_text()}")
+    if args.table and Path(args.table).exists():
+        table = LatencyTable.load(args.table, model=template)
+        common.say(f"latency table loaded from {args.table}\n{table.to_text()}")
+    else:
+        table = LatencyTable.measure(template, batch_size=BATCH_TIMED)
+        common.say(f"latency table measured in {table.measure_seconds:.1f} s\n{table.to_text()}")
+        if args.table:
+            table.save(args.table)
 
     rows = []
     weighted = args.latency_group_weight == "latency"
@@ -178,21 +214,40 @@ def main(argv=None):
         models[label] = model
         rows.append(record)
 
+    if args.scratch:
+        channels, units = cnn_fashion.structure(sparsity_report(models["latency"], cnn_fashion.THRESHOLD))
+        uniform = uniform_widths(table, args.latency)
+        for label, (filters, head) in (("latency structure, from scratch", (channels, units[0])),
+                                       ("uniform width, from scratch", uniform)):
+            model = cnn_fashion.compile_model(cnn_fashion.build_cnn(args.seed, filters, head),
+                                              cnn_fashion.optimizer_for("adam", args.epochs, len(data["x_train"])),
+                                              False)
+            wall, _ = cnn_fashion.fit(model, data, args.epochs, args.seed, label)
+            models[label] = model
+            rows.append({"label": label, "train_seconds": wall, "warnings": [], "scratch": (list(filters), head)})
+
     table_rows = [["(a) dense", f"{100 * dense_accuracy:.2f}", f"{dense_flops:,}", "1.00x",
                    ", ".join(str(c) for c in cnn_fashion.filter_counts()) + f" / {args.units}",
                    "1.00x (table)", "1.00x", "-"]]
     details = {}
-    for letter, record in zip("bcd", rows):
+    for letter, record in zip("bcdef", rows):
         model = models[record["label"]]
         report = sparsity_report(model, cnn_fashion.THRESHOLD)
-        pruned = prune_model(model, cnn_fashion.THRESHOLD)
+        pruned = model if record.get("scratch") else prune_model(model, cnn_fashion.THRESHOLD)
         accuracy = cnn_fashion.accuracy(pruned, data["x_test"], data["y_test"])
-        predicted = table.speedup(report)
+        if record.get("scratch"):  # a small network of its own: its widths as built, nothing under the threshold
+            filters, head = record["scratch"]
+            flops_after = sparsity_report(model).flops_before
+            predicted = table.speedup(layer_widths(filters, head))
+            channels, units = filters, [head]
+        else:
+            flops_after = report.flops_after
+            predicted = table.speedup(report)
+            channels, units = cnn_fashion.structure(report)
         measured, dense_time, pruned_time = timed_speedup(dense, pruned, args.rounds)
-        channels, units = cnn_fashion.structure(report)
         table_rows.append([
-            f"({letter}) {record['label']}", f"{100 * accuracy:.2f}", f"{report.flops_after:,}",
-            f"{dense_flops / max(report.flops_after, 1):.2f}x",
+            f"({letter}) {record['label']}", f"{100 * accuracy:.2f}", f"{flops_after:,}",
+            f"{dense_flops / max(flops_after, 1):.2f}x",
             ", ".join(map(str, channels)) + f" / {', '.join(map(str, units))}",
             f"{predicted:.2f}x", f"{measured:.2f}x", f"{measured / predicted:.2f}"])
         details[record["label"]] = (dense_time, pruned_time, record)
@@ -200,7 +255,8 @@ def main(argv=None):
 
     batch1 = []
     if args.batch1_rounds and common.machine_info()["backend"] == "tensorflow":
-        batch1 = batch_one(dense, {label: models[label] for label in details}, data["x_test"][:1], args.batch1_rounds)
+        batch1 = batch_one(dense, {label: models[label] for label, (_, _, r) in details.items()
+                                      if not r.get("scratch")}, data["x_test"][:1], args.batch1_rounds)
 
     elapsed = time.perf_counter() - clock
     lines = [
@@ -217,6 +273,7 @@ def main(argv=None):
             f"Budgets: (b) max_latency={args.latency} of the dense time at batch {BATCH_TIMED}"
             + ("" if args.latency_only else "; (c), (d) max_flops = the multiply-adds (b) reached"),
             f"Latency table: {table.backend}, {table.device}, measured in {table.measure_seconds:.1f} s "
+            f"{'(loaded from a file) ' if args.table else ''}"
             f"(grid {list(table.grid)} of each width); dense model {1e3 * table.dense_seconds():.2f} ms per batch "
             f"of {BATCH_TIMED}",
             f"Speed-ups at batch {BATCH_TIMED}: dense / pruned time, compiled inference "
