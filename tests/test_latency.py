@@ -100,6 +100,28 @@ def test_each_layer_is_timed_with_the_per_channel_layers_after_it(monkeypatch):
     assert 0.0 < entry["call"] and entry["rest"] >= 0.0
 
 
+def test_every_timed_call_is_sampled_in_interleaved_rounds(monkeypatch):
+    # All calls are compiled first, then sampled round by round (each once per round), so a slow spell of the
+    # machine slows one sample of many calls and never every sample of one.
+    from keras_group_lasso.budget import cost
+
+    sampled, sample = [], cost._Timer.sample
+
+    def recording(timer):
+        sampled.append(id(timer))
+        sample(timer)
+
+    monkeypatch.setattr(cost._Timer, "sample", recording)
+    model = keras.Sequential([keras.Input((6,)), keras.layers.Dense(4, name="hidden"),
+                              keras.layers.Dense(2, name="out")], name="small")
+    LatencyTable.measure(model, batch_size=8, repeats=3)
+    timers = len(set(sampled))
+    # The dense model, the fixed cost of a call, the narrow model and every grid point of both layers.
+    assert timers >= 3 + 2 and len(sampled) == 3 * timers
+    first_round = sampled[:timers]
+    assert len(set(first_round)) == timers and sampled == first_round * 3
+
+
 def test_interpolation_is_positive_and_monotone(table):
     for name, (dense_in, dense_out) in table.layers.items():
         ins = sorted({1, max(1, dense_in // 3), dense_in // 2 or 1, dense_in})

@@ -76,24 +76,46 @@ def _compiled(obj, is_model):
     return lambda x: obj(x, **kwargs)  # another backend: a plain call
 
 
-def _best_seconds(call, x, repeats):
-    """The fastest of ``repeats`` samples of one call's wall time, after two warm-up calls (the first compiles).
+class _Timer:
+    """One compiled call, warmed up and ready to be sampled; ``best`` is the fastest sample so far.
 
     The fastest, not the median: on a shared machine other processes only ever slow a sample down (as
     ``timeit`` advises), and on a busy 2-core machine whole samples run tens of times slower.
     """
-    call(x)
-    start = time.perf_counter()
-    call(x)
-    once = time.perf_counter() - start
-    calls = max(1, min(1000, int(_SAMPLE_SECONDS / max(once, 1e-7))))
-    samples = []  # the timed run above is a second warm-up (PyTorch and oneDNN settle in a call or two)
-    while len(samples) < repeats:
+
+    def __init__(self, call, x):
+        self.call, self.x = call, x
+        call(x)  # the first call compiles
         start = time.perf_counter()
-        for _ in range(calls):
-            call(x)
-        samples.append((time.perf_counter() - start) / calls)
-    return float(min(samples))
+        call(x)  # a second warm-up (PyTorch and oneDNN settle in a call or two), timed for the sample's length
+        once = time.perf_counter() - start
+        self.calls = max(1, min(1000, int(_SAMPLE_SECONDS / max(once, 1e-7))))
+        self.best = math.inf
+
+    def sample(self):
+        start = time.perf_counter()
+        for _ in range(self.calls):
+            self.call(self.x)
+        self.best = min(self.best, (time.perf_counter() - start) / self.calls)
+
+
+def _sample(timers, repeats):
+    """``repeats`` rounds, each taking one sample of every timer in turn.
+
+    Interleaved rather than one timer's samples in a row: a slow spell of the machine (another process)
+    then slows one sample of many timers, and each keeps a fast one from another round, where in a row it
+    could slow every sample of the few timers it lands on.
+    """
+    for _ in range(repeats):
+        for timer in timers:
+            timer.sample()
+
+
+def _best_seconds(call, x, repeats):
+    """The fastest of ``repeats`` samples of one call's wall time, after two warm-up calls (the first compiles)."""
+    timer = _Timer(call, x)
+    _sample([timer], repeats)
+    return float(timer.best)
 
 
 def _inputs(model, batch_size, owner):
@@ -348,11 +370,12 @@ class LatencyTable:
         narrow, narrow_widths = _narrow_model(model, graph, grid[0])
         entries = {}
         for batch in batch_sizes:
+            # Every timed call is compiled first, then all are sampled in interleaved rounds (see _sample).
             x = _inputs(model, batch, _OWNER)
-            dense = _best_seconds(model_call, x, repeats)
-            floor = _call_floor(batch, repeats)
-            narrow_seconds = None if narrow is None else _best_seconds(_compiled(narrow, is_model=True), x, repeats)
-            layers = {}
+            dense = _Timer(model_call, x)
+            floor = _call_floor(batch)
+            narrow_timer = None if narrow is None else _Timer(_compiled(narrow, is_model=True), x)
+            grids = {}
             for node in graph.units:
                 layer = graph.layers[node.name]
                 rule = registry.units_rule(layer)
@@ -364,29 +387,33 @@ class LatencyTable:
                 ins = _grid(node.in_units, grid, fixed_in or step is not None)
                 outs = _grid(node.out_units, grid, node.is_output, step or 1)
                 weights = rule.weights(layer)
-                def grid_seconds(after):
-                    seconds = np.zeros((len(ins), len(outs)))
-                    for a, width_in in enumerate(ins):
-                        for b, width_out in enumerate(outs):
-                            seconds[a, b] = max(_time_layer(layer, rule, weights, node, shape, width_in, width_out,
-                                                            batch, repeats, after) - floor, _TINY)
-                    return seconds
+
+                def grid_timers(after):
+                    return [[_layer_timer(layer, rule, weights, node, shape, width_in, width_out, batch, after)
+                             for width_out in outs] for width_in in ins]
 
                 try:
-                    seconds = grid_seconds([graph.layers[name] for name in segments[node.name]])
+                    timers = grid_timers([graph.layers[name] for name in segments[node.name]])
                 except Exception:  # noqa: BLE001 - a following layer that cannot be rebuilt at some width: the
                     if not segments[node.name]:  # layer alone at every point (and its followers count in the rest)
                         raise
                     segments[node.name] = ()
-                    seconds = grid_seconds([])
-                layers[node.name] = {"in": ins, "out": outs, "seconds": _monotone(seconds)}
+                    timers = grid_timers([])
+                grids[node.name] = (ins, outs, timers)
+            _sample([dense, floor, *([narrow_timer] if narrow_timer else []),
+                     *(t for _, _, timers in grids.values() for row in timers for t in row)], repeats)
+            layers = {}
+            for name, (ins, outs, timers) in grids.items():
+                seconds = np.array([[max(t.best - floor.best, _TINY) for t in row] for row in timers])
+                layers[name] = {"in": ins, "out": outs, "seconds": _monotone(seconds)}
             total = sum(float(entry["seconds"][-1, -1]) for entry in layers.values())
             # Standalone layers may add up to more than the compiled model (which fuses what they do apart):
             # their times then count in proportion, scaled to the model's.
-            scale = min(1.0, dense / total) if total > 0 else 1.0
-            entry = {"model": dense, "rest": max(0.0, dense - total), "scale": scale, "call": floor, "layers": layers}
-            if narrow_seconds is not None:
-                entry["narrow"] = narrow_seconds
+            scale = min(1.0, dense.best / total) if total > 0 else 1.0
+            entry = {"model": float(dense.best), "rest": max(0.0, dense.best - total), "scale": scale,
+                     "call": float(floor.best), "layers": layers}
+            if narrow_timer is not None:
+                entry["narrow"] = float(narrow_timer.best)
             entries[batch] = entry
         widths = {node.name: (node.in_units, node.out_units) for node in graph.units}
         table = cls(model.name, widths, entries, keras.backend.backend(), current_device(), grid,
@@ -748,8 +775,8 @@ def _segments(graph):
     return segments
 
 
-def _time_layer(layer, rule, weights, node, shape, width_in, width_out, batch, repeats, after=()):
-    """The time of a standalone copy of ``layer`` reading ``width_in`` units and making ``width_out``, followed by
+def _layer_timer(layer, rule, weights, node, shape, width_in, width_out, batch, after=()):
+    """A :class:`_Timer` of a standalone copy of ``layer`` reading ``width_in`` units and making ``width_out``, followed by
     copies of the per-channel layers ``after`` it (see :func:`_segments`)."""
     if any(d is None for d in shape[1:]):
         fail(_OWNER, "model", "a model whose layers have inputs of a fixed size",
@@ -771,17 +798,17 @@ def _time_layer(layer, rule, weights, node, shape, width_in, width_out, batch, r
     rng = np.random.default_rng(1)
     x = keras.ops.convert_to_tensor(rng.standard_normal(in_shape).astype(keras.backend.standardize_dtype(
         layer.compute_dtype)))
-    return _best_seconds(_compiled(timed, is_model=True), x, repeats)
+    return _Timer(_compiled(timed, is_model=True), x)
 
 
-def _call_floor(batch, repeats):
-    """The fixed cost of one compiled call: a model that only passes a ``(batch, 1)`` input on.
+def _call_floor(batch):
+    """A :class:`_Timer` of the fixed cost of one compiled call: a model that only passes a ``(batch, 1)`` input on.
 
     Every standalone layer pays it once and the whole model pays it once, so it is taken off each layer's time
     (and stays in the rest).
     """
     model = keras.Sequential([keras.Input((1,)), keras.layers.Identity()], name="latency_call")
-    return _best_seconds(_compiled(model, is_model=True), keras.ops.zeros((batch, 1)), repeats)
+    return _Timer(_compiled(model, is_model=True), keras.ops.zeros((batch, 1)))
 
 
 def _inference_config(config, name):
