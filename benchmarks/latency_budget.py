@@ -70,8 +70,9 @@ def run_budget(label, data, args, seed, group_weight=None, weight_table=None, **
     network = cnn_fashion.sparse_cnn(seed, args.factor, "group", group_weight or args.group_weight,
                                      latency_table=weight_table)
     model = cnn_fashion.compile_model(network, optimizer, False)
+    update_freq = int(args.update_freq) if args.update_freq.isdigit() else args.update_freq
     budget = SparsityBudget(threshold=cnn_fashion.THRESHOLD, settle=args.settle, schedule_power=args.power,
-                            **budget_args)
+                            update_freq=update_freq, **budget_args)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", RuntimeWarning)
         wall, _ = cnn_fashion.fit(model, data, args.epochs, seed, label, callbacks=[budget])
@@ -155,6 +156,8 @@ def main(argv=None):
     parser.add_argument("--units", type=common.positive_int, default=64)
     parser.add_argument("--settle", type=float, default=0.2)
     parser.add_argument("--power", type=float, default=1.0, help="schedule_power of every budget")
+    parser.add_argument("--update-freq", default="epoch",
+                        help="update_freq of every budget: 'epoch', 'batch' or a number of batches between checks")
     parser.add_argument("--latency-only", action="store_true",
                         help="rows (a) and (b) only: no FLOP-budget rows (a full-data run in half the time)")
     parser.add_argument("--scratch", action="store_true",
@@ -269,7 +272,7 @@ def main(argv=None):
             f"penalties: group Lasso, factor {args.factor:g}, group weight {args.group_weight}"
             f"{' (the latency row: latency, from the table)' if weighted else ''}; "
             f"Proximal(SGD {cnn_fashion.SGD_LR}, momentum {cnn_fashion.MOMENTUM}), cosine decay, settle {args.settle}, "
-            f"schedule power {args.power:g}",
+            f"schedule power {args.power:g}, update_freq {args.update_freq}",
             f"Budgets: (b) max_latency={args.latency} of the dense time at batch {BATCH_TIMED}"
             + ("" if args.latency_only else "; (c), (d) max_flops = the multiply-adds (b) reached"),
             f"Latency table: {table.backend}, {table.device}, measured in {table.measure_seconds:.1f} s "

@@ -267,7 +267,10 @@ class LatencyTable:
     to the next branch or merge: :attr:`segments`), whose cost follows its
     width too; its compiled inference call is timed (two warm-up calls, then
     the fastest of ``repeats`` samples; a fast call is repeated within a
-    sample), less the fixed cost of one call (a call that only passes a small
+    sample; every call of the table is compiled first and the samples are
+    taken in ``repeats`` rounds of one sample of each, so that a slow spell
+    of the machine slows one sample of many calls, not every sample of a
+    few), less the fixed cost of one call (a call that only passes a small
     input on), which the whole model pays once. Between grid points the time is bilinear in the
     widths, below the smallest point it is that point's (a conservative
     floor), and it never decreases with width along either axis. The rest of
