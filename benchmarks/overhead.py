@@ -23,6 +23,11 @@ Comparisons (``kind``):
   optimizer without penalty (reference), ``Proximal(optimizer)`` with
   SparseGroupLasso(1e-4) everywhere (the penalty value reported in the loss),
   and the same penalties by subgradient.
+* ``sums``: the same MLP; per optimizer the plain one (reference),
+  ``Proximal(optimizer)`` as in ``proximal``, and the same with its step
+  traced as before the sums of the penalties became products with ones on
+  TensorFlow on CPU (``keras_group_lasso.prox``): an A/B of that change in one
+  process (it patches the package's private switch while that variant traces).
 * ``monitor``: the same MLP with Adam and SGL; no callback (reference),
   ``SparsityMonitor()``, ``SparsityMonitor(log_dir=...)``.
 * ``cnn``: Conv(16)-BN-ReLU-MaxPool-Conv(32)-BN-ReLU-MaxPool-Flatten-Dense(64)-Dense(10)
@@ -59,7 +64,7 @@ if __package__ in (None, ""):  # run as a script: make `benchmarks` importable
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from benchmarks import common  # noqa: E402
 
-KINDS = ("penalty", "proximal", "monitor", "cnn")
+KINDS = ("penalty", "proximal", "sums", "monitor", "cnn")
 MLP = (784, 400, 300, 100, 10)
 FACTOR = 1e-4
 
@@ -207,6 +212,29 @@ def optimizer(name, proximal=False, compile_step=False):
     return Proximal(inner, jit_compile_step=compile_step) if proximal else inner
 
 
+def _sums_as_reductions_callback():
+    import keras
+
+    from keras_group_lasso import prox
+
+    class SumsAsReductions(keras.callbacks.Callback):
+        """Its ``fit`` traces the step with the penalties' long sums as reductions (the code before they became
+        products with ones; see ``keras_group_lasso.prox``): the variant keeps that step for every later unit."""
+
+        def on_train_begin(self, logs=None):
+            self._saved = prox._sums_as_products
+            prox._sums_as_products = lambda: False
+
+        def on_train_end(self, logs=None):
+            prox._sums_as_products = self._saved
+
+    return SumsAsReductions
+
+
+def SumsAsReductions():  # noqa: N802 - a callback class built on first use (keras imported lazily)
+    return _sums_as_reductions_callback()()
+
+
 def variants(kind, jit, log_dir):
     """``({name: (compiled model, callbacks)}, reference, {name: its own reference})`` of a comparison."""
     import keras
@@ -232,6 +260,15 @@ def variants(kind, jit, log_dir):
                 out[f"{opt} Proximal, step compiled"] = (
                     compiled(mlp("SparseGroupLasso"), optimizer(opt, proximal=True, compile_step=True)), [])
                 refs[f"{opt} Proximal, step compiled"] = f"{opt} plain"
+        return out, "sgd-momentum plain", refs
+    if kind == "sums":
+        out, refs = {}, {}
+        for opt in ("sgd-momentum", "adam"):
+            out[f"{opt} plain"] = (compiled(mlp("none"), optimizer(opt)), [])
+            out[f"{opt} Proximal"] = (compiled(mlp("SparseGroupLasso"), optimizer(opt, proximal=True)), [])
+            out[f"{opt} Proximal, sums as reductions"] = (
+                compiled(mlp("SparseGroupLasso"), optimizer(opt, proximal=True)), [SumsAsReductions()])
+            refs.update({f"{opt} {k}": f"{opt} plain" for k in ("plain", "Proximal", "Proximal, sums as reductions")})
         return out, "sgd-momentum plain", refs
     if kind == "monitor":
         out = {

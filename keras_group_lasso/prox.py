@@ -8,6 +8,7 @@ group. Nothing here knows about layers or models; every function works on the
 TensorFlow, JAX and PyTorch backends and under ``jit_compile``.
 """
 
+import functools
 import math
 
 import keras
@@ -148,7 +149,7 @@ def group_sparse_penalty(x, group_factor, l1_factor=0.0, gradient=True):
     if not gradient:  # stop_gradient reads a variable; a cast op only where the dtype changes
         x = ops.stop_gradient(x if keras.backend.standardize_dtype(x.dtype) == dtype else ops.cast(x, dtype))
         if not axes:
-            return (a + b) * ops.sum(ops.abs(x))
+            return (a + b) * _vector_sum(ops.abs(x))
         return _value(x, _group_norm(x), a * math.sqrt(group_size(shape)), b)
     x = ops.cast(x, dtype)  # a tensor, not a variable, inside the custom gradient
     if not axes:
@@ -162,7 +163,7 @@ def _l1_only(x, c):
     # pass: one weight-sized array less to write and read back in every step.
     @ops.custom_gradient
     def penalty(w):
-        value = c * ops.sum(ops.abs(w))
+        value = c * _vector_sum(ops.abs(w))
 
         def grad(*args, upstream=None):
             if upstream is None:
@@ -174,6 +175,41 @@ def _l1_only(x, c):
     return penalty(x)
 
 
+# The longest reduction XLA's CPU compiler in TensorFlow keeps whole: over more elements it splits
+# one into a reduce-window and a reduce (its TreeReductionRewriter) and fuses neither with the
+# elementwise op that feeds it. A group norm of 400 weights is then three kernels of every training
+# step (squares, reduce-window, reduce), the L1 sum of a bias three (abs, reduce-window, reduce),
+# the sum of 784 group norms two. The same sums as a product with a vector of ones are one kernel
+# each there, the squares or absolute values fused into it. JAX's XLA fuses the row reductions
+# itself and gains nothing from a product, PyTorch runs its own kernels: the products are taken on
+# TensorFlow on CPU only (a sum over all the weights of a kernel stays a reduction everywhere: XLA
+# fuses that one better).
+_LONGEST_WHOLE_REDUCTION = 32
+
+
+def _sums_as_products():
+    """Whether long sums are taken as a product with ones (see ``_LONGEST_WHOLE_REDUCTION``)."""
+    return keras.backend.backend() == "tensorflow" and _tensorflow_on_cpu()
+
+
+@functools.lru_cache(maxsize=None)
+def _tensorflow_on_cpu():
+    import tensorflow as tf
+
+    # On a GPU or TPU XLA fuses the elementwise op into the reduction, and a product is a kernel more.
+    return not (tf.config.list_logical_devices("GPU") or tf.config.list_logical_devices("TPU"))
+
+
+def _vector_sum(x):
+    """The sum of ``x``, a vector (a bias) or one value per group (norms kept as a column, say)."""
+    dims = tuple(x.shape)
+    n = math.prod(dims) if all(isinstance(d, int) for d in dims) else 0
+    if n > _LONGEST_WHOLE_REDUCTION and _sums_as_products():
+        # A reshape of a vector or a column is free; vector times vector is a scalar.
+        return ops.matmul(ops.reshape(x, (n,)), ops.ones((n,), keras.backend.standardize_dtype(x.dtype)))
+    return ops.sum(x)
+
+
 def _group_norm(x):
     """``||g||_2`` of every group of ``x`` (rank >= 2), kept as ``(1, ..., groups, 1)``: one reduction.
 
@@ -181,9 +217,15 @@ def _group_norm(x):
     where the ops run one by one (eager PyTorch and TensorFlow), the same
     fused reduction under XLA. Rank > 3 is seen as ``(prod(shape[:-2]),
     groups, out)`` (a free reshape) so that every backend's norm takes it.
+    A rank-2 ``x`` with long rows on TensorFlow on CPU: the squares times a
+    column of ones (see ``_LONGEST_WHOLE_REDUCTION``), the same sums.
     """
     shape = tuple(x.shape)
     if len(shape) == 2:
+        n = shape[1]
+        if isinstance(n, int) and n > _LONGEST_WHOLE_REDUCTION and _sums_as_products():
+            ones = ops.ones((n, 1), keras.backend.standardize_dtype(x.dtype))
+            return ops.sqrt(ops.matmul(ops.square(x), ones))
         return ops.norm(x, axis=1, keepdims=True)
     view = (math.prod([int(d) for d in shape[:-2]]), shape[-2], shape[-1])
     norms = ops.norm(ops.reshape(x, view), axis=(0, 2), keepdims=True)
@@ -192,7 +234,7 @@ def _group_norm(x):
 
 def _value(w, norms, scale, b):
     """``scale * sum(norms) + b * sum |w|``: the penalty from the group norms of ``w``."""
-    value = scale * ops.sum(norms)
+    value = scale * _vector_sum(norms)
     return value + b * ops.sum(ops.abs(w)) if b else value
 
 

@@ -178,3 +178,40 @@ def test_the_value_alone_equals_the_penalty_and_has_no_gradient(shape):
     assert float(ops.convert_to_numpy(alone)) == pytest.approx(float(ops.convert_to_numpy(full)), rel=1e-6)
     assert not _autodiff.gradient(lambda x: prox.group_sparse_penalty(x, 0.3, 0.1, gradient=False), w).any()
     assert _autodiff.gradient(lambda x: prox.group_sparse_penalty(x, 0.3, 0.1), w).any()
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_long_groups_match_numpy(dtype):
+    """Sums over more than 32 values (on TensorFlow on CPU a product with ones, longer than XLA's whole
+    reduction there): norms, value, gradient and both proximal steps are the numpy ones on every backend."""
+    rng = np.random.default_rng(3)
+    x = (rng.normal(size=(6, 400)) * np.array([[1.0], [0.5], [0.0], [2.0], [0.7], [1.2]])).astype(dtype)  # row 2: 0
+    d = rng.uniform(0.5, 2.0, size=x.shape).astype(dtype)
+    if keras.backend.standardize_dtype(ops.convert_to_tensor(x).dtype) != dtype:
+        pytest.skip(f"this backend makes {dtype} arrays float32 (JAX without x64)")
+    a, b, n = 0.8, 0.1, 400  # group threshold 16 against norms of about 20, 10, 0, 40, 14 and 24
+    wide = x.astype(np.float64)
+    norms = np.linalg.norm(wide, axis=1)
+    assert as_np(prox.group_norms(x)) == pytest.approx(norms, rel=1e-6)
+    value = a * math.sqrt(n) * norms.sum() + b * np.abs(wide).sum()
+    assert float(as_np(prox.group_sparse_penalty(x, a, b))) == pytest.approx(value, rel=1e-6)
+    assert float(as_np(prox.group_sparse_penalty(x, a, b, gradient=False))) == pytest.approx(value, rel=1e-6)
+    inverse = np.where(norms > 0, 1.0 / np.where(norms > 0, norms, 1.0), 0.0)[:, None]
+    gradient = a * math.sqrt(n) * wide * inverse + b * np.sign(wide)
+    np.testing.assert_allclose(as_np(prox.group_sparse_gradient(x, a, b)), gradient, rtol=1e-5, atol=1e-6)
+    expected = np_group_soft_threshold(np_soft_threshold(wide, b), a)
+    assert (np.abs(expected).max(axis=1) > 0).tolist() == [True, False, False, True, False, True]
+    np.testing.assert_allclose(as_np(prox.sparse_group_soft_threshold(x, a, b)), expected, rtol=1e-5, atol=1e-6)
+    s = np.sign(wide) * np.maximum(np.abs(wide) - b / d, 0.0)
+    q_norms = np.linalg.norm(d * s, axis=1, keepdims=True)
+    weighted = s * np.maximum(0.0, 1.0 - a * math.sqrt(n) / np.where(q_norms > 0, q_norms, 1.0))
+    np.testing.assert_allclose(as_np(prox.weighted_sparse_group_soft_threshold(x, d, a, b)), weighted,
+                               rtol=1e-5, atol=1e-6)
+    # Many groups (their norms summed) and a long bias (its absolute values summed).
+    many = rng.normal(size=(40, 50)).astype(dtype)
+    value = a * math.sqrt(50) * np.linalg.norm(many.astype(np.float64), axis=1).sum() + b * np.abs(many).sum()
+    bias = rng.normal(size=(400,)).astype(dtype)
+    for gradient in (True, False):
+        assert float(as_np(prox.group_sparse_penalty(many, a, b, gradient=gradient))) == pytest.approx(value, rel=1e-6)
+        assert float(as_np(prox.group_sparse_penalty(bias, a, b, gradient=gradient))) == pytest.approx(
+            (a + b) * np.abs(bias.astype(np.float64)).sum(), rel=1e-6)
