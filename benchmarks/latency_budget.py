@@ -10,7 +10,13 @@ In one process, on the backend ``KERAS_BACKEND`` names:
     batch 256, measured on this machine by a :class:`~keras_group_lasso.LatencyTable`
     before training);
 (c) the FLOP budget at the FLOPs row (b) reached: ``SparsityBudget(max_flops=F)``;
-(d) the same FLOP budget with ``round_to=16`` (widths in whole blocks of 16).
+(d) the same FLOP budget with ``round_to=16`` (widths in whole blocks of 16);
+with ``--scratch``, two more rows trained from scratch as (a) is (Adam, no
+penalties): the latency row's structure, and every width of the dense network
+scaled by one factor, the largest the table predicts within the latency budget:
+what one budgeted training gives against training a small network chosen by
+hand. ``--table FILE`` loads a saved latency table (or saves the one measured
+there), so that runs comparing settings steer with the same table.
 
 For each row: test accuracy of the pruned model (``prune_model``, no
 fine-tuning), multiply-adds per sample, live channels, the table's predicted
@@ -159,7 +165,8 @@ def main(argv=None):
     parser.add_argument("--update-freq", default="epoch",
                         help="update_freq of every budget: 'epoch', 'batch' or a number of batches between checks")
     parser.add_argument("--latency-only", action="store_true",
-                        help="rows (a) and (b) only: no FLOP-budget rows (a full-data run in half the time)")
+                        help="no FLOP-budget rows: the dense and latency rows (and --scratch's), a full-data run in "
+                             "half the time")
     parser.add_argument("--scratch", action="store_true",
                         help="two more rows trained from scratch as the dense one is (Adam, no penalties): the "
                              "latency row's structure, and every width scaled by one factor to the latency budget")
@@ -174,7 +181,10 @@ def main(argv=None):
     parser.add_argument("--output", default=None)
     args = parser.parse_args(argv)
 
+    import keras
+
     from keras_group_lasso import LatencyTable, prune_model, sparsity_report
+    from keras_group_lasso.budget.cost import current_device
 
     cnn_fashion.CHANNELS, cnn_fashion.CONVS, cnn_fashion.UNITS = (32, 64, 128), 2, args.units
     started, clock = common.now(), time.perf_counter()
@@ -193,8 +203,13 @@ def main(argv=None):
 
     # The table: measured once, on the penalised network's layers (the same shapes as the dense one).
     template = cnn_fashion.sparse_cnn(args.seed, args.factor, "group", args.group_weight)
-    if args.table and Path(args.table).exists():
+    loaded = bool(args.table) and Path(args.table).exists()
+    if loaded:
         table = LatencyTable.load(args.table, model=template)
+        here = (keras.backend.backend(), current_device())
+        if (table.backend, table.device) != here:
+            raise SystemExit(f"--table {args.table}: measured on {table.backend}, {table.device}; this run is on "
+                             f"{here[0]}, {here[1]} (its predictions would not be this machine's)")
         common.say(f"latency table loaded from {args.table}\n{table.to_text()}")
     else:
         table = LatencyTable.measure(template, batch_size=BATCH_TIMED)
@@ -276,7 +291,7 @@ def main(argv=None):
             f"Budgets: (b) max_latency={args.latency} of the dense time at batch {BATCH_TIMED}"
             + ("" if args.latency_only else "; (c), (d) max_flops = the multiply-adds (b) reached"),
             f"Latency table: {table.backend}, {table.device}, measured in {table.measure_seconds:.1f} s "
-            f"{'(loaded from a file) ' if args.table else ''}"
+            f"{'(loaded from a file) ' if loaded else ''}"
             f"(grid {list(table.grid)} of each width); dense model {1e3 * table.dense_seconds():.2f} ms per batch "
             f"of {BATCH_TIMED}",
             f"Speed-ups at batch {BATCH_TIMED}: dense / pruned time, compiled inference "

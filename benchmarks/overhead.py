@@ -262,6 +262,9 @@ def variants(kind, jit, log_dir):
                 refs[f"{opt} Proximal, step compiled"] = f"{opt} plain"
         return out, "sgd-momentum plain", refs
     if kind == "sums":
+        if keras.backend.backend() != "tensorflow":
+            raise SystemExit("overhead.py sums: the sums are products on TensorFlow only (run with "
+                             "KERAS_BACKEND=tensorflow); elsewhere both variants are the same step")
         out, refs = {}, {}
         for opt in ("sgd-momentum", "adam"):
             out[f"{opt} plain"] = (compiled(mlp("none"), optimizer(opt)), [])

@@ -8,12 +8,13 @@ group. Nothing here knows about layers or models; every function works on the
 TensorFlow, JAX and PyTorch backends and under ``jit_compile``.
 """
 
-import functools
 import math
 
 import keras
 import numpy as np
 from keras import ops
+
+from keras_group_lasso._backend import tensorflow_on_cpu
 
 __all__ = [
     "group_axes",
@@ -188,16 +189,12 @@ _LONGEST_WHOLE_REDUCTION = 32
 
 
 def _sums_as_products():
-    """Whether long sums are taken as a product with ones (see ``_LONGEST_WHOLE_REDUCTION``)."""
-    return keras.backend.backend() == "tensorflow" and _tensorflow_on_cpu()
+    """Whether long sums are taken as a product with ones (see ``_LONGEST_WHOLE_REDUCTION``).
 
-
-@functools.lru_cache(maxsize=None)
-def _tensorflow_on_cpu():
-    import tensorflow as tf
-
-    # On a GPU or TPU XLA fuses the elementwise op into the reduction, and a product is a kernel more.
-    return not (tf.config.list_logical_devices("GPU") or tf.config.list_logical_devices("TPU"))
+    Not on a GPU or TPU: XLA fuses the elementwise op into the reduction there, and a product would be a
+    kernel more, in the lower precision their matrix products may use by default (TF32, bfloat16).
+    """
+    return tensorflow_on_cpu()
 
 
 def _vector_sum(x):

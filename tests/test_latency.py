@@ -100,26 +100,103 @@ def test_each_layer_is_timed_with_the_per_channel_layers_after_it(monkeypatch):
     assert 0.0 < entry["call"] and entry["rest"] >= 0.0
 
 
-def test_every_timed_call_is_sampled_in_interleaved_rounds(monkeypatch):
-    # All calls are compiled first, then sampled round by round (each once per round), so a slow spell of the
-    # machine slows one sample of many calls and never every sample of one.
+def _record_timers(monkeypatch):
+    """``[("built" | "sampled", timer id), ...]`` of every _Timer as LatencyTable.measure builds and samples it."""
     from keras_group_lasso.budget import cost
 
-    sampled, sample = [], cost._Timer.sample
+    events, init, sample = [], cost._Timer.__init__, cost._Timer.sample
 
-    def recording(timer):
-        sampled.append(id(timer))
+    def recording_init(timer, call, x):
+        init(timer, call, x)
+        events.append(("built", id(timer)))
+
+    def recording_sample(timer):
+        events.append(("sampled", id(timer)))
         sample(timer)
 
-    monkeypatch.setattr(cost._Timer, "sample", recording)
-    model = keras.Sequential([keras.Input((6,)), keras.layers.Dense(4, name="hidden"),
-                              keras.layers.Dense(2, name="out")], name="small")
-    LatencyTable.measure(model, batch_size=8, repeats=3)
-    timers = len(set(sampled))
-    # The dense model, the fixed cost of a call, the narrow model and every grid point of both layers.
-    assert timers >= 3 + 2 and len(sampled) == 3 * timers
-    first_round = sampled[:timers]
-    assert len(set(first_round)) == timers and sampled == first_round * 3
+    monkeypatch.setattr(cost._Timer, "__init__", recording_init)
+    monkeypatch.setattr(cost._Timer, "sample", recording_sample)
+    return events
+
+
+def _small_mlp():
+    return keras.Sequential([keras.Input((6,)), keras.layers.Dense(4, name="hidden"),
+                             keras.layers.Dense(2, name="out")], name="small")
+
+
+def test_every_timed_call_is_sampled_in_interleaved_rounds(monkeypatch):
+    # All calls are compiled first, then sampled round by round (each once per round, the order rotating), so a
+    # slow spell of the machine slows one sample of many calls and never every sample of one.
+    events = _record_timers(monkeypatch)
+    table = LatencyTable.measure(_small_mlp(), batch_size=8, repeats=3)
+    points = sum(len(e["in"]) * len(e["out"]) for e in grids(table).values())
+    timers = 3 + points  # the dense model, the fixed cost of a call, the narrow model, every grid point
+    built = [t for kind, t in events if kind == "built"]
+    sampled = [t for kind, t in events if kind == "sampled"]
+    assert len(set(built)) == len(built) == timers and len(sampled) == 3 * timers
+    assert events[:timers] == [("built", t) for t in built]  # every call built before the first sample
+    first = sampled[:timers]
+    assert sorted(first) == sorted(built)
+    assert sampled == first + first[1:] + first[:1] + first[2:] + first[:2]
+
+
+def test_a_large_grid_is_sampled_in_parts_that_fit_in_memory(monkeypatch):
+    # With room for one layer's inputs at a time, each layer's grid is sampled (with the dense model, the fixed
+    # cost and the narrow model in every part) and released before the next is built; the table is the same kind.
+    from keras_group_lasso.budget import cost
+
+    monkeypatch.setattr(cost, "_HELD_BYTES", 0)
+    events = _record_timers(monkeypatch)
+    table = LatencyTable.measure(_small_mlp(), batch_size=8, repeats=2)
+    kinds = [kind for kind, _ in events]
+    sizes = [len(e["in"]) * len(e["out"]) for e in grids(table).values()]
+    # built: 3 fixed + the first layer's grid; sampled twice with the 3; then the second layer's grid likewise.
+    expected = (["built"] * (3 + sizes[0]) + ["sampled"] * 2 * (3 + sizes[0])
+                + ["built"] * sizes[1] + ["sampled"] * 2 * (3 + sizes[1]))
+    assert kinds == expected
+    assert table.predict() == pytest.approx(table.dense_seconds())
+    for entry in grids(table).values():
+        assert np.all(np.asarray(entry["seconds"]) > 0)
+
+
+def test_a_chain_that_cannot_be_rebuilt_is_dropped_with_a_warning(monkeypatch):
+    from keras_group_lasso.budget import cost
+
+    inputs = keras.Input((8, 8, 2))
+    x = keras.layers.Conv2D(4, 3, padding="same", name="conv1")(inputs)
+    x = keras.layers.BatchNormalization(name="bn1")(x)
+    x = keras.layers.GlobalAveragePooling2D(name="gap")(x)
+    model = keras.Model(inputs, keras.layers.Dense(2, name="logits")(x), name="chain")
+    layer_timer = cost._layer_timer
+
+    def failing(layer, rule, weights, node, shape, width_in, width_out, batch, after=(), inputs=None):
+        if after and width_out == 2:
+            raise ValueError("cannot rebuild")
+        return layer_timer(layer, rule, weights, node, shape, width_in, width_out, batch, after, inputs)
+
+    monkeypatch.setattr(cost, "_layer_timer", failing)
+    with pytest.warns(RuntimeWarning, match=r"layer 'conv1' is timed alone: the layers after it \(bn1\)"):
+        table = LatencyTable.measure(model, batch_size=4, repeats=1)
+    assert table.segments["conv1"] == ()
+    assert np.all(np.asarray(grids(table)["conv1"]["seconds"]) > 0)
+
+    def out_of_memory(*args, **kwargs):
+        raise MemoryError("no room")
+
+    monkeypatch.setattr(cost, "_layer_timer", out_of_memory)
+    with pytest.raises(MemoryError):  # never mistaken for a layer that cannot be rebuilt
+        LatencyTable.measure(model, batch_size=4, repeats=1)
+
+
+def test_models_are_timed_side_by_side():
+    small, wide = _small_mlp(), keras.Sequential([keras.Input((6,)), keras.layers.Dense(512),
+                                                  keras.layers.Dense(2)], name="wide")
+    times = LatencyTable.time_models([small, wide], batch_size=8, repeats=2)
+    assert len(times) == 2 and all(t > 0 for t in times)
+    for bad in ([], [small, "model"], small):
+        with pytest.raises(InvalidParameterError,
+                           match="LatencyTable: argument `models` must be a non-empty list of keras.Model"):
+            LatencyTable.time_models(bad)
 
 
 def test_interpolation_is_positive_and_monotone(table):

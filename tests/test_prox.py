@@ -180,10 +180,15 @@ def test_the_value_alone_equals_the_penalty_and_has_no_gradient(shape):
     assert _autodiff.gradient(lambda x: prox.group_sparse_penalty(x, 0.3, 0.1), w).any()
 
 
+@pytest.mark.parametrize("products", [True, False], ids=["products", "reductions"])
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
-def test_long_groups_match_numpy(dtype):
+def test_long_groups_match_numpy(dtype, products, monkeypatch):
     """Sums over more than 32 values (on TensorFlow on CPU a product with ones, longer than XLA's whole
-    reduction there): norms, value, gradient and both proximal steps are the numpy ones on every backend."""
+    reduction there; both forms forced here on every backend): norms, value, gradient (autodiff too, through a
+    zero group) and both proximal steps are the numpy ones."""
+    import _autodiff
+
+    monkeypatch.setattr(prox, "_sums_as_products", lambda: products)
     rng = np.random.default_rng(3)
     x = (rng.normal(size=(6, 400)) * np.array([[1.0], [0.5], [0.0], [2.0], [0.7], [1.2]])).astype(dtype)  # row 2: 0
     d = rng.uniform(0.5, 2.0, size=x.shape).astype(dtype)
@@ -199,6 +204,9 @@ def test_long_groups_match_numpy(dtype):
     inverse = np.where(norms > 0, 1.0 / np.where(norms > 0, norms, 1.0), 0.0)[:, None]
     gradient = a * math.sqrt(n) * wide * inverse + b * np.sign(wide)
     np.testing.assert_allclose(as_np(prox.group_sparse_gradient(x, a, b)), gradient, rtol=1e-5, atol=1e-6)
+    through = _autodiff.gradient(lambda w: prox.group_sparse_penalty(w, a, b), x)
+    assert np.all(np.isfinite(through)) and not through[2].any()  # the zero group: no NaN, no push
+    np.testing.assert_allclose(through, gradient, rtol=1e-4, atol=1e-5)
     expected = np_group_soft_threshold(np_soft_threshold(wide, b), a)
     assert (np.abs(expected).max(axis=1) > 0).tolist() == [True, False, False, True, False, True]
     np.testing.assert_allclose(as_np(prox.sparse_group_soft_threshold(x, a, b)), expected, rtol=1e-5, atol=1e-6)
@@ -215,3 +223,9 @@ def test_long_groups_match_numpy(dtype):
         assert float(as_np(prox.group_sparse_penalty(many, a, b, gradient=gradient))) == pytest.approx(value, rel=1e-6)
         assert float(as_np(prox.group_sparse_penalty(bias, a, b, gradient=gradient))) == pytest.approx(
             (a + b) * np.abs(bias.astype(np.float64)).sum(), rel=1e-6)
+
+
+def test_long_sums_are_products_on_tensorflow_on_cpu_only():
+    on_cpu_tensorflow = keras.backend.backend() == "tensorflow" and not any(
+        d.device_type in ("GPU", "TPU") for d in __import__("tensorflow").config.list_logical_devices())
+    assert prox._sums_as_products() == on_cpu_tensorflow

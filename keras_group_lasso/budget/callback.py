@@ -622,7 +622,7 @@ class SparsityBudget(keras.callbacks.Callback):
             history.on_train_end = after_every_callback
 
     def _check_latency(self, logs):
-        """Time the pruned model (and the dense one, at the same moment) and keep predicted vs measured."""
+        """Time the pruned model (and the dense one, side by side) and keep predicted vs measured."""
         from keras_group_lasso.surgery import prune_model
 
         batch = self.latency_batch_size
@@ -635,8 +635,7 @@ class SparsityBudget(keras.callbacks.Callback):
         predicted = self._predicted_latency(self.latency_table.widths_of(found))
         dense_predicted = self.dense["latency"]
         pruned = prune_model(self.model, self.threshold)
-        measured = LatencyTable.time_model(pruned, batch)
-        dense_measured = LatencyTable.time_model(self.model, batch)
+        measured, dense_measured = LatencyTable.time_models([pruned, self.model], batch)
         self.latency = {
             "batch_size": batch,
             "predicted": predicted,
@@ -658,7 +657,7 @@ class SparsityBudget(keras.callbacks.Callback):
         if measured > 1.1 * asked * dense_measured:
             warnings.warn(
                 f"{_OWNER}: the pruned model measured {_ms(measured)} at batch {batch}, {measured / dense_measured:.2f} "
-                f"of the dense model's {_ms(dense_measured)} measured at the same time; the budget asked "
+                f"of the dense model's {_ms(dense_measured)} measured beside it; the budget asked "
                 f"{asked:.2f} and the latency table predicted {predicted / dense_predicted:.2f}. A table measured on "
                 "a quiet machine (or with more repeats) predicts closer.",
                 RuntimeWarning,

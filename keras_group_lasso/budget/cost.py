@@ -37,6 +37,7 @@ FORMAT = "keras_group_lasso.LatencyTable/1"
 DEFAULT_GRID = (0.125, 0.5, 1.0)
 _OPTIONAL = ("narrow", "rest_narrow", "call")  # entry values that older tables or unprunable models lack
 _SAMPLE_SECONDS = 2e-3  # a timing sample repeats a fast call until it lasts about this long
+_HELD_BYTES = 1 << 30  # the inputs of the calls LatencyTable.measure compiles before sampling them together
 _TINY = 1e-9
 
 
@@ -98,16 +99,23 @@ class _Timer:
             self.call(self.x)
         self.best = min(self.best, (time.perf_counter() - start) / self.calls)
 
+    def release(self):
+        """Drop the compiled call and its input (the memory they hold); ``best`` stays."""
+        self.call = self.x = None
+
 
 def _sample(timers, repeats):
-    """``repeats`` rounds, each taking one sample of every timer in turn.
+    """``repeats`` rounds, each taking one sample of every timer in turn (the order rotating every round).
 
     Interleaved rather than one timer's samples in a row: a slow spell of the machine (another process)
     then slows one sample of many timers, and each keeps a fast one from another round, where in a row it
-    could slow every sample of the few timers it lands on.
+    could slow every sample of the few timers it lands on. Rotating: no timer always runs right after the
+    same one.
     """
-    for _ in range(repeats):
-        for timer in timers:
+    timers = list(timers)
+    for r in range(repeats):
+        shift = r % len(timers) if timers else 0
+        for timer in timers[shift:] + timers[:shift]:
             timer.sample()
 
 
@@ -267,10 +275,10 @@ class LatencyTable:
     to the next branch or merge: :attr:`segments`), whose cost follows its
     width too; its compiled inference call is timed (two warm-up calls, then
     the fastest of ``repeats`` samples; a fast call is repeated within a
-    sample; every call of the table is compiled first and the samples are
-    taken in ``repeats`` rounds of one sample of each, so that a slow spell
-    of the machine slows one sample of many calls, not every sample of a
-    few), less the fixed cost of one call (a call that only passes a small
+    sample; the calls are compiled first, as many as hold 1 GiB of inputs,
+    and sampled together in ``repeats`` rounds of one sample of each, the
+    dense model's too, so that a slow spell of the machine slows one sample
+    of many calls, not every sample of a few), less the fixed cost of one call (a call that only passes a small
     input on), which the whole model pays once. Between grid points the time is bilinear in the
     widths, below the smallest point it is that point's (a conservative
     floor), and it never decreases with width along either axis. The rest of
@@ -373,12 +381,15 @@ class LatencyTable:
         narrow, narrow_widths = _narrow_model(model, graph, grid[0])
         entries = {}
         for batch in batch_sizes:
-            # Every timed call is compiled first, then all are sampled in interleaved rounds (see _sample).
+            # The timed calls are compiled first and then sampled together in interleaved rounds (see
+            # _sample), as many at a time as hold _HELD_BYTES of inputs (a large model's grid would not fit
+            # in memory at once); the dense model, the fixed cost of a call and the narrow model in every round.
             x = _inputs(model, batch, _OWNER)
-            dense = _Timer(model_call, x)
-            floor = _call_floor(batch)
+            fixed = [_Timer(model_call, x), _call_floor(batch)]
+            dense, floor = fixed
             narrow_timer = None if narrow is None else _Timer(_compiled(narrow, is_model=True), x)
-            grids = {}
+            fixed += [narrow_timer] if narrow_timer else []
+            grids, waiting, held = {}, [], 0
             for node in graph.units:
                 layer = graph.layers[node.name]
                 rule = registry.units_rule(layer)
@@ -390,21 +401,36 @@ class LatencyTable:
                 ins = _grid(node.in_units, grid, fixed_in or step is not None)
                 outs = _grid(node.out_units, grid, node.is_output, step or 1)
                 weights = rule.weights(layer)
+                inputs = {}  # the points of one input width read the same input
 
                 def grid_timers(after):
-                    return [[_layer_timer(layer, rule, weights, node, shape, width_in, width_out, batch, after)
-                             for width_out in outs] for width_in in ins]
+                    return [[_layer_timer(layer, rule, weights, node, shape, width_in, width_out, batch, after,
+                                          inputs) for width_out in outs] for width_in in ins]
 
                 try:
                     timers = grid_timers([graph.layers[name] for name in segments[node.name]])
-                except Exception:  # noqa: BLE001 - a following layer that cannot be rebuilt at some width: the
-                    if not segments[node.name]:  # layer alone at every point (and its followers count in the rest)
+                except Exception as error:  # noqa: BLE001 - a following layer that cannot be rebuilt at some
+                    if not segments[node.name] or _out_of_memory(error):  # width: the layer alone at every point
                         raise
+                    warnings.warn(f"{_OWNER}: layer {node.name!r} is timed alone: the layers after it "
+                                  f"({', '.join(segments[node.name])}) could not be rebuilt at every width "
+                                  f"({type(error).__name__}: {error}); their time counts in the rest.",
+                                  RuntimeWarning, stacklevel=2)
                     segments[node.name] = ()
+                    inputs.clear()
                     timers = grid_timers([])
                 grids[node.name] = (ins, outs, timers)
-            _sample([dense, floor, *([narrow_timer] if narrow_timer else []),
-                     *(t for _, _, timers in grids.values() for row in timers for t in row)], repeats)
+                waiting += [t for row in timers for t in row]
+                held += sum(_nbytes(value) for value in inputs.values())
+                if held > _HELD_BYTES:
+                    _sample(fixed + waiting, repeats)
+                    for timer in waiting:
+                        timer.release()
+                    waiting, held = [], 0
+            if waiting or not grids:
+                _sample(fixed + waiting, repeats)
+            for timer in waiting + fixed:
+                timer.release()
             layers = {}
             for name, (ins, outs, timers) in grids.items():
                 seconds = np.array([[max(t.best - floor.best, _TINY) for t in row] for row in timers])
@@ -432,13 +458,37 @@ class LatencyTable:
     def time_model(model, batch_size=256, repeats=5):
         """The time in seconds of one compiled inference call of ``model`` on a batch of ``batch_size``.
 
-        Timed as :meth:`measure` times the dense model (warm-up calls, then the fastest of ``repeats``).
+        Two warm-up calls, then the fastest of ``repeats`` samples in a row (:meth:`measure` takes its samples
+        in rounds interleaved with the other calls of the table).
         """
         batch_size = check_positive_int(_OWNER, "batch_size", batch_size)
         repeats = check_positive_int(_OWNER, "repeats", repeats)
         if not isinstance(model, keras.Model):
             fail(_OWNER, "model", "a keras.Model", model)
         return _best_seconds(_compiled(model, is_model=True), _inputs(model, batch_size, _OWNER), repeats)
+
+    @staticmethod
+    def time_models(models, batch_size=256, repeats=5):
+        """The times in seconds of one compiled inference call of each of ``models``, measured side by side.
+
+        Each is warmed up, then ``repeats`` rounds take one sample of every model in turn (the order rotating),
+        and each keeps its fastest: a slow spell of the machine slows one sample of each, not every sample of one.
+        What a comparison of a pruned model with its dense one should use.
+
+        Example:
+            >>> dense = keras.Sequential([keras.Input((32,)), keras.layers.Dense(256), keras.layers.Dense(10)])
+            >>> small = keras.Sequential([keras.Input((32,)), keras.layers.Dense(8), keras.layers.Dense(10)])
+            >>> len(LatencyTable.time_models([dense, small], batch_size=64, repeats=2))
+            2
+        """
+        batch_size = check_positive_int(_OWNER, "batch_size", batch_size)
+        repeats = check_positive_int(_OWNER, "repeats", repeats)
+        models = list(models) if isinstance(models, (list, tuple)) else models
+        if not isinstance(models, list) or not models or not all(isinstance(m, keras.Model) for m in models):
+            fail(_OWNER, "models", "a non-empty list of keras.Model", models)
+        timers = [_Timer(_compiled(m, is_model=True), _inputs(m, batch_size, _OWNER)) for m in models]
+        _sample(timers, repeats)
+        return [float(t.best) for t in timers]
 
     # ------------------------------------------------------------------ predicting
 
@@ -778,9 +828,12 @@ def _segments(graph):
     return segments
 
 
-def _layer_timer(layer, rule, weights, node, shape, width_in, width_out, batch, after=()):
-    """A :class:`_Timer` of a standalone copy of ``layer`` reading ``width_in`` units and making ``width_out``, followed by
-    copies of the per-channel layers ``after`` it (see :func:`_segments`)."""
+def _layer_timer(layer, rule, weights, node, shape, width_in, width_out, batch, after=(), inputs=None):
+    """A :class:`_Timer` of a standalone copy of ``layer`` reading ``width_in`` units and making ``width_out``,
+    followed by copies of the per-channel layers ``after`` it (see :func:`_segments`).
+
+    ``inputs``: a dict of the inputs already made, by shape, shared with the other points of the layer.
+    """
     if any(d is None for d in shape[1:]):
         fail(_OWNER, "model", "a model whose layers have inputs of a fixed size",
              Described(f"layer {node.name!r} with input shape {shape}"))
@@ -793,15 +846,28 @@ def _layer_timer(layer, rule, weights, node, shape, width_in, width_out, batch, 
     copy.set_weights(values)
     # A model even with nothing after the layer: timed as the fixed cost of a call is (see _call_floor). The
     # per-channel layers take their initial weights at this width (their values do not change the time).
-    inputs = keras.Input(batch_shape=in_shape, dtype=layer.compute_dtype)
-    outputs = copy(inputs)
+    symbolic = keras.Input(batch_shape=in_shape, dtype=layer.compute_dtype)
+    outputs = copy(symbolic)
     for k, following in enumerate(after):
         outputs = type(following).from_config(_inference_config(following.get_config(), f"{stem}_{k}"))(outputs)
-    timed = keras.Model(inputs, outputs, name=stem)
-    rng = np.random.default_rng(1)
-    x = keras.ops.convert_to_tensor(rng.standard_normal(in_shape).astype(keras.backend.standardize_dtype(
-        layer.compute_dtype)))
-    return _Timer(_compiled(timed, is_model=True), x)
+    timed = keras.Model(symbolic, outputs, name=stem)
+    inputs = {} if inputs is None else inputs
+    if in_shape not in inputs:
+        rng = np.random.default_rng(1)
+        inputs[in_shape] = keras.ops.convert_to_tensor(rng.standard_normal(in_shape).astype(
+            keras.backend.standardize_dtype(layer.compute_dtype)))
+    return _Timer(_compiled(timed, is_model=True), inputs[in_shape])
+
+
+def _nbytes(tensor):
+    return math.prod(int(d) for d in tensor.shape) * np.dtype(keras.backend.standardize_dtype(tensor.dtype)).itemsize
+
+
+def _out_of_memory(error):
+    """Whether ``error`` says that memory ran out (TensorFlow, XLA, PyTorch, Python): never a layer to drop."""
+    name = type(error).__name__
+    return isinstance(error, MemoryError) or "ResourceExhausted" in name or "OutOfMemory" in name or (
+        "RESOURCE_EXHAUSTED" in str(error)[:200])
 
 
 def _call_floor(batch):
