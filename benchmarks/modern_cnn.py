@@ -395,14 +395,16 @@ def filter_groups(model):
 
 
 def zero_readers(model, groups, keep_fraction):
-    """A copy of ``model`` in which each group's weakest channels are read by nothing (their rows set to 0)."""
-    import numpy as np
+    """A copy of ``model`` in which each group's weakest channels are read by nothing (their rows set to 0).
 
+    ``keep_fraction``: the fraction of every group's channels kept, or a list of one fraction per group.
+    """
     copy = copy_of(model)
     rows = {}
-    for _, members in groups:
+    fractions = keep_fraction if isinstance(keep_fraction, (list, tuple)) else [keep_fraction] * len(groups)
+    for (_, members), fraction in zip(groups, fractions):
         members = sorted(members, key=lambda m: m[1])
-        keep = max(1, int(round(keep_fraction * len(members))))
+        keep = max(1, int(round(fraction * len(members))))
         for _, _, where in members[: len(members) - keep]:
             for name, row in where:
                 rows.setdefault(name, []).append(row)
