@@ -558,3 +558,34 @@ def test_the_cut_ranks_groups_by_weakness_per_share_of_the_budget():
     ranked, variables = cut.ranked_groups(model, {"hidden"}, loads=loads)
     assert weakest(ranked, variables) == (paths["conv_b"], 1)
     assert [round(score, 6) for score, _, _ in ranked] == sorted(round(score, 6) for score, _, _ in ranked)
+
+
+def test_no_cut_leaves_a_kernel_all_zero_not_even_through_a_residual_stream():
+    from keras_group_lasso.budget import cut
+    from keras_group_lasso.regularizers import CoupledGroupLasso
+
+    # The stream (conv_a's channels, added to conv_b's) is read by conv_b, conv_c and the head: its channels are
+    # coupled groups of all three. conv_c reads nothing else, so if every coupled group went, conv_c's kernel
+    # would be all zero and the model would have no path to the output.
+    inputs = keras.Input((8, 8, 2))
+    a = keras.layers.Conv2D(4, 3, padding="same", name="conv_a")(inputs)
+    b = keras.layers.Conv2D(4, 3, padding="same", name="conv_b")(a)
+    stream = keras.layers.Add(name="add")([a, b])
+    c = keras.layers.Conv2D(3, 1, name="conv_c")(stream)
+    outputs = keras.layers.Dense(2, name="head")(keras.layers.GlobalAveragePooling2D()(c))
+    model = add_group_sparsity(keras.Model(inputs, outputs), 1e-3)
+    rng = np.random.default_rng(0)
+    for layer in model.layers:
+        if layer.weights:
+            layer.kernel.assign(rng.uniform(0.1, 1.0, tuple(layer.kernel.shape)))
+    coupled = [v for v in model.weights if isinstance(getattr(v, "regularizer", None), CoupledGroupLasso)]
+    assert coupled, "the residual stream's channels are coupled groups"
+    ranked, variables = cut.ranked_groups(model, {"input", "hidden"})
+    cut_rows = {(variables[index].path, row) for _, parts, _ in ranked for index, row in parts}
+    for variable in variables:
+        rows = variable.regularizer.group_shape(tuple(variable.shape))[-2]
+        assert any((variable.path, row) not in cut_rows for row in range(rows)), variable.path
+    # conv_c's strongest group is a stream channel: that coupled group is never offered to the cut.
+    kernel = model.get_layer("conv_c").kernel
+    strongest = int(np.argmax(np.abs(np.asarray(kernel)).reshape(-1, 4, 3).sum(axis=(0, 2))))
+    assert (kernel.path, strongest) not in cut_rows

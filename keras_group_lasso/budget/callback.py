@@ -17,7 +17,7 @@ import keras
 import numpy as np
 
 from keras_group_lasso import analysis
-from keras_group_lasso._validation import check_non_negative, check_positive_int, fail
+from keras_group_lasso._validation import InvalidParameterError, check_non_negative, check_positive_int, fail
 from keras_group_lasso.budget import cut, rounding, schedule
 from keras_group_lasso.budget.cost import LatencyTable, current_device, unit_costs
 from keras_group_lasso.budget.state import CUT, SEARCH, WITHIN, BudgetState
@@ -634,7 +634,11 @@ class SparsityBudget(keras.callbacks.Callback):
         found = analysis.analyze(self.model, self.threshold, owner=_OWNER)
         predicted = self._predicted_latency(self.latency_table.widths_of(found))
         dense_predicted = self.dense["latency"]
-        pruned = prune_model(self.model, self.threshold)
+        try:
+            pruned = prune_model(self.model, self.threshold)
+        except InvalidParameterError as error:  # the trained model cannot be pruned: say so, keep the training
+            warnings.warn(f"{_OWNER}: the pruned model is not timed: {error}", RuntimeWarning, stacklevel=3)
+            return
         measured, dense_measured = LatencyTable.time_models([pruned, self.model], batch)
         self.latency = {
             "batch_size": batch,

@@ -133,8 +133,11 @@ def ranked_groups(model, roles, cut_before=frozenset(), loads=None):
     (:func:`group_loads`). A group's score is then divided by its load over the mean load, so that of two
     groups as weak in their layers the one that frees more of the budget goes first (a kernel missing from
     ``loads`` counts the mean load).
+
+    The strongest group of each kernel is left out, a coupled one too (when a stream's channel is a
+    kernel's strongest group, that coupled group stays): no cut leaves a kernel all zero.
     """
-    variables, entries, coupled = [], [], {}
+    variables, entries, coupled, kept_keys = [], [], {}, set()
     input_keys = {key for v in model.weights if isinstance(getattr(v, "regularizer", None), CoupledGroupLasso)
                   and v.regularizer.role == "input" for key in v.regularizer.coupled if key >= 0}
     for variable in model.weights:
@@ -152,6 +155,8 @@ def ranked_groups(model, roles, cut_before=frozenset(), loads=None):
         per_load = _relative_loads(loads, variable.path, view[-2])
         strongest = int(np.argmax(rms))
         keys = penalty.coupled if isinstance(penalty, CoupledGroupLasso) else (-1,) * view[-2]
+        if keys[strongest] >= 0:  # a coupled group (a residual stream's channel) is this kernel's strongest: it
+            kept_keys.add(keys[strongest])  # stays, or a cut of the whole stream could leave the kernel all zero
         for row, key in enumerate(keys):
             is_input = penalty.group_role == "input" if key < 0 else key in input_keys
             if ("input" if is_input else "hidden") not in roles:
@@ -165,8 +170,9 @@ def ranked_groups(model, roles, cut_before=frozenset(), loads=None):
                 total[3] = total[3] and rms[row] == 0
             elif row != strongest:
                 entries.append((score, ((index, row),), rms[row] == 0))
-    for score, parts, rows, zero in coupled.values():
-        entries.append((score / parts, tuple(rows), zero))
+    for key, (score, parts, rows, zero) in coupled.items():
+        if key not in kept_keys:
+            entries.append((score / parts, tuple(rows), zero))
     entries.sort(key=lambda entry: entry[0])
     return entries, variables
 
