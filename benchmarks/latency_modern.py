@@ -136,11 +136,9 @@ def main(argv=None):
         "The tables:", "",
         *tables,
     ])
-    output = Path(args.output or common.RESULTS_DIR / f"latency_modern_{common.machine_info()['backend']}.md")
-    output.parent.mkdir(parents=True, exist_ok=True)
-    output.write_text(text, encoding="utf-8")
-    common.say(f"wrote {output}")
-    print(text)
+    output = common.write_text_atomically(
+        args.output or common.RESULTS_DIR / f"latency_modern_{common.machine_info()['backend']}.md", text)
+    common.say(f"wrote {output}\n{text}")
 
 
 if __name__ == "__main__":
