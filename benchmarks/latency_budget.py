@@ -22,7 +22,7 @@ For each row: test accuracy of the pruned model (``prune_model``, no
 fine-tuning), multiply-adds per sample, live channels, the table's predicted
 time and speed-up, and the measured speed-up of the pruned model vs the dense
 one at batch 256 (``LatencyTable.time_model``: compiled inference, the fastest
-of several samples; dense and pruned timed in alternation, several rounds, the
+of several samples; dense and pruned timed side by side (``LatencyTable.time_models``), several rounds, the
 median of the rounds). Then at batch 1, where a deployment serves one request
 at a time: the dense model and each pruned one written by ``export_pruned`` as
 a SavedModel and a ``.tflite`` file (TensorFlow only), every call timed on its
@@ -51,17 +51,12 @@ BATCH_TIMED = 256
 
 
 def timed_speedup(dense, pruned, rounds):
-    """Median over ``rounds`` of dense time / pruned time, each round timing both (alternating which goes first)."""
+    """Medians over ``rounds`` of (dense time / pruned time, dense time, pruned time), timed side by side."""
     from keras_group_lasso import LatencyTable
 
-    ratios, dense_times, pruned_times = [], [], []
-    for r in range(rounds):
-        order = (dense, pruned) if r % 2 == 0 else (pruned, dense)
-        times = {id(m): LatencyTable.time_model(m, BATCH_TIMED, repeats=5) for m in order}
-        dense_times.append(times[id(dense)])
-        pruned_times.append(times[id(pruned)])
-        ratios.append(times[id(dense)] / times[id(pruned)])
-    return statistics.median(ratios), statistics.median(dense_times), statistics.median(pruned_times)
+    times = [LatencyTable.time_models([dense, pruned], BATCH_TIMED, repeats=5) for _ in range(rounds)]
+    return (statistics.median(d / p for d, p in times), statistics.median(d for d, _ in times),
+            statistics.median(p for _, p in times))
 
 
 def run_budget(label, data, args, seed, group_weight=None, weight_table=None, **budget_args):
@@ -292,10 +287,11 @@ def main(argv=None):
             + ("" if args.latency_only else "; (c), (d) max_flops = the multiply-adds (b) reached"),
             f"Latency table: {table.backend}, {table.device}, measured in {table.measure_seconds:.1f} s "
             f"{'(loaded from a file) ' if loaded else ''}"
-            f"(grid {list(table.grid)} of each width); dense model {1e3 * table.dense_seconds():.2f} ms per batch "
+            f"(grid {list(table.grid)} of each width, and one unit); dense model {1e3 * table.dense_seconds():.2f} ms per batch "
             f"of {BATCH_TIMED}",
             f"Speed-ups at batch {BATCH_TIMED}: dense / pruned time, compiled inference "
-            f"(LatencyTable.time_model), median of {args.rounds} alternating rounds; no fine-tuning",
+            f"(LatencyTable.time_models: 5 interleaved samples of each, the fastest counts), median of {args.rounds} "
+            f"such rounds; no fine-tuning",
         ]),
         "",
         common.markdown_table(["row", "test acc. (%)", "multiply-adds", "FLOP reduction", "channels / units",

@@ -16,15 +16,24 @@ depend on the values of the weights). For each network, on the backend
    ``prune_model(.., 0)`` removes them (as ``modern_cnn.py``'s magnitude rows do);
 3. per structure: the FLOP reduction, the table's predicted speed-up
    (``table.speedup(sparsity_report(..))``), and the measured one (dense time /
-   pruned time, compiled inference, both timed in alternation, the median of
+   pruned time, compiled inference, timed side by side by ``LatencyTable.time_models``, the median of
    ``--rounds`` rounds).
 
 Reported: measured / predicted per structure and over all, next to measured /
 (FLOP reduction): how far FLOPs alone would have been off.
 
+With ``--train``, trained rows too, on Fashion-MNIST (``modern_cnn.load``): the
+dense network (Adam, cosine decay) and the budget row of ``modern_cnn.py``
+under ``SparsityBudget(max_latency=--latency)`` instead of ``max_flops``
+(FLOP-weighted group penalties, ``Proximal(Adam)``, the table measured above),
+``prune_model`` at the 1e-3 threshold, no fine-tuning: test accuracy of both,
+the pruned model's predicted and measured speed-up. TensorFlow trains without
+XLA (its CPU compiler runs these depthwise networks several times slower).
+
 Usage:
     KERAS_BACKEND=tensorflow python benchmarks/latency_modern.py
     KERAS_BACKEND=tensorflow python benchmarks/latency_modern.py --networks mobilenetv2 --random 2 --rounds 3
+    KERAS_BACKEND=tensorflow python benchmarks/latency_modern.py --networks mobilenetv2 --random 0 --train --latency 0.5
 """
 
 import argparse
@@ -43,14 +52,13 @@ UNIFORM = (0.75, 0.5, 0.3)
 
 
 def timed_speedup(dense, pruned, batch, rounds):
-    """Median over ``rounds`` of dense time / pruned time, each round timing both (alternating which goes first)."""
+    """Median over ``rounds`` of dense time / pruned time, the two timed side by side (``LatencyTable.time_models``)."""
     from keras_group_lasso import LatencyTable
 
     ratios = []
-    for r in range(rounds):
-        order = (dense, pruned) if r % 2 == 0 else (pruned, dense)
-        times = {id(m): LatencyTable.time_model(m, batch, repeats=5) for m in order}
-        ratios.append(times[id(dense)] / times[id(pruned)])
+    for _ in range(rounds):
+        dense_time, pruned_time = LatencyTable.time_models([dense, pruned], batch, repeats=5)
+        ratios.append(dense_time / pruned_time)
     return statistics.median(ratios)
 
 
@@ -87,12 +95,54 @@ def network_rows(network, args):
         rows.append([label, f"{reduction:.2f}x", f"{predicted:.2f}x", f"{measured:.2f}x",
                      f"{measured / predicted:.2f}", f"{measured / reduction:.2f}"])
         common.say(f"  {label}: FLOPs 1/{reduction:.2f}, predicted {predicted:.2f}x, measured {measured:.2f}x")
+    if args.train:
+        rows += trained_rows(network, dense, table, args)
     summary = {"table_seconds": table.measure_seconds, "dense_ms": 1e3 * table.dense_seconds(),
                "layers": len(table.layers),
                "table_error": math.exp(statistics.mean(abs(e) for e in errors)) - 1,
                "flop_error": math.exp(statistics.mean(abs(e) for e in flop_errors)) - 1,
                "worst": max(abs(math.exp(e) - 1) for e in errors)}
     return rows, summary, table
+
+
+def trained_rows(network, untrained, table, args):
+    """The dense and ``max_latency`` rows trained on Fashion-MNIST (see the module's docstring)."""
+    import keras
+
+    from keras_group_lasso import sparsity_report
+
+    data = modern_cnn.load(None, False, args.train_size)
+    jit = keras.backend.backend() != "tensorflow"
+    cached = Path(args.dense_cache) / f"{network}_dense_{args.seed}.keras" if args.dense_cache else None
+    if cached and cached.exists():
+        dense = keras.models.load_model(cached)
+        dense_record = {"test_accuracy": modern_cnn.accuracy(dense, data)}
+        common.say(f"  dense network loaded from {cached}")
+    else:
+        dense, dense_record = modern_cnn.train_dense(network, args.seed, data, args.epochs, modern_cnn.LEARNING_RATE,
+                                                     jit)
+        if cached:
+            cached.parent.mkdir(parents=True, exist_ok=True)
+            dense.save(cached)
+    model, small, record = modern_cnn.train_budget(
+        network, args.seed, data, args.epochs, modern_cnn.LEARNING_RATE, args.factor, 1.0, args.settle, jit,
+        max_latency=args.latency, latency_table=table, latency_check=False)
+    report = sparsity_report(model, modern_cnn.THRESHOLD)
+    predicted = table.speedup(report)
+    measured = timed_speedup(dense, small, args.batch, args.rounds)
+    flops = sparsity_report(untrained).flops_before / max(report.flops_after, 1)
+    if args.save_dir:
+        Path(args.save_dir).mkdir(parents=True, exist_ok=True)
+        small.save(Path(args.save_dir) / f"{network}_latency_{args.latency:g}_pruned.keras")
+    common.say(f"  trained: dense {100 * dense_record['test_accuracy']:.2f} %, max_latency={args.latency:g} "
+               f"{100 * record['test_accuracy']:.2f} %, FLOPs 1/{flops:.2f}, predicted {predicted:.2f}x, "
+               f"measured {measured:.2f}x; {record['warnings']}")
+    points = 100 * (record["test_accuracy"] - dense_record["test_accuracy"])
+    return [[f"trained dense: {100 * dense_record['test_accuracy']:.2f} % test accuracy", "1.00x", "1.00x", "1.00x",
+             "-", "-"],
+            [f"trained, `max_latency={args.latency:g}`, pruned: {100 * record['test_accuracy']:.2f} % "
+             f"({points:+.2f} points)", f"{flops:.2f}x", f"{predicted:.2f}x", f"{measured:.2f}x",
+             f"{measured / predicted:.2f}", f"{measured / flops:.2f}"]]
 
 
 def main(argv=None):
@@ -103,8 +153,20 @@ def main(argv=None):
     parser.add_argument("--low", type=float, default=0.15, help="the smallest random keep fraction")
     parser.add_argument("--rounds", type=common.positive_int, default=5, help="timing rounds per structure")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--train", action="store_true", help="trained dense and max_latency rows (Fashion-MNIST)")
+    parser.add_argument("--latency", type=float, default=0.5, help="max_latency of the trained row")
+    parser.add_argument("--epochs", type=common.positive_int, default=modern_cnn.EPOCHS)
+    parser.add_argument("--train-size", type=common.positive_int, default=None, help="the first N training images")
+    parser.add_argument("--factor", type=float, default=modern_cnn.LAMBDA, help="the budget's starting strength")
+    parser.add_argument("--settle", type=float, default=0.2)
+    parser.add_argument("--save-dir", default=None, help="a folder for the trained pruned models (.keras)")
+    parser.add_argument("--dense-cache", default=None,
+                        help="a folder for the trained dense networks: loaded when there (same network, seed, data "
+                             "and epochs are the caller's to keep), else trained and saved")
     parser.add_argument("--output", default=None)
     args = parser.parse_args(argv)
+
+    import keras
 
     started, clock = common.now(), time.perf_counter()
     sections, tables = [], []
@@ -129,8 +191,14 @@ def main(argv=None):
             "random initial weights, so random channels; every set of layers that makes the same channels keeps "
             f"one fraction: uniform {', '.join(f'{f:g}' for f in UNIFORM)}, or drawn per set in "
             f"[{args.low:g}, 1) ({args.random} random structures)",
-            f"Speed-ups at batch {args.batch}: dense / pruned time, compiled inference (LatencyTable.time_model), "
-            f"median of {args.rounds} alternating rounds",
+            f"Speed-ups at batch {args.batch}: dense / pruned time, compiled inference (LatencyTable.time_models: 5 "
+            f"interleaved samples of each, the fastest counts), median of {args.rounds} such rounds",
+            *([f"Trained rows: Fashion-MNIST, {args.train_size or 60000:,} training images, the 10,000 test images, "
+               f"{args.epochs} epochs, batch {modern_cnn.BATCH}, Adam with a cosine-decayed learning rate "
+               f"{modern_cnn.LEARNING_RATE:g}, jit_compile {keras.backend.backend() != 'tensorflow'}; budget: "
+               f"add_group_sparsity(factor {args.factor:g}, penalty='group', input_factor=0, group_weight='flops'), "
+               f"Proximal(Adam), SparsityBudget(max_latency={args.latency:g}, settle={args.settle:g}) with the "
+               f"table below, prune_model at threshold {modern_cnn.THRESHOLD:g}, no fine-tuning"] if args.train else []),
         ]), "",
         *sections,
         "The tables:", "",

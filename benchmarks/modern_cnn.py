@@ -211,11 +211,12 @@ def cosine(learning_rate, epochs, n_train):
     return keras.optimizers.schedules.CosineDecay(learning_rate, decay_steps=steps)
 
 
-def compile_model(model, optimizer):
+def compile_model(model, optimizer, jit=True):
+    """Compiled with ``jit_compile=jit`` (TensorFlow's XLA on CPU trains these depthwise networks far slower)."""
     import keras
 
     model.compile(optimizer=optimizer, loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-                  metrics=["accuracy"], jit_compile=True)
+                  metrics=["accuracy"], jit_compile=jit)
     return model
 
 
@@ -230,7 +231,9 @@ def fit(model, data, epochs, seed, label, callbacks=()):
         logs = logs or {}
         budget = ""
         if "budget_phase" in logs:  # the budget writes its logs before this callback runs
-            budget = (f", flops {int(logs.get('budget_flops', -1)):,} over {logs['budget_over']:.2f} "
+            size = (f"latency {1e3 * logs['budget_latency']:.2f} ms" if "budget_latency" in logs
+                    else f"flops {int(logs.get('budget_flops', -1)):,}")
+            budget = (f", {size} over {logs['budget_over']:.2f} "
                       f"multiplier {logs['budget_multiplier_hidden']:.3g} phase {int(logs['budget_phase'])} "
                       f"cut {int(logs['budget_cut'])}")
         say(f"  {label} epoch {epoch + 1}: loss {logs.get('loss', float('nan')):.4f} "
@@ -314,12 +317,12 @@ def surgery(model, threshold, data):
     }
 
 
-def train_dense(network, seed, data, epochs, lr):
+def train_dense(network, seed, data, epochs, lr, jit=True):
     import keras
 
     from keras_group_lasso import sparsity_report
 
-    model = compile_model(build(network, seed), keras.optimizers.Adam(cosine(lr, epochs, len(data["x_train"]))))
+    model = compile_model(build(network, seed), keras.optimizers.Adam(cosine(lr, epochs, len(data["x_train"]))), jit)
     wall, epoch_seconds = fit(model, data, epochs, seed, f"{network} dense seed {seed}")
     report = sparsity_report(model, THRESHOLD)
     return model, {
@@ -331,15 +334,16 @@ def train_dense(network, seed, data, epochs, lr):
     }
 
 
-def train_budget(network, seed, data, epochs, lr, factor, max_flops, schedule_power, settle):
+def train_budget(network, seed, data, epochs, lr, factor, schedule_power, settle, jit=True, **limits):
+    """The budget row: FLOP-weighted group penalties, ``Proximal(Adam)``, ``SparsityBudget(**limits)``, surgery."""
     import keras
 
     from keras_group_lasso import Proximal, SparsityBudget, add_group_sparsity
 
     model = add_group_sparsity(build(network, seed), factor, penalty="group", input_factor=0.0,
                                group_weight="flops")
-    compile_model(model, Proximal(keras.optimizers.Adam(cosine(lr, epochs, len(data["x_train"])))))
-    budget = SparsityBudget(max_flops=max_flops, threshold=THRESHOLD, schedule_power=schedule_power, settle=settle)
+    compile_model(model, Proximal(keras.optimizers.Adam(cosine(lr, epochs, len(data["x_train"])))), jit)
+    budget = SparsityBudget(threshold=THRESHOLD, schedule_power=schedule_power, settle=settle, **limits)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         wall, epoch_seconds = fit(model, data, epochs, seed, f"{network} budget seed {seed}", callbacks=[budget])
@@ -347,12 +351,13 @@ def train_budget(network, seed, data, epochs, lr, factor, max_flops, schedule_po
     history = model.history.history
     record.update({
         "row": "budget", "network": network, "seed": seed, "epochs": epochs, "factor": factor,
-        "max_flops": max_flops, "schedule_power": schedule_power, "settle": settle,
+        **{key: value for key, value in limits.items() if isinstance(value, (int, float))},
+        "schedule_power": schedule_power, "settle": settle,
         "test_accuracy": accuracy(small, data), "params": int(model.count_params()),
         "train_seconds": wall, "epoch_seconds": epoch_seconds,
         "budget_cut_groups": [int(v) for v in history.get("budget_cut", [])],
         "budget_history": {key: [float(v) for v in history[key]] for key in
-                           ("budget_flops", "budget_over", "budget_multiplier_hidden", "budget_phase") if key in history},
+                           ("budget_flops", "budget_latency", "budget_over", "budget_multiplier_hidden", "budget_phase") if key in history},
         "warnings": sorted({str(w.message)[:300] for w in caught if "SparsityBudget" in str(w.message)}),
     })
     return model, small, record
@@ -638,8 +643,8 @@ def main(argv=None):
                 f"{fmt_flops(record['flops_before'])} multiply-adds, {record['params']:,} params")
             meta["wall_seconds"] = time.perf_counter() - started
             write(out, meta, rows)
-            _, _, budget = train_budget(network, seed, data, args.epochs, args.lr, args.lam, args.max_flops,
-                                        args.schedule_power, args.settle)
+            _, _, budget = train_budget(network, seed, data, args.epochs, args.lr, args.lam, args.schedule_power,
+                                        args.settle, max_flops=args.max_flops)
             rows.append(budget)
             say(f"{network} seed {seed} budget: {100 * budget['test_accuracy']:.2f} %, "
                 f"{budget['flop_reduction']:.2f}x fewer FLOPs, surgery {budget['surgery_seconds']:.2f} s, "

@@ -56,9 +56,11 @@ def test_table_holds_a_grid_per_layer(table):
     assert table.backend == keras.backend.backend()
     assert table.device and table.measure_seconds > 0
     found = grids(table)
-    # ceil(f * dense) for f in (1/8, 1/2, 1); the input channel of conv1 and the outputs of logits stay.
+    # ceil(f * dense) for f in (1/8, 1/2, 1) and one unit; the input channel of conv1 and the outputs of logits
+    # stay.
     assert found["conv1"]["in"] == [1] and found["conv1"]["out"] == [1, 4, 8]
-    assert found["conv2"]["in"] == [1, 4, 8] and found["conv2"]["out"] == [2, 8, 16]
+    assert found["conv2"]["in"] == [1, 4, 8] and found["conv2"]["out"] == [1, 2, 8, 16]
+    assert found["dense"]["in"] == [1, 2, 8, 16] and found["dense"]["out"] == [1, 2, 8, 16]
     assert found["logits"]["out"] == [3]
     for entry in found.values():
         seconds = np.asarray(entry["seconds"])
@@ -197,6 +199,20 @@ def test_models_are_timed_side_by_side():
         with pytest.raises(InvalidParameterError,
                            match="LatencyTable: argument `models` must be a non-empty list of keras.Model"):
             LatencyTable.time_models(bad)
+
+
+def test_one_unit_is_a_measured_point_so_a_layer_cut_below_an_eighth_is_not_priced_at_an_eighth(table):
+    scale = table.to_dict()["batches"]["16"]["scale"]
+    for name in ("conv2", "dense"):
+        entry = grids(table)[name]
+        one_unit = scale * entry["seconds"][0][0]
+        assert entry["in"][0] == entry["out"][0] == 1
+        assert table.layer_seconds(name, 1, 1) == pytest.approx(one_unit)
+        assert table.layer_seconds(name, 0, 0) == pytest.approx(one_unit)  # a dead layer: the floor, one unit
+        # Between one unit and an eighth of the width the time is interpolated, not the eighth's.
+        eighth = entry["out"][1]
+        assert table.layer_seconds(name, 1, 1) <= table.layer_seconds(name, 1, (1 + eighth) / 2)
+        assert table.layer_seconds(name, 1, (1 + eighth) / 2) <= table.layer_seconds(name, 1, eighth)
 
 
 def test_interpolation_is_positive_and_monotone(table):
