@@ -363,7 +363,10 @@ class Proximal(keras.optimizers.Optimizer):
             return  # the trainer holds the variables in its state for now (detached) and passes the copy
         if isinstance(current, jax.core.Tracer):
             return  # inside the compiled step: the trainer passed the value gathered before it
-        self.penalty_multiplier.assign(ops.copy(value))
+        copied = ops.copy(value)
+        if isinstance(copied, jax.core.Tracer):  # a trace is running (a step jitted by hand): a traced value
+            return  # written into the variable would outlive it
+        self.penalty_multiplier.assign(copied)
 
     def _multiplier(self):
         """The ``(2,)`` strength multiplier the proximal step uses now."""

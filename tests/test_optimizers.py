@@ -24,6 +24,7 @@ from keras_group_lasso import (
     SparseGroupLasso,
     add_group_sparsity,
     prox,
+    set_penalty_multiplier,
 )
 from keras_group_lasso import optimizers as kgl_optimizers
 from keras_group_lasso.optimizers import weighted_sparse_group_soft_threshold
@@ -1044,3 +1045,26 @@ def test_jit_compile_step_is_in_the_config():
     optimizer = Proximal(keras.optimizers.SGD(0.1), jit_compile_step=False)
     assert Proximal.from_config(optimizer.get_config()).jit_compile_step is False
     assert Proximal(keras.optimizers.SGD(0.1)).get_config()["jit_compile_step"] == "auto"
+
+
+@pytest.mark.skipif(BACKEND != "jax", reason="the JAX trainer's state handling")
+def test_a_train_step_jitted_by_hand_leaves_no_traced_value_in_the_optimizer():
+    # Tracing model.train_step outside fit (as a custom loop or a cost analysis does) reads the optimizer's
+    # variables inside the trace; the declared multiplier must not be copied into them there.
+    import jax
+    import jax.numpy as jnp
+
+    model = add_group_sparsity(keras.Sequential([keras.Input((8,)), keras.layers.Dense(6, activation="relu"),
+                                                 keras.layers.Dense(3)]), 1e-3)
+    model.compile(optimizer=Proximal(keras.optimizers.Adam(1e-2)), loss="sparse_categorical_crossentropy")
+    rng = np.random.default_rng(0)
+    x, y = rng.random((16, 8), dtype=np.float32), rng.integers(0, 3, 16)
+    model.train_on_batch(x, y)
+    groups = (model.trainable_variables, model.non_trainable_variables, model.optimizer.variables,
+              model.metrics_variables)
+    state = tuple([jnp.array(v.value, copy=True) for v in variables] for variables in groups)
+    jax.jit(model.train_step).lower(state, (jnp.asarray(x), jnp.asarray(y))).compile()
+    assert not any(isinstance(v.value, jax.core.Tracer) for v in model.optimizer.variables)
+    set_penalty_multiplier(model, 2.5)
+    model.optimizer.variables  # the trainer gathering its state reads the declared multiplier afresh
+    np.testing.assert_array_equal(ops.convert_to_numpy(model.optimizer.penalty_multiplier.value), [2.5, 2.5])
