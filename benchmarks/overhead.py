@@ -20,9 +20,15 @@ Comparisons (``kind``):
   Keras L1, GroupLasso, SparseGroupLasso (1e-4 on every kernel and bias);
   reference L2.
 * ``proximal``: the same MLP; per optimizer (SGD momentum 0.9, Adam) the plain
-  optimizer without penalty (reference), ``Proximal(optimizer)`` with
-  SparseGroupLasso(1e-4) everywhere (the penalty value reported in the loss),
-  and the same penalties by subgradient.
+  optimizer without penalty (reference), ``Proximal(optimizer)`` with the
+  penalties of ``add_group_sparsity(model, 1e-4)`` (input, hidden and bias
+  groups, declared by the model: they give the loss their value only, the
+  proximal step applies them), ``Proximal(optimizer)`` with
+  SparseGroupLasso(1e-4) set on every kernel and bias by hand (no model
+  declares them: their gradient is computed and removed again each step), and
+  the ``add_group_sparsity`` penalties by subgradient; for Adam also
+  ``Proximal(Adam, metric="euclidean")`` (its step does not read Adam's
+  second moments).
 * ``sums``: the same MLP; per optimizer the plain one (reference),
   ``Proximal(optimizer)`` as in ``proximal``, and the same with its step
   traced as before the sums of the penalties became products with ones on
@@ -122,16 +128,30 @@ def ratio_cell(samples, name, reference, clock):
     return f"{ratio:.3f}x{flag}"
 
 
+def paired_cell(samples, name, reference, clock):
+    """The median of the per-round ratios ``name / reference`` ± their IQR, flagged as :func:`ratio_cell` does.
+
+    Both ran in the same round, minutes apart at most: a machine that drifts between a fast and a slow state over
+    the rounds widens each variant's IQR, not the spread of these ratios.
+    """
+    ratios = [a / b for a, b in zip(samples[name][clock], samples[reference][clock])]
+    ratio, iqr = spread(ratios)
+    flag = f" (noise {100 * iqr:.1f} % >= effect)" if name != reference and iqr >= abs(ratio - 1) else ""
+    return f"{ratio:.3f}x ± {iqr:.3f}{flag}"
+
+
 def table(samples, reference, groups=None):
     """Markdown: per variant, wall and CPU median ± IQR per epoch and the ratios to its reference."""
-    head = ["variant", "wall s/epoch (median ± IQR)", "CPU s/epoch (median ± IQR)", "vs", "wall ratio", "CPU ratio"]
+    head = ["variant", "wall s/epoch (median ± IQR)", "CPU s/epoch (median ± IQR)", "vs", "wall ratio", "CPU ratio",
+            "CPU ratio per round (median ± IQR)"]
     rows = []
     for name in samples:
         ref = (groups or {}).get(name, reference)
         wall, wall_iqr = spread(samples[name]["wall"])
         cpu, cpu_iqr = spread(samples[name]["cpu"])
         rows.append([name, f"{wall:.3f} ± {wall_iqr:.3f}", f"{cpu:.3f} ± {cpu_iqr:.3f}", ref,
-                     ratio_cell(samples, name, ref, "wall"), ratio_cell(samples, name, ref, "cpu")])
+                     ratio_cell(samples, name, ref, "wall"), ratio_cell(samples, name, ref, "cpu"),
+                     paired_cell(samples, name, ref, "cpu")])
     return common.markdown_table(head, rows)
 
 
@@ -169,8 +189,13 @@ def penalty_of(name):
 
 
 def mlp(penalty):
+    """The MLP with ``penalty`` on every kernel and bias (``"declared"``: ``add_group_sparsity``'s penalties)."""
     import keras
 
+    if penalty == "declared":
+        from keras_group_lasso import add_group_sparsity
+
+        return add_group_sparsity(mlp("none"), FACTOR)
     keras.utils.set_random_seed(0)
     reg = penalty_of(penalty)
     layers = [keras.Input((MLP[0],))]
@@ -200,7 +225,7 @@ def cnn(penalty):
     return add_group_sparsity(model, FACTOR) if penalty == "SGL" else model
 
 
-def optimizer(name, proximal=False, compile_step=False):
+def optimizer(name, proximal=False, compile_step=False, metric="auto"):
     """The optimizer ``name``; ``proximal``: wrapped in ``Proximal`` (its step compiled alone on PyTorch with
     ``compile_step``, else eager: ``"auto"`` would switch half-way through the rounds)."""
     import keras
@@ -209,7 +234,7 @@ def optimizer(name, proximal=False, compile_step=False):
 
     inner = {"sgd-momentum": lambda: keras.optimizers.SGD(0.01, momentum=0.9),
              "adam": lambda: keras.optimizers.Adam(1e-3)}[name]()
-    return Proximal(inner, jit_compile_step=compile_step) if proximal else inner
+    return Proximal(inner, metric=metric, jit_compile_step=compile_step) if proximal else inner
 
 
 def _sums_as_reductions_callback():
@@ -253,12 +278,19 @@ def variants(kind, jit, log_dir):
         out, refs = {}, {}
         for opt in ("sgd-momentum", "adam"):
             out[f"{opt} plain"] = (compiled(mlp("none"), optimizer(opt)), [])
-            out[f"{opt} Proximal"] = (compiled(mlp("SparseGroupLasso"), optimizer(opt, proximal=True)), [])
-            out[f"{opt} subgradient"] = (compiled(mlp("SparseGroupLasso"), optimizer(opt)), [])
-            refs.update({f"{opt} {k}": f"{opt} plain" for k in ("plain", "Proximal", "subgradient")})
+            out[f"{opt} Proximal"] = (compiled(mlp("declared"), optimizer(opt, proximal=True)), [])
+            out[f"{opt} Proximal, penalties set by hand"] = (
+                compiled(mlp("SparseGroupLasso"), optimizer(opt, proximal=True)), [])
+            out[f"{opt} subgradient"] = (compiled(mlp("declared"), optimizer(opt)), [])
+            refs.update({f"{opt} {k}": f"{opt} plain"
+                         for k in ("plain", "Proximal", "Proximal, penalties set by hand", "subgradient")})
+            if opt == "adam":  # the step in the Euclidean metric: no preconditioner read
+                out["adam Proximal, metric='euclidean'"] = (
+                    compiled(mlp("declared"), optimizer(opt, proximal=True, metric="euclidean")), [])
+                refs["adam Proximal, metric='euclidean'"] = "adam plain"
             if keras.backend.backend() == "torch" and not jit:  # the proximal step compiled on its own
                 out[f"{opt} Proximal, step compiled"] = (
-                    compiled(mlp("SparseGroupLasso"), optimizer(opt, proximal=True, compile_step=True)), [])
+                    compiled(mlp("declared"), optimizer(opt, proximal=True, compile_step=True)), [])
                 refs[f"{opt} Proximal, step compiled"] = f"{opt} plain"
         return out, "sgd-momentum plain", refs
     if kind == "sums":
@@ -351,7 +383,9 @@ def main(argv=None):
                                   f"{args.rounds} interleaved rounds (order rotating); every timed unit the same "
                                   f"number of epochs for all variants, the fastest at least {args.min_seconds:g} s. "
                                   "Cells: median seconds per epoch ± interquartile range; ratios of medians to the "
-                                  "reference named in `vs`; flagged where the relative IQR is at least the effect."]),
+                                  "reference named in `vs`; flagged where the relative IQR is at least the effect. The last "
+                                  "column: the median of the ratios of the two in each round (paired, so a machine "
+                                  "that drifts between rounds does not widen it)."]),
              ""]
     for jit, epochs, text, raw in sections:
         lines += [f"## jit_compile={jit} ({epochs} epochs per timed unit)", "", text, "", "Seconds per epoch, in run "
