@@ -560,6 +560,97 @@ def test_the_cut_ranks_groups_by_weakness_per_share_of_the_budget():
     assert [round(score, 6) for score, _, _ in ranked] == sorted(round(score, 6) for score, _, _ in ranked)
 
 
+def test_the_last_groups_of_a_layer_are_the_dearest_so_a_cut_does_not_leave_it_one_unit_wide():
+    from keras_group_lasso.budget import cut
+
+    # b's groups (a's units) free ten times more of the budget than the head's (b's units), and within each layer
+    # the groups are as weak as 1, 2, ..., 8. Per share of the budget alone every group of b but its strongest
+    # would go before any of the head's; the j-th weakest of n groups scores n / (n - j) times, so the cut
+    # spreads over both layers, and within a layer it still takes the weakest first.
+    model = add_group_sparsity(keras.Sequential([
+        keras.Input((4,)), keras.layers.Dense(8, name="a"), keras.layers.Dense(8, name="b"),
+        keras.layers.Dense(1, name="head")]), 1e-3)
+    strengths = np.array([3, 1, 8, 5, 2, 7, 4, 6], dtype="float32")
+    model.get_layer("b").kernel.assign(np.ones((8, 8)) * strengths[:, None])
+    model.get_layer("head").kernel.assign(np.ones((8, 1)) * strengths[::-1, None])
+    paths = {name: model.get_layer(name).kernel.path for name in ("b", "head")}
+    loads = {paths["b"]: np.full(8, 10.0), paths["head"]: np.full(8, 1.0)}
+
+    ranked, variables = cut.ranked_groups(model, {"hidden"}, loads=loads)
+    first = [(variables[index].path, row) for _, ((index, row),), _ in ranked[:7]]
+    from_b = [row for path, row in first if path == paths["b"]]
+    from_head = [row for path, row in first if path == paths["head"]]
+    # b's j-th weakest scores (j + 1) / 4.5 / 10 * 8 / (8 - j), the head's (j + 1) / 4.5 * 8 / (8 - j): b's five
+    # weakest, the head's weakest (0.22), then b's sixth (0.36, before the head's second, 0.51). Without the factor
+    # all 7 would be b's, leaving it one unit.
+    assert len(from_b) == 6 and len(from_head) == 1
+    assert from_b == [int(r) for r in np.argsort(strengths)[:len(from_b)]]
+    assert from_head == [int(r) for r in np.argsort(strengths[::-1])[:len(from_head)]]
+    # The factor of the j-th weakest of n (a group already cut, scored -1, is the weakest).
+    assert cut._depletion(np.array([0.3, 0.1, 0.2, -1.0])) == pytest.approx([4 / 1, 4 / 3, 4 / 2, 4 / 4])
+
+
+def test_input_features_keep_their_own_score_and_hidden_units_pay_for_what_is_left():
+    from keras_group_lasso.budget import cut
+
+    # A feature is selected or not, so input groups score their weakness alone (rms over the kernel's median);
+    # a hidden group's score is that times n / (n - j), j its rank among its kernel's n groups.
+    model = add_group_sparsity(keras.Sequential([
+        keras.Input((6,)), keras.layers.Dense(4, name="a"), keras.layers.Dense(1, name="head")]), 1e-3)
+    model.get_layer("a").kernel.assign(np.ones((6, 4)) * np.arange(1, 7)[:, None] * 0.01)
+    model.get_layer("head").kernel.assign(np.array([[3.0], [1.0], [4.0], [2.0]]))
+    features, _ = cut.ranked_groups(model, {"input"})
+    assert [score for score, _, _ in features] == pytest.approx(np.arange(1, 6) / 3.5)
+    units, _ = cut.ranked_groups(model, {"hidden"})
+    assert [parts[0][1] for _, parts, _ in units] == [1, 3, 0]  # the strongest (row 2) is never offered
+    assert [score for score, _, _ in units] == pytest.approx([1 / 2.5 * 4 / 4, 2 / 2.5 * 4 / 3, 3 / 2.5 * 4 / 2])
+
+
+def _cut_with_batch_normalization(rng, epochs=4, settle=0.5):
+    """A model whose BatchNormalization follows a layer that loses inputs to a cut at the end of epoch 2 of 4."""
+    x, y = data(rng)
+    inputs = keras.Input((12,))
+    h = keras.layers.Dense(8, activation="relu", name="a")(inputs)
+    h = keras.layers.BatchNormalization(name="bn")(keras.layers.Dense(6, name="b")(h))
+    model = add_group_sparsity(keras.Model(inputs, keras.layers.Dense(1, activation="sigmoid")(
+        keras.layers.ReLU()(h))), 1e-6)  # too weak to remove anything: the cut does it
+    momenta = []
+
+    class Record(keras.callbacks.Callback):
+        def on_epoch_end(self, epoch, logs=None):
+            momenta.append(model.get_layer("bn").momentum)
+
+    history, warned = fit(model, x, y, [SparsityBudget(max_units=5, settle=settle), Record()], epochs=epochs,
+                          optimizer=Proximal(keras.optimizers.SGD(0.05, momentum=0.9)))
+    # How far the moving statistics are from those of what the layer reads now (in its standard deviations).
+    seen = keras.Model(model.inputs, model.get_layer("b").output).predict(x, verbose=0)
+    bn = model.get_layer("bn")
+    mean_error = np.abs(keras.ops.convert_to_numpy(bn.moving_mean) - seen.mean(0)) / seen.std(0)
+    variance_error = np.abs(keras.ops.convert_to_numpy(bn.moving_variance) / seen.var(0) - 1)
+    return history, warned, momenta, bn, float(mean_error.max()), float(variance_error.max())
+
+
+def test_batch_normalization_forgets_what_it_averaged_before_a_cut(rng, monkeypatch):
+    from keras_group_lasso.budget import callback
+
+    history, _, momenta, bn, mean_error, variance_error = _cut_with_batch_normalization(rng)
+    assert history.history["budget_cut"][1] > 0
+    # 2 epochs of 16 steps are left after the cut: momentum 0.01 ** (1 / 32), then the layer's own again.
+    assert momenta == pytest.approx([0.99] + [0.01 ** (1 / 32)] * 3) and bn.momentum == 0.99
+    assert mean_error < 0.3 and variance_error < 0.5
+    # Averaged on with its own momentum, the layer would still carry 0.99 ** 32 = 72 % of the old statistics.
+    monkeypatch.setattr(callback, "STALE_SHARE", 1.0)
+    _, _, momenta, _, mean_error, variance_error = _cut_with_batch_normalization(np.random.default_rng(0))
+    assert momenta == [0.99] * 4 and (mean_error > 0.5 or variance_error > 1.0)
+
+
+def test_a_cut_with_no_step_left_says_that_batch_normalization_statistics_predate_it(rng):
+    history, warned, momenta, _, _, _ = _cut_with_batch_normalization(rng, epochs=1, settle=0.0)
+    assert history.history["budget_cut"][0] > 0
+    assert momenta == [0.99]
+    assert any("BatchNormalization statistics were gathered before the cut" in str(w.message) for w in warned)
+
+
 def test_no_cut_leaves_a_kernel_all_zero_not_even_through_a_residual_stream():
     from keras_group_lasso.budget import cut
     from keras_group_lasso.regularizers import CoupledGroupLasso

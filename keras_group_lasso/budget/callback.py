@@ -30,6 +30,8 @@ _OWNER = "SparsityBudget"
 _LOG = logging.getLogger("keras_group_lasso")
 #: The batch size a latency table is measured at when neither ``max_latency`` nor ``latency_table`` says one.
 LATENCY_BATCH_SIZE = 256
+# After a cut, the share of a BatchNormalization layer's moving statistics from before it that is left when fit ends.
+STALE_SHARE = 0.01
 #: ``{model: (latency table, batch size)}`` of the latency budgets steering a ``fit`` now.
 _TRAINING_TABLES = weakref.WeakKeyDictionary()
 
@@ -124,9 +126,21 @@ class SparsityBudget(keras.callbacks.Callback):
     keeps the multipliers the search reached. The score of a group is the root mean
     square of its weights over the median of its kernel's, so each layer
     loses its own weakest groups, and the strongest group of every kernel
-    stays. A training that stops earlier (``EarlyStopping``) is cut the same
+    stays. The score of a hidden group is also multiplied by ``n / (n - j)``
+    when it is the ``j``-th weakest of its kernel's ``n`` (its layer's last
+    units are the dearest), so a cut spreads over the layers rather than
+    leaving one a single unit wide. A training that stops earlier (``EarlyStopping``) is cut the same
     way when it ends. ``fit`` therefore ends within the budget, however the
     penalties were set.
+
+    A cut (or rounding) changes what the layers after it compute, so the
+    moving statistics of ``BatchNormalization`` layers, averaged over the
+    steps before it, no longer fit the network in inference. For the rest of
+    ``fit`` each such layer averages with ``momentum = min(momentum, 0.01 **
+    (1 / steps left))``, so that the statistics from before the cut weigh at
+    most 1 % when ``fit`` ends; ``fit`` ends with the momentum the layers
+    had. The warning of a cut with no step left after it says that the
+    statistics predate it.
 
     With ``round_to`` > 1 every layer that makes its own units (a Dense or
     convolution layer, not the output, whose units one other layer reads
@@ -321,6 +335,7 @@ class SparsityBudget(keras.callbacks.Callback):
         self._epoch = 0
         self.rounded = {}
         self.spared = {}
+        self._momenta = {}  # {id: (BatchNormalization layer, its own momentum)} while a cut's statistics renew
         self.limits = None
         self._declared = None
         self._first_epoch = None
@@ -578,6 +593,8 @@ class SparsityBudget(keras.callbacks.Callback):
                 self._update(settling=True, reached=self.multiplier)
                 self._declared.set_multiplier(0.0, 0.0)
             self._update(phase=phase, cut=self.state.cut + removed)
+            if removed:
+                self._renew_statistics(epoch)
             self._freeze()
         else:
             self._steer(sizes, progress, schedule.last_fraction(self.update_freq, self._steps))
@@ -712,11 +729,31 @@ class SparsityBudget(keras.callbacks.Callback):
         if cut.freeze_groups(self.model, cut.dead_groups(self.model, self.threshold, exact=True)):
             self.model.make_train_function(force=True)
 
+    def _renew_statistics(self, epoch):
+        """After groups were cut at the end of ``epoch``: the ``BatchNormalization`` layers forget what they averaged
+        before it (at most ``STALE_SHARE`` of it left when ``fit`` ends), by a lower momentum until ``fit`` ends."""
+        left = (self._epochs() - epoch - 1) * (self._steps or self._done)
+        if left <= 0:
+            return
+        momentum = STALE_SHARE ** (1.0 / left)
+        changed = False
+        for layer in _batch_normalizations(self.model):
+            if layer.momentum > momentum:
+                self._momenta.setdefault(id(layer), (layer, layer.momentum))
+                layer.momentum = momentum
+                changed = True
+        if changed:
+            self.model.make_train_function(force=True)
+
     def _release_constraints(self):
         """The kernels' own constraints back, and no spared groups: the next ``fit`` traces without them."""
         if self.model is None:
             return
-        changed = cut.release_frozen_groups(self.model)
+        changed = bool(self._momenta)
+        for layer, momentum in self._momenta.values():
+            layer.momentum = momentum
+        self._momenta = {}
+        changed = cut.release_frozen_groups(self.model) or changed
         for _, penalty in group_sparse_penalties(self.model):
             changed = changed or bool(penalty.spared)
             penalty.spared = 0
@@ -800,10 +837,15 @@ class SparsityBudget(keras.callbacks.Callback):
         details = ", ".join(f"{kind} {_size(kind, sizes[kind])} (budget {_size(kind, limit)})"
                             for kind, limit in self.limits.items())
         when = "at the end of training" if epoch is None else f"at the end of epoch {epoch + 1}"
+        last = epoch is None or epoch + 1 >= self._epochs()
+        stale = (" Its BatchNormalization statistics were gathered before the cut, and no training step was left "
+                 "to renew them: run the model over training data in training mode before inference, or let "
+                 "settling begin an epoch or more before the end (settle)."
+                 if last and any(True for _ in _batch_normalizations(self.model)) else "")
         warnings.warn(
             f"{_OWNER}: {when} the model was still over its budget; {what} to meet it: {details} "
             "(logs['budget_cut'] counts them at the epoch they went). A larger penalty factor or more epochs let "
-            "the training get closer by itself.",
+            f"the training get closer by itself.{stale}",
             RuntimeWarning,
             stacklevel=3,
         )
@@ -833,6 +875,15 @@ class SparsityBudget(keras.callbacks.Callback):
             self._warn_cut(f"{removed} live units went, in blocks of {self.round_to} (round_to)", self._measure(),
                            epoch)
         return changed, removed
+
+
+def _batch_normalizations(model):
+    """The ``BatchNormalization`` layers of ``model``, nested models included."""
+    for layer in model.layers:
+        if isinstance(layer, keras.Model):
+            yield from _batch_normalizations(layer)
+        elif isinstance(layer, keras.layers.BatchNormalization):
+            yield layer
 
 
 def _ms(seconds):

@@ -135,7 +135,10 @@ def ranked_groups(model, roles, cut_before=frozenset(), loads=None):
     ``loads`` counts the mean load).
 
     The strongest group of each kernel is left out, a coupled one too (when a stream's channel is a
-    kernel's strongest group, that coupled group stays): no cut leaves a kernel all zero.
+    kernel's strongest group, that coupled group stays): no cut leaves a kernel all zero. The ``j``-th weakest of
+    a kernel's ``n`` hidden groups (those already at zero count) scores ``n / (n - j)`` times its own, so the last
+    units of a layer are the dearest and a cut does not leave a layer one unit wide while others keep most of
+    theirs; input groups (features) keep their own score.
     """
     variables, entries, coupled, kept_keys = [], [], {}, set()
     input_keys = {key for v in model.weights if isinstance(getattr(v, "regularizer", None), CoupledGroupLasso)
@@ -157,11 +160,14 @@ def ranked_groups(model, roles, cut_before=frozenset(), loads=None):
         keys = penalty.coupled if isinstance(penalty, CoupledGroupLasso) else (-1,) * view[-2]
         if keys[strongest] >= 0:  # a coupled group (a residual stream's channel) is this kernel's strongest: it
             kept_keys.add(keys[strongest])  # stays, or a cut of the whole stream could leave the kernel all zero
+        scores = np.array([-1.0 if (variable.path, row) in cut_before else rms[row] / scale / per_load[row]
+                           for row in range(view[-2])])
+        depleted = scores * _depletion(scores)
         for row, key in enumerate(keys):
             is_input = penalty.group_role == "input" if key < 0 else key in input_keys
             if ("input" if is_input else "hidden") not in roles:
                 continue
-            score = -1.0 if (variable.path, row) in cut_before else rms[row] / scale / per_load[row]
+            score = scores[row] if is_input else depleted[row]  # a feature is selected or not: no bottleneck
             if key >= 0:
                 total = coupled.setdefault(key, [0.0, 0, [], True])
                 total[0] += score
@@ -175,6 +181,21 @@ def ranked_groups(model, roles, cut_before=frozenset(), loads=None):
             entries.append((score / parts, tuple(rows), zero))
     entries.sort(key=lambda entry: entry[0])
     return entries, variables
+
+
+def _depletion(scores):
+    """``n / (n - j)`` for the ``j``-th weakest of a kernel's ``n`` groups (``j`` from 0): what cutting it leaves.
+
+    A group's score is multiplied by it, so the first groups of a layer go at
+    their own score and the last ones cost more the fewer would be left (the
+    second strongest of ``n`` at ``n / 2`` times): a cut spreads over the
+    layers rather than leaving one a single unit wide, a bottleneck the rest of
+    the network cannot route around. Within a kernel the order is unchanged.
+    """
+    n = len(scores)
+    rank = np.empty(n)
+    rank[np.argsort(scores, kind="stable")] = np.arange(n)
+    return n / (n - rank)
 
 
 def _relative_loads(loads, path, rows):
