@@ -34,6 +34,10 @@ def build(kind="add_group_sparsity"):
     if kind == "add_group_sparsity":
         model = add_group_sparsity(keras.Sequential([keras.Input((12,)), keras.layers.Dense(8, activation="relu"),
                                                      keras.layers.Dense(1, activation="sigmoid")]), 2e-3)
+    elif kind == "batch normalization":  # penalties too weak to select: the cut does it, then the statistics renew
+        model = add_group_sparsity(keras.Sequential([
+            keras.Input((12,)), keras.layers.Dense(8), keras.layers.BatchNormalization(), keras.layers.ReLU(),
+            keras.layers.Dense(1, activation="sigmoid")]), 1e-6)
     else:  # the plain way: penalties on the layers of a functional model
         from keras_group_lasso import SparseGroupLasso
 
@@ -120,6 +124,22 @@ def test_backup_and_restore_resumes_a_budget_on_a_plain_functional_model(tmp_pat
     resumed = build("functional")
     train(resumed, callbacks())
     assert_same(outcome(resumed), uninterrupted("functional"))
+
+
+@pytest.mark.parametrize("budget_first", [True, False], ids=["budget first", "backup first"])
+def test_a_training_resumed_after_a_cut_renews_batch_normalization_as_the_uninterrupted_one(tmp_path, budget_first):
+    def callbacks(*extra):
+        backup = keras.callbacks.BackupAndRestore(str(tmp_path / "backup"))
+        return ([budget(), backup] if budget_first else [backup, budget()]) + list(extra)
+
+    want = uninterrupted("batch normalization")
+    with pytest.raises(Interrupt):
+        train(build("batch normalization"), callbacks(stop_at(8)))
+    resumed = build("batch normalization")
+    history = train(resumed, callbacks())
+    assert resumed.layers[1].momentum == 0.99  # fit ends with the layer's own momentum
+    assert_same(outcome(resumed), want)  # the moving statistics among the weights
+    assert history.history["budget_phase"][-1] == 2  # settled after a cut
 
 
 @pytest.mark.parametrize("interrupt", [3, 8], ids=["searching", "settling"])

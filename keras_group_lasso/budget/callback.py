@@ -137,9 +137,9 @@ class SparsityBudget(keras.callbacks.Callback):
     moving statistics of ``BatchNormalization`` layers, averaged over the
     steps before it, no longer fit the network in inference. For the rest of
     ``fit`` each such layer averages with ``momentum = min(momentum, 0.01 **
-    (1 / steps left))``, so that the statistics from before the cut weigh at
-    most 1 % when ``fit`` ends; ``fit`` ends with the momentum the layers
-    had. The warning of a cut with no step left after it says that the
+    (1 / steps of the settling part))``, so that the statistics from before
+    the cut weigh at most 1 % when ``fit`` ends (a resumed training sets the
+    same momentum again); ``fit`` ends with the momentum the layers had. The warning of a cut with no step left after it says that the
     statistics predate it.
 
     With ``round_to`` > 1 every layer that makes its own units (a Dense or
@@ -521,6 +521,8 @@ class SparsityBudget(keras.callbacks.Callback):
                 self._decide(epoch - 1)
             elif state.settling:  # resumed inside the settling part: hold the cut groups at zero again
                 self._freeze()
+            if self.state.settling and self.state.phase == CUT:  # and renew the statistics as the training
+                self._renew_statistics()  # that was not interrupted does (after the cut's epoch)
 
     def _check_batch(self, batch, logs=None):
         """With ``update_freq`` batches: steer after every ``update_freq`` of them (Keras's ``on_train_batch_end``)."""
@@ -594,7 +596,7 @@ class SparsityBudget(keras.callbacks.Callback):
                 self._declared.set_multiplier(0.0, 0.0)
             self._update(phase=phase, cut=self.state.cut + removed)
             if removed:
-                self._renew_statistics(epoch)
+                self._renew_statistics()
             self._freeze()
         else:
             self._steer(sizes, progress, schedule.last_fraction(self.update_freq, self._steps))
@@ -729,10 +731,11 @@ class SparsityBudget(keras.callbacks.Callback):
         if cut.freeze_groups(self.model, cut.dead_groups(self.model, self.threshold, exact=True)):
             self.model.make_train_function(force=True)
 
-    def _renew_statistics(self, epoch):
-        """After groups were cut at the end of ``epoch``: the ``BatchNormalization`` layers forget what they averaged
-        before it (at most ``STALE_SHARE`` of it left when ``fit`` ends), by a lower momentum until ``fit`` ends."""
-        left = (self._epochs() - epoch - 1) * (self._steps or self._done)
+    def _renew_statistics(self):
+        """After a cut: the ``BatchNormalization`` layers forget what they averaged before it, by a lower momentum
+        until ``fit`` ends: at most ``STALE_SHARE`` of it is left after the steps of the settling part (a cut is made
+        when settling begins; a resumed training sets the same momentum again)."""
+        left = (self._epochs() - self._search_end()) * (self._steps or self._done)
         if left <= 0:
             return
         momentum = STALE_SHARE ** (1.0 / left)
