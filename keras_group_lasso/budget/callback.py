@@ -881,11 +881,13 @@ class SparsityBudget(keras.callbacks.Callback):
 
 
 def _batch_normalizations(model):
-    """The ``BatchNormalization`` layers of ``model``, nested models included."""
+    """The layers of ``model`` (nested models included) that average statistics with a momentum."""
+    from keras_group_lasso.graph import registry
+
     for layer in model.layers:
         if isinstance(layer, keras.Model):
             yield from _batch_normalizations(layer)
-        elif isinstance(layer, keras.layers.BatchNormalization):
+        elif registry.keeps_moving_statistics(layer):
             yield layer
 
 

@@ -1917,6 +1917,12 @@ def units_rule(layer):
     return rule.variant(layer) if isinstance(rule, UnitsRule) else None
 
 
+def keeps_moving_statistics(layer):
+    """Whether ``layer`` averages statistics over the training steps with a ``momentum`` (a BatchNormalization, on
+    any axis, subclasses too): what a budget's cut makes stale."""
+    return isinstance(layer, keras.layers.BatchNormalization)
+
+
 def makes_units(layer):
     """``layer`` makes units in its configuration (a Dense or convolution; not a depthwise grouped convolution)."""
     rule = units_rule(layer)
