@@ -129,8 +129,8 @@ class SparsityBudget(keras.callbacks.Callback):
     stays. The score of a hidden group is also multiplied by ``n / (n - j)``
     when it is the ``j``-th weakest of its kernel's ``n`` (its layer's last
     units are the dearest), so a cut spreads over the layers rather than
-    leaving one a single unit wide. A training that stops earlier (``EarlyStopping``) is cut the same
-    way when it ends. ``fit`` therefore ends within the budget, however the
+    leaving one a single unit wide. A training that stops earlier
+    (``EarlyStopping``) is cut the same way when it ends. ``fit`` therefore ends within the budget, however the
     penalties were set.
 
     A cut (or rounding) changes what the layers after it compute, so the
@@ -139,8 +139,9 @@ class SparsityBudget(keras.callbacks.Callback):
     ``fit`` each such layer averages with ``momentum = min(momentum, 0.01 **
     (1 / steps of the settling part))``, so that the statistics from before
     the cut weigh at most 1 % when ``fit`` ends (a resumed training sets the
-    same momentum again); ``fit`` ends with the momentum the layers had. The warning of a cut with no step left after it says that the
-    statistics predate it.
+    same momentum again); ``fit`` ends with the momentum the layers had. The
+    warning of a cut with no step left after it says that the statistics
+    predate it.
 
     With ``round_to`` > 1 every layer that makes its own units (a Dense or
     convolution layer, not the output, whose units one other layer reads
