@@ -32,6 +32,7 @@ Where the variables live:
   count them, is refused (use ``add_group_sparsity``).
 """
 
+import json
 import weakref
 
 import keras
@@ -43,6 +44,9 @@ __all__ = ["GroupPenalties", "PenaltyState", "declare_group_penalties", "declare
            "BUDGET_STATE_SIZE"]
 
 BUDGET_STATE_SIZE = 16
+_NOTES = "notes"
+#: The note of the own momentum of each BatchNormalization layer (by path) a budget's cut renews.
+MOMENTA = "batch_normalization_momenta"
 WEIGHT_ONLY = (
     "a weight (a kernel or a bias): a group penalty sums over the rows of a weight, so use it as "
     "kernel_regularizer or bias_regularizer; as activity_regularizer it would receive the layer's "
@@ -51,6 +55,10 @@ WEIGHT_ONLY = (
 _ATTRIBUTE = "_group_penalties"
 _PENALTY_ATTRIBUTES = ("kernel_regularizer", "bias_regularizer", "depthwise_regularizer", "pointwise_regularizer",
                        "recurrent_regularizer")
+# The variable each attribute's penalty lands on when the layer builds.
+_ATTRIBUTE_VARIABLES = {"kernel_regularizer": "kernel", "bias_regularizer": "bias",
+                        "depthwise_regularizer": "depthwise_kernel", "pointwise_regularizer": "pointwise_kernel",
+                        "recurrent_regularizer": "recurrent_kernel"}
 
 
 @keras.saving.register_keras_serializable(package="keras_group_lasso", name="PenaltyState")
@@ -68,6 +76,11 @@ class PenaltyState(keras.layers.Layer):
         kwargs.setdefault("name", "group_penalty_state")
         super().__init__(trainable=False, **kwargs)
         self.with_multiplier = bool(with_multiplier)
+        # JSON values saved beside the variables (a budget's measured latency table, the own momentum of
+        # the BatchNormalization layers whose statistics a cut renews): what a resumed training needs to
+        # decide as the uninterrupted one.
+        self.notes = {}
+        self._owner_model = None  # a weak reference to the model whose state this is (attach_state)
         self.multiplier = None
         if self.with_multiplier:
             self.multiplier = self.add_weight(shape=(2,), initializer="ones", trainable=False, name="multiplier",
@@ -79,16 +92,56 @@ class PenaltyState(keras.layers.Layer):
     def call(self, inputs):
         return inputs
 
+    def save_own_variables(self, store):
+        super().save_own_variables(store)
+        if self.notes:
+            store[_NOTES] = np.frombuffer(json.dumps(self.notes, sort_keys=True).encode("utf-8"), dtype="uint8")
+
     def load_own_variables(self, store):
         # Files written before this state existed have none: keep the initial values.
-        if len(store.keys()) == 0:
+        keys = list(store.keys())
+        if len(keys) == 0:
             return
-        super().load_own_variables(store)
+        super().load_own_variables({key: store[key] for key in keys if key != _NOTES})
+        self.notes = json.loads(bytes(np.asarray(store[_NOTES], dtype="uint8")).decode("utf-8")) \
+            if _NOTES in keys else {}
+        model = None if self._owner_model is None else self._owner_model()
+        if model is not None:
+            restore_momenta(model, self.notes.get(MOMENTA, {}))
 
     def get_config(self):
         config = super().get_config()
         config["with_multiplier"] = self.with_multiplier
         return config
+
+
+def layer_paths(model, keep, prefix=""):
+    """``[(path, layer)]`` of the layers of ``model`` (nested models walked, ``outer/inner`` paths) that ``keep``."""
+    found = []
+    for layer in model.layers:
+        path = f"{prefix}{layer.name}"
+        if isinstance(layer, keras.Model):
+            found += layer_paths(layer, keep, f"{path}/")
+        elif keep(layer):
+            found.append((path, layer))
+    return found
+
+
+def restore_momenta(model, momenta):
+    """Give each layer at a path of ``momenta`` (``{path: momentum}``) its momentum back.
+
+    While a budget renews the statistics of BatchNormalization layers after a
+    cut their momentum is lowered until ``fit`` ends; a model saved then
+    carries the lowered value in its config. The state notes each layer's own
+    momentum, and loading the state gives it back (a resumed budget lowers it
+    again, as the uninterrupted training does).
+    """
+    if not momenta:
+        return
+    layers = dict(layer_paths(model, lambda layer: hasattr(layer, "momentum")))
+    for path, momentum in momenta.items():
+        if path in layers:
+            layers[path].momentum = float(momentum)
 
 
 def _unwrapped(optimizer):
@@ -186,12 +239,28 @@ class GroupPenalties:
     def set_budget_values(self, values):
         self.state.budget.assign(np.asarray(values, dtype="float32"))
 
+    def note(self, key, default=None):
+        """A JSON value kept with the state (saved with the model's weights), or ``default``."""
+        return self.state.notes.get(key, default)
+
+    def set_note(self, key, value):
+        """Keep ``value`` (plain JSON values) with the state; ``None`` removes the note."""
+        if value is None:
+            self.state.notes.pop(key, None)
+        else:
+            self.state.notes[key] = value
+
     def link(self):
         """Point every penalty of the model at this declaration and link the coupled ones to each other."""
         from keras_group_lasso.regularizers import CoupledGroupLasso, link_coupled_penalties
 
         model = self.model
         _refuse_activity_penalties(model)
+        if self._own_penalties(model):
+            # A compiled step holds the penalty objects it was traced with: the next one must read these.
+            for attribute in ("train_function", "test_function", "predict_function"):
+                if getattr(model, attribute, None) is not None:
+                    setattr(model, attribute, None)
         penalties = self.penalties()
         kernels = [(layer, p) for path, layer, p in penalties if not path.endswith(".bias_regularizer")]
         roles = {}
@@ -209,6 +278,64 @@ class GroupPenalties:
                    if isinstance(getattr(v, "regularizer", None), CoupledGroupLasso)]
         if members:
             link_coupled_penalties(members)
+
+    def _own_penalties(self, model):
+        """Give every weight of ``model`` a penalty object of its own, owned by this declaration.
+
+        The role (input or hidden groups) is a property of the weight and the
+        strength one of the model, while Keras users pass one regularizer
+        object to many layers (``reg = SparseGroupLasso(1e-3)``,
+        ``kernel_regularizer=reg`` everywhere) and to many models. So a
+        penalty object that another model declared, that no model declared
+        yet, or that a second weight of this model carries, is replaced on
+        that weight by a copy (``from_config(get_config())``: the same
+        penalty). The objects the user passed are never changed: they stay
+        undeclared (strength 1 wherever they are still used).
+
+        Returns:
+            Whether any weight got a new object.
+        """
+        from keras_group_lasso.regularizers import GroupSparseRegularizer
+
+        kept, replaced = set(), False  # ids of the objects kept on a slot in this pass
+
+        def own(penalty):
+            nonlocal replaced
+            if penalty.declared is self and id(penalty) not in kept:
+                kept.add(id(penalty))
+                return penalty
+            replaced = True
+            copy = type(penalty).from_config(penalty.get_config())
+            copy.declared = self
+            kept.add(id(copy))
+            return copy
+
+        for layer in _layers(model):
+            new_of_variable = {}
+            for variable in layer.weights:
+                penalty = getattr(variable, "regularizer", None)
+                if isinstance(penalty, GroupSparseRegularizer):
+                    new = own(penalty)
+                    variable.regularizer = new
+                    new_of_variable[variable.name] = (penalty, new)
+            for attribute in _PENALTY_ATTRIBUTES:
+                penalty = getattr(layer, attribute, None)
+                if not isinstance(penalty, GroupSparseRegularizer):
+                    continue
+                old, new = new_of_variable.get(_ATTRIBUTE_VARIABLES[attribute], (None, None))
+                if old is not penalty:  # a layer not built yet (or a variable that carries another penalty)
+                    new = own(penalty)
+                if new is not penalty:
+                    _set_penalty(layer, attribute, new)
+        return replaced
+
+
+def _set_penalty(layer, attribute, penalty):
+    """Set ``layer.<attribute>``; a recurrent layer reads it from its cell (a property without a setter)."""
+    holder = layer
+    while getattr(getattr(type(holder), attribute, None), "fset", True) is None and hasattr(holder, "cell"):
+        holder = holder.cell
+    setattr(holder, attribute, penalty)
 
 
 def _refuse_activity_penalties(model):
@@ -230,6 +357,7 @@ def attach_state(model, state, carried):
     stay the layers' own (TensorFlow and PyTorch read the variables
     themselves). Keras saves and restores an attribute either way.
     """
+    state._owner_model = weakref.ref(model)
     if carried:
         model.group_penalty_state = state
     else:

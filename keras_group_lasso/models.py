@@ -76,7 +76,8 @@ class _MultiplierState:
 
 
 def _attach_head_penalties(model, penalties):
-    """``{layer name: penalty}`` put on the head kernel of each named layer (a MultiHeadAttention's output kernel)."""
+    """Put each penalty of ``{layer name: penalty}`` on the head kernel of the named layer (a MultiHeadAttention's
+    output kernel); returns ``{layer name: that variable}``."""
     attached = {}
     for name, penalty in penalties.items():
         if not isinstance(penalty, GroupSparseRegularizer):
@@ -88,7 +89,7 @@ def _attach_head_penalties(model, penalties):
             fail("GroupSparseModel", "head_penalties", "penalties of layers with heads (MultiHeadAttention)",
                  f"{name!r} ({type(layer).__name__})")
         variable.regularizer = penalty
-        attached[name] = penalty
+        attached[name] = variable
     return attached
 
 
@@ -124,8 +125,11 @@ class GroupSparseModel(_MultiplierState, keras.Model):
         # the constructor as a functional model's).
         head_penalties = kwargs.pop("head_penalties", None) or {}
         super().__init__(inputs=inputs, outputs=outputs, name=name, **kwargs)
-        self.head_penalties = _attach_head_penalties(self, head_penalties)
+        heads = _attach_head_penalties(self, head_penalties)
+        self.head_penalties = {name: variable.regularizer for name, variable in heads.items()}  # read by get_config
         _declare(self)
+        # The declaration gives every weight a penalty object of its own: these are the ones on the kernels now.
+        self.head_penalties = {name: variable.regularizer for name, variable in heads.items()}
 
     def get_config(self):
         config = super().get_config()
