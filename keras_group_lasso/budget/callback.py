@@ -7,6 +7,7 @@ widths in whole blocks, and :mod:`.state` is its progress, kept in the model
 uninterrupted one.
 """
 
+import json
 import logging
 import math
 import numbers
@@ -21,7 +22,7 @@ from keras_group_lasso._validation import InvalidParameterError, check_non_negat
 from keras_group_lasso.budget import cut, rounding, schedule
 from keras_group_lasso.budget.cost import LatencyTable, current_device, unit_costs
 from keras_group_lasso.budget.state import CUT, SEARCH, WITHIN, BudgetState
-from keras_group_lasso.declared import BUDGET_STATE_SIZE, declare_group_penalties
+from keras_group_lasso.declared import BUDGET_STATE_SIZE, MOMENTA, declare_group_penalties, layer_paths
 from keras_group_lasso.regularizers import group_sparse_penalties
 
 __all__ = ["SparsityBudget", "training_latency_table"]
@@ -32,6 +33,8 @@ _LOG = logging.getLogger("keras_group_lasso")
 LATENCY_BATCH_SIZE = 256
 # After a cut, the share of a BatchNormalization layer's moving statistics from before it that is left when fit ends.
 STALE_SHARE = 0.01
+# The note of the model's state that keeps the latency table a budget measured.
+_TABLE_NOTE = "latency_table"
 #: ``{model: (latency table, batch size)}`` of the latency budgets steering a ``fit`` now.
 _TRAINING_TABLES = weakref.WeakKeyDictionary()
 
@@ -187,8 +190,10 @@ class SparsityBudget(keras.callbacks.Callback):
     :class:`~keras_group_lasso.LatencyTable` times each Dense and
     convolution layer (with the per-channel layers after it) at a grid of
     widths once, when ``fit`` starts (a few
-    seconds for a small CNN; the table is kept in ``latency_table`` for the
-    next ``fit``), and the size the budget steers is the table's prediction
+    seconds for a small CNN; the table is kept in ``latency_table`` and, with
+    the budget's progress, in the model's state, saved with its weights: a
+    resumed or later ``fit`` uses it again rather than measuring anew, when
+    it fits the model, backend and device), and the size the budget steers is the table's prediction
     for the live units, served by both multipliers as ``max_flops`` is. With
     ``latency_check`` (default) the end of ``fit`` builds the pruned model
     (:func:`~keras_group_lasso.prune_model`), times it and the dense model
@@ -260,7 +265,9 @@ class SparsityBudget(keras.callbacks.Callback):
             package, whose group penalties all have ``factor`` 0, or (on JAX) a
             plain Sequential (see :mod:`keras_group_lasso.declared`); a
             ``max_flops`` for a model with inputs of variable size; a
-            ``latency_table`` measured for another model.
+            ``latency_table`` measured for another model; a ``max_latency``
+            below the predicted time of the narrowest model the budget can
+            reach (every prunable layer one unit wide), before the first step.
 
     Example:
         >>> from keras_group_lasso import Proximal, add_group_sparsity, sparsity_report
@@ -304,6 +311,7 @@ class SparsityBudget(keras.callbacks.Callback):
             fail(_OWNER, "latency_table", "a table of one batch size with a fractional max_latency (or give "
                  "max_latency=(seconds, batch size))", latency_table)
         self.latency_table = latency_table
+        self._given_table = latency_table
         if not isinstance(latency_check, (bool, np.bool_)):
             fail(_OWNER, "latency_check", "True or False", latency_check)
         self.latency_check = bool(latency_check)
@@ -396,7 +404,7 @@ class SparsityBudget(keras.callbacks.Callback):
             return None
         if self._latency[0] == "seconds":
             return self._latency[2]
-        return self.latency_table.batch_sizes[0] if self.latency_table is not None else LATENCY_BATCH_SIZE
+        return self._given_table.batch_sizes[0] if self._given_table is not None else LATENCY_BATCH_SIZE
 
     def _predicted_latency(self, widths):
         """The table's predicted time of ``{layer name: (in, out)}`` at the budget's batch size."""
@@ -480,21 +488,68 @@ class SparsityBudget(keras.callbacks.Callback):
         self._done = self._checked = 0  # batches of this epoch: done, done at the last check
 
     def _latency_begin(self, above):
-        """The latency table (measured now when none was given), the dense time and the latency limit."""
-        if self.latency_table is None:
-            self.latency_table = LatencyTable.measure(self.model, batch_size=self.latency_batch_size)
-            _LOG.info("%s: measured the latency table in %.1f s:\n%s", _OWNER, self.latency_table.measure_seconds,
-                      self.latency_table.to_text())
+        """The latency table (the one given, else the one the model's state keeps, else measured now), the dense
+        time and the latency limit."""
+        if self._given_table is None:
+            self.latency_table = self._kept_table()
+            if self.latency_table is None:
+                self.latency_table = LatencyTable.measure(self.model, batch_size=self.latency_batch_size)
+                _LOG.info("%s: measured the latency table in %.1f s:\n%s", _OWNER,
+                          self.latency_table.measure_seconds, self.latency_table.to_text())
+                self._declared.set_note(_TABLE_NOTE, self.latency_table.to_dict())
         else:
             self.latency_table.check_model(self.model, owner=_OWNER)
-        dense = self.latency_table.predict(None, self.latency_batch_size)
+        self._latency_limit(above)
+
+    def _kept_table(self):
+        """The latency table the model's state keeps (measured by a budget of an earlier or interrupted ``fit``),
+        or ``None`` when there is none or it does not fit this model, batch size, backend and device."""
+        kept = self._declared.note(_TABLE_NOTE)
+        if kept is None:
+            return None
+        try:
+            table = LatencyTable.from_dict(kept).check_model(self.model, owner=_OWNER)
+        except InvalidParameterError as error:
+            _LOG.info("%s: the latency table the model's state keeps is measured again: %s", _OWNER, error)
+            return None
+        here = (keras.backend.backend(), current_device())
+        if (table.backend, table.device) != here or self.latency_batch_size not in table.batch_sizes:
+            _LOG.info("%s: the latency table the model's state keeps (%s, %s, batch sizes %s) is measured again "
+                      "for %s, %s, batch size %d.", _OWNER, table.backend, table.device, list(table.batch_sizes),
+                      *here, self.latency_batch_size)
+            return None
+        return table
+
+    def _adopt_restored_table(self):
+        """A checkpoint restored after this budget's ``on_train_begin`` (``BackupAndRestore`` later in the list of
+        callbacks) brings the table the interrupted training measured: the budget counts with that one."""
+        kept = self._declared.note(_TABLE_NOTE)
+        if kept is None:  # a restored state from before any table: keep this one with it
+            self._declared.set_note(_TABLE_NOTE, self.latency_table.to_dict())
+            return
+        if json.dumps(kept, sort_keys=True) == json.dumps(self.latency_table.to_dict(), sort_keys=True):
+            return
+        table = self._kept_table()
+        if table is not None:
+            self.latency_table = table
+            self._latency_limit([])
+
+    def _latency_limit(self, above):
+        """The dense time and the latency limit; a limit below the narrowest model's predicted time is refused."""
+        batch = self.latency_batch_size
+        dense = self.latency_table.predict(None, batch)
         self.dense["latency"] = dense
         limit = self._latency[1] * dense if self._latency[0] == "fraction" else self._latency[1]
         if limit >= dense:
-            above.append(f"max_latency={self.max_latency!r} (the dense model takes {_ms(dense)} at batch "
-                         f"{self.latency_batch_size})")
+            above.append(f"max_latency={self.max_latency!r} (the dense model takes {_ms(dense)} at batch {batch})")
+        floor = self.latency_table.predict(_narrowest(self.latency_table, batch), batch)
+        if limit < floor:
+            fail(_OWNER, "max_latency", f"a time the model can reach: its narrowest form (every prunable layer one "
+                 f"unit wide) is predicted to take {_ms(floor)} at batch {batch}, {floor / dense:.3g} of the dense "
+                 f"model's {_ms(dense)} (latency table of {self.latency_table.backend}, "
+                 f"{self.latency_table.device})", self.max_latency)
         self.limits["latency"] = min(limit, dense)
-        _register_training_latency_table(self.model, self.latency_table, self.latency_batch_size)
+        _register_training_latency_table(self.model, self.latency_table, batch)
 
     def on_epoch_begin(self, epoch, logs=None):
         """A new search at epoch 0; later, a resumed training catches up with the decision of the epoch before.
@@ -511,6 +566,8 @@ class SparsityBudget(keras.callbacks.Callback):
         if self._first_epoch is not None:
             return
         self._first_epoch = epoch
+        if self.limits and "latency" in self.limits and self._given_table is None:
+            self._adopt_restored_table()
         state = self.state
         if epoch == 0 or not state.started:
             start = [v if v > 0 else 1.0 for v in self._declared.multiplier_values()]
@@ -740,13 +797,18 @@ class SparsityBudget(keras.callbacks.Callback):
         if left <= 0:
             return
         momentum = STALE_SHARE ** (1.0 / left)
+        # Each layer's own momentum is noted in the model's state too: a model saved now carries the lowered one
+        # in its config, and loading the state gives the own one back.
+        own = dict(self._declared.note(MOMENTA, {}))
         changed = False
-        for layer in _batch_normalizations(self.model):
+        for path, layer in _batch_normalizations(self.model):
             if layer.momentum > momentum:
-                self._momenta.setdefault(id(layer), (layer, layer.momentum))
+                own.setdefault(path, float(layer.momentum))
+                self._momenta.setdefault(id(layer), (layer, own[path]))
                 layer.momentum = momentum
                 changed = True
         if changed:
+            self._declared.set_note(MOMENTA, own)
             self.model.make_train_function(force=True)
 
     def _release_constraints(self):
@@ -756,6 +818,8 @@ class SparsityBudget(keras.callbacks.Callback):
         changed = bool(self._momenta)
         for layer, momentum in self._momenta.values():
             layer.momentum = momentum
+        if self._momenta:
+            self._declared.set_note(MOMENTA, None)
         self._momenta = {}
         changed = cut.release_frozen_groups(self.model) or changed
         for _, penalty in group_sparse_penalties(self.model):
@@ -808,10 +872,13 @@ class SparsityBudget(keras.callbacks.Callback):
             self._unmeetable = True  # said once per fit
             details = ", ".join(f"{kind} {_size(kind, best[kind])} (budget {_size(kind, limit)})"
                                 for kind, limit in self.limits.items())
+            frozen = sorted({layer.name for _, layer, _ in self._declared.penalties() if not layer.trainable})
+            frozen = (f", and so do frozen layers (trainable=False: {', '.join(frozen)}), whose weights the budget "
+                      "never changes" if frozen else "")
             warnings.warn(
                 f"{_OWNER}: the budget cannot be met: with every group it may cut set to zero ({newly} newly) the "
                 f"model has {details}. The strongest group of every layer stays, and layers without a group "
-                "penalty keep their size; ask for a larger budget.",
+                f"penalty keep their size{frozen}; ask for a larger budget.",
                 RuntimeWarning,
                 stacklevel=3,
             )
@@ -882,14 +949,18 @@ class SparsityBudget(keras.callbacks.Callback):
 
 
 def _batch_normalizations(model):
-    """The layers of ``model`` (nested models included) that average statistics with a momentum."""
+    """``[(path, layer)]``: the layers of ``model`` (nested models included) that average statistics with a
+    momentum."""
     from keras_group_lasso.graph import registry
 
-    for layer in model.layers:
-        if isinstance(layer, keras.Model):
-            yield from _batch_normalizations(layer)
-        elif registry.keeps_moving_statistics(layer):
-            yield layer
+    return layer_paths(model, registry.keeps_moving_statistics)
+
+
+def _narrowest(table, batch):
+    """``{layer name: (input units, output units)}``: every layer of ``table`` at its smallest measured widths
+    (one unit on each axis a pruning narrows, the dense width on the others)."""
+    layers = table.to_dict()["batches"][str(batch)]["layers"]
+    return {name: (grid["in"][0], grid["out"][0]) for name, grid in layers.items()}
 
 
 def _ms(seconds):

@@ -134,7 +134,8 @@ def ranked_groups(model, roles, cut_before=frozenset(), loads=None):
     groups as weak in their layers the one that frees more of the budget goes first (a kernel missing from
     ``loads`` counts the mean load).
 
-    The strongest group of each kernel is left out, a coupled one too (when a stream's channel is a
+    The groups of frozen weights (``trainable=False``) are left out. The strongest group of each kernel is left
+    out, a coupled one too (when a stream's channel is a
     kernel's strongest group, that coupled group stays): no cut leaves a kernel all zero. The ``j``-th weakest of
     a kernel's ``n`` hidden groups (those already at zero count) scores ``n / (n - j)`` times its own, so the last
     units of a layer are the dearest and a cut does not leave a layer one unit wide while others keep most of
@@ -143,9 +144,14 @@ def ranked_groups(model, roles, cut_before=frozenset(), loads=None):
     variables, entries, coupled, kept_keys = [], [], {}, set()
     input_keys = {key for v in model.weights if isinstance(getattr(v, "regularizer", None), CoupledGroupLasso)
                   and v.regularizer.role == "input" for key in v.regularizer.coupled if key >= 0}
+    # A frozen layer's weights (trainable=False) are the user's to keep: none of its groups is cut, nor a coupled
+    # group it holds a part of.
+    kept_keys |= {key for v in model.weights if not v.trainable
+                  and isinstance(getattr(v, "regularizer", None), CoupledGroupLasso)
+                  for key in v.regularizer.coupled if key >= 0}
     for variable in model.weights:
         penalty = getattr(variable, "regularizer", None)
-        if not isinstance(penalty, GroupSparseRegularizer) or len(variable.shape) < 2:
+        if not isinstance(penalty, GroupSparseRegularizer) or len(variable.shape) < 2 or not variable.trainable:
             continue
         index = len(variables)
         variables.append(variable)

@@ -96,7 +96,8 @@ def roundable_layers(found):
     A Dense or convolution layer (not separable, not the output) each of
     whose units is made by it alone and read by one group row of one other
     layer, whose kernel has a plain (uncoupled) group penalty; units on a
-    residual stream or read twice stay as they are.
+    residual stream or read twice stay as they are, and so do frozen layers (``trainable=False``) and the
+    units a frozen layer reads.
     """
     graph, masks = found.graph, found.masks
     makers, readers = {}, {}
@@ -109,7 +110,7 @@ def roundable_layers(found):
     out = []
     for node in graph.units:
         layer = graph.layers[node.name]
-        if node.is_output or not _one_plain_kernel(layer):
+        if node.is_output or not _one_plain_kernel(layer) or not layer.trainable:
             continue
         found_readers = [readers.get(int(u), []) for u in node.out_ids]
         if any(len(r) != 1 or len(makers[int(u)]) != 1 or int(u) in streamed
@@ -122,7 +123,7 @@ def roundable_layers(found):
         reader = graph.layers[reader_name]
         penalty = getattr(getattr(reader, "kernel", None), "regularizer", None)
         if (not _one_plain_kernel(reader) or not isinstance(penalty, GroupSparseRegularizer)
-                or isinstance(penalty, CoupledGroupLasso)):
+                or isinstance(penalty, CoupledGroupLasso) or not reader.trainable):
             continue
         if not np.any(masks.units[node.name]):
             continue
