@@ -21,13 +21,15 @@ import math
 import numbers
 import os
 import platform
+import secrets
+import stat
 import time
 import warnings
 
 import keras
 import numpy as np
 
-from keras_group_lasso._validation import Described, check_positive_int, fail
+from keras_group_lasso._validation import Described, check_non_negative, check_positive_int, fail
 
 __all__ = ["unit_costs", "LatencyTable", "DEFAULT_GRID", "current_device"]
 
@@ -306,6 +308,14 @@ class LatencyTable:
     TensorFlow times a ``tf.function`` (what a SavedModel serves), JAX a
     ``jax.jit`` of the stateless call, PyTorch an eager call without gradients.
 
+    A layer's time follows the positions it computes as much as its widths, so
+    the table records the shapes it was measured at (the model's inputs, each
+    units layer's input and output) and :meth:`check_model` refuses a model
+    that runs at other shapes. A table is checked whole when it is made or
+    read: every time finite and >= 0, each layer's grid of increasing widths
+    with a time at every point; a table made by hand may leave the shapes out
+    (``None``: only the layers and their widths are checked).
+
     Attributes:
         model_name: the name of the model it was measured for.
         layers: ``{layer name: (input units, output units)}`` of the dense model, in the graph's order.
@@ -317,6 +327,10 @@ class LatencyTable:
         positions: ``{hidden layer name: output positions}`` (the rest's activations are their sum times the units).
         narrow_widths: the widths of the narrow model the rest was timed on (``None``: the rest is fixed).
         segments: ``{layer name: names of the layers timed with it}``.
+        input_shapes: the shape of each model input without the batch axis, a tuple of tuples (``None``:
+            not recorded, as in a table saved before the shapes were).
+        layer_shapes: ``{layer name: (input shape, output shape)}`` of each units layer without the batch
+            axis (``None``: not recorded; an older table's :attr:`positions` then stand for them).
 
     Example:
         >>> model = keras.Sequential([keras.Input((16,)), keras.layers.Dense(32, activation="relu", name="hidden"),
@@ -330,29 +344,29 @@ class LatencyTable:
     """
 
     def __init__(self, model_name, layers, entries, backend, device, grid=DEFAULT_GRID, measure_seconds=None,
-                 positions=None, narrow_widths=None, segments=None):
-        self.model_name = str(model_name)
-        self.layers = {str(name): (int(w[0]), int(w[1])) for name, w in layers.items()}
-        self._entries = {}
-        for batch, entry in entries.items():
-            self._entries[int(batch)] = {
-                "model": float(entry["model"]),
-                "rest": float(entry["rest"]),
-                "scale": float(entry.get("scale", 1.0)),
-                **{key: float(entry[key]) for key in _OPTIONAL if entry.get(key) is not None},
-                "layers": {name: {"in": [int(v) for v in grid_entry["in"]],
-                                  "out": [int(v) for v in grid_entry["out"]],
-                                  "seconds": np.asarray(grid_entry["seconds"], dtype=np.float64)}
-                           for name, grid_entry in entry["layers"].items()},
-            }
-        self.backend = str(backend)
-        self.device = str(device)
-        self.grid = tuple(float(f) for f in grid)
-        self.measure_seconds = None if measure_seconds is None else float(measure_seconds)
-        self.positions = {str(k): int(v) for k, v in (positions or {}).items()}
-        self.narrow_widths = None if narrow_widths is None else {
-            str(name): (int(w[0]), int(w[1])) for name, w in narrow_widths.items()}
-        self.segments = {str(name): tuple(str(v) for v in after) for name, after in (segments or {}).items()}
+                 positions=None, narrow_widths=None, segments=None, input_shapes=None, layer_shapes=None):
+        try:
+            fields = _read_fields({"model": model_name, "layers": layers, "batches": entries, "backend": backend,
+                                   "device": device, "grid": grid, "measure_seconds": measure_seconds,
+                                   "positions": positions, "narrow_widths": narrow_widths, "segments": segments,
+                                   "input_shapes": input_shapes, "layer_shapes": layer_shapes})
+        except _Malformed as bad:
+            bad.fail_argument()
+        self._set(fields)
+
+    def _set(self, fields):
+        self.model_name = fields["model"]
+        self.layers = fields["layers"]
+        self._entries = fields["batches"]
+        self.backend = fields["backend"]
+        self.device = fields["device"]
+        self.grid = fields["grid"]
+        self.measure_seconds = fields["measure_seconds"]
+        self.positions = fields["positions"]
+        self.narrow_widths = fields["narrow_widths"]
+        self.segments = fields["segments"]
+        self.input_shapes = fields["input_shapes"]
+        self.layer_shapes = fields["layer_shapes"]
 
     # ------------------------------------------------------------------ measuring
 
@@ -455,7 +469,8 @@ class LatencyTable:
         widths = {node.name: (node.in_units, node.out_units) for node in graph.units}
         table = cls(model.name, widths, entries, keras.backend.backend(), current_device(), grid,
                     time.perf_counter() - started, positions=positions, narrow_widths=narrow_widths,
-                    segments=segments)
+                    segments=segments, input_shapes=_input_shapes(model),
+                    layer_shapes={node.name: _unit_shapes(graph, node) for node in graph.units})
         for batch, entry in table._entries.items():
             if "narrow" in entry:  # what the rest takes at the narrow structure (its layers' part taken out)
                 layers_part = sum(table.layer_seconds(name, *w, batch) for name, w in narrow_widths.items())
@@ -525,7 +540,23 @@ class LatencyTable:
         return self._entry(batch_size, _OWNER, "batch_size")["rest"]
 
     def layer_seconds(self, name, in_units, out_units, batch_size=None):
-        """The interpolated time of layer ``name`` reading ``in_units`` and making ``out_units``."""
+        """The interpolated time of layer ``name`` reading ``in_units`` and making ``out_units``.
+
+        Args:
+            name: one of :attr:`layers`.
+            in_units: the units it reads, a number >= 0 (between grid points the time is interpolated, also at a
+                fraction of a unit; beyond the grid it is the nearest end's).
+            out_units: the units it makes, likewise.
+            batch_size: one of :attr:`batch_sizes` (``None``: the table's only one).
+
+        Raises:
+            InvalidParameterError: a layer the table does not know, a width that is not a finite number >= 0,
+                or a batch size the table lacks.
+        """
+        if not isinstance(name, str) or name not in self.layers:
+            fail(_OWNER, "name", f"a layer of the table ({', '.join(self.layers)})", name)
+        in_units = check_non_negative(_OWNER, "in_units", in_units)
+        out_units = check_non_negative(_OWNER, "out_units", out_units)
         entry = self._entry(batch_size, _OWNER, "batch_size")["layers"][name]
         ins, outs, seconds = entry["in"], entry["out"], entry["seconds"]
         a0, a1, wa = _interpolate(ins, in_units)
@@ -535,7 +566,13 @@ class LatencyTable:
         return float(self._entry(batch_size, _OWNER, "batch_size")["scale"] * (low + wa * (high - low)))
 
     def widths_of(self, structure):
-        """``{layer name: (input units, output units)}`` of ``structure`` (see :meth:`predict`)."""
+        """``{layer name: (input units, output units)}`` of ``structure`` (see :meth:`predict`).
+
+        Raises:
+            InvalidParameterError: a report of another model, or a dict with a layer the table does not know or
+                widths that are not whole numbers (a float with a fraction, a bool; ``3.0`` and numpy integers
+                are whole).
+        """
         from keras_group_lasso.analysis import Analysis, SparsityReport
 
         if structure is None:
@@ -557,7 +594,16 @@ class LatencyTable:
                     min(dense_in, row.groups_alive), row.units_alive)
             return widths
         if isinstance(structure, dict):
-            return dict(structure)
+            widths = {}
+            for name, value in structure.items():
+                if name not in self.layers:
+                    fail(_OWNER, "structure", f"widths of the layers of model {self.model_name!r} "
+                         f"({', '.join(self.layers)})", Described(f"a layer named {name!r}"))
+                pair = _whole_pair(value)
+                if pair is None:  # int() would cut a fraction off: 2.7 units are not 2
+                    fail(_OWNER, "structure", "(input units, output units) pairs of integers", value)
+                widths[name] = pair
+            return widths
         fail(_OWNER, "structure", "None (the dense model), a SparsityReport, or a dict {layer name: (input units, "
              "output units)}", structure)
 
@@ -574,23 +620,18 @@ class LatencyTable:
             ``rest + sum over layers of the layer's interpolated time`` (a float).
 
         Raises:
-            InvalidParameterError: a batch size the table lacks, a layer it does not know, or widths
-                outside ``0 .. dense``.
+            InvalidParameterError: a batch size the table lacks, a layer it does not know, widths that are not
+                whole numbers (``2.7`` units; ``3.0`` and numpy integers are whole), or widths outside
+                ``0 .. dense``.
         """
         entry = self._entry(batch_size, _OWNER, "batch_size")
         batch = next(b for b, e in self._entries.items() if e is entry)
         widths = dict(self.layers)
-        for name, value in self.widths_of(structure).items():
-            if name not in self.layers:
-                fail(_OWNER, "structure", f"widths of the layers of model {self.model_name!r} "
-                     f"({', '.join(self.layers)})", Described(f"a layer named {name!r}"))
-            try:
-                width_in, width_out = (int(v) for v in value)
-            except (TypeError, ValueError):
-                fail(_OWNER, "structure", "(input units, output units) pairs of integers", value)
+        for name, (width_in, width_out) in self.widths_of(structure).items():
             dense_in, dense_out = self.layers[name]
             if not (0 <= width_in <= dense_in and 0 <= width_out <= dense_out):
-                fail(_OWNER, "structure", f"widths of layer {name!r} within (0..{dense_in}, 0..{dense_out})", value)
+                fail(_OWNER, "structure", f"widths of layer {name!r} within (0..{dense_in}, 0..{dense_out})",
+                     (width_in, width_out))
             widths[name] = (width_in, width_out)
         total = self._rest(entry, widths) + sum(self.layer_seconds(name, w[0], w[1], batch)
                                                 for name, w in widths.items())
@@ -668,17 +709,59 @@ class LatencyTable:
     # ------------------------------------------------------------------ checking, saving
 
     def check_model(self, model, owner=_OWNER, name="latency_table"):
-        """Raise unless ``model`` has the layers and dense widths the table was measured for.
+        """Raise unless ``model`` has the layers, dense widths and shapes the table was measured for.
+
+        The shapes are the model's input shapes and each units layer's input and output shapes (a table
+        without them, saved before they were recorded: the output positions of its hidden layers); an axis of
+        unknown size in ``model`` matches any size (a model that takes inputs of any size, with a table
+        measured at the size it will run at).
+
+        Returns:
+            The table.
 
         Raises:
-            InvalidParameterError: ``owner: argument `name` must be a latency table of this model ...``.
+            InvalidParameterError: ``owner: argument `name` must be a latency table measured for this model
+                ...``, naming the layers and widths, or the shape that differs.
         """
         from keras_group_lasso.graph import model_graph
 
-        widths = {node.name: (node.in_units, node.out_units) for node in model_graph(model).units}
+        graph = model_graph(model)
+        widths = {node.name: (node.in_units, node.out_units) for node in graph.units}
         if widths != self.layers:
             fail(owner, name, f"a latency table measured for this model (layers {_widths_text(widths)})", self)
+        difference = self._shape_difference(model, graph)
+        if difference is not None:
+            fail(owner, name, "a latency table measured for this model at its shapes (a layer's time grows with "
+                 "the positions it computes)", Described(f"{self!r} measured {difference}"))
         return self
+
+    def _shape_difference(self, model, graph):
+        """How the shapes the table was measured at differ from ``model``'s, in words (``None``: they do not)."""
+        if self.input_shapes is not None:
+            shapes = _input_shapes(model)
+            if shapes is not None and not _same_shapes(self.input_shapes, shapes):
+                return (f"for inputs of shape {_shapes_text(self.input_shapes)}, the model's are "
+                        f"{_shapes_text(shapes)}")
+        if self.layer_shapes is not None:
+            for node in graph.units:
+                if node.name not in self.layer_shapes:
+                    continue
+                (was_in, was_out), (now_in, now_out) = self.layer_shapes[node.name], _unit_shapes(graph, node)
+                if not _same_shapes((was_in,), (now_in,)):
+                    return (f"with layer {node.name!r} reading inputs of shape {was_in}, the model's reads "
+                            f"{now_in}")
+                if not _same_shapes((was_out,), (now_out,)):
+                    return (f"with layer {node.name!r} making outputs of shape {was_out}, the model's makes "
+                            f"{now_out}")
+            return None
+        for node in graph.units:  # an older table: the output positions of its hidden layers
+            shape = graph.output_shape(node.name, node.out_units)
+            if node.name in self.positions and None not in shape[1:]:
+                count = _positions(graph, node)
+                if count != self.positions[node.name]:
+                    return (f"with layer {node.name!r} at {self.positions[node.name]} output positions, the "
+                            f"model's has {count}")
+        return None
 
     def to_dict(self):
         """Plain JSON values: what :meth:`save` writes."""
@@ -694,6 +777,9 @@ class LatencyTable:
             "narrow_widths": None if self.narrow_widths is None else {
                 name: list(w) for name, w in self.narrow_widths.items()},
             "segments": {name: list(after) for name, after in self.segments.items()},
+            "input_shapes": None if self.input_shapes is None else [list(shape) for shape in self.input_shapes],
+            "layer_shapes": None if self.layer_shapes is None else {
+                name: [list(shape) for shape in shapes] for name, shapes in self.layer_shapes.items()},
             "batches": {str(batch): {
                 "model": entry["model"], "rest": entry["rest"], "scale": entry["scale"],
                 **{key: entry[key] for key in _OPTIONAL if key in entry},
@@ -704,31 +790,107 @@ class LatencyTable:
 
     @classmethod
     def from_dict(cls, data):
+        """The table that :meth:`to_dict` gave ``data``.
+
+        A dict without ``input_shapes`` and ``layer_shapes`` (written before they were recorded) is read too;
+        :meth:`check_model` then checks the output positions of its hidden layers.
+
+        Raises:
+            InvalidParameterError: ``data`` is not a latency table, or one of its values is not what a table
+                holds (a time that is NaN, infinite or negative, a grid whose times do not match its widths, a
+                width that is not a positive integer, ...); the message names the value by its keys.
+        """
         if not isinstance(data, dict) or data.get("format") != FORMAT:
             fail(_OWNER, "data", f"a latency table (a dict with format {FORMAT!r})",
                  Described(f"format {data.get('format')!r}" if isinstance(data, dict) else repr(data)))
-        return cls(data["model"], data["layers"], {int(b): e for b, e in data["batches"].items()}, data["backend"],
-                   data["device"], data.get("grid", DEFAULT_GRID), data.get("measure_seconds"),
-                   data.get("positions"), data.get("narrow_widths"), data.get("segments"))
+        try:
+            return cls._read(data)
+        except _Malformed as bad:
+            fail(_OWNER, "data", "a latency table as LatencyTable.to_dict writes it",
+                 Described(f"a dict whose {bad.found()}"))
+
+    @classmethod
+    def _read(cls, data):
+        """The table of the dict ``data`` (its format checked already); :class:`_Malformed` for a bad value."""
+        table = cls.__new__(cls)
+        table._set(_read_fields(data))
+        return table
 
     def save(self, path):
-        """Write the table to ``path`` as JSON."""
-        with open(os.fspath(path), "w", encoding="utf-8") as handle:
-            json.dump(self.to_dict(), handle, indent=1)
+        """Write the table to ``path`` as JSON, replacing the file there whole.
+
+        The table is written to a new file in the same directory, which then takes the place of ``path`` in one
+        step: a save that fails midway (a full disk, an exception) leaves the file that was there as it was, and
+        no other file. The file has the mode that ``open`` gives: a new file's under the umask, or the mode of
+        the file it replaces. A link at ``path`` is followed (the file it points to is replaced).
+        """
+        target = os.path.realpath(os.fspath(path))
+        directory, base = os.path.split(target)
+        temporary, descriptor = _new_file(directory, f".{base}.")
+        try:
+            with os.fdopen(descriptor, "w", encoding="utf-8") as handle:
+                json.dump(self.to_dict(), handle, indent=1)
+                handle.flush()
+                os.fsync(handle.fileno())
+            try:
+                mode = os.stat(target).st_mode
+            except FileNotFoundError:
+                mode = None
+            if mode is not None and stat.S_ISREG(mode):
+                os.chmod(temporary, stat.S_IMODE(mode))  # as open() keeps the mode of a file it overwrites
+            os.replace(temporary, target)
+        except BaseException:
+            try:
+                os.remove(temporary)
+            except OSError:
+                pass
+            raise
 
     @classmethod
     def load(cls, path, model=None):
         """Read a table written by :meth:`save`; with ``model``, check that it was measured for that model.
 
+        A file saved before the shapes were recorded is read too (see :meth:`from_dict`).
+
+        Args:
+            path: the JSON file.
+            model: ``None``, or a model to check the table against (:meth:`check_model`).
+
+        Returns:
+            A :class:`LatencyTable`.
+
         Raises:
-            InvalidParameterError: the file is not a latency table, or ``model`` is not the table's model.
+            InvalidParameterError: ``path`` is a directory, not UTF-8 text, not JSON, or not a latency table, or
+                one of its values is not what a table holds (the message says which and why); or ``model`` is
+                not the table's model.
+            FileNotFoundError: there is no file at ``path`` (and the other errors of ``open``: a file that may
+                not be read raises ``PermissionError``).
         """
-        with open(os.fspath(path), encoding="utf-8") as handle:
-            try:
+        name = os.fspath(path)
+        if os.path.isdir(name):
+            fail(_OWNER, "path", "a JSON file written by LatencyTable.save", Described(f"{name!r} (a directory)"))
+        reason = None
+        try:
+            with open(name, encoding="utf-8") as handle:
                 data = json.load(handle)
-            except json.JSONDecodeError:
-                fail(_OWNER, "path", "a JSON file written by LatencyTable.save", path)
-        table = cls.from_dict(data)
+        except json.JSONDecodeError as error:
+            reason = f"not JSON: {error}"
+        except UnicodeDecodeError as error:
+            reason = f"not UTF-8 text: {error.reason} at byte {error.start}"
+        except RecursionError:
+            reason = "nested too deeply"
+        if reason is None:
+            if not isinstance(data, dict):
+                reason = f"it holds {_JSON_KINDS.get(type(data), 'a value')}, not a JSON object"
+            elif data.get("format", _MISSING) != FORMAT:
+                reason = f"its {_Malformed(('format',), repr(FORMAT), data.get('format', _MISSING)).found()}"
+        if reason is None:
+            try:
+                table = cls._read(data)
+            except _Malformed as bad:
+                reason = f"its {bad.found()}"
+        if reason is not None:
+            fail(_OWNER, "path", "a JSON file written by LatencyTable.save", Described(f"{name!r} ({reason})"))
         if model is not None:
             table.check_model(model, name="path")
         return table
@@ -776,6 +938,276 @@ def _ms(seconds):
 
 def _widths_text(widths):
     return ", ".join(f"{name} {w[0]}->{w[1]}" for name, w in widths.items())
+
+
+# ----------------------------------------------------------------------------- reading a table
+
+_MISSING = Described("missing")  # a key a table lacks, shown as its value
+_JSON_KINDS = {list: "a list", str: "a string", int: "a number", float: "a number", bool: "a boolean",
+               type(None): "null"}
+_ARGUMENTS = {"model": "model_name", "batches": "entries"}  # LatencyTable's arguments named unlike to_dict's keys
+_TIME = "a finite time in seconds >= 0"
+_ASCENDING = "a non-empty list of increasing integers >= 1"
+_PAIR = "(input units, output units), integers >= 1"
+
+
+class _Malformed(Exception):
+    """A value of a latency table that is not what a table holds, found where the keys ``where`` lead.
+
+    ``key``: the value is a key of the dict at ``where`` (a batch size, a layer name), not a value in it.
+    """
+
+    def __init__(self, where, expected, value, key=False):
+        super().__init__(where, expected, value)
+        self.where, self.expected, self.value, self.key = tuple(where), expected, value, key
+
+    def found(self):
+        """``['batches']['8']['model'] is nan, not a finite time in seconds >= 0``."""
+        keys = "".join(f"[{key!r}]" for key in self.where)
+        if self.key:
+            return f"{keys} has the key {_shown(self.value)}, not {self.expected}"
+        return f"{keys} is {_shown(self.value)}, not {self.expected}"
+
+    def fail_argument(self):
+        """Raise the constructor's error: the argument, and where in it the value lies."""
+        argument = _ARGUMENTS.get(self.where[0], self.where[0])
+        inner = argument + "".join(f"[{key!r}]" for key in self.where[1:])
+        place = f" at {inner}" if len(self.where) > 1 else ""
+        if self.key:
+            fail(_OWNER, argument, f"keyed by {self.expected}{place}", Described(f"the key {_shown(self.value)}"))
+        fail(_OWNER, argument, f"{self.expected}{place}", Described(_shown(self.value)))
+
+
+def _shown(value, limit=120):
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _whole(value):
+    """``value`` as an int if it is a whole number (an integer, or a float without a fraction), else ``None``.
+
+    A bool is not a width, and ``int(2.7)`` would quietly be 2.
+    """
+    if isinstance(value, (bool, np.bool_)):
+        return None
+    if isinstance(value, numbers.Integral):
+        return int(value)
+    if isinstance(value, numbers.Real) and math.isfinite(value) and float(value).is_integer():
+        return int(value)
+    return None
+
+
+def _whole_pair(value):
+    """``(input units, output units)`` of a pair of whole numbers >= 0, else ``None``."""
+    if isinstance(value, (str, bytes, dict)):
+        return None
+    try:
+        pair = tuple(value)
+    except TypeError:
+        return None
+    if len(pair) != 2:
+        return None
+    pair = tuple(_whole(v) for v in pair)
+    return None if None in pair or min(pair) < 0 else pair
+
+
+def _pair(value, where, minimum=1, expected=_PAIR):
+    pair = _whole_pair(value)
+    if pair is None or min(pair) < minimum:
+        raise _Malformed(where, expected, value)
+    return pair
+
+
+def _time(value, where, expected=_TIME):
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value) or value < 0:
+        raise _Malformed(where, expected, value)
+    return float(value)
+
+
+def _dict(value, where, expected, nonempty=False):
+    if not isinstance(value, dict) or (nonempty and not value):
+        raise _Malformed(where, expected, value)
+    return value
+
+
+def _names(value, where, layers):
+    """``value``, a dict keyed by names of ``layers`` (``None``: an empty one)."""
+    value = {} if value is None else _dict(value, where, "a dict keyed by layer names")
+    for name in value:
+        if name not in layers:
+            raise _Malformed(where, f"a layer of ['layers'] ({', '.join(layers)})", name, key=True)
+    return value
+
+
+def _shape(value, where, expected):
+    if not isinstance(value, (list, tuple)):
+        raise _Malformed(where, expected, value)
+    dims = []
+    for d in value:
+        size = None if d is None else _whole(d)
+        if d is not None and (size is None or size < 0):
+            raise _Malformed(where, expected, value)
+        dims.append(size)
+    return tuple(dims)
+
+
+def _grid_of(value, where):
+    """One layer's grid ``{"in": [...], "out": [...], "seconds": array (len(in), len(out))}``."""
+    grid = _dict(value, where, "a grid of the layer's times")
+    axes = {}
+    for axis in ("in", "out"):
+        points = grid.get(axis, _MISSING)
+        widths = [_whole(v) for v in points] if isinstance(points, (list, tuple)) else [None]
+        if not widths or None in widths or widths[0] < 1 or any(b <= a for a, b in zip(widths, widths[1:])):
+            raise _Malformed(where + (axis,), _ASCENDING, points)
+        axes[axis] = widths
+    shape = (len(axes["in"]), len(axes["out"]))
+    values = grid.get("seconds", _MISSING)
+    try:
+        seconds = np.array(values, dtype=np.float64)
+    except (TypeError, ValueError):
+        seconds = None
+    if seconds is None or values is _MISSING or seconds.shape != shape:
+        raise _Malformed(where + ("seconds",), f"an array of shape {shape} (len(in), len(out))", values)
+    if not np.all(np.isfinite(seconds)) or np.any(seconds < 0):
+        raise _Malformed(where + ("seconds",), "times in seconds, each finite and >= 0", values)
+    return {"in": axes["in"], "out": axes["out"], "seconds": seconds}
+
+
+def _entry_of(value, where, layers):
+    """The times of one batch size: the dense model, the rest, the scale, the optional times, the grids."""
+    entry = _dict(value, where, "a dict of times")
+    read = {"model": _time(entry.get("model", _MISSING), where + ("model",)),
+            "rest": _time(entry.get("rest", _MISSING), where + ("rest",))}
+    scale = entry.get("scale", 1.0)
+    if isinstance(scale, bool) or not isinstance(scale, numbers.Real) or not 0.0 < scale <= 1.0:
+        raise _Malformed(where + ("scale",), "a finite number in (0, 1]", scale)
+    read["scale"] = float(scale)
+    for key in _OPTIONAL:
+        if entry.get(key) is not None:
+            read[key] = _time(entry[key], where + (key,))
+    grids = _dict(entry.get("layers", _MISSING), where + ("layers",), "a dict {layer name: grid of times}")
+    for name in grids:
+        if name not in layers:
+            raise _Malformed(where + ("layers", name), f"a grid of a layer of ['layers'] ({', '.join(layers)})",
+                             grids[name])
+    read["layers"] = {name: _grid_of(grids.get(name, _MISSING), where + ("layers", name))
+                      for name in layers}
+    return read
+
+
+def _batch_of(key, where):
+    size = int(key) if isinstance(key, str) and key.isascii() and key.isdigit() else _whole(key)
+    if size is None or size < 1:
+        raise _Malformed(where, "a batch size (an integer >= 1)", key, key=True)
+    return size
+
+
+def _read_fields(data):
+    """The attributes of a table from ``data`` (keyed as :meth:`LatencyTable.to_dict` writes), each checked.
+
+    Raises:
+        _Malformed: the first value that is not what a table holds.
+    """
+    model = data.get("model", _MISSING)
+    if not isinstance(model, str):
+        raise _Malformed(("model",), "a model name (a string)", model)
+    layers = _dict(data.get("layers", _MISSING), ("layers",),
+                   "a non-empty dict {layer name: (input units, output units)}", nonempty=True)
+    layers = {str(name): _pair(value, ("layers", name)) for name, value in layers.items()}
+    fields = {"model": model, "layers": layers}
+    for key, expected in (("backend", "a backend name (a string)"), ("device", "a device, in words (a string)")):
+        fields[key] = data.get(key, _MISSING)
+        if not isinstance(fields[key], str):
+            raise _Malformed((key,), expected, fields[key])
+    grid = data.get("grid", DEFAULT_GRID)
+    if not isinstance(grid, (list, tuple)) or not grid or any(
+            isinstance(f, bool) or not isinstance(f, numbers.Real) or not 0.0 < f <= 1.0 for f in grid):
+        raise _Malformed(("grid",), "a non-empty list of fractions in (0, 1]", grid)
+    fields["grid"] = tuple(float(f) for f in grid)
+    took = data.get("measure_seconds")
+    fields["measure_seconds"] = None if took is None else _time(took, ("measure_seconds",),
+                                                                "None or a finite time in seconds >= 0")
+    positions = _names(data.get("positions"), ("positions",), layers)
+    fields["positions"] = {}
+    for name, count in positions.items():
+        whole = _whole(count)
+        if whole is None or whole < 1:
+            raise _Malformed(("positions", name), "an integer >= 1", count)
+        fields["positions"][str(name)] = whole
+    narrow = data.get("narrow_widths")
+    fields["narrow_widths"] = None if narrow is None else {
+        str(name): _pair(value, ("narrow_widths", name), 0, "(input units, output units), integers >= 0")
+        for name, value in _names(narrow, ("narrow_widths",), layers).items()}
+    segments = _names(data.get("segments"), ("segments",), layers)
+    fields["segments"] = {}
+    for name, after in segments.items():
+        if not isinstance(after, (list, tuple)) or not all(isinstance(v, str) for v in after):
+            raise _Malformed(("segments", name), "a list of layer names", after)
+        fields["segments"][str(name)] = tuple(after)
+    shapes = data.get("input_shapes")
+    if shapes is not None and (not isinstance(shapes, (list, tuple)) or not shapes):
+        raise _Malformed(("input_shapes",), "None or a non-empty list of shapes", shapes)
+    fields["input_shapes"] = None if shapes is None else tuple(
+        _shape(shape, ("input_shapes", k), "a shape (a list of integers >= 0 or None)")
+        for k, shape in enumerate(shapes))
+    shapes = data.get("layer_shapes")
+    fields["layer_shapes"] = None if shapes is None else {}
+    for name, pair in _names(shapes, ("layer_shapes",), layers).items():
+        expected = "(input shape, output shape), lists of integers >= 0 or None"
+        if not isinstance(pair, (list, tuple)) or len(pair) != 2:
+            raise _Malformed(("layer_shapes", name), expected, pair)
+        fields["layer_shapes"][str(name)] = tuple(_shape(shape, ("layer_shapes", name), expected) for shape in pair)
+    batches = _dict(data.get("batches", _MISSING), ("batches",), "a non-empty dict {batch size: times}",
+                    nonempty=True)
+    fields["batches"] = {_batch_of(key, ("batches",)): _entry_of(entry, ("batches", key), layers)
+                         for key, entry in batches.items()}
+    if fields["positions"] and any("rest_narrow" in entry for entry in fields["batches"].values()) and (
+            fields["narrow_widths"] is None or any(name not in fields["narrow_widths"] for name in positions)):
+        raise _Malformed(("narrow_widths",), "the widths of the narrow model of each layer in ['positions'] (the "
+                         "batches hold its rest_narrow)", narrow)
+    return fields
+
+
+def _input_shapes(model):
+    """The shape of each input of ``model`` without the batch axis (``None`` when the model does not say)."""
+    inputs = getattr(model, "inputs", None)
+    if not inputs:
+        return None
+    return tuple(tuple(None if d is None else int(d) for d in tuple(tensor.shape)[1:]) for tensor in inputs)
+
+
+def _unit_shapes(graph, node):
+    """``(input shape, output shape)`` of the units node ``node`` without the batch axis."""
+    found = (_layer_input_shape(graph, node, graph.layers[node.name]), graph.output_shape(node.name, node.out_units))
+    return tuple(tuple(None if d is None else int(d) for d in tuple(shape)[1:]) for shape in found)
+
+
+def _same_shapes(measured, actual):
+    """Whether the shapes a table was measured at are ``actual``'s (an axis of unknown size matches any)."""
+    return len(measured) == len(actual) and all(
+        len(a) == len(b) and all(x is None or y is None or x == y for x, y in zip(a, b))
+        for a, b in zip(measured, actual))
+
+
+def _shapes_text(shapes):
+    return " and ".join(str(tuple(shape)) for shape in shapes)
+
+
+def _new_file(directory, prefix):
+    """``(path, descriptor)`` of a new file ``directory/prefix<random>.tmp``, open for writing.
+
+    Created with mode 0o666 under the umask, as ``open`` creates a file (``tempfile.mkstemp`` would make it
+    0600 whatever the umask).
+    """
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0)
+    for _ in range(100):
+        path = os.path.join(directory, f"{prefix}{secrets.token_hex(4)}.tmp")
+        try:
+            return path, os.open(path, flags, 0o666)
+        except FileExistsError:
+            continue
+    raise FileExistsError(f"{_OWNER}: no free name {prefix}XXXXXXXX.tmp in {directory!r}")
 
 
 def _check_batch_sizes(owner, name, value):
