@@ -11,10 +11,33 @@ writes into one directory::
 
 Everything is built in a hidden staging directory and renamed into place, one
 whole artifact at a time, so no artifact is ever half-written under its final
-name and a failure leaves nothing partial behind. Only these four names are
-ever written, replaced or removed: other files in the directory are never
-touched. Directories and files get the permissions of ``os.makedirs`` and
-``open`` under the current umask.
+name and a failure leaves nothing partial behind. Only these four names, and
+the staging directories, are ever written, replaced or removed: other files in
+the directory are never touched. Directories and files get the permissions of ``os.makedirs`` and
+``open`` under the current umask (the SavedModel's too, which TensorFlow
+writes with modes of its own).
+
+An export killed half-way (``kill -9``, a crash) cannot clean up: it leaves its
+staging directory, ``.keras_group_lasso.partial-XXXXXXXX`` inside the export
+directory (or ``.<name>.partial-XXXXXXXX`` next to a new one), and, when it was
+killed while it replaced the artifacts, no ``manifest.json`` and the earlier
+artifacts in that staging directory. The next export into the directory, before
+anything else, finishes what the killed one could not, with a warning naming
+the staging directory and what was done:
+
+* killed before any artifact was taken aside, or after its ``manifest.json``
+  came in (its export is complete): the staging directory is removed;
+* killed while it replaced the artifacts: the artifacts it had put in place are
+  taken out, the earlier ones are put back (``manifest.json`` last) and the
+  staging directory is removed, so the directory holds the earlier export
+  again, as after a failure;
+* an earlier artifact whose name is taken again by another file stays in the
+  staging directory, which is kept (with the earlier ``manifest.json``).
+
+A staging directory that another export is writing (it holds a lock on it) is
+left alone; where the file system has no locks, every one counts as left by a
+killed export.
+
 TensorFlow is imported only for the SavedModel and TFLite formats. The pruned
 model is made of Keras's own layers, so every artifact loads and runs with
 plain Keras / TensorFlow, without this package.
@@ -23,11 +46,18 @@ plain Keras / TensorFlow, without this package.
 import dataclasses
 import json
 import os
+import re
 import secrets
 import shutil
+import stat
 import subprocess
 import sys
 import warnings
+
+try:
+    import fcntl
+except ImportError:  # no advisory locks (Windows): every staging directory found counts as left behind
+    fcntl = None
 
 import keras
 
@@ -48,6 +78,9 @@ _FILENAMES = {
 }
 # The only names export_pruned writes, replaces or removes in its directory.
 ARTIFACTS = tuple(_FILENAMES.values())
+# The staging directory inside an existing export directory; ``.<name>.partial-`` next to a new one.
+_STAGING_PREFIX = ".keras_group_lasso.partial-"
+_ASIDE = ".replaced"  # in the staging directory: the earlier artifacts while they are replaced
 SIGNATURE = "serving_default"
 INPUT_NAME = "features"
 MANIFEST_VERSION = 1
@@ -102,15 +135,16 @@ def _check_formats(formats):
 
 
 def _check_directory(directory, overwrite, contents=True):
-    """The absolute target; with ``contents``, also what is there now (only the writing process looks:
-    on a shared file system the chief may already have written it)."""
+    """The absolute target; with ``contents``, also what is there now, after dealing with what killed exports
+    left (only the writing process looks: on a shared file system the chief may already have written it)."""
     if not isinstance(directory, (str, os.PathLike)) or not os.fspath(directory):
         fail(_OWNER, "directory", "a non-empty path (str or os.PathLike)", directory)
     target = os.path.abspath(os.fspath(directory))
-    if contents and os.path.lexists(target):
-        if not os.path.isdir(target) or os.path.islink(target):
+    if contents:
+        if os.path.lexists(target) and (not os.path.isdir(target) or os.path.islink(target)):
             fail(_OWNER, "directory", "a directory path, not an existing file or link", directory)
-        if not overwrite:
+        _recover(target)
+        if os.path.lexists(target) and not overwrite:
             _refuse_an_earlier_export(target, directory)
     return target
 
@@ -134,7 +168,7 @@ def _refuse_an_earlier_export(target, directory):
 
 
 def _recorded_artifacts(target):
-    """The artifact names that the ``manifest.json`` of an earlier export in ``target`` records as written."""
+    """The artifact names that the ``manifest.json`` of an export in ``target`` records as written."""
     try:
         with open(os.path.join(target, _FILENAMES["manifest"]), encoding="utf-8") as f:
             manifest = json.load(f)
@@ -148,6 +182,113 @@ def _recorded_artifacts(target):
     # Only names this package writes, whatever the file says: nothing else is ever removed.
     names = {_FILENAMES[f] for f, name in formats.items() if f in FORMATS and name == _FILENAMES[f]}
     return names | {_FILENAMES["manifest"]}
+
+
+def _lock(path):
+    """Lock the directory ``path`` for this process: ``(descriptor, held_elsewhere)``.
+
+    The descriptor holds an exclusive advisory lock until it is closed (by the process or by its
+    death); it is None when another process holds the lock or the file system has no locks.
+    """
+    if fcntl is None:
+        return None, False
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except PermissionError:  # not readable under this umask: it cannot be locked
+        return None, False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as error:
+        os.close(fd)
+        return None, isinstance(error, BlockingIOError)  # otherwise a file system without locks
+    return fd, False
+
+
+def _leftovers(target):
+    """The staging directories of earlier exports into ``target`` still there: inside and next to it."""
+    parent, base = os.path.split(target)
+    found = []
+    for folder, prefix in ((target, _STAGING_PREFIX), (parent, f".{base}.partial-")):
+        try:
+            names = sorted(os.listdir(folder))
+        except OSError:  # no such directory
+            continue
+        for name in names:
+            path = os.path.join(folder, name)
+            if (name.startswith(prefix) and re.fullmatch("[0-9a-f]{8}", name[len(prefix):])
+                    and os.path.isdir(path) and not os.path.islink(path)):
+                found.append(path)
+    return found
+
+
+def _recover(target):
+    """Deal with the staging directories that killed exports into ``target`` left (see the module docstring)."""
+    for leftover in _leftovers(target):
+        fd, busy = _lock(leftover)
+        if busy:  # another export is writing it
+            continue
+        try:
+            _recover_from(target, leftover)
+        finally:
+            if fd is not None:
+                os.close(fd)
+
+
+def _names(names):
+    return ", ".join(repr(name) for name in names)
+
+
+def _recover_from(target, leftover):
+    """Put back the earlier artifacts ``leftover``, a killed export's staging directory, holds, then remove it."""
+    aside = os.path.join(leftover, _ASIDE)
+    taken = os.listdir(aside) if os.path.dirname(leftover) == target and os.path.isdir(aside) else []
+    taken = [name for name in ARTIFACTS if name in taken]
+    manifest = _FILENAMES["manifest"]
+    if not taken:
+        shutil.rmtree(leftover)
+        warnings.warn(f"{_OWNER}: removed {leftover!r}, the staging directory of an interrupted export; it held "
+                      "only new artifacts that export had not put in place.", stacklevel=5)
+        return
+    if os.path.lexists(os.path.join(target, manifest)):
+        # Its manifest.json came last: that export is complete and what it took aside was replaced.
+        shutil.rmtree(leftover)
+        warnings.warn(f"{_OWNER}: removed {leftover!r}, the staging directory of an interrupted export that had "
+                      "put all its artifacts in place; it held only the earlier artifacts they replaced.",
+                      stacklevel=5)
+        return
+    # Killed while it replaced the artifacts. Each artifact of the killed export that is in place came in
+    # after the earlier one of its name went aside, or where there was none: its own manifest.json (still
+    # staged, it comes last) records it, and no staged copy of it is left.
+    written = _recorded_artifacts(leftover)
+    taken_out = []
+    for name in ARTIFACTS:
+        here = os.path.join(target, name)
+        if (name in taken or name in written) and os.path.lexists(here) \
+                and not os.path.lexists(os.path.join(leftover, name)):
+            os.rename(here, os.path.join(leftover, name))
+            taken_out.append(name)
+    put_back = []
+    for name in ARTIFACTS:
+        here = os.path.join(target, name)
+        if name in taken and name != manifest and not os.path.lexists(here):
+            os.rename(os.path.join(aside, name), here)
+            put_back.append(name)
+    stuck = [name for name in ARTIFACTS if name in os.listdir(aside)]
+    if stuck == [manifest]:  # the earlier export is whole again
+        os.rename(os.path.join(aside, manifest), os.path.join(target, manifest))
+        put_back.append(manifest)
+        stuck = []
+    if stuck:
+        blocking = [name for name in stuck if os.path.lexists(os.path.join(target, name))]
+        warnings.warn(f"{_OWNER}: left {leftover!r} in place: it holds the earlier {_names(stuck)} of {target!r}, "
+                      f"taken aside by an interrupted export, and {target!r} now holds another "
+                      f"{_names(blocking)}; move back what you need by hand.", stacklevel=5)
+        return
+    shutil.rmtree(leftover)
+    warnings.warn(f"{_OWNER}: an export into {target!r} was interrupted while it replaced the artifacts there; put "
+                  f"back the earlier {_names(put_back)} from its staging directory {leftover!r}"
+                  + (f", took out its new {_names(taken_out)}" if taken_out else "")
+                  + ", and removed that staging directory.", stacklevel=5)
 
 
 def _import_tensorflow(formats):
@@ -256,8 +397,23 @@ def _write_serving_formats(tf, small, staging, formats):
         _write_saved_model(tf, _serving_model(small), saved_model)
         if tflite is not None:
             _write_tflite(tf, saved_model, tflite)
-    if "saved_model" not in formats:
+    if "saved_model" in formats:
+        _follow_umask(saved_model, staging)
+    else:
         shutil.rmtree(saved_model)
+
+
+def _follow_umask(path, made):
+    """Give the directories in the tree ``path`` the mode of ``made``, a directory this process made, and its
+    files that mode's read and write bits, the mode ``open`` gives: TensorFlow makes a SavedModel's
+    directories 0755 whatever the umask."""
+    directory_mode = stat.S_IMODE(os.stat(made).st_mode)
+    # Bottom-up: a directory is listed before its own mode changes.
+    for folder, _, files in os.walk(path, topdown=False):
+        for name in files:
+            if not os.path.islink(os.path.join(folder, name)):
+                os.chmod(os.path.join(folder, name), directory_mode & 0o666)
+        os.chmod(folder, directory_mode)
 
 
 def _convert_in_tensorflow(small, staging, saved_model, tflite):
@@ -357,7 +513,9 @@ def _write_manifest_file(path, manifest):
 
 
 def _make_directory(parent, prefix):
-    """A new directory ``parent/prefix<random>`` with the mode ``os.makedirs`` gives under the umask.
+    """A new directory ``parent/prefix<8 hex digits>`` with the mode ``os.makedirs`` gives under the umask,
+    and a descriptor locking it (see :func:`_lock`): while it is open, no other export takes the
+    directory for a killed export's leftover.
 
     ``tempfile.mkdtemp`` would make it 0700 whatever the umask, and the staging directory of a new
     export becomes the export directory itself.
@@ -368,8 +526,24 @@ def _make_directory(parent, prefix):
             os.mkdir(path)
         except FileExistsError:
             continue
-        return path
+        # Another export may take the new directory for a leftover before it is locked, and remove it.
+        try:
+            fd, busy = _lock(path)
+        except FileNotFoundError:
+            continue
+        if busy or (fd is not None and not _is_directory_of(fd, path)):
+            if fd is not None:
+                os.close(fd)
+            continue
+        return path, fd
     raise FileExistsError(f"{_OWNER}: no free name {prefix}XXXXXXXX in {parent!r}")
+
+
+def _is_directory_of(fd, path):
+    try:
+        return os.path.samestat(os.fstat(fd), os.lstat(path))
+    except FileNotFoundError:
+        return False
 
 
 def _replace_artifacts(staging, target, written, overwrite, directory):
@@ -483,7 +657,20 @@ def export_pruned(
     the directory as it was. When artifacts are replaced, ``manifest.json``
     is taken away first and written back last, so a directory with a
     ``manifest.json`` always holds one complete export. Directories and files
-    get the permissions ``os.makedirs`` and ``open`` give under the umask.
+    get the permissions ``os.makedirs`` and ``open`` give under the umask,
+    the SavedModel's included.
+
+    An export killed half-way (``kill -9``) leaves its staging directory
+    behind, with the earlier artifacts in it when it was killed while it
+    replaced them. Before anything else (whatever ``overwrite`` says), the
+    next export into ``directory`` puts those earlier artifacts back and
+    takes out the ones the killed export had put in place, so that
+    ``directory`` holds the earlier export again, as after a failure; it
+    removes staging directories that hold nothing else to keep (those of an
+    export killed before it replaced anything, or after its ``manifest.json``
+    came in). A warning names each staging directory and says what was done;
+    one whose earlier artifacts cannot be put back (another file took their
+    name) is kept. See the module docstring for the details.
 
     Args:
         model: a trained Sequential or Functional Keras model (see
@@ -570,25 +757,29 @@ def export_pruned(
     # A new export is built whole next to the target and renamed into place; into an existing
     # directory (perhaps a mount point) the artifacts are built inside it and renamed one by one.
     if new:
-        staging = _make_directory(parent, f".{os.path.basename(target)}.partial-")
+        staging, lock = _make_directory(parent, f".{os.path.basename(target)}.partial-")
     else:
-        staging = _make_directory(target, ".keras_group_lasso.partial-")
+        staging, lock = _make_directory(target, _STAGING_PREFIX)
     replaced = removed = ()
     try:
-        if "keras" in formats:
-            small.save(os.path.join(staging, _FILENAMES["keras"]))
-        if "saved_model" in formats or "tflite" in formats:
-            _write_serving_formats(tf, small, staging, formats)
-        _write_manifest_file(os.path.join(staging, _FILENAMES["manifest"]), manifest)
-        if new:
-            os.rename(staging, target)
-        else:
-            replaced, removed = _replace_artifacts(staging, target, written, overwrite, directory)
-    except BaseException:
-        _remove_staging(staging)
-        raise
-    if not new:
-        shutil.rmtree(staging, ignore_errors=True)  # with the earlier artifacts, now replaced
+        try:
+            if "keras" in formats:
+                small.save(os.path.join(staging, _FILENAMES["keras"]))
+            if "saved_model" in formats or "tflite" in formats:
+                _write_serving_formats(tf, small, staging, formats)
+            _write_manifest_file(os.path.join(staging, _FILENAMES["manifest"]), manifest)
+            if new:
+                os.rename(staging, target)
+            else:
+                replaced, removed = _replace_artifacts(staging, target, written, overwrite, directory)
+        except BaseException:
+            _remove_staging(staging)
+            raise
+        if not new:
+            shutil.rmtree(staging, ignore_errors=True)  # with the earlier artifacts, now replaced
+    finally:
+        if lock is not None:
+            os.close(lock)
 
     return ExportResult(
         directory=target,
