@@ -262,7 +262,7 @@ def _roles_by_layer(owner, model):
                     owner,
                     "model",
                     f"a model whose layers that make units can be read (layer '{name}' ({type(layer).__name__}) is "
-                    f"{reason}; supported: {', '.join(registry.supported_of('units'))})",
+                    f"{reason}; see 'Supported layers' in the README)",
                     model,
                 )
             inside = " > ".join(f"'{p}' ({type(m).__name__})" for p, m in parents) or "the model"
@@ -275,6 +275,16 @@ def _roles_by_layer(owner, model):
             )
         by_layer[id(layer)] = (roles[name], channels.get(name), name)
     return by_layer
+
+
+def _layer_classes(model):
+    """``{class name: class}`` of the layers of ``model``, nested models included."""
+    found = {}
+    for layer in model.layers:
+        found[type(layer).__name__] = type(layer)
+        if isinstance(layer, keras.Model):
+            found.update(_layer_classes(layer))
+    return found
 
 
 def _refresh_normalization(model):
@@ -456,6 +466,14 @@ def add_group_sparsity(model, factor=1e-3, *, l1=None, input_factor=None, penalt
         return type(layer).from_config(config)
 
     copy = keras.models.clone_model(model, clone_function=clone, recursive=True)
+    unread = graph.unread_kernels()
+    if unread:  # said now, before any training: never a model penalised in part without a word
+        warnings.warn(
+            f"{owner}: the kernels of {registry.unread_text(unread)} get no group penalty: their units keep their "
+            f"size, a budget counts them as they are, and prune_model refuses the model. {registry.WHAT_TO_DO}",
+            UserWarning,
+            stacklevel=2,
+        )
     if replaced:
         warnings.warn(
             f"{owner}: the group penalties replace the regularizers these layers had: {', '.join(replaced)}. "
@@ -474,7 +492,10 @@ def add_group_sparsity(model, factor=1e-3, *, l1=None, input_factor=None, penalt
         if registry.units_rule(layer).head_kernel(layer) is not None and node.name not in graph.calls:
             heads[node.name] = HiddenGroupLasso(factor * scale.get(node.name, 1.0), l1=l1, axis=0)
     if isinstance(copy, keras.Sequential) and not coupled.members and not heads:
-        copy = GroupSparseSequential.from_config(dict(copy.get_config(), name=name))
+        # Rebuilt from its config: the layer classes of the model are known here, registered for serialization
+        # or not (a custom layer of the user's script).
+        with keras.saving.custom_object_scope(_layer_classes(copy)):
+            copy = GroupSparseSequential.from_config(dict(copy.get_config(), name=name))
     else:  # the functional copy's own input and output structures (a dict stays a dict)
         copy = GroupSparseModel(copy.input, copy.output, name=name, head_penalties=heads)
     copy.set_weights([keras.ops.convert_to_numpy(v) for v in layer_weights(model)])

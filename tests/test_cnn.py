@@ -445,7 +445,7 @@ def test_round_to_must_be_a_positive_integer(value, tmp_path):
         assert str(info.value) == f"{owner}: argument `round_to` must be an integer >= 1; received {value!r}."
 
 
-def test_refusals_name_the_layer_and_list_what_the_registry_supports():
+def test_refusals_name_the_layer_and_carry_what_the_registry_supports():
     first = keras.Sequential([keras.Input((4, 6, 6)), L.Conv2D(4, 3, data_format="channels_first", name="g"),
                               L.Flatten(), L.Dense(2)])
     with pytest.raises(UnsupportedModelError) as info:
@@ -453,7 +453,8 @@ def test_refusals_name_the_layer_and_list_what_the_registry_supports():
     message = str(info.value)
     assert message.startswith("prune_model: cannot prune layer 'g' (Conv2D): a convolution with "
                               "data_format='channels_first'.")
-    assert "layers that make units: " + ", ".join(registry.supported_of("units")) in message
+    assert "layers that make units: " + ", ".join(registry.supported_of("units")) in info.value.supported
+    assert message.endswith(registry.WHAT_TO_DO) and len(message.splitlines()) == 2
     assert "Conv2DTranspose" in registry.supported_of("units")
     many = keras.Sequential([keras.Input((6, 6, 2)), L.DepthwiseConv2D(3, depth_multiplier=2, name="dw"),
                              L.Flatten(), L.Dense(2)])

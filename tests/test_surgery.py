@@ -688,7 +688,10 @@ def test_unsupported_models_raise_naming_the_layer(make, name, cls):
     with pytest.raises(UnsupportedModelError) as info:
         prune_model(model, T)
     assert str(info.value).startswith(f"prune_model: cannot prune layer '{name}' ({cls}): ")
-    assert "Supported: Sequential or functional models" in str(info.value)
+    assert str(info.value).endswith("The supported layers are listed under 'Supported layers' in the README (and "
+                                    "in keras_group_lasso.surgery.SUPPORTED); teach a layer of your own with "
+                                    "keras_group_lasso.graph.register_layer.")
+    assert len(str(info.value).splitlines()) <= 3 and "Sequential or functional models" in info.value.supported
     assert info.value.layer_name == name and info.value.layer_class == cls
     assert isinstance(info.value, ValueError)
     for a, b in zip(before, model.get_weights()):

@@ -23,6 +23,7 @@ from keras_group_lasso.budget import cut, rounding, schedule
 from keras_group_lasso.budget.cost import LatencyTable, current_device, unit_costs
 from keras_group_lasso.budget.state import CUT, SEARCH, WITHIN, BudgetState
 from keras_group_lasso.declared import BUDGET_STATE_SIZE, MOMENTA, declare_group_penalties, layer_paths
+from keras_group_lasso.graph import model_graph, registry
 from keras_group_lasso.regularizers import group_sparse_penalties
 
 __all__ = ["SparsityBudget", "training_latency_table"]
@@ -875,6 +876,8 @@ class SparsityBudget(keras.callbacks.Callback):
             frozen = sorted({layer.name for _, layer, _ in self._declared.penalties() if not layer.trainable})
             frozen = (f", and so do frozen layers (trainable=False: {', '.join(frozen)}), whose weights the budget "
                       "never changes" if frozen else "")
+            unread = model_graph(self.model).unread_kernels()
+            frozen += f", and the kernels of {registry.unread_text(unread)}" if unread else ""
             warnings.warn(
                 f"{_OWNER}: the budget cannot be met: with every group it may cut set to zero ({newly} newly) the "
                 f"model has {details}. The strongest group of every layer stays, and layers without a group "
@@ -951,8 +954,6 @@ class SparsityBudget(keras.callbacks.Callback):
 def _batch_normalizations(model):
     """``[(path, layer)]``: the layers of ``model`` (nested models included) that average statistics with a
     momentum."""
-    from keras_group_lasso.graph import registry
-
     return layer_paths(model, registry.keeps_moving_statistics)
 
 

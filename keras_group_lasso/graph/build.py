@@ -208,6 +208,22 @@ class ModelGraph:
     calls: types.MappingProxyType = dataclasses.field(default_factory=lambda: types.MappingProxyType({}))
     call_shapes: types.MappingProxyType = dataclasses.field(default_factory=lambda: types.MappingProxyType({}))
 
+    def unread_kernels(self):
+        """``((name, class name, reason, kernels), ...)``: the layers it cannot read that hold trainable kernels.
+
+        A layer whose computation the graph does not know (a subclassed block
+        of layers, a layer of another library) gets no group penalty from
+        :func:`~keras_group_lasso.add_group_sparsity`, keeps its size under a
+        budget and stops surgery: what to say before any training.
+        """
+        found = []
+        for name, cls, reason in self.problems:
+            layer = self.layers.get(name)
+            kernels = 0 if layer is None else sum(1 for v in layer.trainable_weights if len(v.shape) >= 2)
+            if kernels:
+                found.append((name, cls, reason, kernels))
+        return tuple(found)
+
     def output_shape(self, name, units=None):
         """The output shape of node ``name`` (batch axis included), also for each call of a shared layer;
         ``(None, units)`` when it cannot be known."""

@@ -1939,6 +1939,22 @@ def supported_of(kind):
     return tuple(rule.description for rule in _RULES.values() if rule.kind == kind)
 
 
+#: What a refusal says to do (the list of supported layers is long: it is in the README, not in a message).
+WHAT_TO_DO = ("The supported layers are listed under 'Supported layers' in the README (and in "
+              "keras_group_lasso.surgery.SUPPORTED); teach a layer of your own with "
+              "keras_group_lasso.graph.register_layer.")
+
+
+def unread_text(unread, shown=3):
+    """``unread`` (:meth:`ModelGraph.unread_kernels`) in words: the first ``shown`` layers, then how many more."""
+    named = [f"'{name}' ({cls}, {kernels} kernel{'s' if kernels > 1 else ''}: {reason})"
+             for name, cls, reason, kernels in unread[:shown]]
+    more = len(unread) - shown
+    layers = f"{len(unread)} layer{'s' if len(unread) > 1 else ''}"
+    return f"{layers} whose computation cannot be read: " + ", ".join(named) + (
+        f" and {more} more" if more > 0 else "")
+
+
 def supported_text():
     """The supported layers, by kind, in words (for errors and the README)."""
     groups = {}

@@ -21,8 +21,8 @@ __all__ = ["UnsupportedModelError", "LayerPlan", "DensePlan", "PruningPlan", "pl
 def supported_text():
     """What surgery supports, in words, from the one registry of layer classes."""
     return (
-        "Sequential or functional models with one input (each layer called once; nested Sequential or "
-        "functional blocks of these layers are opened): "
+        "Sequential or functional models, with one or several inputs (nested Sequential or functional blocks "
+        "of these layers are opened): "
         + registry.supported_text()
     )
 
@@ -32,24 +32,35 @@ SUPPORTED = supported_text()
 INPUTS = ("original", "selected")  # what the pruned model takes (``inputs=`` of plan_pruning and prune_model)
 
 
+_OTHERS_SHOWN = 3
+
+
 class UnsupportedModelError(ValueError):
     """Surgery cannot rebuild this model; the user's model is left as it was.
+
+    The message is at most three lines: the layer and why, up to three other
+    layers that are not supported either, and where to read what is.
 
     Attributes:
         layer_name: the first layer (or the model) that could not be interpreted.
         layer_class: its class name.
         reason: what it is, in words.
+        others: ``"'name' (class): reason"`` of every other layer not supported.
+        supported: what surgery supports, in words (:data:`SUPPORTED`).
     """
 
     def __init__(self, owner, layer_name, layer_class, reason, others=()):
         self.layer_name = layer_name
         self.layer_class = layer_class
         self.reason = reason
+        self.others = tuple(others)
+        self.supported = supported_text()
         message = f"{owner}: cannot prune layer '{layer_name}' ({layer_class}): {reason}."
         if others:
-            message += " Also not supported: " + ", ".join(others) + "."
-        message += f" Supported: {supported_text()}."
-        super().__init__(message)
+            more = len(others) - _OTHERS_SHOWN
+            message += ("\nAlso not supported: " + ", ".join(others[:_OTHERS_SHOWN])
+                        + (f" and {more} more layer{'s' if more > 1 else ''}" if more > 0 else "") + ".")
+        super().__init__(f"{message}\n{registry.WHAT_TO_DO}")
 
 
 @dataclasses.dataclass(frozen=True)

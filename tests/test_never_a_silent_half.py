@@ -1,0 +1,104 @@
+"""A model penalised in part is said before training, and a refusal is short: the culprit, why, what to do.
+
+A layer whose computation the graph cannot read (a subclassed block of layers, as keras.io writes its
+Transformer and residual blocks) gets no group penalty from ``add_group_sparsity``: its units keep their size,
+a budget cannot reach into it and ``prune_model`` refuses the model. That is said when the penalties are put on,
+naming each such layer, not after training.
+"""
+
+import warnings
+
+import keras
+import numpy as np
+import pytest
+
+from keras_group_lasso import SparsityBudget, UnsupportedModelError, add_group_sparsity, prune_model
+from keras_group_lasso.graph import registry
+
+L = keras.layers
+
+
+class ResidualBlock(L.Layer):
+    """A residual block written as keras.io writes one: a Layer made of layers."""
+
+    def __init__(self, units, **kwargs):
+        super().__init__(**kwargs)
+        self.units = units
+        self.inner = L.Dense(units, activation="relu")
+        self.outer = L.Dense(units)
+
+    def call(self, x):
+        return x + self.outer(self.inner(x))
+
+    def get_config(self):
+        return dict(super().get_config(), units=self.units)
+
+
+def with_blocks(blocks=1):
+    inputs = keras.Input((8,))
+    h = L.Dense(8, activation="relu", name="first")(inputs)
+    for index in range(blocks):
+        h = ResidualBlock(8, name=f"block{index}")(h)
+    return keras.Model(inputs, L.Dense(1, activation="sigmoid", name="out")(h))
+
+
+def test_add_group_sparsity_names_each_layer_it_cannot_penalise_before_any_training():
+    with pytest.warns(UserWarning) as caught:
+        sparse = add_group_sparsity(with_blocks(2), 1e-3)
+    messages = [str(w.message) for w in caught if "get no group penalty" in str(w.message)]
+    assert messages == [
+        "add_group_sparsity: the kernels of 2 layers whose computation cannot be read: 'block0' (ResidualBlock, "
+        "2 kernels: a layer that surgery cannot interpret), 'block1' (ResidualBlock, 2 kernels: a layer that surgery "
+        "cannot interpret) get no group penalty: their units keep their size, a budget counts them as they are, and "
+        f"prune_model refuses the model. {registry.WHAT_TO_DO}"]
+    bare = [v.path for v in sparse.trainable_weights if len(v.shape) == 2 and v.regularizer is None]
+    assert sorted(bare) == sorted(v.path for name in ("block0", "block1")
+                                  for v in sparse.get_layer(name).trainable_weights if len(v.shape) == 2)
+
+
+def test_a_model_it_reads_whole_gets_no_such_warning():
+    inputs = keras.Input((8,))
+    h = L.Dense(8, activation="relu")(inputs)
+    model = keras.Model(inputs, L.Dense(1)(L.Add()([h, L.Dense(8)(h)])))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        add_group_sparsity(model, 1e-3)
+    assert not [w for w in caught if "get no group penalty" in str(w.message)]
+
+
+def test_a_refusal_is_at_most_three_lines():
+    model = with_blocks(5)
+    with pytest.raises(UnsupportedModelError) as info:
+        prune_model(model)
+    lines = str(info.value).splitlines()
+    assert lines == [
+        "prune_model: cannot prune layer 'block0' (ResidualBlock): a layer that surgery cannot interpret.",
+        "Also not supported: 'block1' (ResidualBlock): a layer that surgery cannot interpret, 'block2' "
+        "(ResidualBlock): a layer that surgery cannot interpret, 'block3' (ResidualBlock): a layer that surgery "
+        "cannot interpret and 1 more layer.",
+        registry.WHAT_TO_DO,
+    ]
+    assert len(info.value.others) == 4 and "Dense" in info.value.supported
+
+
+def test_a_budget_that_cannot_be_met_names_the_layers_it_cannot_reach():
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(64, 8)).astype("float32")
+    y = (x[:, 0] > 0).astype("float32")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model = add_group_sparsity(with_blocks(1), 1e-3)
+    model.compile(keras.optimizers.SGD(0.05), "binary_crossentropy")
+    with pytest.warns(RuntimeWarning, match=r"the budget cannot be met: .* and the kernels of 1 layer whose "
+                                            r"computation cannot be read: 'block0' \(ResidualBlock, 2 kernels"):
+        model.fit(x, y, epochs=3, batch_size=32, verbose=0, callbacks=[SparsityBudget(max_params=0.1, settle=0.4)])
+
+
+def test_a_sequential_with_a_layer_not_registered_for_serialization_is_copied():
+    model = keras.Sequential([keras.Input((8,)), L.Dense(8), ResidualBlock(8, name="block"), L.Dense(1)])
+    with pytest.warns(UserWarning, match="'block' \\(ResidualBlock, 2 kernels"):
+        sparse = add_group_sparsity(model, 1e-3)
+    x = np.random.default_rng(0).normal(size=(4, 8)).astype("float32")
+    np.testing.assert_allclose(keras.ops.convert_to_numpy(sparse(x)), keras.ops.convert_to_numpy(model(x)),
+                               rtol=1e-6, atol=1e-6)
+    assert isinstance(sparse.get_layer("block"), ResidualBlock)
