@@ -204,9 +204,9 @@ def test_an_export_killed_with_sigkill_is_put_back_by_the_next_one(tmp_path):
         with pytest.raises(InvalidParameterError, match="without an earlier export"):
             export_pruned(_model(2), target, formats=("keras",))
     assert _export_messages(record) == [
-        f"export_pruned: an export into {str(target)!r} was interrupted while it replaced the artifacts there; put "
+        (f"export_pruned: an export into {str(target)!r} was interrupted while it replaced the artifacts there; put "
         f"back the earlier 'model.keras', 'manifest.json' from its staging directory {str(target / leftover)!r}, "
-        "took out its new 'model.keras', and removed that staging directory."
+        "took out its new 'model.keras', and removed that staging directory.")
     ]
     assert _tree(target) == earlier
     assert {k: v for k, v in _tree(target).items() if k in users} == users
@@ -226,8 +226,8 @@ def test_a_killed_export_into_a_new_directory_leaves_nothing_the_next_one_keeps(
     with pytest.warns(UserWarning) as record:
         export_pruned(_model(1), target, formats=("keras",))
     assert _export_messages(record) == [
-        f"export_pruned: removed {str(tmp_path / leftover)!r}, the staging directory of an interrupted export; it "
-        "held only new artifacts that export had not put in place."
+        (f"export_pruned: removed {str(tmp_path / leftover)!r}, the staging directory of an interrupted export; it "
+        "held only new artifacts that export had not put in place.")
     ]
     assert sorted(os.listdir(tmp_path)) == ["other.txt", "out"]
     assert sorted(os.listdir(target)) == ["manifest.json", "model.keras"]
@@ -261,9 +261,9 @@ def test_a_new_artifact_a_killed_export_put_in_place_is_taken_out(tmp_path):
         with pytest.raises(InvalidParameterError, match="without an earlier export"):
             export_pruned(_model(2), target, formats=("keras",))
     assert _export_messages(record) == [
-        f"export_pruned: an export into {str(target)!r} was interrupted while it replaced the artifacts there; put "
+        (f"export_pruned: an export into {str(target)!r} was interrupted while it replaced the artifacts there; put "
         f"back the earlier 'manifest.json' from its staging directory {str(leftover)!r}, took out its new "
-        "'saved_model', and removed that staging directory."
+        "'saved_model', and removed that staging directory.")
     ]
     assert _tree(target) == earlier
     assert {k: v for k, v in earlier.items() if k in users} == users

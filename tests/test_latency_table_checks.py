@@ -15,7 +15,12 @@ import keras
 import numpy as np
 import pytest
 
-from keras_group_lasso import InvalidParameterError, LatencyTable, SparsityBudget, add_group_sparsity
+from keras_group_lasso import (
+    InvalidParameterError,
+    LatencyTable,
+    SparsityBudget,
+    add_group_sparsity,
+)
 
 FILE = "LatencyTable: argument `path` must be a JSON file written by LatencyTable.save; received "
 
@@ -242,15 +247,15 @@ def test_a_file_that_is_not_a_table_is_refused(content, reason, tmp_path):
 
 @pytest.mark.parametrize("keys, value, reason", [
     (("batches",), ..., "its ['batches'] is missing, not a non-empty dict {batch size: times}"),
-    (("batches", "8", "layers"), ..., "its ['batches']['8']['layers'] is missing, not a dict "
-                                      "{layer name: grid of times}"),
-    (("batches", "8", "layers", "conv", "in"), ..., "its ['batches']['8']['layers']['conv']['in'] is missing, "
-                                                    "not a non-empty list of increasing integers >= 1"),
-    (("batches", "8", "layers", "logits"), ..., "its ['batches']['8']['layers']['logits'] is missing, not a grid "
-                                                "of the layer's times"),
+    (("batches", "8", "layers"), ..., ("its ['batches']['8']['layers'] is missing, not a dict "
+                                      "{layer name: grid of times}")),
+    (("batches", "8", "layers", "conv", "in"), ..., ("its ['batches']['8']['layers']['conv']['in'] is missing, "
+                                                    "not a non-empty list of increasing integers >= 1")),
+    (("batches", "8", "layers", "logits"), ..., ("its ['batches']['8']['layers']['logits'] is missing, not a grid "
+                                                "of the layer's times")),
     (("batches", "8", "layers", "dense"), {"in": [1], "out": [1], "seconds": [[0.0]]},
-     "its ['batches']['8']['layers']['dense'] is {'in': [1], 'out': [1], 'seconds': [[0.0]]}, not a grid of a "
-     "layer of ['layers'] (conv, logits)"),
+     ("its ['batches']['8']['layers']['dense'] is {'in': [1], 'out': [1], 'seconds': [[0.0]]}, not a grid of a "
+     "layer of ['layers'] (conv, logits)")),
     (("layers", "conv"), [3], "its ['layers']['conv'] is [3], not (input units, output units), integers >= 1"),
     (("layers", "conv"), 5, "its ['layers']['conv'] is 5, not (input units, output units), integers >= 1"),
     (("layers",), [], "its ['layers'] is [], not a non-empty dict {layer name: (input units, output units)}"),
@@ -258,8 +263,8 @@ def test_a_file_that_is_not_a_table_is_refused(content, reason, tmp_path):
     (("batches", "8"), [], "its ['batches']['8'] is [], not a dict of times"),
     (("model",), 3, "its ['model'] is 3, not a model name (a string)"),
     (("positions", "dense"), 4, "its ['positions'] has the key 'dense', not a layer of ['layers'] (conv, logits)"),
-    (("narrow_widths",), None, "its ['narrow_widths'] is None, not the widths of the narrow model of each layer "
-                               "in ['positions'] (the batches hold its rest_narrow)"),
+    (("narrow_widths",), None, ("its ['narrow_widths'] is None, not the widths of the narrow model of each layer "
+                               "in ['positions'] (the batches hold its rest_narrow)")),
     (("segments", "conv"), "pool", "its ['segments']['conv'] is 'pool', not a list of layer names"),
 ])
 def test_a_malformed_table_is_refused_with_what_is_wrong(keys, value, reason, tmp_path):

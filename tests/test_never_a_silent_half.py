@@ -12,7 +12,12 @@ import keras
 import numpy as np
 import pytest
 
-from keras_group_lasso import SparsityBudget, UnsupportedModelError, add_group_sparsity, prune_model
+from keras_group_lasso import (
+    SparsityBudget,
+    UnsupportedModelError,
+    add_group_sparsity,
+    prune_model,
+)
 from keras_group_lasso.graph import registry
 
 L = keras.layers
@@ -47,10 +52,10 @@ def test_add_group_sparsity_names_each_layer_it_cannot_penalise_before_any_train
         sparse = add_group_sparsity(with_blocks(2), 1e-3)
     messages = [str(w.message) for w in caught if "get no group penalty" in str(w.message)]
     assert messages == [
-        "add_group_sparsity: the kernels of 2 layers whose computation cannot be read: 'block0' (ResidualBlock, "
+        ("add_group_sparsity: the kernels of 2 layers whose computation cannot be read: 'block0' (ResidualBlock, "
         "2 kernels: a layer that surgery cannot interpret), 'block1' (ResidualBlock, 2 kernels: a layer that surgery "
         "cannot interpret) get no group penalty: their units keep their size, a budget counts them as they are, and "
-        f"prune_model refuses the model. {registry.WHAT_TO_DO}"]
+        f"prune_model refuses the model. {registry.WHAT_TO_DO}")]
     bare = [v.path for v in sparse.trainable_weights if len(v.shape) == 2 and v.regularizer is None]
     assert sorted(bare) == sorted(v.path for name in ("block0", "block1")
                                   for v in sparse.get_layer(name).trainable_weights if len(v.shape) == 2)
@@ -73,9 +78,9 @@ def test_a_refusal_is_at_most_three_lines():
     lines = str(info.value).splitlines()
     assert lines == [
         "prune_model: cannot prune layer 'block0' (ResidualBlock): a layer that surgery cannot interpret.",
-        "Also not supported: 'block1' (ResidualBlock): a layer that surgery cannot interpret, 'block2' "
+        ("Also not supported: 'block1' (ResidualBlock): a layer that surgery cannot interpret, 'block2' "
         "(ResidualBlock): a layer that surgery cannot interpret, 'block3' (ResidualBlock): a layer that surgery "
-        "cannot interpret and 1 more layer.",
+        "cannot interpret and 1 more layer."),
         registry.WHAT_TO_DO,
     ]
     assert len(info.value.others) == 4 and "Dense" in info.value.supported
