@@ -355,17 +355,21 @@ def _tensor_shapes(value):
 
 
 def _io_calls(entry):
-    """``[(name, call index)]`` of the model's inputs or outputs (``[name, node, tensor]`` each)."""
+    """``[(name, call index)]`` of the model's inputs or outputs.
+
+    A single endpoint is serialized as ``[name, node, tensor]``; several as a
+    list of those, or as a dict of them (named inputs or outputs), flattened
+    in the order of ``keras.tree`` (sorted keys): the order of ``model.inputs``.
+    """
+    if isinstance(entry, dict):
+        return [call for key in sorted(entry) for call in _io_calls(entry[key])]
     if entry and isinstance(entry[0], str):
         return [(entry[0], int(entry[1]) if len(entry) > 1 else 0)]
-    return [(e[0], int(e[1]) if len(e) > 1 else 0) for e in entry]
+    return [call for e in entry for call in _io_calls(e)]
 
 
 def _io_names(entry):
-    # A single endpoint is serialized as [name, node, tensor]; several as a list of those.
-    if entry and isinstance(entry[0], str):
-        return [entry[0]]
-    return [e[0] for e in entry]
+    return [name for name, _ in _io_calls(entry)]
 
 
 def flat_graph(model):

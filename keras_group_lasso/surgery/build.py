@@ -157,6 +157,8 @@ class _Builder:
         result = plan.analysis
         graph = result.graph
         self.model_name, self.sequential, self.dtype = model.name, graph.sequential, model.inputs[0].dtype
+        # Named inputs and outputs (dicts) stay named: the new model takes and returns the same structures.
+        self.structures = (None, None) if graph.sequential else (model.input, model.output)
         self.layers, self.node, self.outputs = graph.layers, graph.node, graph.outputs
         self.weights = _folded(result)
         input_names = [found.name for found in graph.inputs]
@@ -260,13 +262,21 @@ class _Builder:
                                      name=self.model_name)
         else:
             outputs = [self.tensors[name] for name in self.outputs]
-            small = keras.Model(self.inputs[0] if len(self.inputs) == 1 else self.inputs,
-                                outputs[0] if len(outputs) == 1 else outputs, name=self.model_name)
+            small = keras.Model(_structured(self.inputs, self.structures[0]),
+                                _structured(outputs, self.structures[1]), name=self.model_name)
         for layer, new in built:
             if new:
                 _set_weights(layer, new)
             _restore_initializers(layer, self.initializers)
         return small
+
+
+def _structured(tensors, structure):
+    """``tensors`` (flat, in ``keras.tree`` order) packed as ``structure`` when it is a dict of as many; else
+    the one tensor or the list."""
+    if isinstance(structure, dict) and len(keras.tree.flatten(structure)) == len(tensors):
+        return keras.tree.pack_sequence_as(structure, tensors)
+    return tensors[0] if len(tensors) == 1 else tensors
 
 
 def _merge_batchnorm(config, weights, bn, kept):
