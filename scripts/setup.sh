@@ -25,6 +25,11 @@ stamp=".venv/.keras-group-lasso-installed-${EXTRAS//,/-}-$(cksum pyproject.toml 
 if [ ! -f "$stamp" ]; then
   echo "[setup] installing keras-group-lasso[$EXTRAS] (first run takes a few minutes)"
   .venv/bin/python -m pip install --quiet -e ".[$EXTRAS]"
+  # KerasHub, whose models the tests build from their constructors. Its own requirements name
+  # tensorflow-text, which brings the full TensorFlow beside tensorflow-cpu; no test uses KerasHub's
+  # text tokenizers, so it is installed without it (pip then warns that tensorflow-text is missing).
+  .venv/bin/python -m pip install --quiet --no-deps "keras-hub==0.32.*"
+  .venv/bin/python -m pip install --quiet regex rich "kagglehub!=1.0.1" "kagglesdk==0.1.28" sentencepiece tokenizers
   touch "$stamp"
 fi
 
