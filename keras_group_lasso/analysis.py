@@ -29,7 +29,7 @@ import numpy as np
 
 from keras_group_lasso._validation import NonFiniteError, check_non_negative, check_positive_int, fail
 from keras_group_lasso.graph import registry
-from keras_group_lasso.graph.build import class_name, is_graph_model, model_graph
+from keras_group_lasso.graph.build import class_name, is_graph_model, model_graph, traced_block
 from keras_group_lasso.graph.masks import UnitMasks, compute_masks, needed_units, threshold_array
 
 __all__ = [
@@ -99,7 +99,8 @@ def get_layer(model, name):
 
     Names are the ones :func:`sparsity_report`, :func:`dense_layers` and the
     pruning plan use: a layer of a nested Sequential or functional block is
-    named after the block, ``"<block>/<layer>"`` (recursively).
+    named after the block, ``"<block>/<layer>"`` (recursively); so is a layer
+    inside a block of layers whose call the graph traces (a subclassed ``Layer``).
 
     Raises:
         ValueError: no such layer (Keras's own error from ``get_layer``).
@@ -112,7 +113,9 @@ def get_layer(model, name):
     """
     layer = model
     for part in name.split("/"):
-        layer = layer.get_layer(part)
+        # a block of layers that is not a functional model is seen through its traced call
+        source = layer if layer is model or is_graph_model(layer) else traced_block(layer) or layer
+        layer = source.get_layer(part)
     return layer
 
 

@@ -1,17 +1,18 @@
 """Attach group-sparse penalties to an existing model."""
 
 import dataclasses
+import inspect
 import math
 import warnings
 
 import keras
 
 from keras_group_lasso._validation import check_choice, check_non_negative, fail
-from keras_group_lasso.analysis import dense_roles, input_dense_layers
+from keras_group_lasso.analysis import dense_roles, get_layer, input_dense_layers
 from keras_group_lasso.budget.cost import unit_costs
 from keras_group_lasso.declared import PenaltyState, attach_state, declare_group_penalties, layer_weights
 from keras_group_lasso.graph import registry
-from keras_group_lasso.graph.build import model_graph
+from keras_group_lasso.graph.build import model_graph, traced_block
 from keras_group_lasso.regularizers import (
     CoupledGroupLasso,
     GroupLasso,
@@ -82,7 +83,7 @@ def _attach_head_penalties(model, penalties):
     for name, penalty in penalties.items():
         if not isinstance(penalty, GroupSparseRegularizer):
             penalty = keras.saving.deserialize_keras_object(penalty)
-        layer = model.get_layer(name)
+        layer = get_layer(model, name)
         rule = registry.units_rule(layer)
         variable = None if rule is None else rule.head_kernel(layer)
         if variable is None:
@@ -238,8 +239,9 @@ def _dense_inside(model, prefix="", parents=()):
     """``(qualified name, layer, enclosing nested models)`` for every Dense and convolution layer, at any depth."""
     for layer in model.layers:
         name = prefix + layer.name
-        if isinstance(layer, keras.Model):
-            yield from _dense_inside(layer, name + "/", parents + ((name, layer),))
+        traced = None if isinstance(layer, keras.Model) or _makes_units(layer) else traced_block(layer)
+        if isinstance(layer, keras.Model) or traced is not None:
+            yield from _dense_inside(traced or layer, name + "/", parents + ((name, layer),))
         elif _makes_units(layer):
             yield name, layer, parents
 
@@ -275,6 +277,45 @@ def _roles_by_layer(owner, model):
             )
         by_layer[id(layer)] = (roles[name], channels.get(name), name)
     return by_layer
+
+
+def _from_config(layer):
+    """A new layer of ``layer``'s class from its config; a block whose constructor takes no ``**kwargs`` (keras.io's
+    ``super().__init__()``) gets the entries its constructor names."""
+    config = layer.get_config()
+    try:
+        return type(layer).from_config(config)
+    except TypeError:
+        parameters = inspect.signature(type(layer).__init__).parameters
+        if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values()):
+            raise
+        return type(layer).from_config({key: value for key, value in config.items() if key in parameters})
+
+
+def _paired_sublayers(original, made):
+    """``(original sublayer, its counterpart)`` of two blocks of the same class, by the attribute (or list
+    entry) that holds each, at any depth."""
+    def children(layer):
+        if isinstance(layer, keras.Sequential):
+            return {str(i): sub for i, sub in enumerate(layer.layers)}
+        found = {}
+        for key, value in vars(layer).items():
+            items = value if isinstance(value, (list, tuple)) else [value]
+            for i, item in enumerate(items):
+                if isinstance(item, keras.layers.Layer):
+                    found[f"{key}[{i}]"] = item
+        return found
+
+    pairs, stack, seen = [], [(original, made)], set()
+    while stack:
+        a, b = stack.pop()
+        mine, theirs = children(a), children(b)
+        for key, sub in mine.items():
+            if key in theirs and id(sub) not in seen and type(theirs[key]) is type(sub):
+                seen.add(id(sub))
+                pairs.append((sub, theirs[key]))
+                stack.append((sub, theirs[key]))
+    return pairs
 
 
 def _layer_classes(model):
@@ -418,6 +459,23 @@ def add_group_sparsity(model, factor=1e-3, *, l1=None, input_factor=None, penalt
         coupled = _Coupling(coupled.members, scales, coupled.groups)
 
     def clone(layer):
+        if id(layer) not in roles and traced_block(layer) is not None:
+            # A block of layers (a subclassed Layer): a new one from its config, whose sublayers take their
+            # penalties before they are built (when the copy is called).
+            new = _from_config(layer)
+            # A config without the layer's name (a block whose constructor takes no ``name``) gives a new one;
+            # the copy keeps the user's, which the graph's names and the penalties are keyed by.
+            new.name = layer.name
+            for original, made in _paired_sublayers(layer, new):
+                made.name = original.name
+                for key, value in penalised(original).items():
+                    if key.endswith("_regularizer") and value is not getattr(original, key, None):
+                        setattr(made, key, keras.regularizers.get(value))
+            return new
+        return type(layer).from_config(penalised(layer))
+
+    def penalised(layer):
+        """``layer``'s config with the group penalties of its role."""
         config = layer.get_config()
         found = roles.get(id(layer))
         if found is not None:
@@ -463,7 +521,7 @@ def add_group_sparsity(model, factor=1e-3, *, l1=None, input_factor=None, penalt
                     inner.update({attribute: keras.saving.serialize_keras_object(make())
                                   for attribute, make in penalties.items()})
                     config[key] = dict(config[key], config=inner)
-        return type(layer).from_config(config)
+        return config
 
     copy = keras.models.clone_model(model, clone_function=clone, recursive=True)
     unread = graph.unread_kernels()

@@ -1,7 +1,7 @@
 """A model penalised in part is said before training, and a refusal is short: the culprit, why, what to do.
 
-A layer whose computation the graph cannot read (a subclassed block of layers, as keras.io writes its
-Transformer and residual blocks) gets no group penalty from ``add_group_sparsity``: its units keep their size,
+A layer whose computation the graph cannot read (a layer with weights and math of its own that no rule
+describes; a block made of layers is traced, see test_traced_blocks.py) gets no group penalty from ``add_group_sparsity``: its units keep their size,
 a budget cannot reach into it and ``prune_model`` refuses the model. That is said when the penalties are put on,
 naming each such layer, not after training.
 """
@@ -23,17 +23,20 @@ from keras_group_lasso.graph import registry
 L = keras.layers
 
 
-class ResidualBlock(L.Layer):
-    """A residual block written as keras.io writes one: a Layer made of layers."""
+class GatedDense(L.Layer):
+    """A layer with weights and math of its own (no sublayers): ``(x W) * sigmoid(x G)``. Its call is not made of
+    layers the graph knows, so it needs a rule of its own."""
 
     def __init__(self, units, **kwargs):
         super().__init__(**kwargs)
         self.units = units
-        self.inner = L.Dense(units, activation="relu")
-        self.outer = L.Dense(units)
+
+    def build(self, input_shape):
+        self.kernel = self.add_weight(shape=(input_shape[-1], self.units), name="kernel")
+        self.gate = self.add_weight(shape=(input_shape[-1], self.units), name="gate")
 
     def call(self, x):
-        return x + self.outer(self.inner(x))
+        return keras.ops.matmul(x, self.kernel) * keras.ops.sigmoid(keras.ops.matmul(x, self.gate))
 
     def get_config(self):
         return dict(super().get_config(), units=self.units)
@@ -43,7 +46,7 @@ def with_blocks(blocks=1):
     inputs = keras.Input((8,))
     h = L.Dense(8, activation="relu", name="first")(inputs)
     for index in range(blocks):
-        h = ResidualBlock(8, name=f"block{index}")(h)
+        h = GatedDense(8, name=f"block{index}")(h)
     return keras.Model(inputs, L.Dense(1, activation="sigmoid", name="out")(h))
 
 
@@ -52,8 +55,8 @@ def test_add_group_sparsity_names_each_layer_it_cannot_penalise_before_any_train
         sparse = add_group_sparsity(with_blocks(2), 1e-3)
     messages = [str(w.message) for w in caught if "get no group penalty" in str(w.message)]
     assert messages == [
-        ("add_group_sparsity: the kernels of 2 layers whose computation cannot be read: 'block0' (ResidualBlock, "
-        "2 kernels: a layer that surgery cannot interpret), 'block1' (ResidualBlock, 2 kernels: a layer that surgery "
+        ("add_group_sparsity: the kernels of 2 layers whose computation cannot be read: 'block0' (GatedDense, "
+        "2 kernels: a layer that surgery cannot interpret), 'block1' (GatedDense, 2 kernels: a layer that surgery "
         "cannot interpret) get no group penalty: their units keep their size, a budget counts them as they are, and "
         f"prune_model refuses the model. {registry.WHAT_TO_DO}")]
     bare = [v.path for v in sparse.trainable_weights if len(v.shape) == 2 and v.regularizer is None]
@@ -77,9 +80,9 @@ def test_a_refusal_is_at_most_three_lines():
         prune_model(model)
     lines = str(info.value).splitlines()
     assert lines == [
-        "prune_model: cannot prune layer 'block0' (ResidualBlock): a layer that surgery cannot interpret.",
-        ("Also not supported: 'block1' (ResidualBlock): a layer that surgery cannot interpret, 'block2' "
-        "(ResidualBlock): a layer that surgery cannot interpret, 'block3' (ResidualBlock): a layer that surgery "
+        "prune_model: cannot prune layer 'block0' (GatedDense): a layer that surgery cannot interpret.",
+        ("Also not supported: 'block1' (GatedDense): a layer that surgery cannot interpret, 'block2' "
+        "(GatedDense): a layer that surgery cannot interpret, 'block3' (GatedDense): a layer that surgery "
         "cannot interpret and 1 more layer."),
         registry.WHAT_TO_DO,
     ]
@@ -95,15 +98,15 @@ def test_a_budget_that_cannot_be_met_names_the_layers_it_cannot_reach():
         model = add_group_sparsity(with_blocks(1), 1e-3)
     model.compile(keras.optimizers.SGD(0.05), "binary_crossentropy")
     with pytest.warns(RuntimeWarning, match=r"the budget cannot be met: .* and the kernels of 1 layer whose "
-                                            r"computation cannot be read: 'block0' \(ResidualBlock, 2 kernels"):
+                                            r"computation cannot be read: 'block0' \(GatedDense, 2 kernels"):
         model.fit(x, y, epochs=3, batch_size=32, verbose=0, callbacks=[SparsityBudget(max_params=0.1, settle=0.4)])
 
 
 def test_a_sequential_with_a_layer_not_registered_for_serialization_is_copied():
-    model = keras.Sequential([keras.Input((8,)), L.Dense(8), ResidualBlock(8, name="block"), L.Dense(1)])
-    with pytest.warns(UserWarning, match="'block' \\(ResidualBlock, 2 kernels"):
+    model = keras.Sequential([keras.Input((8,)), L.Dense(8), GatedDense(8, name="block"), L.Dense(1)])
+    with pytest.warns(UserWarning, match="'block' \\(GatedDense, 2 kernels"):
         sparse = add_group_sparsity(model, 1e-3)
     x = np.random.default_rng(0).normal(size=(4, 8)).astype("float32")
     np.testing.assert_allclose(keras.ops.convert_to_numpy(sparse(x)), keras.ops.convert_to_numpy(model(x)),
                                rtol=1e-6, atol=1e-6)
-    assert isinstance(sparse.get_layer("block"), ResidualBlock)
+    assert isinstance(sparse.get_layer("block"), GatedDense)

@@ -665,7 +665,6 @@ def test_branching_models_are_pruned_exactly(make):
         (lambda: _seq(keras.layers.Reshape((2, 2), name="rs"), keras.layers.Flatten()), "rs", "Reshape"),
         (lambda: _seq(_Scale(name="scale")), "scale", "_Scale"),
         (_nested_twice, "inner", "Sequential"),
-        (_nested_subclassed, "sub", "_Subclassed"),
         (lambda: _seq(keras.Sequential([keras.layers.Reshape((2, 2), name="rs"), keras.layers.Flatten()], name="inner")),
          "inner/rs", "Reshape"),
         (

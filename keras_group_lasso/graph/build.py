@@ -390,9 +390,17 @@ def flat_graph(model):
     shared = {name for name, _ in problems}
     for block in list(order):
         layer = layers.get(block)
-        if block in input_names or not isinstance(layer, keras.Model) or block in shared:
+        if block in input_names or block in shared:
             continue
-        inner = flat_graph(layer) if is_graph_model(layer) else None
+        if isinstance(layer, keras.Model) and is_graph_model(layer):
+            inner = flat_graph(layer)
+        else:
+            traced = traced_block(layer)
+            if traced is None:
+                if isinstance(layer, keras.Model):
+                    problems.append((block, "a nested subclassed model (no layer graph)"))
+                continue
+            inner = flat_graph(traced)
         reason = _inline_refusal(layer, inner, producers.get(block, []))
         if reason:
             problems.append((block, reason))
@@ -400,6 +408,54 @@ def flat_graph(model):
         _inline(block, inner, order, layers, producers, consumers, output_names, problems)
         shapes.update({f"{block}/{name}": shape for name, shape in inner[7].items()})
     return order, layers, producers, consumers, input_names, output_names, problems, shapes
+
+
+_TRACED = weakref.WeakKeyDictionary()
+
+
+def traced_block(layer):
+    """A functional model of the layers and keras.ops that ``layer``'s ``call`` is made of, or ``None``.
+
+    A layer (or subclassed model) that the registry does not know, built from
+    sublayers, is called once on a symbolic input of its input's shape
+    through its own ``call``: every sublayer and keras.ops call inside it
+    becomes a node, so the Dense layers and convolutions inside are seen,
+    penalised and pruned like any other. The result is kept per layer (the
+    sublayers record that one call). ``None`` where that tells nothing:
+    a layer the registry knows, one called on several tensors or several
+    times, one whose ``call`` fails on a symbolic input, or one with weights
+    of its own (a variable its sublayers do not hold: its math is its own and
+    needs a rule, see :func:`~keras_group_lasso.graph.register_layer`).
+    """
+    if layer is None or is_operation(layer) or registry.rule_of(layer) is not None:
+        return None
+    if layer in _TRACED:
+        return _TRACED[layer]
+    traced = _trace(layer)
+    try:
+        _TRACED[layer] = traced
+    except TypeError:  # pragma: no cover - not weak-referenceable
+        pass
+    return traced
+
+
+def _trace(layer):
+    try:
+        spec = layer.input
+    except Exception:  # noqa: BLE001 - called several times, or never
+        return None
+    if not isinstance(spec, keras.KerasTensor) or not layer.weights:
+        return None
+    x = keras.Input(batch_shape=tuple(spec.shape), dtype=spec.dtype, name=f"{layer.name}_input")
+    try:
+        y = layer.call(x)
+        traced = keras.Model(x, y, name=layer.name)
+    except Exception:  # noqa: BLE001 - a call that does not trace symbolically stays one node
+        return None
+    held = {id(v) for sub in traced.layers for v in sub.weights}
+    if any(id(v) not in held for v in layer.weights):
+        return None
+    return traced
 
 
 def is_graph_model(model):
@@ -460,7 +516,7 @@ def _flat_graph(model):
         return ["<input>"] + order, layers, producers, consumers, ["<input>"], order[-1:], problems, {}
 
     try:
-        config = model.get_config()
+        config = graph_config(model)
         layer_configs = config["layers"]
         input_names = _io_names(config["input_layers"])
         output_names = _io_names(config["output_layers"])
@@ -516,6 +572,20 @@ def _flat_graph(model):
             if isinstance(layers.get(name), keras.Model):
                 problems.append((name, "a nested model called several times (shared)"))
     return order, layers, producers, consumers, input_names, output_names, problems, shapes
+
+
+def graph_config(model):
+    """The functional config of ``model``: its layers and the calls between them, as Keras serializes them.
+
+    A ``Functional`` subclass (a KerasHub Backbone or Task, a model class of the user's own built on a
+    functional graph) serializes its constructor's arguments instead: its graph is read through a plain
+    functional model over the same inputs, outputs and layers, which Keras serializes from the nodes the
+    layers were called at.
+    """
+    config = model.get_config()
+    if "layers" in config or not _is_functional(model):
+        return config
+    return keras.Model(model.input, model.output, name=model.name).get_config()
 
 
 def _is_functional(layer):
@@ -579,6 +649,8 @@ def _classify(name, layer, input_names):
         return "input", None
     if layer is None:
         return "other", "a layer that could not be found"
+    if is_operation(layer) and registry.rule_of(layer) is not None:
+        return registry.rule_of(layer).classify(layer)
     if is_operation(layer):
         return "other", ("a keras.ops operation called on a tensor inside the model, not a layer (surgery "
                          "rebuilds layers only; write it as a layer, e.g. Rescaling or Activation)")

@@ -1617,6 +1617,64 @@ def _scalar_operations():
     return _SCALAR_OPERATIONS
 
 
+# The keras.ops activations an ``Activation`` layer computes alike: the op's class name, the activation's name.
+_UNARY_ACTIVATIONS = {
+    "Relu": "relu", "Relu6": "relu6", "Sigmoid": "sigmoid", "Tanh": "tanh", "Silu": "silu",
+    "HardSigmoid": "hard_sigmoid", "HardSilu": "hard_silu", "Softplus": "softplus", "Softsign": "softsign",
+    "Mish": "mish", "Selu": "selu", "Exp": "exponential",
+}
+_GLOBAL_POOLS = {3: "GlobalAveragePooling1D", 4: "GlobalAveragePooling2D", 5: "GlobalAveragePooling3D"}
+_OPERATION_CALLS = weakref.WeakKeyDictionary()
+
+
+def _keras_operation(operation):
+    """The class name of a keras.ops operation of Keras itself, else ``None``."""
+    cls = type(operation)
+    return cls.__name__ if cls.__module__.startswith("keras.") else None
+
+
+def _tensor_arguments(inbound_nodes):
+    """``(args, kwargs, shape, dtype)`` of an operation's one call on one tensor (its first argument), or ``None``."""
+    if not inbound_nodes or len(inbound_nodes) != 1 or not isinstance(inbound_nodes[0], dict):
+        return None
+    args, kwargs = inbound_nodes[0].get("args", []), inbound_nodes[0].get("kwargs", {})
+    if len(args) != 1 or not (isinstance(args[0], dict) and args[0].get("class_name") == "__keras_tensor__"):
+        return None
+    config = args[0]["config"]
+    return args, kwargs, tuple(config["shape"]), config.get("dtype")
+
+
+def _one_tensor_layer(operation, inbound_nodes):
+    """The layer for a keras.ops call on one tensor: an activation (``ops.sigmoid(x)``) or a mean over every
+    position (``ops.mean(x, axis=(1, 2), keepdims=True)``, squeeze-and-excitation's pooling)."""
+    name = _keras_operation(operation)
+    called = _tensor_arguments(inbound_nodes)
+    if name is None or called is None:
+        return None
+    _, kwargs, shape, dtype = called
+    if kwargs:
+        return None
+    if name in _UNARY_ACTIVATIONS:
+        layer = keras.layers.Activation(_UNARY_ACTIVATIONS[name], name=operation.name, dtype=dtype)
+    elif name == "Gelu" and getattr(operation, "approximate", None) is False:
+        layer = keras.layers.Activation("gelu", name=operation.name, dtype=dtype)
+    elif name == "Mean" and len(shape) in _GLOBAL_POOLS and operation.axis is not None:
+        axes = sorted(a % len(shape) for a in operation.axis)
+        if axes != list(range(1, len(shape) - 1)):
+            return None
+        layer = getattr(keras.layers, _GLOBAL_POOLS[len(shape)])(keepdims=bool(operation.keepdims),
+                                                                 name=operation.name, dtype=dtype)
+    else:
+        return None
+    layer(keras.KerasTensor(shape, dtype=dtype))
+    return layer
+
+
+def operation_call(operation):
+    """The keyword arguments (not tensors) a keras.ops operation of the model was called with (``{}``)."""
+    return _OPERATION_CALLS.get(operation, {})
+
+
 def operation_layer(operation, inbound_nodes):
     """The Keras layer that computes what a keras.ops arithmetic operation computes, or ``None``.
 
@@ -1630,7 +1688,17 @@ def operation_layer(operation, inbound_nodes):
     config (its call arguments). The layer is called on a symbolic tensor of
     the operation's input shape, so it has an input like any layer of the model.
     """
-    name = _scalar_operations().get(type(operation)) if operation is not None else None
+    if operation is None:
+        return None
+    if inbound_nodes and len(inbound_nodes) == 1 and isinstance(inbound_nodes[0], dict):
+        try:
+            _OPERATION_CALLS[operation] = dict(inbound_nodes[0].get("kwargs") or {})
+        except TypeError:  # pragma: no cover - not weak-referenceable
+            pass
+    layer = _one_tensor_layer(operation, inbound_nodes)
+    if layer is not None:
+        return layer
+    name = _scalar_operations().get(type(operation))
     if name is None or not inbound_nodes or len(inbound_nodes) != 1:
         return None
     args, kwargs = inbound_nodes[0].get("args", []), inbound_nodes[0].get("kwargs", {})
@@ -1663,6 +1731,44 @@ def operation_layer(operation, inbound_nodes):
     layer = keras.layers.Rescaling(scale=scale, offset=offset, name=operation.name, dtype=dtype)
     layer(keras.KerasTensor(tuple(tensor["config"]["shape"]), dtype=dtype))
     return layer
+
+
+class PadRule(LayerRule):
+    """``keras.ops.pad`` of the positions (not the batch or channels), with zeros or with ``-inf``.
+
+    Zeros: a padded constant channel stays constant only when it is 0 (as
+    ``ZeroPadding2D``). ``-inf`` (the border a max pool ignores, as ResNetV2
+    in KerasHub pads before its first pool): a constant channel stays that
+    constant wherever the result is finite, since only a max pool reads such
+    a border without making it infinite.
+    """
+
+    def __init__(self, cls, description=None, value=0.0):
+        super().__init__(cls, description)
+        self.value = value
+
+    def variant(self, layer):
+        value = operation_call(layer).get("constant_values")
+        return PadRule(self.cls, self.description, value=0.0 if value is None else value)
+
+    def refusal(self, layer):
+        widths = [tuple(w) for w in layer.pad_width]
+        if layer.mode != "constant" or len(widths) < 3 or any(widths[i] != (0, 0) for i in (0, -1)):
+            return (f"a keras.ops.pad with mode={layer.mode!r} and pad_width={widths} (only zero or -inf padding "
+                    "of the positions, not of the batch or the channels, is supported)")
+        if not isinstance(self.value, (int, float)) or (self.value != 0 and self.value != float("-inf")):
+            return f"a keras.ops.pad with constant_values={self.value!r} (0 and -inf are supported)"
+        return None
+
+    @property
+    def constants(self):
+        return "identity" if self.value == float("-inf") else "zero_only"
+
+    def slice(self, layer, kept):
+        return layer.get_config(), []
+
+    def call(self, layer, x, options=None):
+        return layer(x, constant_values=None if self.value == 0 else self.value)
 
 
 # ----------------------------------------------------------------------------- layers recognized by what they do
@@ -2286,6 +2392,9 @@ def _register_builtin():
     for name in _MERGE_OPS:
         register_layer(MergeRule(getattr(L, name), name))
     register_layer(ConcatRule(L.Concatenate, "Concatenate (last axis)"))
+    x = keras.Input((2, 2, 1))
+    pad = keras.Model(x, keras.ops.pad(x, [[0, 0], [1, 1], [1, 1], [0, 0]])).operations[-1]
+    _add(PadRule(type(pad), "keras.ops.pad (zeros or -inf, positions only)"))
 
 
 _register_builtin()

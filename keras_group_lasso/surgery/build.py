@@ -7,6 +7,7 @@ import numpy as np
 
 from keras_group_lasso._validation import check_choice, check_positive_int, fail
 from keras_group_lasso.graph import registry
+from keras_group_lasso.graph.build import graph_config
 from keras_group_lasso.graph.masks import threshold_array
 from keras_group_lasso.surgery import plan as planning
 from keras_group_lasso.surgery import steps
@@ -200,7 +201,8 @@ class _Builder:
     def slice_per_unit(self, step):
         layer = self.layers[step.name]
         if step.entries is None:
-            config, new = layer.get_config(), layer.get_weights()
+            # a keras.ops operation (a pad) has a config and no weights
+            config, new = layer.get_config(), (layer.get_weights() if hasattr(layer, "get_weights") else [])
         else:
             config, new = registry.rule_of(layer).slice(layer, np.asarray(step.entries, dtype=np.intp))
         if step.threshold is not None:  # a DepthwiseConv
@@ -419,7 +421,7 @@ def _call_options(model, prefix=""):
     if not isinstance(model, keras.Model) or isinstance(model, keras.Sequential):
         return found
     try:
-        configs = model.get_config()["layers"]
+        configs = graph_config(model)["layers"]
     except Exception:  # noqa: BLE001 - a model without a readable graph
         return found
     for layer_config in configs:

@@ -1,0 +1,228 @@
+"""Blocks written as subclassed layers are seen inside: their call is traced into the graph.
+
+keras.io writes residual and Transformer blocks as a ``keras.layers.Layer`` whose ``call`` chains Keras layers and
+keras.ops. The graph calls such a block once on a symbolic input: its sublayers and ops become nodes named
+``"<block>/<layer>"``, so the Dense layers and attention heads inside get group penalties, are reported and are
+pruned exactly like any other. The pruned model holds plain Keras layers in place of the block.
+"""
+
+import warnings
+
+import keras
+import numpy as np
+
+from keras_group_lasso import add_group_sparsity, apply_threshold, prune_model, sparsity_report
+from keras_group_lasso.graph import registry
+from keras_group_lasso.graph.build import model_graph
+from test_model_families import T, assert_prunes_exactly_and_reloads
+
+L = keras.layers
+
+
+class ResidualBlock(L.Layer):
+    """A residual block as keras.io writes one: a Layer made of layers, ``x + outer(inner(x))``."""
+
+    def __init__(self, units, **kwargs):
+        super().__init__(**kwargs)
+        self.units = units
+        self.inner = L.Dense(units, activation="relu", name="inner")
+        self.outer = L.Dense(units, name="outer")
+
+    def call(self, x):
+        return x + self.outer(self.inner(x))
+
+    def get_config(self):
+        return dict(super().get_config(), units=self.units)
+
+
+class FeedForward(L.Layer):
+    """A block holding a Sequential and another block: traced at every depth."""
+
+    def __init__(self, units, hidden, **kwargs):
+        super().__init__(**kwargs)
+        self.units, self.hidden = units, hidden
+        self.ffn = keras.Sequential([L.Dense(hidden, activation="relu"), L.Dense(units)])
+        self.norm = L.LayerNormalization()
+        self.residual = ResidualBlock(units)
+
+    def call(self, x):
+        return self.residual(self.norm(x + self.ffn(x)))
+
+    def get_config(self):
+        return dict(super().get_config(), units=self.units, hidden=self.hidden)
+
+
+class TransformerBlock(L.Layer):
+    """keras.io's text-classification Transformer block, as keras.io writes it (no ``get_config``, no ``name``
+    argument)."""
+
+    def __init__(self, embed_dim, num_heads, ff_dim, rate=0.1):
+        super().__init__()
+        self.att = L.MultiHeadAttention(num_heads=num_heads, key_dim=embed_dim)
+        self.ffn = keras.Sequential([L.Dense(ff_dim, activation="relu"), L.Dense(embed_dim)])
+        self.layernorm1 = L.LayerNormalization(epsilon=1e-6)
+        self.layernorm2 = L.LayerNormalization(epsilon=1e-6)
+        self.dropout1 = L.Dropout(rate)
+        self.dropout2 = L.Dropout(rate)
+
+    def call(self, inputs, training=None):
+        attn_output = self.dropout1(self.att(inputs, inputs), training=training)
+        out1 = self.layernorm1(inputs + attn_output)
+        ffn_output = self.dropout2(self.ffn(out1), training=training)
+        return self.layernorm2(out1 + ffn_output)
+
+
+def residual_model():
+    inputs = keras.Input((6,))
+    h = L.Dense(8, activation="relu", name="first")(inputs)
+    h = ResidualBlock(8, name="block0")(h)
+    h = ResidualBlock(8, name="block1")(h)
+    return keras.Model(inputs, L.Dense(2, name="out")(h))
+
+
+def nested_model():
+    inputs = keras.Input((6,))
+    h = L.Dense(8, activation="tanh", name="first")(inputs)
+    h = FeedForward(8, 12, name="ff")(h)
+    return keras.Model(inputs, L.Dense(3, name="out")(h))
+
+
+def transformer_model():
+    inputs = keras.Input((10,))
+    x = L.Embedding(40, 16, name="embed")(inputs)
+    x = TransformerBlock(16, 4, 24)(x)
+    x = L.GlobalAveragePooling1D(name="pool")(x)
+    x = L.Dense(12, activation="relu", name="hidden")(x)
+    return keras.Model(inputs, L.Dense(2, name="out")(x))
+
+
+def sparsify(model, rng, dead=0.35):
+    """Random group sparsity on every units node of the graph, inside blocks too: a third of each layer's output
+    units lose their kernel column (they output ``act(b)``, a constant), a third of its attention heads their
+    output rows; every other weight is moved away from the threshold."""
+    graph = model_graph(model)
+    for node in graph.units:
+        layer = graph.layers[node.name]
+        heads = registry.units_rule(layer).head_kernel(layer)
+        if heads is not None:
+            value = keras.ops.convert_to_numpy(heads).copy()
+            value[rng.random(value.shape[0]) < dead] = 0.0
+            heads.assign(value)
+            continue
+        weights = layer.get_weights()
+        kernel = weights[0] + np.sign(weights[0]) * 0.01
+        if node.name != "out":  # the model's outputs stay
+            kernel[..., rng.random(kernel.shape[-1]) < dead] = 0.0
+        weights[0] = kernel
+        if len(weights) > 1:
+            weights[1] = rng.normal(size=weights[1].shape).astype(weights[1].dtype) * 0.3
+        layer.set_weights(weights)
+
+
+def penalty_warnings(model):
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        sparse = add_group_sparsity(model, 1e-3)
+    return sparse, [str(w.message) for w in caught if "get no group penalty" in str(w.message)]
+
+
+def test_the_layers_inside_a_block_are_nodes_of_the_graph():
+    graph = model_graph(residual_model())
+    assert graph.supported and graph.problems == ()
+    assert [node.name for node in graph.units] == ["first", "block0/inner", "block0/outer", "block1/inner",
+                                                   "block1/outer", "out"]
+
+
+def test_every_kernel_inside_a_block_gets_its_group_penalty_without_a_warning():
+    model = residual_model()
+    sparse, said = penalty_warnings(model)
+    assert said == []
+    kernels = [v for v in sparse.trainable_weights if len(v.shape) == 2]
+    assert len(kernels) == 6 and all(v.regularizer is not None for v in kernels)
+    # the residual stream (first, both blocks' outer layers) is one set of coupled groups
+    roles = {v.path: type(v.regularizer).__name__ for v in kernels}
+    # the residual stream (made by 'first' and both blocks' outer layers) is read by the inner layers and 'out':
+    # one set of coupled groups
+    assert roles["first/kernel"] == "InputGroupLasso"
+    assert roles["block0/inner/kernel"] == roles["block1/inner/kernel"] == roles["out/kernel"] == "CoupledGroupLasso"
+    assert type(sparse.get_layer("block0")) is ResidualBlock
+    x = np.random.default_rng(0).normal(size=(4, 6)).astype("float32")
+    np.testing.assert_allclose(keras.ops.convert_to_numpy(sparse(x)), keras.ops.convert_to_numpy(model(x)),
+                               rtol=1e-6, atol=1e-6)
+
+
+def test_a_block_prunes_exactly_into_plain_keras_layers_that_reload(rng, tmp_path):
+    model = residual_model()
+    sparsify(model, rng)
+    x = rng.normal(size=(8, 6)).astype("float32")
+    small = assert_prunes_exactly_and_reloads(model, x, tmp_path)
+    assert not any(isinstance(layer, ResidualBlock) for layer in small.layers)
+    report = sparsity_report(model, T)
+    assert report.layer_sizes == small.pruning_report.layer_sizes
+    assert "block0/inner" in small.pruning_plan.masks.units
+
+
+def test_blocks_inside_blocks_and_sequentials_inside_blocks_are_traced(rng, tmp_path):
+    model = nested_model()
+    names = [node.name for node in model_graph(model).units]
+    assert len(names) == 6 and names[0] == "first" and names[-1] == "out"
+    assert names[3].endswith("/inner") and names[4].endswith("/outer")
+    assert all(name.startswith("ff/") for name in names[1:5])
+    _, said = penalty_warnings(model)
+    assert said == []
+    sparsify(model, rng)
+    assert_prunes_exactly_and_reloads(model, rng.normal(size=(8, 6)).astype("float32"), tmp_path)
+
+
+def test_a_keras_io_transformer_block_gets_head_penalties_and_prunes_heads_exactly(rng, tmp_path):
+    model = transformer_model()
+    sparse, said = penalty_warnings(model)
+    assert said == []
+    block = [layer for layer in sparse.layers if isinstance(layer, TransformerBlock)][0]
+    assert block.name == [layer for layer in model.layers if isinstance(layer, TransformerBlock)][0].name
+    ffn = [v for v in block.ffn.trainable_weights if len(v.shape) == 2]
+    assert len(ffn) == 2 and all(v.regularizer is not None for v in ffn)
+    sparsify(model, rng)
+    x = rng.integers(0, 40, size=(4, 10))
+    small = prune_model(model, T)
+    # keras.models.clone_model cannot copy this block (its constructor takes no ``trainable``), so the reference
+    # is the model itself, thresholded in place
+    apply_threshold(model, T)
+    expected = keras.ops.convert_to_numpy(model(x))
+    np.testing.assert_allclose(keras.ops.convert_to_numpy(small(x)), expected, rtol=1e-5, atol=1e-5)
+    small.save(tmp_path / "small.keras")
+    again = keras.saving.load_model(tmp_path / "small.keras")
+    np.testing.assert_allclose(keras.ops.convert_to_numpy(again(x)), expected, rtol=1e-5, atol=1e-5)
+    attention = [layer for layer in small.layers if isinstance(layer, L.MultiHeadAttention)]
+    assert len(attention) == 1 and attention[0].num_heads < 4
+
+
+class Subclassed(keras.Model):
+    """A subclassed model (no functional graph) used as a block of a functional one."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.d0 = L.Dense(5, activation="relu", name="d0")
+        self.d1 = L.Dense(4, name="d1")
+
+    def call(self, x):
+        return self.d1(self.d0(x))
+
+
+def test_a_subclassed_model_inside_a_functional_one_is_traced_too(rng, tmp_path):
+    inputs = keras.Input((6,))
+    model = keras.Model(inputs, L.Dense(2, name="out")(Subclassed(name="sub")(inputs)))
+    assert [node.name for node in model_graph(model).units] == ["sub/d0", "sub/d1", "out"]
+    sparsify(model, rng)
+    assert_prunes_exactly_and_reloads(model, rng.normal(size=(8, 6)).astype("float32"), tmp_path)
+
+
+def test_tracing_leaves_the_model_and_its_blocks_as_they_were():
+    model = residual_model()
+    before = [keras.ops.convert_to_numpy(v).copy() for v in model.weights]
+    config = model.get_config()
+    model_graph(model)
+    prune_model(model)
+    assert model.get_config() == config
+    for old, new in zip(before, model.weights):
+        np.testing.assert_array_equal(old, keras.ops.convert_to_numpy(new))
