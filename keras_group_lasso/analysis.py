@@ -29,7 +29,7 @@ import numpy as np
 
 from keras_group_lasso._validation import NonFiniteError, check_non_negative, check_positive_int, fail
 from keras_group_lasso.graph import registry
-from keras_group_lasso.graph.build import class_name, is_graph_model, model_graph, traced_block
+from keras_group_lasso.graph.build import class_name, graph_model, is_graph_model, model_graph, traced_block
 from keras_group_lasso.graph.masks import UnitMasks, compute_masks, needed_units, threshold_array
 
 __all__ = [
@@ -88,7 +88,7 @@ def _check_model(owner, model, threshold=_NO_THRESHOLD):
         fail(owner, "model", "a keras.Model", model)
     if not model.built:
         fail(owner, "model", "a built keras.Model (give it an Input or call it on data first)", model)
-    graph = model_graph(model)
+    graph = model_graph(graph_model(model))
     if not graph.units:
         fail(owner, "model", "a model with at least one Dense or convolution layer", model)
     return graph, threshold

@@ -12,7 +12,7 @@ from keras_group_lasso.analysis import dense_roles, get_layer, input_dense_layer
 from keras_group_lasso.budget.cost import unit_costs
 from keras_group_lasso.declared import PenaltyState, attach_state, declare_group_penalties, layer_weights
 from keras_group_lasso.graph import registry
-from keras_group_lasso.graph.build import model_graph, traced_block
+from keras_group_lasso.graph.build import graph_model, model_graph, traced_block
 from keras_group_lasso.regularizers import (
     CoupledGroupLasso,
     GroupLasso,
@@ -216,8 +216,8 @@ def _check_latency_table(owner, group_weight, latency_table):
 
 
 def _check_graph_model(owner, model):
-    # Sequential and Functional models have a graph of layers to copy; a
-    # subclassed model's `call` is opaque Python.
+    # Sequential and Functional models have a graph of layers to copy; a subclassed model is read through the
+    # functional model its call traces (graph_model), which the callers pass here.
     graph = isinstance(model, keras.Sequential) or any(
         cls.__name__ == "Functional" for cls in type(model).__mro__
     )
@@ -414,7 +414,9 @@ def add_group_sparsity(model, factor=1e-3, *, l1=None, input_factor=None, penalt
 
     Raises:
         InvalidParameterError: bad arguments, or a model that is not
-            Sequential/Functional (subclassed models have no graph to copy),
+            Sequential/Functional and whose call cannot be traced (a
+            subclassed model built on data is copied as the functional model
+            of the layers its call runs),
             or a Dense layer inside a nested model whose graph cannot be read
             (the message names both), or a ``latency_table`` of another model.
 
@@ -440,6 +442,7 @@ def add_group_sparsity(model, factor=1e-3, *, l1=None, input_factor=None, penalt
         fail(owner, "bias", "True or False", bias)
     group_weight = check_choice(owner, "group_weight", group_weight, _GROUP_WEIGHTS)
     _check_latency_table(owner, group_weight, latency_table)
+    model = graph_model(model)  # a subclassed model: the functional model of the layers its call runs
     _check_graph_model(owner, model)
     if latency_table is not None:
         latency_table.check_model(model, owner=owner)
@@ -529,6 +532,18 @@ def add_group_sparsity(model, factor=1e-3, *, l1=None, input_factor=None, penalt
         warnings.warn(
             f"{owner}: the kernels of {registry.unread_text(unread)} get no group penalty: their units keep their "
             f"size, a budget counts them as they are, and prune_model refuses the model. {registry.WHAT_TO_DO}",
+            UserWarning,
+            stacklevel=2,
+        )
+    unread_names = {name for name, *_ in unread}
+    refused = [(name, cls, reason) for name, cls, reason in graph.problems if name not in unread_names]
+    if refused and not unread:  # every kernel is penalised, but surgery will refuse: said before training too
+        shown = ", ".join(f"'{name}' ({cls}): {reason}" for name, cls, reason in refused[:3])
+        more = f" and {len(refused) - 3} more" if len(refused) > 3 else ""
+        warnings.warn(
+            f"{owner}: every kernel gets its group penalty, but prune_model cannot rebuild this model: {shown}{more}. "
+            "Training, sparsity_report and apply_threshold work; prune_model refuses until it can read those layers. "
+            f"{registry.WHAT_TO_DO}",
             UserWarning,
             stacklevel=2,
         )

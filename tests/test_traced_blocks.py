@@ -13,7 +13,7 @@ import numpy as np
 
 from keras_group_lasso import add_group_sparsity, apply_threshold, prune_model, sparsity_report
 from keras_group_lasso.graph import registry
-from keras_group_lasso.graph.build import model_graph
+from keras_group_lasso.graph.build import graph_model, model_graph
 from test_model_families import T, assert_prunes_exactly_and_reloads
 
 L = keras.layers
@@ -215,6 +215,45 @@ def test_a_subclassed_model_inside_a_functional_one_is_traced_too(rng, tmp_path)
     assert [node.name for node in model_graph(model).units] == ["sub/d0", "sub/d1", "out"]
     sparsify(model, rng)
     assert_prunes_exactly_and_reloads(model, rng.normal(size=(8, 6)).astype("float32"), tmp_path)
+
+
+class KerasIoModel(keras.Model):
+    """A fully subclassed model, as keras.io writes one: layers made in ``__init__``, chained in ``call``."""
+
+    def __init__(self):
+        super().__init__()
+        self.hidden = L.Dense(9, activation="relu", name="hidden")
+        self.block = ResidualBlock(9, name="block")
+        self.out = L.Dense(3, name="out")
+
+    def call(self, x):
+        return self.out(self.block(self.hidden(x)))
+
+
+def test_a_subclassed_model_built_on_data_is_read_penalised_and_pruned_through_its_traced_call(rng, tmp_path):
+    model = KerasIoModel()
+    x = rng.normal(size=(8, 6)).astype("float32")
+    model(x[:1])  # built on data, as fit() builds it
+    sparse, said = penalty_warnings(model)
+    assert said == []
+    assert isinstance(sparse, keras.Model) and not isinstance(sparse, KerasIoModel)  # a functional copy
+    kernels = [v for v in sparse.trainable_weights if len(v.shape) == 2]
+    assert len(kernels) == 4 and all(v.regularizer is not None for v in kernels)
+    np.testing.assert_allclose(keras.ops.convert_to_numpy(sparse(x)), keras.ops.convert_to_numpy(model(x)),
+                               rtol=1e-6, atol=1e-6)
+    sparsify(graph_model(model), rng)  # the traced functional model holds the model's own layers
+    report = sparsity_report(model, T)
+    assert report.uninterpreted_layers == ()
+    small = prune_model(model, T)
+    # keras.models.clone_model cannot copy a subclassed model: the reference is the model, thresholded in place
+    apply_threshold(model, T)
+    expected = keras.ops.convert_to_numpy(model(x))
+    np.testing.assert_allclose(keras.ops.convert_to_numpy(small(x)), expected, rtol=1e-5, atol=1e-5)
+    assert small.count_params() < model.count_params()
+    assert small.pruning_report.layer_sizes == report.layer_sizes
+    small.save(tmp_path / "small.keras")
+    again = keras.saving.load_model(tmp_path / "small.keras")
+    np.testing.assert_allclose(keras.ops.convert_to_numpy(again(x)), expected, rtol=1e-5, atol=1e-5)
 
 
 def test_tracing_leaves_the_model_and_its_blocks_as_they_were():

@@ -31,7 +31,8 @@ import numpy as np
 
 from keras_group_lasso.graph import registry
 
-__all__ = ["Node", "UnitsNode", "Stream", "ModelGraph", "model_graph", "flat_graph", "is_graph_model"]
+__all__ = ["Node", "UnitsNode", "Stream", "ModelGraph", "model_graph", "flat_graph", "is_graph_model", "graph_model",
+           "traced_block"]
 
 
 def _frozen(values):
@@ -439,14 +440,37 @@ def traced_block(layer):
     return traced
 
 
-def _trace(layer):
+def graph_model(model):
+    """``model`` when its graph can be read (Sequential, functional); for a subclassed model built on data (or
+    with ``build``), the functional model of the layers its ``call`` runs (:func:`traced_block`), which computes
+    what it computes with the same layers; else ``model`` (refused where it is used)."""
+    if not isinstance(model, keras.Model) or is_graph_model(model):
+        return model
+    return traced_block(model) or model
+
+
+def _input_spec(layer):
+    """``(batch shape, dtype)`` of the one tensor ``layer`` was called on, or ``None``."""
     try:
         spec = layer.input
-    except Exception:  # noqa: BLE001 - called several times, or never
+    except Exception:  # noqa: BLE001 - called several times, or never called on a symbolic tensor
+        spec = None
+    if isinstance(spec, keras.KerasTensor):
+        return tuple(spec.shape), spec.dtype
+    if spec is not None or not isinstance(layer, keras.Model) or not layer.built:
         return None
-    if not isinstance(spec, keras.KerasTensor) or not layer.weights:
+    # A subclassed model built on data (``model(x)``, ``fit``) or with ``build(shape)``: its input shape, any batch.
+    shape = (layer.get_build_config() or {}).get("input_shape")
+    if not isinstance(shape, (list, tuple)) or not shape or not all(d is None or isinstance(d, int) for d in shape):
         return None
-    x = keras.Input(batch_shape=tuple(spec.shape), dtype=spec.dtype, name=f"{layer.name}_input")
+    return (None,) + tuple(shape[1:]), getattr(layer, "input_dtype", None) or keras.config.floatx()
+
+
+def _trace(layer):
+    spec = _input_spec(layer)
+    if spec is None or not layer.weights:
+        return None
+    x = keras.Input(batch_shape=spec[0], dtype=spec[1], name=f"{layer.name}_input")
     try:
         y = layer.call(x)
         traced = keras.Model(x, y, name=layer.name)

@@ -404,6 +404,12 @@ class GlobalPoolRule(LayerRule):
     kind = "global_pool"
     constants = "identity"
 
+    def refusal(self, layer):
+        if getattr(layer, "data_format", "channels_last") == "channels_first":
+            return ("a global pooling with data_format='channels_first' (it averages the last axis, the channels of "
+                    "the layers before it: its outputs are positions, not units)")
+        return None
+
 
 class TailRule(LayerRule):
     """A layer that mixes units (softmax): every unit it reads is kept."""

@@ -7,7 +7,7 @@ import numpy as np
 
 from keras_group_lasso._validation import check_choice, check_positive_int, fail
 from keras_group_lasso.graph import registry
-from keras_group_lasso.graph.build import graph_config
+from keras_group_lasso.graph.build import graph_config, graph_model
 from keras_group_lasso.graph.masks import threshold_array
 from keras_group_lasso.surgery import plan as planning
 from keras_group_lasso.surgery import steps
@@ -135,6 +135,7 @@ def prune_model(model, threshold=1e-3, inputs="original", round_to=1, fold_batch
     round_to = check_positive_int(owner, "round_to", round_to)
     if not isinstance(fold_batchnorm, bool):
         fail(owner, "fold_batchnorm", "a bool", fold_batchnorm)
+    model = graph_model(model)  # a subclassed model: the functional model of the layers its call runs
     plan = planning.build_plan(owner, model, threshold, round_to, inputs=inputs, fold_batchnorm=fold_batchnorm)
     builder = _Builder(plan, model)
     for step in plan.steps:
