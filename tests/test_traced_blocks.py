@@ -10,6 +10,7 @@ import warnings
 
 import keras
 import numpy as np
+import pytest
 
 from keras_group_lasso import add_group_sparsity, apply_threshold, prune_model, sparsity_report
 from keras_group_lasso.graph import registry
@@ -265,3 +266,34 @@ def test_tracing_leaves_the_model_and_its_blocks_as_they_were():
     assert model.get_config() == config
     for old, new in zip(before, model.weights):
         np.testing.assert_array_equal(old, keras.ops.convert_to_numpy(new))
+
+
+class Scaled(L.Layer):
+    """A layer made with a value its config cannot hold (a function): the model holding it does not serialize."""
+
+    def __init__(self, fn, **kwargs):
+        super().__init__(**kwargs)
+        self.fn = fn
+
+    def call(self, x):
+        return self.fn(x)
+
+
+def test_the_graph_of_a_model_that_does_not_serialize_is_read_from_its_nodes(rng):
+    inputs = keras.Input((5,))
+    h = L.Dense(7, activation="relu", name="hidden")(inputs)
+    h = Scaled(lambda t: t * 2.0, name="scaled")(h)
+    model = keras.Model(inputs, L.Dense(2, name="out")(h))
+    with pytest.raises(NotImplementedError):
+        model.get_config()
+    graph = model_graph(model)
+    assert [node.name for node in graph.units] == ["hidden", "out"]
+    # its call, traced, is a keras.ops product with a number: a Rescaling
+    assert graph.supported and type(graph.layers["scaled/multiply"]).__name__ == "Rescaling"
+    sparsify(model, rng)
+    small = prune_model(model, T)
+    apply_threshold(model, T)  # the reference: clone_model cannot copy the model either
+    x = rng.normal(size=(6, 5)).astype("float32")
+    np.testing.assert_allclose(keras.ops.convert_to_numpy(small(x)), keras.ops.convert_to_numpy(model(x)),
+                               rtol=1e-5, atol=1e-5)
+    assert small.count_params() < model.count_params()

@@ -423,9 +423,9 @@ def traced_block(layer):
     becomes a node, so the Dense layers and convolutions inside are seen,
     penalised and pruned like any other. The result is kept per layer (the
     sublayers record that one call). ``None`` where that tells nothing:
-    a layer the registry knows, one called on several tensors or several
-    times, one whose ``call`` fails on a symbolic input, or one with weights
-    of its own (a variable its sublayers do not hold: its math is its own and
+    a layer the registry knows (or recognizes by what it computes), one
+    called on several tensors or several times, one whose ``call`` fails on
+    a symbolic input or returns its input, or one with weights of its own (a variable its sublayers do not hold: its math is its own and
     needs a rule, see :func:`~keras_group_lasso.graph.register_layer`).
     """
     if layer is None or is_operation(layer) or registry.rule_of(layer) is not None:
@@ -468,7 +468,7 @@ def _input_spec(layer):
 
 def _trace(layer):
     spec = _input_spec(layer)
-    if spec is None or not layer.weights:
+    if spec is None:
         return None
     x = keras.Input(batch_shape=spec[0], dtype=spec[1], name=f"{layer.name}_input")
     try:
@@ -477,7 +477,7 @@ def _trace(layer):
     except Exception:  # noqa: BLE001 - a call that does not trace symbolically stays one node
         return None
     held = {id(v) for sub in traced.layers for v in sub.weights}
-    if any(id(v) not in held for v in layer.weights):
+    if any(id(v) not in held for v in layer.weights) or y is x:
         return None
     return traced
 
@@ -599,17 +599,88 @@ def _flat_graph(model):
 
 
 def graph_config(model):
-    """The functional config of ``model``: its layers and the calls between them, as Keras serializes them.
+    """The graph part of ``model``'s functional config: its layers by name, the calls between them, its inputs
+    and outputs, in the form Keras serializes them.
 
-    A ``Functional`` subclass (a KerasHub Backbone or Task, a model class of the user's own built on a
-    functional graph) serializes its constructor's arguments instead: its graph is read through a plain
-    functional model over the same inputs, outputs and layers, which Keras serializes from the nodes the
-    layers were called at.
+    Keras's own serialization where it gives one. A ``Functional`` subclass (a KerasHub Backbone or Task, a
+    model class of the user's own built on a functional graph) serializes its constructor's arguments instead,
+    and a model holding a layer that cannot be serialized (one made with values its config cannot hold) fails
+    to serialize: the graph of those is read from the nodes the model's layers were called at
+    (:func:`_node_config`), the structure Keras itself runs the model through.
     """
-    config = model.get_config()
+    try:
+        config = model.get_config()
+    except Exception:  # noqa: BLE001 - a layer that does not serialize; the nodes still say the graph
+        config = {}
     if "layers" in config or not _is_functional(model):
         return config
-    return keras.Model(model.input, model.output, name=model.name).get_config()
+    return _node_config(model)
+
+
+def _node_config(model):
+    """The graph part of a functional config (see :func:`graph_config`), read from the model's nodes.
+
+    A node is one call of a layer (or keras.ops operation); each tensor records the node that made it (its
+    Keras history). Walking back from the outputs finds the calls that belong to this model; each layer's calls
+    are numbered in order among those (a layer called in another model too keeps its own numbering here), as
+    Keras numbers them when it saves the model.
+    """
+    def history(tensor):
+        return tensor._keras_history  # (operation, node index, tensor index): the call that made the tensor
+
+    used, order, stack = {}, [], [(t, False) for t in reversed(keras.tree.flatten(model.output))]
+    while stack:  # depth first, iterative: deep models exceed Python's recursion limit
+        tensor, expanded = stack.pop()
+        operation, index, _ = history(tensor)
+        key = (id(operation), index)
+        if expanded:
+            if key not in used:
+                used[key] = (operation, index)
+                order.append(key)
+            continue
+        if key in used:
+            continue
+        stack.append((tensor, True))
+        node = operation._inbound_nodes[index]
+        stack.extend((t, False) for t in reversed(node.arguments.keras_tensors) if (id(history(t)[0]),
+                                                                                       history(t)[1]) not in used)
+    calls = {}  # id(operation) -> its node indices used here, in order
+    operations = {}
+    for key in order:
+        operation, index = used[key]
+        calls.setdefault(id(operation), []).append(index)
+        operations.setdefault(id(operation), operation)
+    numbers = {(op_id, index): number for op_id, indices in calls.items()
+               for number, index in enumerate(sorted(indices))}
+
+    def serialized(value):
+        if isinstance(value, keras.KerasTensor):
+            operation, index, tensor_index = history(value)
+            return {"class_name": "__keras_tensor__",
+                    "config": {"shape": tuple(value.shape), "dtype": value.dtype,
+                               "keras_history": [operation.name, numbers[(id(operation), index)], tensor_index]}}
+        return value
+
+    layers = []
+    for op_id, operation in operations.items():
+        nodes = []
+        for index in sorted(calls[op_id]):
+            arguments = operation._inbound_nodes[index].arguments
+            if not arguments.keras_tensors:
+                continue  # an input layer's own node
+            nodes.append({"args": keras.tree.map_structure(serialized, list(arguments.args)),
+                          "kwargs": keras.tree.map_structure(serialized, dict(arguments.kwargs))})
+        layers.append({"name": operation.name, "class_name": type(operation).__name__, "inbound_nodes": nodes})
+
+    def endpoint(tensor):
+        operation, index, tensor_index = history(tensor)
+        # Keras numbers a nested functional model's calls from 1 in these entries (its node 0 is its own)
+        number = numbers[(id(operation), index)] + (1 if _is_functional(operation) else 0)
+        return [operation.name, number, tensor_index]
+
+    return {"name": model.name, "layers": layers,
+            "input_layers": keras.tree.map_structure(endpoint, model.input),
+            "output_layers": keras.tree.map_structure(endpoint, model.output)}
 
 
 def _is_functional(layer):
