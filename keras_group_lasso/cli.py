@@ -63,7 +63,7 @@ def _add_prune(subparsers):
         help="remove dead features and units from a .keras model and export the smaller model",
         description="Load MODEL (a .keras file, Keras safe mode), remove every input feature and "
         "hidden unit whose outgoing weights are all <= threshold, and write the smaller model "
-        "to OUT_DIR (SavedModel, .keras, optionally TFLite, plus manifest.json). "
+        "to OUT_DIR (SavedModel, .keras, optionally TFLite, ONNX and int8 TFLite, plus manifest.json). "
         "Other files in OUT_DIR are left as they are. "
         "Nothing is written into OUT_DIR when anything fails.",
     )
@@ -81,18 +81,22 @@ def _add_prune(subparsers):
     p.add_argument(
         "--formats",
         nargs="+",
-        choices=("saved_model", "keras", "tflite"),
+        choices=("saved_model", "keras", "tflite", "onnx", "tflite-int8"),
         default=["saved_model", "keras"],
-        help="what to write (default: saved_model keras)",
+        help="what to write (default: saved_model keras); onnx needs the onnx extra "
+        "(pip install \"keras-group-lasso[onnx]\"), tflite-int8 needs --representative",
     )
+    p.add_argument("--representative", metavar="DATA",
+                   help="inputs to calibrate the int8 model on and to check onnx and tflite-int8 against: a .npy "
+                   "array of the exported model's inputs, or a .npz file with one array per input, by input name")
     p.add_argument("--round-to", type=int, default=1, metavar="N",
                    help="each hidden layer keeps a multiple of N units (default 1: only the live ones; "
                    "8 often runs faster on CPUs and GPUs)")
     p.add_argument("--fold-batchnorm", action="store_true",
                    help="merge each BatchNormalization that follows a Dense or convolution layer into it")
     p.add_argument("--overwrite", action="store_true",
-                   help="replace an earlier export in OUT_DIR: only saved_model/, model.keras, model.tflite and "
-                   "manifest.json are replaced or removed, other files stay")
+                   help="replace an earlier export in OUT_DIR: only saved_model/, model.keras, model.tflite, model.onnx, "
+                   "model_int8.tflite and manifest.json are replaced or removed, other files stay")
     p.set_defaults(func=_run_prune)
 
 
@@ -119,6 +123,12 @@ def _run_prune(args):
                 f"MODEL {args.model!r} is {clash!r}, which --overwrite would replace; "
                 "write to another OUT_DIR or move the model first"
             )
+    representative = None
+    if args.representative is not None:
+        try:
+            representative = _load_representative(args.representative)
+        except (OSError, ValueError) as e:
+            return error(f"cannot read --representative {args.representative!r}: {e}")
     try:
         model = keras.saving.load_model(args.model, compile=False, safe_mode=True)
     except Exception as e:  # a corrupt or foreign file: any loader error means "cannot load"
@@ -133,8 +143,9 @@ def _run_prune(args):
             overwrite=args.overwrite,
             round_to=args.round_to,
             fold_batchnorm=args.fold_batchnorm,
+            representative_data=representative,
         )
-    except (ValueError, TypeError, ImportError, OSError) as e:
+    except (ValueError, TypeError, ImportError, OSError, RuntimeError) as e:
         return error(str(e))
     m = result.manifest
     before, after = m["params_before"], m["params_after"]
@@ -149,12 +160,34 @@ def _run_prune(args):
     )
     ratio = f" ({before / after:.1f}x fewer)" if after else ""
     print(f"params  {before} -> {after}{ratio}")
+    sizes = m.get("file_sizes", {})
     for i, path in enumerate(result.paths.values()):
-        print(("wrote   " if i == 0 else "        ") + path)
+        size = sizes.get(os.path.basename(path))
+        print(("wrote   " if i == 0 else "        ") + path + ("" if size is None else f"  ({size} bytes)"))
+    if "onnx" in m:
+        print(f"onnx    max |onnx - keras| {m['onnx']['max_abs_error']:.3g} on {m['onnx']['checked_rows']} rows "
+              f"(tolerance {m['onnx']['tolerance']:.3g})")
+    if "tflite_int8" in m:
+        measured = m["tflite_int8"]["error_on_representative_data"]
+        agreement = measured.get("argmax_agreement")
+        print(f"int8    mean |int8 - float| {measured['mean_relative_error']:.2%}, max "
+              f"{measured['max_relative_error']:.2%} of the output scale on {measured['rows']} rows"
+              + ("" if agreement is None else f", argmax agreement {agreement:.2%}"))
     for word, paths in (("replaced", result.replaced), ("removed ", result.removed)):
         for i, path in enumerate(paths):
             print((word if i == 0 else "        ") + path)
     return 0
+
+
+def _load_representative(path):
+    """The array of a .npy file, or the dict of arrays (by input name) of a .npz file, without pickles."""
+    import numpy as np
+
+    data = np.load(path, allow_pickle=False)
+    if isinstance(data, np.ndarray):
+        return data
+    with data:
+        return {name: data[name] for name in data.files}
 
 
 def _unreadable_archive(path):

@@ -1,4 +1,4 @@
-"""Export a pruned model: SavedModel, ``.keras``, TFLite and a kept-feature manifest.
+"""Export a pruned model: SavedModel, ``.keras``, TFLite, ONNX, int8 TFLite and a kept-feature manifest.
 
 :func:`export_pruned` runs :func:`keras_group_lasso.surgery.prune_model` and
 writes into one directory::
@@ -7,11 +7,13 @@ writes into one directory::
       saved_model/    TensorFlow SavedModel, signature ``serving_default``
       model.keras     the pruned Keras model
       model.tflite    TFLite flatbuffer (only with ``"tflite"`` in ``formats``)
-      manifest.json   kept features, layer sizes and parameter counts before/after
+      model.onnx      ONNX model, checked in ONNX Runtime (only with ``"onnx"``)
+      model_int8.tflite  full-integer TFLite (only with ``"tflite-int8"``)
+      manifest.json   kept features, layer sizes and parameter counts before/after, file sizes, checks
 
 Everything is built in a hidden staging directory and renamed into place, one
 whole artifact at a time, so no artifact is ever half-written under its final
-name and a failure leaves nothing partial behind. Only these four names, and
+name and a failure leaves nothing partial behind. Only these names, and
 the staging directories, are ever written, replaced or removed: other files in
 the directory are never touched. Directories and files get the permissions of ``os.makedirs`` and
 ``open`` under the current umask (the SavedModel's too, which TensorFlow
@@ -38,12 +40,14 @@ A staging directory that another export is writing (it holds a lock on it) is
 left alone; where the file system has no locks, every one counts as left by a
 killed export.
 
-TensorFlow is imported only for the SavedModel and TFLite formats. The pruned
+TensorFlow is imported only for the SavedModel, TFLite and ONNX formats; onnx, onnxruntime and tf2onnx
+(the ``onnx`` extra) only for ONNX. The pruned
 model is made of Keras's own layers, so every artifact loads and runs with
 plain Keras / TensorFlow, without this package.
 """
 
 import dataclasses
+import importlib
 import json
 import os
 import re
@@ -60,22 +64,37 @@ except ImportError:  # no advisory locks (Windows): every staging directory foun
     fcntl = None
 
 import keras
+import numpy as np
 
 from keras_group_lasso import surgery
 from keras_group_lasso._distributed import is_chief
-from keras_group_lasso._validation import check_choice, check_non_negative, check_positive_int, fail
+from keras_group_lasso._validation import Described, check_choice, check_non_negative, check_positive_int, fail
 from keras_group_lasso.graph import registry
 
 __all__ = ["export_pruned", "ExportResult", "FORMATS", "ARTIFACTS"]
 
 _OWNER = "export_pruned"
-FORMATS = ("saved_model", "keras", "tflite")
+FORMATS = ("saved_model", "keras", "tflite", "onnx", "tflite-int8")
 _FILENAMES = {
     "saved_model": "saved_model",
     "keras": "model.keras",
     "tflite": "model.tflite",
+    "onnx": "model.onnx",
+    "tflite-int8": "model_int8.tflite",
     "manifest": "manifest.json",
 }
+# Formats TensorFlow writes (all but "keras"); those converted by TensorFlow-backend code only.
+_SERVING = ("saved_model", "tflite", "onnx", "tflite-int8")
+_CONVERTED = ("onnx", "tflite-int8")
+ONNX_OPSET = 17
+# The ONNX file passes when max|onnx - keras| <= ONNX_TOLERANCE * max(1, max|keras|) on the check inputs.
+ONNX_TOLERANCE = 1e-4
+# The int8 model's mean absolute error, as a fraction of the float outputs' scale (max |output|), above which
+# export_pruned warns; and, for an output of several columns, the argmax agreement below which it warns.
+INT8_MEAN_ERROR_WARNING = 0.05
+INT8_ARGMAX_WARNING = 0.95
+_CHECK_ROWS = 1024  # the ONNX file is checked on at most this many rows of the representative data
+_EXTRA = 'pip install "keras-group-lasso[onnx]"'
 # The only names export_pruned writes, replaces or removes in its directory.
 ARTIFACTS = tuple(_FILENAMES.values())
 # The staging directory inside an existing export directory; ``.<name>.partial-`` next to a new one.
@@ -96,7 +115,7 @@ class ExportResult:
     Attributes:
         directory: absolute path of the export directory.
         paths: absolute path of each written artifact, keyed by format
-            (``"saved_model"``, ``"keras"``, ``"tflite"``) and ``"manifest"``.
+            (``"saved_model"``, ``"keras"``, ``"tflite"``, ``"onnx"``, ``"tflite-int8"``) and ``"manifest"``.
         manifest: the content of ``manifest.json``.
         report: the :class:`~keras_group_lasso.analysis.SparsityReport` the
             pruning was based on (``str(report)`` is the before/after table).
@@ -387,19 +406,36 @@ def _write_tflite(tf, saved_model_path, path):
         f.write(flatbuffer)
 
 
-def _write_serving_formats(tf, small, staging, formats):
-    """SavedModel (and TFLite, converted from it) of ``small`` into ``staging``."""
+def _write_serving_formats(tf, small, staging, formats, representative):
+    """SavedModel, TFLite, ONNX and int8 TFLite of ``small`` (those in ``formats``) into ``staging``.
+
+    On TensorFlow all are written here. On PyTorch (no SavedModel without ``torch_xla``) a TensorFlow-backend
+    child process writes them all. On JAX the SavedModel and float TFLite are written here (through
+    ``jax2tf``), while ONNX and int8 TFLite, which need a graph of TensorFlow's own ops, come from the child.
+    """
     saved_model = os.path.join(staging, _FILENAMES["saved_model"] if "saved_model" in formats else ".saved_model")
-    tflite = os.path.join(staging, _FILENAMES["tflite"]) if "tflite" in formats else None
-    if keras.backend.backend() == "torch":
-        _convert_in_tensorflow(small, staging, saved_model, tflite)
+    targets = {f: os.path.join(staging, _FILENAMES[f]) for f in ("tflite",) + _CONVERTED if f in formats}
+    converted = {f: path for f, path in targets.items() if f in _CONVERTED}
+    backend = keras.backend.backend()
+    if backend == "torch":
+        _convert_in_tensorflow(small, staging, saved_model, targets, representative,
+                               "the PyTorch backend cannot write a SavedModel without torch_xla")
     else:
-        _write_saved_model(tf, _serving_model(small), saved_model)
-        if tflite is not None:
-            _write_tflite(tf, saved_model, tflite)
+        if backend == "tensorflow" or "saved_model" in formats or "tflite" in formats:
+            serving = _serving_model(small)
+            _write_saved_model(tf, serving, saved_model)
+            if "tflite" in targets:
+                _write_tflite(tf, saved_model, targets["tflite"])
+        if converted and backend == "tensorflow":
+            _write_converted(tf, serving, saved_model, converted, representative)
+        elif converted:
+            source = os.path.join(staging, ".tf_saved_model")
+            _convert_in_tensorflow(small, staging, source, converted, representative,
+                                   "ONNX and int8 TFLite are converted from TensorFlow's own ops")
+            shutil.rmtree(source)
     if "saved_model" in formats:
         _follow_umask(saved_model, staging)
-    else:
+    elif os.path.lexists(saved_model):
         shutil.rmtree(saved_model)
 
 
@@ -416,37 +452,359 @@ def _follow_umask(path, made):
         os.chmod(folder, directory_mode)
 
 
-def _convert_in_tensorflow(small, staging, saved_model, tflite):
-    """The serving formats of ``small`` written by a TensorFlow-backend child process.
+def _convert_in_tensorflow(small, staging, saved_model, targets, representative, why):
+    """The serving formats ``targets`` (format -> path) of ``small`` written by a TensorFlow-backend child process.
 
-    Keras on PyTorch writes a SavedModel only through ``torch_xla``. The pruned
-    model is made of Keras's own layers, so its ``.keras`` file loads on any
-    backend: a child process with ``KERAS_BACKEND=tensorflow`` loads it and
-    writes the same SavedModel and TFLite files the other backends write.
+    The pruned model is made of Keras's own layers, so its ``.keras`` file loads on any backend: a child
+    process with ``KERAS_BACKEND=tensorflow`` loads it and writes the same files the TensorFlow backend
+    writes. ``why`` says in an error why a child was needed.
     """
     source = os.path.join(staging, ".pruned.keras")
     small.save(source)
-    command = [sys.executable, "-m", "keras_group_lasso.export", source, saved_model] + ([tflite] if tflite else [])
+    command = [sys.executable, "-m", "keras_group_lasso.export", source, saved_model]
+    for name, path in targets.items():
+        command += [f"--{name}", path]
+    data = None
+    if representative is not None and "tflite-int8" in targets:
+        data = os.path.join(staging, ".representative.npz")
+        np.savez(data, *representative)
+        command += ["--representative", data]
     env = dict(os.environ, KERAS_BACKEND="tensorflow")
     env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    done = subprocess.run(command, env=env, capture_output=True, text=True)
-    os.remove(source)
+    try:
+        done = subprocess.run(command, env=env, capture_output=True, text=True)
+    finally:
+        os.remove(source)
+        if data is not None:
+            os.remove(data)
     if done.returncode != 0:
+        written = ([] if os.path.basename(saved_model).startswith(".") else ["saved_model"]) + list(targets)
         tail = "\n".join(done.stderr.strip().splitlines()[-15:])
         raise RuntimeError(
-            f"{_OWNER}: writing the SavedModel in a TensorFlow-backend process (the PyTorch backend "
-            f"cannot write one without torch_xla) failed with exit status {done.returncode}:\n{tail}"
+            f"{_OWNER}: writing the {', '.join(repr(f) for f in written)} files in a "
+            f"TensorFlow-backend process ({why}) failed with exit status {done.returncode}:\n{tail}"
         )
 
 
 def _convert_main(argv):
-    """``python -m keras_group_lasso.export MODEL.keras SAVED_MODEL [TFLITE]`` (TensorFlow backend)."""
+    """``python -m keras_group_lasso.export MODEL.keras SAVED_MODEL [--tflite PATH] [--onnx PATH]
+    [--tflite-int8 PATH --representative DATA.npz]`` (TensorFlow backend)."""
     import tensorflow as tf
 
     small = keras.saving.load_model(argv[0], compile=False)
-    _write_saved_model(tf, _serving_model(small), argv[1])
-    if len(argv) > 2:
-        _write_tflite(tf, argv[1], argv[2])
+    options = dict(zip(argv[2::2], argv[3::2]))
+    serving = _serving_model(small)
+    _write_saved_model(tf, serving, argv[1])
+    if "--tflite" in options:
+        _write_tflite(tf, argv[1], options["--tflite"])
+    representative = None
+    if "--representative" in options:
+        with np.load(options["--representative"], allow_pickle=False) as data:
+            representative = [data[f"arr_{i}"] for i in range(len(data.files))]
+    converted = {f: options[f"--{f}"] for f in _CONVERTED if f"--{f}" in options}
+    _write_converted(tf, serving, argv[1], converted, representative)
+
+
+def _import_onnx_tools():
+    """Raise a clear ImportError unless onnx, onnxruntime and tf2onnx import."""
+    missing = []
+    for name in ("onnx", "onnxruntime", "tf2onnx"):
+        try:
+            importlib.import_module(name)
+        except ImportError:
+            missing.append(name)
+    if missing:
+        raise ImportError(
+            f"{_OWNER}: the 'onnx' format needs onnx, onnxruntime and tf2onnx installed (missing: "
+            f"{', '.join(missing)}); install them with `{_EXTRA}`."
+        )
+
+
+def _write_converted(tf, serving, saved_model, targets, representative):
+    """ONNX and full-integer TFLite of the SavedModel ``saved_model`` (of ``serving``) into ``targets``."""
+    signature = tf.nest.flatten(_input_signature(tf, serving))
+    if "onnx" in targets:
+        import tf2onnx
+        from tf2onnx import tf_loader
+
+        # From the SavedModel's frozen signature, as `python -m tf2onnx.convert --saved-model` does: the
+        # constants a layer keeps outside its variables (a Normalization's mean) are frozen in with them.
+        logger, level = tf.get_logger(), tf.get_logger().level
+        logger.setLevel("ERROR")  # tf2onnx freezes the graph with TensorFlow 1 functions, which say so
+        try:
+            graph_def, inputs, outputs, renames = tf_loader.from_saved_model(
+                saved_model, None, None, tag="serve", signatures=[SIGNATURE], return_tensors_to_rename=True)
+            with tf.Graph().as_default():
+                tf2onnx.convert.from_graph_def(graph_def, input_names=inputs, output_names=outputs,
+                                               opset=ONNX_OPSET, tensors_to_rename=renames,
+                                               output_path=targets["onnx"])
+        finally:
+            logger.setLevel(level)
+    if "tflite-int8" in targets:
+        names = [spec.name for spec in signature]
+
+        def rows():
+            for i in range(len(representative[0])):
+                yield {name: array[i:i + 1] for name, array in zip(names, representative)}
+
+        converter = tf.lite.TFLiteConverter.from_saved_model(saved_model, [SIGNATURE])
+        converter.optimizations = [tf.lite.Optimize.DEFAULT]
+        converter.representative_dataset = rows
+        converter.target_spec.supported_ops = [tf.lite.OpsSet.TFLITE_BUILTINS_INT8]
+        converter.inference_input_type = tf.int8
+        converter.inference_output_type = tf.int8
+        with warnings.catch_warnings():
+            # The calibration runs tf.lite.Interpreter, which TF 2.21 says moves to the ai_edge_litert package.
+            warnings.filterwarnings("ignore", message=r"(?s).*tf.lite.Interpreter is deprecated")
+            flatbuffer = converter.convert()
+        with open(targets["tflite-int8"], "wb") as f:
+            f.write(flatbuffer)
+
+
+# ----------------------------------------------------------------------------- representative data
+
+
+def _describe(value):
+    """A short description of ``value`` for an error message (never all its numbers)."""
+    if _is_array(value):
+        return Described(f"an array of shape {tuple(np.shape(value))}")
+    if isinstance(value, dict):
+        return Described("a dict of " + ", ".join(
+            f"{key!r}: {_describe(item)!r}" for key, item in value.items()))
+    if isinstance(value, (list, tuple)):
+        return Described(f"a {type(value).__name__} of {len(value)} items"
+                         + (" (" + ", ".join(repr(_describe(item)) for item in value[:4]) + ")" if value else ""))
+    if value is None:
+        return None
+    return Described(f"a {type(value).__name__}")
+
+
+def _is_array(value):
+    return hasattr(value, "shape") and hasattr(value, "dtype") and not isinstance(value, type)
+
+
+def _data_constraint(small, formats):
+    names = [tensor.name for tensor in small.inputs]
+    shapes = ["(n, " + ", ".join("?" if d is None else str(d) for d in tensor.shape[1:]) + ")"
+              for tensor in small.inputs]
+    if len(names) == 1:
+        what = f"a NumPy array of the exported model's inputs, shape {shapes[0].replace(', )', ')')}"
+    else:
+        what = ("a list of arrays, one per input of the exported model in the order "
+                + ", ".join(f"{name} {shape}" for name, shape in zip(names, shapes))
+                + ", or a dict of them by input name")
+    need = "given for the 'tflite-int8' format: " if "tflite-int8" in formats else ""
+    return f"{need}{what}, or an iterable of such batches, of finite numbers and at least one row"
+
+
+def _representative(data, small, model, formats):
+    """``data`` as one array per input of ``small`` (all batches joined), in its serving dtype.
+
+    Raises:
+        InvalidParameterError: naming ``representative_data`` and what was received.
+    """
+    constraint = _data_constraint(small, formats)
+    names = [tensor.name for tensor in small.inputs]
+    known = set(names) | {tensor.name for tensor in model.inputs}
+
+    def inputs_of(batch):
+        if isinstance(batch, dict):
+            if not set(names) <= set(batch) or not set(batch) <= known:
+                return None
+            batch = [batch[name] for name in names]
+        elif len(names) > 1 and isinstance(batch, (list, tuple)):
+            if len(batch) != len(names):
+                return None
+        elif len(names) == 1 and _is_array(batch):
+            batch = [batch]
+        else:
+            return None
+        if not all(_is_array(item) for item in batch):
+            return None
+        return [np.asarray(item) for item in batch]
+
+    arrays = inputs_of(data)
+    if arrays is None:
+        whole = len(names) > 1 and isinstance(data, (list, tuple)) and all(_is_array(item) for item in data)
+        if whole or isinstance(data, (str, bytes, dict)) or _is_array(data) or not hasattr(data, "__iter__"):
+            fail(_OWNER, "representative_data", constraint, _describe(data))
+        batches = []
+        for number, batch in enumerate(data):
+            found = inputs_of(batch)
+            if found is None or not _fits(found, small):
+                what = _describe(batch)
+                fail(_OWNER, "representative_data", constraint,
+                     Described(f"an iterable whose batch {number} is {what!r}"))
+            batches.append(found)
+        if not batches:
+            fail(_OWNER, "representative_data", constraint, Described("an empty iterable"))
+        arrays = [np.concatenate(parts) for parts in zip(*batches)]
+    if not _fits(arrays, small):
+        fail(_OWNER, "representative_data", constraint, _describe(data))
+    dtypes = ["float32"] if len(names) == 1 else [keras.backend.standardize_dtype(t.dtype) for t in small.inputs]
+    return [array.astype(dtype) for array, dtype in zip(arrays, dtypes)]
+
+
+def _fits(arrays, small):
+    """Whether ``arrays`` (one per input of ``small``) have its shapes, rows, numbers, all finite."""
+    rows = {len(array) if array.ndim else -1 for array in arrays}
+    if len(rows) != 1 or rows == {0} or rows == {-1}:
+        return False
+    for array, tensor in zip(arrays, small.inputs):
+        shape = tuple(tensor.shape)
+        if array.ndim != len(shape) or any(d is not None and d != n for d, n in zip(shape[1:], array.shape[1:])):
+            return False
+        if not (np.issubdtype(array.dtype, np.number) or array.dtype == bool):
+            return False
+        if np.issubdtype(array.dtype, np.floating) and not np.isfinite(array).all():
+            return False
+    return True
+
+
+def _check_inputs(small):
+    """Inputs to check the ONNX file on when no representative data is given: 8 rows of N(0, 1) floats
+    (zeros for integer inputs, a valid index for any embedding), 3 steps for a length left open."""
+    rng = np.random.default_rng(0)
+    arrays = []
+    for tensor in small.inputs:
+        shape = (8,) + tuple(3 if d is None else d for d in tensor.shape[1:])
+        dtype = keras.backend.standardize_dtype(tensor.dtype)
+        if len(small.inputs) == 1 or "float" in dtype:
+            arrays.append(rng.normal(size=shape).astype("float32" if len(small.inputs) == 1 else dtype))
+        else:
+            arrays.append(np.zeros(shape, dtype))
+    return arrays
+
+
+# ----------------------------------------------------------------------------- checks of what was written
+
+
+def _reference(small, arrays):
+    """The pruned Keras model's outputs on ``arrays``: a list of float64 arrays."""
+    outputs = small.predict(arrays if len(arrays) > 1 else arrays[0], batch_size=256, verbose=0)
+    return [np.asarray(out, dtype="float64") for out in (outputs if isinstance(outputs, (list, tuple)) else [outputs])]
+
+
+def _check_onnx(path, small, names, arrays):
+    """Run ``path`` in ONNX Runtime on ``arrays`` and compare with the pruned model; the manifest's record.
+
+    Raises:
+        RuntimeError: if ``max|onnx - keras| > ONNX_TOLERANCE * max(1, max|keras|)``.
+    """
+    import onnxruntime
+
+    session = onnxruntime.InferenceSession(path, providers=["CPUExecutionProvider"])
+    feeds = dict(zip(names, arrays))  # the SavedModel's argument names, in the model's order of inputs
+    outputs = sorted((node.name for node in session.get_outputs()), key=_output_number)
+    got = session.run(outputs, feeds)
+    want = _reference(small, arrays)
+    error = max(float(np.max(np.abs(g - w))) if w.size else 0.0 for g, w in zip(got, want))
+    tolerance = ONNX_TOLERANCE * max(1.0, max(float(np.max(np.abs(w))) if w.size else 0.0 for w in want))
+    if len(got) != len(want) or any(g.shape != w.shape for g, w in zip(got, want)) or not error <= tolerance:
+        raise RuntimeError(
+            f"{_OWNER}: model.onnx does not give the pruned Keras model's outputs in ONNX Runtime: "
+            f"max |onnx - keras| = {error:.3g} on {len(arrays[0])} rows, over the tolerance {tolerance:.3g} "
+            f"({ONNX_TOLERANCE:g} x max(1, max |keras|)); nothing was written"
+        )
+    return {
+        "opset": ONNX_OPSET,
+        "inputs": list(names),
+        "outputs": outputs,
+        "checked_rows": len(arrays[0]),
+        "max_abs_error": error,
+        "tolerance": tolerance,
+    }
+
+
+def _tflite_interpreter(tf, path):
+    with warnings.catch_warnings():
+        # TF 2.21 warns that tf.lite.Interpreter moves to the ai_edge_litert package.
+        warnings.filterwarnings("ignore", message=r"(?s).*tf.lite.Interpreter is deprecated")
+        return tf.lite.Interpreter(model_path=path)
+
+
+def _measure_int8(tf, path, small, arrays):
+    """The int8 model's output error on the representative ``arrays``, against the pruned float model.
+
+    Errors are relative to the float outputs' scale ``s = max |keras|``: ``max_relative_error =
+    max|int8 - keras| / s`` and ``mean_relative_error = mean|int8 - keras| / s``; for an output of several
+    columns also ``argmax_agreement``, the fraction of rows whose largest column is the same. Warns when
+    ``mean_relative_error > INT8_MEAN_ERROR_WARNING`` or ``argmax_agreement < INT8_ARGMAX_WARNING``.
+    """
+    runner = _tflite_interpreter(tf, path).get_signature_runner(SIGNATURE)
+    names = [spec.name for spec in tf.nest.flatten(_input_signature(tf, small))]
+    inputs, outputs = runner.get_input_details(), runner.get_output_details()
+
+    def quantization(details):
+        scale, zero_point = details["quantization"]
+        return {"dtype": np.dtype(details["dtype"]).name, "scale": float(scale), "zero_point": int(zero_point)}
+
+    got = []
+    for start in range(0, len(arrays[0]), 256):
+        feeds = {}
+        for name, array in zip(names, arrays):
+            details = inputs[name]
+            chunk = array[start:start + 256]
+            if details["dtype"] == np.int8:
+                scale, zero_point = details["quantization"]
+                chunk = np.clip(np.round(chunk / scale) + zero_point, -128, 127)
+            feeds[name] = chunk.astype(details["dtype"])
+        result = runner(**feeds)
+        got.append([_dequantized(result[key], outputs[key]) for key in sorted(result, key=_output_number)])
+    got = [np.concatenate(parts) for parts in zip(*got)]
+    want = _reference(small, arrays)
+    scale = max(float(np.max(np.abs(w))) for w in want) or 1.0
+    errors = np.concatenate([np.abs(g - w).ravel() for g, w in zip(got, want)])
+    measured = {
+        "rows": len(arrays[0]),
+        "output_scale": scale,
+        "max_abs_error": float(errors.max()),
+        "mean_abs_error": float(errors.mean()),
+        "max_relative_error": float(errors.max() / scale),
+        "mean_relative_error": float(errors.mean() / scale),
+    }
+    if len(want) == 1 and want[0].ndim == 2 and want[0].shape[1] > 1:
+        measured["argmax_agreement"] = float(np.mean(np.argmax(got[0], 1) == np.argmax(want[0], 1)))
+    record = {
+        "inputs": {name: quantization(inputs[name]) for name in names},
+        "outputs": {key: quantization(outputs[key]) for key in sorted(outputs, key=_output_number)},
+        "error_on_representative_data": measured,
+        "warn_above_mean_relative_error": INT8_MEAN_ERROR_WARNING,
+    }
+    if "argmax_agreement" in measured:
+        record["warn_below_argmax_agreement"] = INT8_ARGMAX_WARNING
+    if measured["mean_relative_error"] > INT8_MEAN_ERROR_WARNING \
+            or measured.get("argmax_agreement", 1.0) < INT8_ARGMAX_WARNING:
+        agreement = measured.get("argmax_agreement")
+        warnings.warn(
+            f"{_OWNER}: the int8 model is far from the float one on the representative data: mean |int8 - float| "
+            f"= {measured['mean_relative_error']:.1%} of the output scale (warns above "
+            f"{INT8_MEAN_ERROR_WARNING:.0%})"
+            + ("" if agreement is None else f", argmax agreement {agreement:.1%} (warns below "
+               f"{INT8_ARGMAX_WARNING:.0%})")
+            + "; give more representative data, or serve the float model.tflite",
+            UserWarning,
+            stacklevel=3,
+        )
+    return record
+
+
+def _output_number(key):
+    return int(key.rsplit("_", 1)[-1]) if key.rsplit("_", 1)[-1].isdigit() else 0
+
+
+def _dequantized(values, details):
+    if details["dtype"] == np.int8:
+        scale, zero_point = details["quantization"]
+        return (values.astype("float64") - zero_point) * scale
+    return values.astype("float64")
+
+
+def _size(path):
+    """Bytes of the file ``path``, or of all files under the directory ``path``."""
+    if not os.path.isdir(path):
+        return os.path.getsize(path)
+    return sum(os.path.getsize(os.path.join(folder, name)) for folder, _, files in os.walk(path) for name in files)
 
 
 def _output_units(report):
@@ -482,7 +840,7 @@ def _manifest(report, small, threshold, inputs, formats):
         "exported_model_params": int(small.count_params()),
         "formats": {f: _FILENAMES[f] for f in formats},
     }
-    if "saved_model" in formats or "tflite" in formats:
+    if set(formats) & set(_SERVING):
         shape = list(small.inputs[0].shape)
         shape[0] = None
         manifest["serving"] = {
@@ -620,6 +978,7 @@ def export_pruned(
     overwrite=False,
     round_to=1,
     fold_batchnorm=False,
+    representative_data=None,
 ):
     """Prune ``model`` and write the smaller model plus a manifest to ``directory``.
 
@@ -638,18 +997,37 @@ def export_pruned(
       ``keras.saving.load_model``, without this package: the pruned model
       holds no layer or penalty of ``keras_group_lasso``).
     * ``"tflite"``: ``<directory>/model.tflite``, converted from the SavedModel.
+    * ``"onnx"``: ``<directory>/model.onnx`` (opset ``ONNX_OPSET`` = 17, converted by tf2onnx), with the
+      SavedModel's input and output names (``features`` / ``output_0``). Once written it runs in ONNX
+      Runtime on ``representative_data`` (its first 1024 rows) or, without it, on 8 rows of N(0, 1)
+      inputs, and must give the pruned Keras model's outputs:
+      ``max|onnx - keras| <= ONNX_TOLERANCE * max(1, max|keras|)`` (``ONNX_TOLERANCE = 1e-4``, float32
+      rounding with room to spare); otherwise a RuntimeError and nothing is written.
+    * ``"tflite-int8"``: ``<directory>/model_int8.tflite``, full-integer TFLite (int8 weights,
+      activations, inputs and outputs; the input and output scales and zero points are in the
+      manifest), calibrated on ``representative_data``. Its error on that data, against the pruned
+      float model, is in the manifest (``max_relative_error`` and ``mean_relative_error``: |int8 -
+      float| as a fraction of ``max|float|``; ``argmax_agreement`` for an output of several columns),
+      with a warning when the mean error passes ``INT8_MEAN_ERROR_WARNING`` (5 %) or the argmax
+      agreement falls below ``INT8_ARGMAX_WARNING`` (95 %).
 
     On the PyTorch backend (where Keras writes a SavedModel only through
     ``torch_xla``) the SavedModel and TFLite files are written by a child
     process with ``KERAS_BACKEND=tensorflow`` from the pruned ``.keras`` file:
-    the same files, a few seconds more.
+    the same files, a few seconds more. On JAX the ONNX and int8 files come
+    from that child too (they are converted from TensorFlow's own ops, not
+    from the SavedModel ``jax2tf`` writes); the checks always run here,
+    against the model of the calling backend.
 
     ``manifest.json`` holds the kept feature indices, layer sizes and parameter
     counts before/after (``params_before`` / ``params_after`` as in the report,
     Dense kernels and biases; ``exported_model_params`` as the exported Keras
     model counts them), ``round_to``, ``folded_batchnorms`` (BatchNormalization
     layers merged into the layer before them), the threshold, the formats and
-    the package version.
+    the package version; ``file_sizes``, the size in bytes of each artifact
+    (of all files of ``saved_model/``); ``onnx`` and ``tflite_int8``, what
+    their checks measured. A process that is not the chief writes nothing,
+    so its manifest has none of these three.
 
     Every artifact is built in a hidden staging directory (next to a new
     ``directory``, inside an existing one) and renamed into place whole: no
@@ -677,13 +1055,14 @@ def export_pruned(
             :func:`~keras_group_lasso.surgery.prune_model` for what is supported).
         directory: where to write; created if missing. It may hold other
             files (they are left as they are), but none of the artifact names
-            (``saved_model``, ``model.keras``, ``model.tflite``,
-            ``manifest.json``) unless ``overwrite=True``. When training spans several
+            (``saved_model``, ``model.keras``, ``model.tflite``, ``model.onnx``,
+            ``model_int8.tflite``, ``manifest.json``) unless ``overwrite=True``. When training spans several
             processes, call this on every process: each prunes, only the
             chief (:func:`keras_group_lasso.is_chief`) checks and writes the
-            directory, and every process gets the same result.
+            directory, and every process gets the same result (a process that is not
+            the chief without the manifest's ``file_sizes``, ``onnx`` and ``tflite_int8``).
         threshold: weights with ``|w| <= threshold`` count as zero.
-        formats: names from ``("saved_model", "keras", "tflite")``.
+        formats: names from ``("saved_model", "keras", "tflite", "onnx", "tflite-int8")``.
         inputs: ``"original"`` (the exported model takes the full feature
             vector) or ``"selected"`` (it takes only the kept features, in the
             order of ``manifest["kept_features"]``).
@@ -698,6 +1077,11 @@ def export_pruned(
             :func:`~keras_group_lasso.surgery.prune_model`; 8 often runs faster).
         fold_batchnorm: merge each BatchNormalization that follows a Dense or
             convolution layer into it (see :func:`~keras_group_lasso.surgery.prune_model`).
+        representative_data: inputs of the exported model (the kept features only with
+            ``inputs="selected"``): a NumPy array, a list of arrays (one per input, in order) or
+            a dict of them by input name, or an iterable of such batches (without targets);
+            a few hundred rows are enough. Needed for ``"tflite-int8"`` (calibration and its
+            error), used for ``"onnx"`` (its check), refused otherwise.
 
     Returns:
         :class:`ExportResult` with the absolute paths, the manifest, the report
@@ -708,9 +1092,12 @@ def export_pruned(
             an artifact without ``overwrite=True``.
         keras_group_lasso.surgery.UnsupportedModelError: if the model cannot be
             pruned (nothing is written).
-        ImportError: if a format needs TensorFlow and it is not installed.
-        RuntimeError: on PyTorch, if the TensorFlow child process fails (its
-            error output is in the message; nothing is written).
+        ImportError: if a format needs TensorFlow and it is not installed, or
+            ``"onnx"`` needs onnx, onnxruntime or tf2onnx (the message names the
+            ``keras-group-lasso[onnx]`` extra).
+        RuntimeError: if the TensorFlow child process fails (its error output is
+            in the message), or the ONNX file does not give the pruned model's
+            outputs; nothing is written.
 
     Example:
         >>> import os, tempfile
@@ -735,15 +1122,26 @@ def export_pruned(
     round_to = check_positive_int(_OWNER, "round_to", round_to)
     if not isinstance(fold_batchnorm, bool):
         fail(_OWNER, "fold_batchnorm", "a bool", fold_batchnorm)
+    if "tflite-int8" in formats and representative_data is None:
+        fail(_OWNER, "representative_data", "given for the 'tflite-int8' format: a NumPy array of the exported "
+             "model's inputs, a list or dict of arrays (one per input) or an iterable of such batches", None)
+    if representative_data is not None and not set(formats) & set(_CONVERTED):
+        fail(_OWNER, "representative_data", "None unless formats holds 'tflite-int8' or 'onnx'",
+             _describe(representative_data))
     chief = is_chief()
     target = _check_directory(directory, overwrite, contents=chief)
     tf = _import_tensorflow(formats) if set(formats) - {"keras"} else None
+    if "onnx" in formats:
+        _import_onnx_tools()
 
     # Every process prunes (on JAX over several processes the model's arrays span them all, so the
     # surgery's computations are collective); only the chief writes.
     small = surgery.prune_model(model, threshold=threshold, inputs=inputs, round_to=round_to,
                                 fold_batchnorm=fold_batchnorm)
     report = small.pruning_report
+    representative = None
+    if representative_data is not None:
+        representative = _representative(representative_data, small, model, formats)
     paths = {f: os.path.join(target, _FILENAMES[f]) for f in formats}
     paths["manifest"] = os.path.join(target, _FILENAMES["manifest"])
     manifest = _manifest(report, small, threshold, inputs, formats)
@@ -763,10 +1161,7 @@ def export_pruned(
     replaced = removed = ()
     try:
         try:
-            if "keras" in formats:
-                small.save(os.path.join(staging, _FILENAMES["keras"]))
-            if "saved_model" in formats or "tflite" in formats:
-                _write_serving_formats(tf, small, staging, formats)
+            _build(tf, small, staging, formats, representative, manifest)
             _write_manifest_file(os.path.join(staging, _FILENAMES["manifest"]), manifest)
             if new:
                 os.rename(staging, target)
@@ -789,6 +1184,28 @@ def export_pruned(
         replaced=tuple(os.path.join(target, name) for name in replaced),
         removed=tuple(os.path.join(target, name) for name in removed),
     )
+
+
+def _build(tf, small, staging, formats, representative, manifest):
+    """Write the artifacts of ``formats`` into ``staging``, check them, and record the checks and sizes in
+    ``manifest`` (its file is written by the caller)."""
+    if "keras" in formats:
+        small.save(os.path.join(staging, _FILENAMES["keras"]))
+    if set(formats) & set(_SERVING):
+        _write_serving_formats(tf, small, staging, formats, representative)
+    _check_written(tf, small, staging, formats, representative, manifest)
+
+
+def _check_written(tf, small, staging, formats, representative, manifest):
+    """Check the ONNX file and measure the int8 one; record them and each artifact's size in ``manifest``."""
+    if "onnx" in formats:
+        arrays = _check_inputs(small) if representative is None else [a[:_CHECK_ROWS] for a in representative]
+        names = [spec.name for spec in tf.nest.flatten(_input_signature(tf, small))]
+        manifest["onnx"] = _check_onnx(os.path.join(staging, _FILENAMES["onnx"]), small, names, arrays)
+    if "tflite-int8" in formats:
+        manifest["tflite_int8"] = _measure_int8(tf, os.path.join(staging, _FILENAMES["tflite-int8"]), small,
+                                                representative)
+    manifest["file_sizes"] = {_FILENAMES[f]: _size(os.path.join(staging, _FILENAMES[f])) for f in formats}
 
 
 def _remove_staging(staging):
