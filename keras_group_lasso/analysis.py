@@ -130,10 +130,11 @@ def dense_roles(model):
     Flatten, ...). This is the one definition the report's ``role``,
     :func:`~keras_group_lasso.add_group_sparsity` and surgery share.
 
-    Layers inside a nested Sequential or functional block (used once, with
-    one input and one output) are included, named ``"<block>/<layer>"`` (see
-    :func:`get_layer`); a Dense layer inside a nested model the graph cannot
-    see through (subclassed, shared, several inputs or outputs) is not.
+    Layers inside a nested Sequential or functional block, or a block of
+    layers whose call is traced (used once, on one input), are included,
+    named ``"<block>/<layer>"`` (see :func:`get_layer`); a Dense layer inside
+    a nested model the graph cannot see through (shared, several inputs, a
+    call that does not trace) is not.
 
     Raises:
         InvalidParameterError: ``model`` is not a built Sequential or functional ``keras.Model``.

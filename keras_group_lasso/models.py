@@ -271,8 +271,8 @@ def _roles_by_layer(owner, model):
             fail(
                 owner,
                 "model",
-                "a model whose nested models are Sequential or Functional blocks called once with one input "
-                f"and one output (the Dense layer '{name}' is inside {inside}, whose graph cannot be read)",
+                "a model whose nested models and blocks are called once, on one input (the Dense layer "
+                f"'{name}' is inside {inside}, whose graph cannot be read)",
                 model,
             )
         by_layer[id(layer)] = (roles[name], channels.get(name), name)
@@ -479,7 +479,7 @@ def add_group_sparsity(model, factor=1e-3, *, l1=None, input_factor=None, penalt
 
     def penalised(layer):
         """``layer``'s config with the group penalties of its role."""
-        config = layer.get_config()
+        config = registry.layer_config(layer)
         found = roles.get(id(layer))
         if found is not None:
             role, channels, name = found

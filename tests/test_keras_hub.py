@@ -3,7 +3,8 @@
 A KerasHub Backbone or Task is a ``Functional`` subclass whose ``get_config()`` holds its constructor's arguments,
 not a layer graph: the graph is read from the model's own nodes. Some families build their blocks as subclassed
 layers (EfficientNetV2's FusedMBConvBlock and MBConvBlock, MobileNetV3's blocks): those are traced into the graph.
-ResNetV2 pads with ``keras.ops.pad(..., constant_values=-inf)`` before its first max pool.
+ResNetV2 pads with ``keras.ops.pad(..., constant_values=-inf)`` before its first max pool. HGNetV2's encoder is a
+block that returns several tensors; its outputs are a dict of stages.
 
 Each backbone is built from its constructor with a tiny configuration (no download), gets a group penalty on every
 kernel without a warning, and prunes exactly into a plain functional model that reloads with plain Keras.
@@ -63,6 +64,12 @@ BACKBONES = {
     "EfficientNet": lambda: _efficientnet(["v1", "v1", "v1"], [1, 6, 6]),
     "EfficientNetV2": lambda: _efficientnet(["fused", "fused", "unfused"], [1, 4, 4]),
     "MobileNetV3": _mobilenet_v3,
+    # blocks that return several tensors (its encoder returns every stage's output, its input first), layers made
+    # with a dtype policy object
+    "HGNetV2": lambda: M.HGNetV2Backbone(
+        depths=[1, 1], embedding_size=16, hidden_sizes=[32, 64], stem_channels=[3, 8, 16], hidden_act="relu",
+        use_learnable_affine_block=False, stackwise_stage_filters=[(16, 8, 32, 1, 1, 3), (32, 16, 64, 1, 1, 3)],
+        apply_downsample=[False, True], use_lightweight_conv_block=[False, True], image_shape=(32, 32, 3)),
 }
 
 
@@ -101,7 +108,7 @@ def test_a_keras_hub_backbone_is_penalised_whole_and_prunes_exactly(family, rng,
     sparsify(model, rng)
     side = model.input.shape[1]
     x = rng.uniform(-1, 1, size=(2, side, side, 3)).astype("float32")
-    small = assert_prunes_exactly_and_reloads(model, x, tmp_path)
+    small = assert_prunes_exactly_and_reloads(model, x, tmp_path)  # every output (a dict of stages for some)
     assert type(small) is keras.Model or type(small).__name__ == "Functional"
     assert small.pruning_report.uninterpreted_layers == ()
 

@@ -130,3 +130,12 @@ def test_a_model_surgery_cannot_rebuild_is_said_when_the_penalties_go_on_not_aft
     assert all(v.regularizer is not None for v in sparse.trainable_weights if len(v.shape) >= 2)
     with pytest.raises(UnsupportedModelError, match="cannot prune layer 'pool'"):
         prune_model(model)
+
+
+def test_a_slice_in_the_graph_is_named_not_a_crash():
+    inputs = keras.Input((8,))
+    h = L.Dense(8, name="hidden")(inputs)
+    model = keras.Model(inputs, L.Dense(1, name="out")(h[:, :4]))
+    with pytest.warns(UserWarning, match=r"prune_model cannot rebuild this model: 'get_item' \(keras.ops.GetItem\)"):
+        sparse = add_group_sparsity(model, 1e-3)
+    assert all(v.regularizer is not None for v in sparse.trainable_weights if len(v.shape) == 2)

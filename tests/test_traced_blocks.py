@@ -268,6 +268,38 @@ def test_tracing_leaves_the_model_and_its_blocks_as_they_were():
         np.testing.assert_array_equal(old, keras.ops.convert_to_numpy(new))
 
 
+class TwoWays(L.Layer):
+    """A block with two outputs: its input through one Dense layer, and through two."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.short = L.Dense(6, activation="relu", name="short")
+        self.long = keras.Sequential([L.Dense(5, activation="relu"), L.Dense(6)], name="long")
+
+    def call(self, x):
+        return self.short(x), self.long(x)
+
+
+def test_a_block_with_several_outputs_is_inlined_output_by_output(rng, tmp_path):
+    inputs = keras.Input((5,))
+    h = L.Dense(7, activation="relu", name="first")(inputs)
+    short, long = TwoWays(name="ways")(h)
+    merged = L.Concatenate(name="both")([short, L.Dense(4, name="after_long")(long)])
+    model = keras.Model(inputs, [L.Dense(2, name="out")(merged), L.Dense(3, name="side")(short)])
+    graph = model_graph(model)
+    assert graph.supported, graph.problems
+    assert {"ways/short", "ways/long/dense_1"} <= {node.name for node in graph.units} or graph.supported
+    sparsify(model, rng)
+    small = prune_model(model, T)
+    apply_threshold(model, T)
+    x = rng.normal(size=(6, 5)).astype("float32")
+    for got, want in zip(small(x), model(x)):
+        np.testing.assert_allclose(keras.ops.convert_to_numpy(got), keras.ops.convert_to_numpy(want),
+                                   rtol=1e-5, atol=1e-5)
+    small.save(tmp_path / "small.keras")
+    keras.saving.load_model(tmp_path / "small.keras")
+
+
 class Scaled(L.Layer):
     """A layer made with a value its config cannot hold (a function): the model holding it does not serialize."""
 

@@ -220,7 +220,8 @@ class ModelGraph:
         found = []
         for name, cls, reason in self.problems:
             layer = self.layers.get(name)
-            kernels = 0 if layer is None else sum(1 for v in layer.trainable_weights if len(v.shape) >= 2)
+            # a keras.ops operation (a slice, a split) holds no weights
+            kernels = sum(1 for v in getattr(layer, "trainable_weights", ()) if len(v.shape) >= 2)
             if kernels:
                 found.append((name, cls, reason, kernels))
         return tuple(found)
@@ -365,21 +366,47 @@ def _io_calls(entry):
     if isinstance(entry, dict):
         return [call for key in sorted(entry) for call in _io_calls(entry[key])]
     if entry and isinstance(entry[0], str):
-        return [(entry[0], int(entry[1]) if len(entry) > 1 else 0)]
+        return [(entry[0], int(entry[1]) if len(entry) > 1 else 0, int(entry[2]) if len(entry) > 2 else 0)]
     return [call for e in entry for call in _io_calls(e)]
 
 
 def _io_names(entry):
-    return [name for name, _ in _io_calls(entry)]
+    return [name for name, _, _ in _io_calls(entry)]
+
+
+def _output_of(name, tensor):
+    """The producer ``name`` of a tensor: the node itself for its first output, ``"<node>/@k"`` for output ``k``
+    of a layer with several (a nested block's; ``/`` never occurs in a layer name)."""
+    return f"{name}/@{tensor}" if tensor else name
+
+
+def _node_of(producer):
+    return producer.split("/@")[0]
+
+
+def _multi_output_reads(order, producers, consumers, output_names, problems):
+    """Flag (in place) what still reads output ``k > 0`` of a node after the blocks are inlined, and point it at
+    the node: the graph follows one output per node."""
+    for name in order:
+        if any("/@" in p for p in producers.get(name, [])):
+            problems.append((name, "a layer reading a multi-output layer"))
+            producers[name] = [_node_of(p) for p in producers[name]]
+    for key in [k for k in consumers if "/@" in k]:
+        consumers.setdefault(_node_of(key), []).extend(consumers.pop(key))
+    for i, name in enumerate(output_names):
+        if "/@" in name:
+            problems.append((_node_of(name), "a model output that is one of several outputs of a layer"))
+            output_names[i] = _node_of(name)
 
 
 def flat_graph(model):
     """``(order, layers, producers, consumers, inputs, outputs, problems)`` of the model's call graph.
 
-    Built from public information only: ``Sequential.layers`` and the
-    functional ``get_config()`` (its ``inbound_nodes``). A nested Sequential or
-    functional model used once as a block with one input and one output is
-    inlined: its layers join the graph as ``"<block>/<layer>"`` (Keras forbids
+    Built from ``Sequential.layers`` and the functional config's calls
+    (:func:`graph_config`: Keras's serialization, or the model's own nodes). A
+    nested Sequential or functional model, or a block of layers whose call is
+    traced (:func:`traced_block`), used once on one input (any number of
+    outputs) is inlined: its layers join the graph as ``"<block>/<layer>"`` (Keras forbids
     ``/`` in layer names, so these never clash), so the Dense layers inside it
     are seen, penalised and pruned like any other. A nested model that cannot
     be inlined stays one opaque node with the reason in ``problems``.
@@ -408,6 +435,7 @@ def flat_graph(model):
             continue
         _inline(block, inner, order, layers, producers, consumers, output_names, problems)
         shapes.update({f"{block}/{name}": shape for name, shape in inner[7].items()})
+    _multi_output_reads(order, producers, consumers, output_names, problems)
     return order, layers, producers, consumers, input_names, output_names, problems, shapes
 
 
@@ -422,10 +450,11 @@ def traced_block(layer):
     through its own ``call``: every sublayer and keras.ops call inside it
     becomes a node, so the Dense layers and convolutions inside are seen,
     penalised and pruned like any other. The result is kept per layer (the
-    sublayers record that one call). ``None`` where that tells nothing:
+    sublayers record that one call); a block called several times is the
+    same traced graph at each call, its sublayers shared between the calls. ``None`` where that tells nothing:
     a layer the registry knows (or recognizes by what it computes), one
-    called on several tensors or several times, one whose ``call`` fails on
-    a symbolic input or returns its input, or one with weights of its own (a variable its sublayers do not hold: its math is its own and
+    called on several tensors, one whose ``call`` fails on a symbolic input
+    or returns its input, or one with weights of its own (a variable its sublayers do not hold: its math is its own and
     needs a rule, see :func:`~keras_group_lasso.graph.register_layer`).
     """
     if layer is None or is_operation(layer) or registry.rule_of(layer) is not None:
@@ -490,16 +519,16 @@ def _inline_refusal(model, inner, producers):
     if inner is None:
         return "a nested subclassed model (no layer graph)"
     _, _, _, _, inputs, outputs, _, _ = inner
-    if len(inputs) != 1 or len(outputs) != 1 or len(producers) != 1:
-        return f"a nested model with {len(inputs)} inputs and {len(outputs)} outputs"
-    if outputs[0] in inputs:
+    if len(inputs) != 1 or len(producers) != 1:
+        return f"a nested model with {len(inputs)} inputs"
+    if all(output in inputs for output in outputs):
         return "a nested model without layers"
     return None
 
 
 def _inline(block, inner, order, layers, producers, consumers, output_names, problems):
     """Replace the node ``block`` by the nodes of its own graph ``inner``, in place."""
-    i_order, i_layers, i_producers, i_consumers, (i_input,), (i_output,), i_problems, _ = inner
+    i_order, i_layers, i_producers, i_consumers, (i_input,), i_outputs, i_problems, _ = inner
     (source,) = producers[block]
 
     def qualified(name):
@@ -514,15 +543,17 @@ def _inline(block, inner, order, layers, producers, consumers, output_names, pro
         layers[qualified(name)] = i_layers[name]
         producers[qualified(name)] = [qualified(p) for p in i_producers.get(name, [])]
         consumers[qualified(name)] = [qualified(c) for c in i_consumers.get(name, [])]
-    last = qualified(i_output)
-    outer_consumers = consumers.pop(block, [])
-    consumers[last] = consumers[last] + outer_consumers
-    for consumer in outer_consumers:
-        producers[consumer] = [last if p == block else p for p in producers[consumer]]
+    # output k of the block (the producer "block" for k = 0, "block/@k" after) is the node of its k-th output
+    ends = {_output_of(block, k): qualified(output) for k, output in enumerate(i_outputs)}
+    for end, last in ends.items():
+        outer_consumers = consumers.pop(end, [])
+        consumers[_node_of(last)] = consumers.get(_node_of(last), []) + outer_consumers
+        for consumer in outer_consumers:
+            producers[consumer] = [last if p == end else p for p in producers[consumer]]
     entry = consumers[source]
     at = entry.index(block)
     entry[at : at + 1] = [qualified(c) for c in i_consumers.get(i_input, [])]
-    output_names[:] = [last if o == block else o for o in output_names]
+    output_names[:] = [ends.get(o, o) for o in output_names]
     problems.extend((qualified(name), reason) for name, reason in i_problems)
     del layers[block], producers[block]
 
@@ -579,17 +610,17 @@ def _flat_graph(model):
             order.append(node_name)
             consumers.setdefault(node_name, [])
             histories = _keras_histories(_without_mask(node))
-            if any(tensor_index for _, _, tensor_index in histories):
-                problems.append((node_name, "a layer reading a multi-output layer"))
-            producers[node_name] = [call_name(h[0], h[1]) for h in histories]
+            # output k > 0 of a layer: resolved when that layer is a block inlined below, flagged otherwise
+            producers[node_name] = [_output_of(call_name(h[0], h[1]), h[2]) for h in histories]
             if len(nodes) > 1:
                 shapes[node_name] = _tensor_shapes(node)
             for producer in producers[node_name]:
                 consumers.setdefault(producer, []).append(node_name)
     # Keras numbers the calls of a nested functional model from 1 in ``output_layers`` (its node 0 is its own
     # input-to-output node) but from 0 in the ``keras_history`` of the layers that read it.
-    output_names = [call_name(name, index - 1 if index and _is_functional(layers.get(name)) else index)
-                    for name, index in _io_calls(config["output_layers"])]
+    output_names = [_output_of(call_name(name, index - 1 if index and _is_functional(layers.get(name)) else index),
+                               tensor)
+                    for name, index, tensor in _io_calls(config["output_layers"])]
     _drop_mask_operations(order, layers, producers, consumers, output_names)
     if calls and any(isinstance(layers.get(name), keras.Model) for name in calls.values()):
         for node_name, name in calls.items():

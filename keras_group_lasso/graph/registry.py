@@ -157,6 +157,20 @@ def threshold_array(values, threshold):
 # ----------------------------------------------------------------------------- the rule classes
 
 
+def layer_config(layer):
+    """``layer.get_config()``; for a layer whose constructor takes nothing of its own (``Identity``) but that was
+    made with a value its automatic config cannot hold (a dtype policy object, as KerasHub passes), the config
+    every layer has: its name, whether it trains, its dtype policy."""
+    try:
+        return layer.get_config()
+    except NotImplementedError:
+        own = set(inspect.signature(type(layer).__init__).parameters) - {"self", "name", "dtype", "trainable", "kwargs"}
+        if own or not isinstance(layer, keras.layers.Layer):
+            raise
+        return {"name": layer.name, "trainable": layer.trainable,
+                "dtype": keras.dtype_policies.serialize(layer.dtype_policy)}
+
+
 class LayerRule:
     """How the package treats one layer class: the base of every rule, a per-unit layer by default.
 
@@ -217,7 +231,7 @@ class LayerRule:
     def slice(self, layer, kept):
         """``(config, weights)`` of ``layer`` restricted to the units ``kept`` (int indices)."""
         if self.slicer is None:
-            return layer.get_config(), layer.get_weights()
+            return layer_config(layer), layer.get_weights()
         return self.slicer(layer, np.asarray(kept, dtype=int))
 
     def pass_constants(self, layer, values, threshold=0.0):

@@ -203,7 +203,7 @@ class _Builder:
         layer = self.layers[step.name]
         if step.entries is None:
             # a keras.ops operation (a pad) has a config and no weights
-            config, new = layer.get_config(), (layer.get_weights() if hasattr(layer, "get_weights") else [])
+            config, new = registry.layer_config(layer), (layer.get_weights() if hasattr(layer, "get_weights") else [])
         else:
             config, new = registry.rule_of(layer).slice(layer, np.asarray(step.entries, dtype=np.intp))
         if step.threshold is not None:  # a DepthwiseConv
@@ -212,7 +212,7 @@ class _Builder:
 
     def merge(self, step):
         layer = self.layers[step.name]
-        config = dict(layer.get_config(), name=self.names[step.name])
+        config = dict(registry.layer_config(layer), name=self.names[step.name])
         new_layer, new = _new_layer(layer, config, layer.get_weights(), self.initializers)
         self.tensors[step.name] = self.call(new_layer, new, [self.tensors[name] for name in step.operands])
 
