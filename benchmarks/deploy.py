@@ -39,7 +39,7 @@ from pathlib import Path
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks import cnn_fashion, common  # noqa: E402
+from benchmarks import cnn_fashion, common
 
 BATCHES = (1, 256)
 CALLS = {1: 200, 256: 8}  # timed calls per round
@@ -237,8 +237,8 @@ def main(argv=None):
     text = "\n".join([
         "# Deploying the pruned VGG: ONNX Runtime and TFLite, float and int8", "",
         common.header(common.command_line(), [args.seed], started, elapsed,
-                      notes=[f"{args.train} training images, {args.epochs} epochs; "
-                             f"SparsityBudget(max_flops={args.budget_flops:g}, settle={args.settle:g}), λ {args.budget_lambda:g}",
+                      notes=[(f"{args.train} training images, {args.epochs} epochs; "
+                             f"SparsityBudget(max_flops={args.budget_flops:g}, settle={args.settle:g}), λ {args.budget_lambda:g}"),
                              "layer sizes: dense " + "-".join(map(str, record["dense"]["manifest"]["layer_sizes_after"]))
                              + ", pruned " + "-".join(map(str, record["pruned"]["manifest"]["layer_sizes_after"]))]
                       + notes),

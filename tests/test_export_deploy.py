@@ -170,10 +170,10 @@ def test_an_int8_error_past_the_threshold_warns(cnn_export):
     measured = cnn_export[3].manifest["tflite_int8"]["error_on_representative_data"]
     ours = [m for m in cnn_export[4] if m.startswith("export_pruned")]
     assert ours == [
-        "export_pruned: the int8 model is far from the float one on the representative data: mean |int8 - float| "
+        ("export_pruned: the int8 model is far from the float one on the representative data: mean |int8 - float| "
         f"= {measured['mean_relative_error']:.1%} of the output scale (warns above 0%), argmax agreement "
         f"{measured['argmax_agreement']:.1%} (warns below 95%); give more representative data, or serve the "
-        "float model.tflite"
+        "float model.tflite")
     ]
 
 
@@ -202,57 +202,57 @@ RECEIVED_SHAPE = "array of the exported model's inputs, shape (n, 10), or an ite
     [
         (
             {"formats": ("tflite-int8",)},
-            "export_pruned: argument `representative_data` must be given for the 'tflite-int8' format: a NumPy "
+            ("export_pruned: argument `representative_data` must be given for the 'tflite-int8' format: a NumPy "
             "array of the exported model's inputs, a list or dict of arrays (one per input) or an iterable of "
-            "such batches; received None.",
+            "such batches; received None."),
         ),
         (
             {"formats": ("keras",), "representative_data": np.zeros((4, 10), "float32")},
-            "export_pruned: argument `representative_data` must be None unless formats holds 'tflite-int8' or "
-            "'onnx'; received an array of shape (4, 10).",
+            ("export_pruned: argument `representative_data` must be None unless formats holds 'tflite-int8' or "
+            "'onnx'; received an array of shape (4, 10)."),
         ),
         (
             {"formats": ("tflite-int8",), "representative_data": np.zeros((4, 7), "float32")},
-            "export_pruned: argument `representative_data` must be given for the 'tflite-int8' format: a NumPy "
-            f"{RECEIVED_SHAPE}, of finite numbers and at least one row; received an array of shape (4, 7).",
+            ("export_pruned: argument `representative_data` must be given for the 'tflite-int8' format: a NumPy "
+            f"{RECEIVED_SHAPE}, of finite numbers and at least one row; received an array of shape (4, 7)."),
         ),
         (
             {"formats": ("onnx",), "representative_data": np.zeros((4, 10, 1), "float32")},
-            "export_pruned: argument `representative_data` must be a NumPy "
-            f"{RECEIVED_SHAPE}, of finite numbers and at least one row; received an array of shape (4, 10, 1).",
+            ("export_pruned: argument `representative_data` must be a NumPy "
+            f"{RECEIVED_SHAPE}, of finite numbers and at least one row; received an array of shape (4, 10, 1)."),
         ),
         (
             {"formats": ("tflite-int8",), "representative_data": np.zeros((0, 10), "float32")},
-            "export_pruned: argument `representative_data` must be given for the 'tflite-int8' format: a NumPy "
-            f"{RECEIVED_SHAPE}, of finite numbers and at least one row; received an array of shape (0, 10).",
+            ("export_pruned: argument `representative_data` must be given for the 'tflite-int8' format: a NumPy "
+            f"{RECEIVED_SHAPE}, of finite numbers and at least one row; received an array of shape (0, 10)."),
         ),
         (
             {"formats": ("tflite-int8",), "representative_data": np.full((2, 10), np.nan, "float32")},
-            "export_pruned: argument `representative_data` must be given for the 'tflite-int8' format: a NumPy "
-            f"{RECEIVED_SHAPE}, of finite numbers and at least one row; received an array of shape (2, 10).",
+            ("export_pruned: argument `representative_data` must be given for the 'tflite-int8' format: a NumPy "
+            f"{RECEIVED_SHAPE}, of finite numbers and at least one row; received an array of shape (2, 10)."),
         ),
         (
             {"formats": ("tflite-int8",), "representative_data": [np.zeros((4, 10), "float32"),
                                                                   np.zeros((4, 9), "float32")]},
-            "export_pruned: argument `representative_data` must be given for the 'tflite-int8' format: a NumPy "
+            ("export_pruned: argument `representative_data` must be given for the 'tflite-int8' format: a NumPy "
             f"{RECEIVED_SHAPE}, of finite numbers and at least one row; received an iterable whose batch 1 is "
-            "an array of shape (4, 9).",
+            "an array of shape (4, 9)."),
         ),
         (
             {"formats": ("tflite-int8",), "representative_data": iter([])},
-            "export_pruned: argument `representative_data` must be given for the 'tflite-int8' format: a NumPy "
-            f"{RECEIVED_SHAPE}, of finite numbers and at least one row; received an empty iterable.",
+            ("export_pruned: argument `representative_data` must be given for the 'tflite-int8' format: a NumPy "
+            f"{RECEIVED_SHAPE}, of finite numbers and at least one row; received an empty iterable."),
         ),
         (
             {"formats": ("tflite-int8",), "representative_data": "x.npy"},
-            "export_pruned: argument `representative_data` must be given for the 'tflite-int8' format: a NumPy "
-            f"{RECEIVED_SHAPE}, of finite numbers and at least one row; received a str.",
+            ("export_pruned: argument `representative_data` must be given for the 'tflite-int8' format: a NumPy "
+            f"{RECEIVED_SHAPE}, of finite numbers and at least one row; received a str."),
         ),
         (
             {"formats": ("tflite-int8",), "representative_data": {"pixels": np.zeros((4, 10), "float32")}},
-            "export_pruned: argument `representative_data` must be given for the 'tflite-int8' format: a NumPy "
+            ("export_pruned: argument `representative_data` must be given for the 'tflite-int8' format: a NumPy "
             f"{RECEIVED_SHAPE}, of finite numbers and at least one row; received a dict of 'pixels': an "
-            "array of shape (4, 10).",
+            "array of shape (4, 10)."),
         ),
     ],
     ids=["missing", "unused", "features", "rank", "empty", "nan", "batch", "no-batch", "str", "dict-name"],

@@ -13,14 +13,13 @@ kernel without a warning, and prunes exactly into a plain functional model that 
 import warnings
 
 import keras
-import numpy as np
 import pytest
+from test_applications import sparsify
+from test_model_families import assert_prunes_exactly_and_reloads
 
 from keras_group_lasso import add_group_sparsity
 from keras_group_lasso.graph import registry
 from keras_group_lasso.graph.build import model_graph
-from test_applications import sparsify
-from test_model_families import assert_prunes_exactly_and_reloads
 
 keras_hub = pytest.importorskip("keras_hub")
 M = keras_hub.models

@@ -11,11 +11,16 @@ import warnings
 import keras
 import numpy as np
 import pytest
+from test_model_families import T, assert_prunes_exactly_and_reloads
 
-from keras_group_lasso import add_group_sparsity, apply_threshold, prune_model, sparsity_report
+from keras_group_lasso import (
+    add_group_sparsity,
+    apply_threshold,
+    prune_model,
+    sparsity_report,
+)
 from keras_group_lasso.graph import registry
 from keras_group_lasso.graph.build import graph_model, model_graph
-from test_model_families import T, assert_prunes_exactly_and_reloads
 
 L = keras.layers
 
@@ -179,8 +184,8 @@ def test_a_keras_io_transformer_block_gets_head_penalties_and_prunes_heads_exact
     model = transformer_model()
     sparse, said = penalty_warnings(model)
     assert said == []
-    block = [layer for layer in sparse.layers if isinstance(layer, TransformerBlock)][0]
-    assert block.name == [layer for layer in model.layers if isinstance(layer, TransformerBlock)][0].name
+    block = next(layer for layer in sparse.layers if isinstance(layer, TransformerBlock))
+    assert block.name == next(layer for layer in model.layers if isinstance(layer, TransformerBlock)).name
     ffn = [v for v in block.ffn.trainable_weights if len(v.shape) == 2]
     assert len(ffn) == 2 and all(v.regularizer is not None for v in ffn)
     sparsify(model, rng)
@@ -321,7 +326,8 @@ def test_the_graph_of_a_model_that_does_not_serialize_is_read_from_its_nodes(rng
     graph = model_graph(model)
     assert [node.name for node in graph.units] == ["hidden", "out"]
     # its call, traced, is a keras.ops product with a number: a Rescaling
-    assert graph.supported and type(graph.layers["scaled/multiply"]).__name__ == "Rescaling"
+    inside = [type(layer).__name__ for name, layer in graph.layers.items() if name.startswith("scaled/")]
+    assert graph.supported and inside == ["Rescaling"]
     sparsify(model, rng)
     small = prune_model(model, T)
     apply_threshold(model, T)  # the reference: clone_model cannot copy the model either
