@@ -2,6 +2,7 @@
 # Set up (if needed) and run the whole test suite on the TensorFlow, JAX and PyTorch backends.
 # The backends run side by side (most tests are small models whose time is Python and tracing, one
 # core each); each backend's output is printed when it finishes. TEST_SERIAL=1 runs them one after the other.
+# Each backend's log ends with its 12 slowest tests (where the time goes).
 # TEST_BACKENDS="tensorflow jax" picks backends (PyTorch is left out when setup left it out: SETUP_TORCH=0).
 # Extra arguments go to pytest, e.g. `bash scripts/test.sh -x -k surgery`.
 set -euo pipefail
@@ -30,7 +31,7 @@ logs=$(mktemp -d)
 trap 'rm -rf "$logs"' EXIT
 declare -A pids
 for backend in "${backends[@]}"; do
-  KERAS_BACKEND=$backend .venv/bin/python -m pytest -q -p no:cacheprovider "$@" >"$logs/$backend.log" 2>&1 &
+  KERAS_BACKEND=$backend .venv/bin/python -m pytest -q -p no:cacheprovider --durations=12 "$@" >"$logs/$backend.log" 2>&1 &
   pids[$backend]=$!
 done
 for backend in "${backends[@]}"; do
