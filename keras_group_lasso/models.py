@@ -410,7 +410,8 @@ def add_group_sparsity(model, factor=1e-3, *, l1=None, input_factor=None, penalt
         A new, uncompiled model with the same weights whose penalties share a
         strength multiplier (``penalty_multiplier``, 1): a
         :class:`GroupSparseSequential` for a Sequential model without coupled
-        units, else a :class:`GroupSparseModel`.
+        units or blocks traced into the graph, else a :class:`GroupSparseModel`
+        (over the same layers).
 
     Raises:
         InvalidParameterError: bad arguments, or a model that is not
@@ -564,11 +565,20 @@ def add_group_sparsity(model, factor=1e-3, *, l1=None, input_factor=None, penalt
         layer = graph.layers[node.name]
         if registry.units_rule(layer).head_kernel(layer) is not None and node.name not in graph.calls:
             heads[node.name] = HiddenGroupLasso(factor * scale.get(node.name, 1.0), l1=l1, axis=0)
-    if isinstance(copy, keras.Sequential) and not coupled.members and not heads:
+    # a traced block's sublayers hold their penalties as attributes, which a rebuild from the config would drop
+    blocks = any(id(layer) not in roles and traced_block(layer) is not None for layer in model.layers)
+    if isinstance(copy, keras.Sequential) and not coupled.members and not heads and not blocks:
         # Rebuilt from its config: the layer classes of the model are known here, registered for serialization
         # or not (a custom layer of the user's script).
         with keras.saving.custom_object_scope(_layer_classes(copy)):
             copy = GroupSparseSequential.from_config(dict(copy.get_config(), name=name))
+    elif isinstance(copy, keras.Sequential):  # coupled groups, heads, blocks: the functional class, same layers
+        inputs = keras.Input(batch_shape=tuple(model.inputs[0].shape), dtype=model.inputs[0].dtype,
+                             name=model.inputs[0].name)
+        outputs = inputs
+        for layer in copy.layers:
+            outputs = layer(outputs)
+        copy = GroupSparseModel(inputs, outputs, name=name, head_penalties=heads)
     else:  # the functional copy's own input and output structures (a dict stays a dict)
         copy = GroupSparseModel(copy.input, copy.output, name=name, head_penalties=heads)
     copy.set_weights([keras.ops.convert_to_numpy(v) for v in layer_weights(model)])

@@ -203,6 +203,32 @@ def test_a_keras_io_transformer_block_gets_head_penalties_and_prunes_heads_exact
     assert len(attention) == 1 and attention[0].num_heads < 4
 
 
+class Chain(L.Layer):
+    """A block of two Dense layers in a row, no merge."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.a = L.Dense(5, activation="relu", name="a")
+        self.b = L.Dense(4, name="b")
+
+    def call(self, x):
+        return self.b(self.a(x))
+
+
+def test_blocks_in_a_sequential_get_their_penalties_and_prune_exactly(rng, tmp_path):
+    model = keras.Sequential([keras.Input((6,)), L.Dense(8, name="first"), ResidualBlock(8, name="block"),
+                              Chain(name="chain"), L.Dense(2, name="out")])
+    sparse, said = penalty_warnings(model)
+    assert said == []
+    kernels = [v for v in sparse.trainable_weights if len(v.shape) == 2]
+    assert len(kernels) == 6 and all(v.regularizer is not None for v in kernels)
+    x = rng.normal(size=(8, 6)).astype("float32")
+    np.testing.assert_allclose(keras.ops.convert_to_numpy(sparse(x)), keras.ops.convert_to_numpy(model(x)),
+                               rtol=1e-6, atol=1e-6)
+    sparsify(model, rng)
+    assert_prunes_exactly_and_reloads(model, x, tmp_path)
+
+
 class Subclassed(keras.Model):
     """A subclassed model (no functional graph) used as a block of a functional one."""
 

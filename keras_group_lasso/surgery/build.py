@@ -158,7 +158,10 @@ class _Builder:
     def __init__(self, plan, model):
         result = plan.analysis
         graph = result.graph
-        self.model_name, self.sequential, self.dtype = model.name, graph.sequential, model.inputs[0].dtype
+        # A Sequential stays one unless a block traced into it merges tensors (a residual block): then functional.
+        chain = not any(node.kind in ("merge", "concat") for node in graph.nodes)
+        self.model_name, self.sequential, self.dtype = model.name, graph.sequential and chain, model.inputs[0].dtype
+        self.input_named = not graph.sequential  # a Sequential's input node is "<input>", not a name to keep
         # Named inputs and outputs (dicts) stay named: the new model takes and returns the same structures.
         self.structures = (None, None) if graph.sequential else (model.input, model.output)
         self.layers, self.node, self.outputs = graph.layers, graph.node, graph.outputs
@@ -176,7 +179,7 @@ class _Builder:
         self.made = {}  # node name -> its new layer (the later calls of a shared layer call it again)
 
     def new_input(self, step):
-        inp = keras.Input(shape=step.shape, dtype=step.dtype, name=None if self.sequential else step.name)
+        inp = keras.Input(shape=step.shape, dtype=step.dtype, name=step.name if self.input_named else None)
         self.tensors[step.name] = inp
         self.inputs.append(inp)
 
