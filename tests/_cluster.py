@@ -72,4 +72,7 @@ def assert_cluster_matches_single(single, cluster, count=2, atol=1e-5, export_pe
         written = json.load(f)
     for process in range(count):  # a process that did not write got the chief's result
         with open(cluster / f"manifest{process}.json") as f:
-            assert json.load(f) == written
+            got = json.load(f)
+        # the sizes of the files are known to the process that wrote them
+        assert {k: v for k, v in got.items() if k != "file_sizes"} == {
+            k: v for k, v in written.items() if k != "file_sizes"}
