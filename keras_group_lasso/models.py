@@ -222,7 +222,8 @@ def _check_graph_model(owner, model):
         cls.__name__ == "Functional" for cls in type(model).__mro__
     )
     if not graph:
-        fail(owner, "model", "a Sequential or Functional keras.Model", model)
+        fail(owner, "model", "a Sequential or Functional keras.Model, or a subclassed one built on data (call it "
+             "on a batch first) whose call can be traced", model)
     try:
         model.inputs
     except (AttributeError, ValueError):

@@ -183,7 +183,9 @@ def test_bad_arguments():
         def call(self, x):
             return self.dense(x)
 
-    with pytest.raises(InvalidParameterError, match=r"argument `model` must be a Sequential or Functional keras.Model"):
+    with pytest.raises(InvalidParameterError, match=r"argument `model` must be a Sequential or Functional "
+                                                    r"keras.Model, or a subclassed one built on data \(call it on a "
+                                                    r"batch first\) whose call can be traced"):
         add_group_sparsity(Subclassed())
     with pytest.raises(InvalidParameterError, match=r"a built model with a known input"):
         add_group_sparsity(keras.Sequential([keras.layers.Dense(2)]))
