@@ -247,7 +247,9 @@ def main(argv=None):
     Path(args.output).write_text(text)
     Path(args.output).with_suffix(".json").write_text(json.dumps(
         {"command": common.command_line(), "date": f"{started:%Y-%m-%d %H:%M} UTC", "machine": common.machine_line(),
-         "args": vars(args), "rows": measured, "train": {k: v for k, v in record.items() if k.endswith("seconds")},
+         # the output path relative to the repository, so the record does not name this machine's folders
+         "args": dict(vars(args), output=os.path.relpath(args.output, Path(__file__).resolve().parent.parent)),
+         "rows": measured, "train": {k: v for k, v in record.items() if k.endswith("seconds")},
          "int8_error": int8, "warnings": {n: record[n]["warnings"] for n in ("dense", "pruned")}},
         indent=1, default=float))
     print(text)
