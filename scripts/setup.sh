@@ -19,8 +19,9 @@ else
 fi
 # PyTorch (the third Keras backend the tests run on) is its own extra: several GB with its CUDA
 # libraries. SETUP_TORCH=0 leaves it out (scripts/test.sh then runs TensorFlow and JAX only).
+# With it comes the benchmarks extra (matplotlib; Torch-Pruning, which needs PyTorch, for benchmarks/peers_cnn.py).
 EXTRAS="$TF_EXTRA,test,docs"  # docs: mkdocs + mkdocstrings, so the tests can build the API reference
-if [ "${SETUP_TORCH:-1}" != "0" ]; then EXTRAS="$EXTRAS,torch"; fi
+if [ "${SETUP_TORCH:-1}" != "0" ]; then EXTRAS="$EXTRAS,torch,benchmarks"; fi
 stamp=".venv/.keras-group-lasso-installed-${EXTRAS//,/-}-$(cksum pyproject.toml | cut -d' ' -f1)"
 if [ ! -f "$stamp" ]; then
   echo "[setup] installing keras-group-lasso[$EXTRAS] (first run takes a few minutes)"

@@ -18,6 +18,16 @@ from keras_group_lasso import (
 )
 
 
+#: The budget's earlier pace: the steered penalties remove the groups, a cut when settling begins (the last fifth)
+#: catches what they left over, the strength steered at epoch ends, no least width per layer.
+PENALTY = dict(pace="penalty", settle=0.2, update_freq="epoch", min_width=0.0)
+
+
+def penalty_paced(**kwargs):
+    """A :class:`SparsityBudget` at the penalty pace (``kwargs`` over :data:`PENALTY`)."""
+    return SparsityBudget(**{**PENALTY, **kwargs})
+
+
 def data(rng, n=512, features=12, informative=3):
     x = rng.normal(size=(n, features)).astype("float32")
     y = (x[:, :informative].sum(axis=1) > 0).astype("float32")
@@ -56,7 +66,7 @@ def test_training_ends_within_a_feature_budget(rng, optimizer):
     x, y = data(rng)
     model = mlp()
     opt = Proximal(keras.optimizers.SGD(0.1, momentum=0.9)) if optimizer == "proximal" else keras.optimizers.Adam()
-    history, _ = fit(model, x, y, SparsityBudget(max_features=4), epochs=12, optimizer=opt)
+    history, _ = fit(model, x, y, penalty_paced(max_features=4), epochs=12, optimizer=opt)
     report = sparsity_report(model, 1e-3)
     assert 1 <= report.n_selected_features <= 4
     assert len(set(range(3)) & set(report.selected_features)) >= 2  # the informative columns stay, mostly
@@ -80,7 +90,7 @@ def test_settling_keeps_the_structure_it_starts_with(rng):
     # Strong penalties keep removing features under Proximal; once settling begins nothing goes or comes back.
     x, y = data(rng)
     model = mlp(factor=3e-3)
-    history, _ = fit(model, x, y, SparsityBudget(max_features=8, settle=0.5), epochs=6)
+    history, _ = fit(model, x, y, penalty_paced(max_features=8, settle=0.5), epochs=6)
     sizes = history.history["budget_features"]
     assert sizes[2] <= 8 and sizes[2:] == [sizes[2]] * 4
     kernel = keras.ops.convert_to_numpy(model.layers[0].kernel)
@@ -93,7 +103,7 @@ def test_settling_begins_once_within_the_budget_near_the_end_of_the_schedule(rng
     # is fixed at the first epoch that is within the budget while the schedule is within 5 % of it.
     x, y = data(rng)
     model = mlp(factor=1e-2)
-    history, cuts = fit(model, x, y, SparsityBudget(max_features=8, schedule_power=3.0), epochs=10)
+    history, cuts = fit(model, x, y, penalty_paced(max_features=8, schedule_power=3.0), epochs=10)
     sizes = history.history["budget_features"]
     multipliers = history.history["budget_multiplier_input"]
 
@@ -109,7 +119,7 @@ def test_settling_begins_once_within_the_budget_near_the_end_of_the_schedule(rng
 def test_a_model_far_below_its_budget_when_settling_begins_is_said(rng):
     x, y = data(rng)
     model = mlp(factor=3e-2)  # so strong that every input group is gone after the first epoch
-    history, warned = fit(model, x, y, SparsityBudget(max_features=6), epochs=10)
+    history, warned = fit(model, x, y, penalty_paced(max_features=6), epochs=10)
     assert history.history["budget_features"][-1] < 3
     assert len(warned) == 1 and "far below its budget: features" in str(warned[0].message)
     assert "(budget 6)" in str(warned[0].message)
@@ -117,7 +127,7 @@ def test_a_model_far_below_its_budget_when_settling_begins_is_said(rng):
 
 @pytest.mark.parametrize("power", [1.0, 3.0])
 def test_the_schedule_follows_its_power(power):
-    budget = SparsityBudget(max_features=10, schedule_power=power)
+    budget = penalty_paced(max_features=10, schedule_power=power)
     budget.dense, budget.limits = {"features": 50}, {"features": 10}
     for progress in (0.0, 0.25, 0.5, 1.0):
         assert budget._targets(progress)["features"] == pytest.approx(10 + 40 * (1 - progress) ** power)
@@ -126,7 +136,7 @@ def test_the_schedule_follows_its_power(power):
 def test_the_cut_removes_the_fewest_groups_and_lands_on_the_budget(rng):
     x, y = data(rng)
     model = mlp(factor=1e-6)  # too weak to select anything in one epoch
-    history, cuts = fit(model, x, y, SparsityBudget(max_features=5, settle=0.0), epochs=1)
+    history, cuts = fit(model, x, y, penalty_paced(max_features=5, settle=0.0), epochs=1)
     assert len(cuts) == 1 and "7 of its weakest groups were set to zero" in str(cuts[0].message)
     assert sparsity_report(model, 1e-3).n_selected_features == 5  # each input group is one feature: exactly the budget
     assert history.history["budget_phase"] == [2]
@@ -139,7 +149,7 @@ def test_cut_groups_stay_at_zero_until_fit_ends(rng, optimizer):
     model = mlp(factor=1e-6)  # too weak to select anything: the cut does it, after epoch 2 of 4
     inner = keras.optimizers.Adam(0.01)
     opt = inner if optimizer == "adam" else Proximal(inner)
-    history, _ = fit(model, x, y, SparsityBudget(max_features=5, settle=0.5), epochs=4, optimizer=opt)
+    history, _ = fit(model, x, y, penalty_paced(max_features=5, settle=0.5), epochs=4, optimizer=opt)
     # The data gradient of a cut row is not zero, yet nothing grows back: no later epoch cuts again.
     assert history.history["budget_cut"] == [0, 7, 0, 0]
     kernel = model.layers[0].kernel
@@ -158,7 +168,7 @@ def test_a_kernels_own_constraint_applies_under_the_cut(rng):
     layers = [keras.Input((12,)), keras.layers.Dense(8, activation="relu", kernel_constraint=rows_at_most_half),
               keras.layers.Dense(1, activation="sigmoid")]
     model = add_group_sparsity(keras.Sequential(layers), 1e-6)
-    fit(model, x, y, SparsityBudget(max_features=5, settle=0.5), epochs=4, optimizer=keras.optimizers.Adam(0.05))
+    fit(model, x, y, penalty_paced(max_features=5, settle=0.5), epochs=4, optimizer=keras.optimizers.Adam(0.05))
     kernel = model.layers[0].kernel
     value = keras.ops.convert_to_numpy(kernel)
     assert np.sum(np.all(value == 0.0, axis=1)) == 7
@@ -170,7 +180,7 @@ def test_a_training_stopped_early_still_ends_within_the_budget(rng):
     x, y = data(rng)
     model = mlp(factor=1e-6)
     stop = keras.callbacks.EarlyStopping(monitor="loss", min_delta=1e9, patience=0)  # stops after epoch 2
-    history, cuts = fit(model, x, y, [SparsityBudget(max_features=6), stop], epochs=20)
+    history, cuts = fit(model, x, y, [penalty_paced(max_features=6), stop], epochs=20)
     assert len(history.history["loss"]) == 2
     assert any("at the end of training" in str(w.message) for w in cuts)
     assert sparsity_report(model, 1e-3).n_selected_features == 6
@@ -180,7 +190,7 @@ def test_fractions_units_params_and_flops_budgets_hold_and_surgery_stays_exact(r
     x, y = data(rng)
     model = mlp(hidden=(10, 6))
     dense = sparsity_report(model, 1e-3)
-    fit(model, x, y, SparsityBudget(max_units=6, max_params=0.5), epochs=6)
+    fit(model, x, y, penalty_paced(max_units=6, max_params=0.5), epochs=6)
     report = sparsity_report(model, 1e-3)
     assert report.live_neurons <= 6
     assert report.params_after <= int(0.5 * dense.params_before)
@@ -193,7 +203,7 @@ def test_fractions_units_params_and_flops_budgets_hold_and_surgery_stays_exact(r
         keras.layers.Dense(1, activation="sigmoid"),
     ]), 1e-3, input_factor=0.0)
     before = sparsity_report(cnn, 1e-3).flops_before
-    fit(cnn, images, labels, SparsityBudget(max_flops=0.25), epochs=3)
+    fit(cnn, images, labels, penalty_paced(max_flops=0.25), epochs=3)
     assert sparsity_report(cnn, 1e-3).flops_after <= before // 4
     assert_surgery_exact(cnn, images)
 
@@ -202,7 +212,7 @@ def test_round_to_lands_every_hidden_width_on_a_multiple_within_the_budget(rng):
     x, y = data(rng)
     model = mlp(hidden=(24, 20))
     dense = sparsity_report(model, 1e-3)
-    budget = SparsityBudget(max_params=0.3, round_to=8)
+    budget = penalty_paced(max_params=0.3, round_to=8)
     history, _ = fit(model, x, y, budget, epochs=10)
     report = sparsity_report(model, 1e-3)
     assert report.params_after <= int(0.3 * dense.params_before)
@@ -218,7 +228,7 @@ def test_round_to_lands_every_hidden_width_on_a_multiple_within_the_budget(rng):
         keras.layers.Flatten(), keras.layers.Dense(1, activation="sigmoid"),
     ]), 1e-3, input_factor=0.0)
     before = sparsity_report(cnn, 1e-3).flops_before
-    budget = SparsityBudget(max_flops=0.3, round_to=4)
+    budget = penalty_paced(max_flops=0.3, round_to=4)
     fit(cnn, images, labels, budget, epochs=4)
     report = sparsity_report(cnn, 1e-3)
     assert report.flops_after <= int(0.3 * before)
@@ -229,7 +239,7 @@ def test_round_to_lands_every_hidden_width_on_a_multiple_within_the_budget(rng):
 def test_round_to_cuts_a_model_over_its_budget_in_whole_blocks(rng):
     x, y = data(rng)
     model = mlp(hidden=(24, 20), factor=1e-6)  # too weak to remove anything: the settling cut does it all
-    budget = SparsityBudget(max_units=24, round_to=8, settle=0.5)
+    budget = penalty_paced(max_units=24, round_to=8, settle=0.5)
     history, cuts = fit(model, x, y, budget, epochs=2)
     sizes = sparsity_report(model, 1e-3).layer_sizes[1:]
     assert sum(sizes) <= 24 and all(width % 8 == 0 for width in sizes)
@@ -256,7 +266,7 @@ def test_round_to_lands_each_layer_at_its_width_when_neighbours_grow_and_shrink(
             view[..., rng.choice(view.shape[-2], int(0.7 * view.shape[-2]), replace=False), :] = 0.0
             layer.kernel.assign(value)
     model.compile("sgd", "mse")
-    budget = SparsityBudget(max_flops=fraction, round_to=16, settle=0.5)
+    budget = penalty_paced(max_flops=fraction, round_to=16, settle=0.5)
     budget.set_model(model)
     budget.params = {"epochs": 2}
     budget.on_train_begin()
@@ -286,7 +296,7 @@ def test_round_to_grows_a_narrow_layer_into_dead_units_that_then_train(rng):
 
     leave_three(model)
     first = model.layers[1].kernel  # its rows are the first layer's units
-    budget = SparsityBudget(max_units=28, round_to=8, settle=0.5)
+    budget = penalty_paced(max_units=28, round_to=8, settle=0.5)
     grown_at = []  # the rows right after the budget grew the layer (a callback after the budget's)
     record = keras.callbacks.LambdaCallback(
         on_epoch_end=lambda epoch, logs: grown_at.append(keras.ops.convert_to_numpy(first).copy()))
@@ -302,7 +312,7 @@ def test_round_to_grows_a_narrow_layer_into_dead_units_that_then_train(rng):
 
     late = mlp(hidden=(16, 12), factor=1e-9)
     leave_three(late)
-    budget = SparsityBudget(max_units=24, round_to=8, settle=0.0)  # settling at the last epoch: nothing to train
+    budget = penalty_paced(max_units=24, round_to=8, settle=0.0)  # settling at the last epoch: nothing to train
     fit(late, x, y, budget, epochs=2)
     assert budget.rounded == {}
     assert sparsity_report(late, 1e-3).layer_sizes[1:] == (3, 12)
@@ -341,7 +351,7 @@ def test_proximal_steps_with_the_multiplied_strength(rng):
 def test_the_multiplier_saves_and_a_resumed_budget_starts_from_it(rng, tmp_path):
     x, y = data(rng)
     model = mlp()
-    history, _ = fit(model, x, y, SparsityBudget(max_features=4, settle=0.5), epochs=4)
+    history, _ = fit(model, x, y, penalty_paced(max_features=4, settle=0.5), epochs=4)
     reached = keras.ops.convert_to_numpy(model.penalty_multiplier).tolist()
     assert reached[0] == pytest.approx(history.history["budget_multiplier_input"][0])  # the last searching epoch
     path = tmp_path / "budget.keras"
@@ -349,7 +359,7 @@ def test_the_multiplier_saves_and_a_resumed_budget_starts_from_it(rng, tmp_path)
     loaded = keras.saving.load_model(path)
     assert isinstance(loaded, GroupSparseSequential)
     assert keras.ops.convert_to_numpy(loaded.penalty_multiplier).tolist() == reached
-    budget = SparsityBudget(max_features=4)
+    budget = penalty_paced(max_features=4)
     loaded.fit(x, y, epochs=1, verbose=0, callbacks=[budget])
     assert budget.initial == reached
     assert sparsity_report(loaded, 1e-3).n_selected_features <= 4
@@ -370,12 +380,16 @@ def test_the_multiplier_saves_and_a_resumed_budget_starts_from_it(rng, tmp_path)
         ({"max_features": 3, "round_to": 0}, "argument `round_to` must be an integer >= 1; received 0"),
         ({"max_features": 3, "round_to": 2.0}, "argument `round_to` must be an integer >= 1; received 2.0"),
         ({"max_features": 3, "update_freq": "step"},
-         r"argument `update_freq` must be 'epoch', 'batch' or an integer >= 1 \(batches between checks\); "
+         r"argument `update_freq` must be 'auto', 'epoch', 'batch' or an integer >= 1 \(batches between checks\); "
          "received 'step'"),
         ({"max_features": 3, "update_freq": 0}, "argument `update_freq` must be .* received 0"),
         ({"max_features": 3, "update_freq": 2.0}, "argument `update_freq` must be .* received 2.0"),
         ({"max_features": 3, "update_freq": True}, "argument `update_freq` must be .* received True"),
         ({"max_features": 3, "spare_block": 1}, "argument `spare_block` must be True or False; received 1"),
+        ({"max_features": 3, "pace": "fast"}, "argument `pace` must be 'gradual' or 'penalty'; received 'fast'"),
+        ({"max_features": 3, "min_width": 1.0}, r"argument `min_width` must be 'auto' or a fraction in \[0, 1\) of "
+         "each layer's units; received 1.0"),
+        ({"max_features": 3, "min_width": "half"}, "argument `min_width` must be .* received 'half'"),
     ],
 )
 def test_bad_arguments_are_named(kwargs, message):
@@ -389,11 +403,11 @@ def test_a_model_without_group_penalties_is_refused_by_name(rng):
     plain.compile("sgd", "mse")
     with pytest.raises(InvalidParameterError, match="SparsityBudget: argument `model` must be a model whose layers "
                                                     "carry group penalties of keras_group_lasso"):
-        plain.fit(x, y, verbose=0, callbacks=[SparsityBudget(max_features=3)])
+        plain.fit(x, y, verbose=0, callbacks=[penalty_paced(max_features=3)])
     weak = mlp(factor=0.0)
     weak.compile("sgd", "mse")
     with pytest.raises(InvalidParameterError, match="group penalties of factor > 0"):
-        weak.fit(x, y, verbose=0, callbacks=[SparsityBudget(max_features=3)])
+        weak.fit(x, y, verbose=0, callbacks=[penalty_paced(max_features=3)])
     with pytest.raises(InvalidParameterError, match="set_penalty_multiplier: argument `value` must be a finite "
                                                     r"number >= 0 or None; received -1\.0"):
         set_penalty_multiplier(mlp(), -1)
@@ -427,7 +441,7 @@ class _Recorder(keras.callbacks.Callback):
 def test_update_freq_steers_within_an_epoch_at_the_per_epoch_rates(rng, update_freq, changes):
     x, y = data(rng)  # 16 batches of 32 per epoch
     model = mlp(factor=1e-4)  # weak: nothing goes in the first epochs, the input multiplier keeps growing
-    budget = SparsityBudget(max_features=2, update_freq=update_freq)
+    budget = penalty_paced(max_features=2, update_freq=update_freq)
     recorder = _Recorder(budget)
     history, _ = fit(model, x, y, [budget, recorder], epochs=3)
     first = recorder.seen[:16]  # after batch 1, ..., 16 of the first epoch
@@ -450,7 +464,7 @@ def test_update_freq_without_a_known_epoch_length_counts_the_first_epoch(rng):
     unknown = tf.data.Dataset.from_tensor_slices((x, y)).filter(lambda a, b: True).batch(32)  # 16 batches
     model = mlp(factor=1e-4)
     model.compile(Proximal(keras.optimizers.SGD(0.1, momentum=0.9)), "binary_crossentropy")
-    budget = SparsityBudget(max_features=2, update_freq=4)
+    budget = penalty_paced(max_features=2, update_freq=4)
     recorder = _Recorder(budget)
     model.fit(unknown, epochs=3, verbose=0, shuffle=False, callbacks=[budget, recorder])
     first, second = recorder.seen[:16], recorder.seen[16:32]
@@ -466,7 +480,7 @@ def test_spare_block_keeps_a_block_of_trained_units_in_every_layer_through_the_s
         keras.layers.Dense(1, activation="sigmoid"),
     ]), 3e-2, input_factor=0.0, penalty="group")
     readers = [model.layers[1].kernel_regularizer, model.layers[2].kernel_regularizer]
-    budget = SparsityBudget(max_units=16, round_to=8, settle=0.3, spare_block=spare_block)
+    budget = penalty_paced(max_units=16, round_to=8, settle=0.3, spare_block=spare_block)
     searched, spared = [], []
 
     def record(epoch, logs):
@@ -494,7 +508,7 @@ def test_spare_block_keeps_a_block_of_trained_units_in_every_layer_through_the_s
 def test_round_to_says_when_blocks_cannot_meet_the_budget_and_single_groups_are_cut(rng):
     x, y = data(rng)
     model = mlp(hidden=(24, 20), factor=1e-6)  # too weak to remove anything: the settling cut does it all
-    budget = SparsityBudget(max_units=6, round_to=8, settle=0.5)  # one block of 8 is already more than 6
+    budget = penalty_paced(max_units=6, round_to=8, settle=0.5)  # one block of 8 is already more than 6
     _, cuts = fit(model, x, y, budget, epochs=2)
     sizes = sparsity_report(model, 1e-3).layer_sizes[1:]
     assert sum(sizes) <= 6
@@ -620,7 +634,7 @@ def _cut_with_batch_normalization(rng, epochs=4, settle=0.5):
         def on_epoch_end(self, epoch, logs=None):
             momenta.append(model.get_layer("bn").momentum)
 
-    history, warned = fit(model, x, y, [SparsityBudget(max_units=5, settle=settle), Record()], epochs=epochs,
+    history, warned = fit(model, x, y, [penalty_paced(max_units=5, settle=settle), Record()], epochs=epochs,
                           optimizer=Proximal(keras.optimizers.SGD(0.05, momentum=0.9)))
     # How far the moving statistics are from those of what the layer reads now (in its standard deviations).
     seen = keras.Model(model.inputs, model.get_layer("b").output).predict(x, verbose=0)

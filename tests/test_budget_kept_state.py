@@ -24,6 +24,7 @@ from keras_group_lasso import (
 )
 from keras_group_lasso.budget.cost import FORMAT, current_device
 from keras_group_lasso.graph import model_graph
+from test_budget import penalty_paced
 from test_nothing_lost import EPOCHS, Interrupt, assert_same, budget, data, outcome, stop_at, train, uninterrupted
 from test_nothing_lost import build as build_again
 
@@ -88,7 +89,7 @@ def latency_reference(noisy_machine):
 
 
 def latency_budget():
-    return SparsityBudget(max_latency=0.75, settle=0.3, latency_check=False)
+    return penalty_paced(max_latency=0.75, settle=0.3, latency_check=False)
 
 
 @pytest.mark.parametrize("interrupt", [3, 8], ids=["searching", "settling"])
@@ -120,7 +121,7 @@ def test_a_later_fit_uses_the_table_the_model_keeps_and_a_given_table_wins(noisy
     train(model, [second])
     assert noisy_machine == [model.name] and second.latency_table == first.latency_table
     given = made_up_table(model, layer_ms=2.0)
-    third = SparsityBudget(max_latency=0.75, settle=0.3, latency_table=given, latency_check=False)
+    third = penalty_paced(max_latency=0.75, settle=0.3, latency_table=given, latency_check=False)
     train(model, [third])
     assert third.latency_table is given and len(noisy_machine) == 1
 
@@ -132,7 +133,7 @@ def test_a_latency_budget_below_the_narrowest_model_is_refused_before_the_first_
     table = made_up_table(model, layer_ms=0.05, rest_ms=1.2)
     before = [np.array(w) for w in model.get_weights()]
     x, y = data()
-    budget = SparsityBudget(max_latency=max_latency, latency_table=table)
+    budget = penalty_paced(max_latency=max_latency, latency_table=table)
     with pytest.raises(InvalidParameterError, match=r"SparsityBudget: argument `max_latency` must be a time the "
                                                     r"model can reach: its narrowest form .* is predicted to take "
                                                     r"1\.\d+ ms at batch 256, 0\.9\d+ of the dense model"):
@@ -145,7 +146,7 @@ def test_a_measured_table_refuses_an_impossible_budget_too():
     model = build()
     x, y = data()
     with pytest.raises(InvalidParameterError, match="narrowest form"):
-        model.fit(x, y, epochs=1, batch_size=64, verbose=0, callbacks=[SparsityBudget(max_latency=1e-6)])
+        model.fit(x, y, epochs=1, batch_size=64, verbose=0, callbacks=[penalty_paced(max_latency=1e-6)])
 
 
 def test_a_model_saved_while_its_statistics_renew_loads_with_its_own_momentum(tmp_path):
@@ -176,7 +177,7 @@ def test_the_cut_never_writes_a_frozen_layer_and_says_why_the_budget_is_missed()
     x, y = data()
     with pytest.warns(RuntimeWarning, match=r"frozen layers \(trainable=False: frozen\)"):
         model.fit(x, y, epochs=EPOCHS, batch_size=64, shuffle=False, verbose=0,
-                  callbacks=[SparsityBudget(max_features=4, max_units=10, settle=0.3)])
+                  callbacks=[penalty_paced(max_features=4, max_units=10, settle=0.3)])
     for a, b in zip(model.get_layer("frozen").get_weights(), frozen):
         np.testing.assert_array_equal(a, b)
     report = sparsity_report(model)

@@ -24,7 +24,7 @@ from keras_group_lasso.budget.cost import LatencyTable, current_device, unit_cos
 from keras_group_lasso.budget.state import CUT, SEARCH, WITHIN, BudgetState
 from keras_group_lasso.declared import BUDGET_STATE_SIZE, MOMENTA, declare_group_penalties, layer_paths
 from keras_group_lasso.graph import model_graph, registry
-from keras_group_lasso.regularizers import group_sparse_penalties
+from keras_group_lasso.regularizers import CoupledGroupLasso, group_sparse_penalties
 
 __all__ = ["SparsityBudget", "training_latency_table"]
 
@@ -38,6 +38,20 @@ STALE_SHARE = 0.01
 _TABLE_NOTE = "latency_table"
 #: ``{model: (latency table, batch size)}`` of the latency budgets steering a ``fit`` now.
 _TRAINING_TABLES = weakref.WeakKeyDictionary()
+#: How a budget gets to its size: ``"gradual"`` cuts the weakest groups along the schedule as training goes;
+#: ``"penalty"`` lets the steered penalties remove groups and cuts, once settling begins, what they left over.
+PACES = ("gradual", "penalty")
+#: Checks per epoch with ``update_freq="auto"`` and the gradual pace.
+CHECKS_PER_EPOCH = 8
+#: With the gradual pace, the share of the searching epochs before the first cut: the weights first learn which
+#: groups matter.
+WARM_UP = 1 / 3
+#: With the gradual pace, a cut of at most this share of the prunable groups when settling begins is the
+#: schedule's last step (logged); a larger one is said in a warning.
+SMALL_CUT = 0.05
+#: ``min_width="auto"``: each layer keeps at least this share of the width at which all layers, equally narrowed,
+#: meet the budget.
+LEAST_WIDTH = 0.9
 
 
 def training_latency_table(model):
@@ -136,6 +150,37 @@ class SparsityBudget(keras.callbacks.Callback):
     leaving one a single unit wide. A training that stops earlier
     (``EarlyStopping``) is cut the same way when it ends. ``fit`` therefore ends within the budget, however the
     penalties were set.
+
+    **Pace.** By default (``pace="gradual"``) the budget does not wait for
+    the penalties to remove the groups. After a warm-up (the first third of
+    the searching epochs), every check (``update_freq="auto"``: eight per
+    epoch) finds the sizes the schedule asks for at that point, and a model
+    over them has its weakest groups set to zero, the fewest that meet them
+    (ranked as the cut above ranks them); every group at zero then stays at
+    zero until ``fit`` ends. The model thus reaches its budget when settling
+    begins (after two thirds of the epochs with the default ``settle``) in
+    steps of a few groups, whatever the penalties' strength, and the rest of
+    the epochs recover; the penalties, steered as above, weaken the groups
+    that go next. ``cuts`` holds ``[(epochs elapsed, groups set to zero)]``,
+    one entry per check that cut. ``pace="penalty"`` is the paper's way: the
+    steered penalties remove the groups, and what they leave over when
+    settling begins is cut at once (too weak a strength makes that cut large;
+    too strong a one ends far below the budget).
+
+    **Least width.** No cut and no penalty takes a layer (a kernel's hidden
+    groups) below ``ceil(share * units)`` live units while the budget can be
+    met without: ``min_width="auto"`` gives 90 % of the width at which
+    every layer, equally narrowed, meets the budget: ``0.9 * sqrt(f)``
+    for a FLOP, parameter or latency budget of a fraction ``f`` of the dense
+    model (a network whose layers keep a share ``s`` of their units has about
+    ``s ** 2`` of its multiply-adds), ``0.9 * f`` for a unit budget, none for a
+    feature budget; a float sets the share. The penalties spare each such
+    kernel's strongest groups, up to that width, during ``fit`` (the
+    penalty's ``spared``). A full-resolution layer frees the most per unit,
+    so a cut that weighs a group by what it frees empties it first: without a
+    least width a VGG-style network's first convolution ended one channel
+    wide, and less accurate than one narrowed evenly (measured: the closer
+    to even, the more accurate; see ``benchmarks/peers_cnn.py``).
 
     A cut (or rounding) changes what the layers after it compute, so the
     moving statistics of ``BatchNormalization`` layers, averaged over the
@@ -243,22 +288,27 @@ class SparsityBudget(keras.callbacks.Callback):
             paper's 1e-3; ``Proximal`` training has exact zeros). Prune the
             trained model with the same threshold.
         settle: the fraction of the epochs, at the end, that trains within
-            the budget (in [0, 1)).
+            the budget (in [0, 1)). Default 1/3.
         max_strength: the multipliers stay within this factor (>= 1) of the
             strength the training started with.
         schedule_power: the exponent of the schedule (> 0).
         round_to: an integer >= 1; above 1, the settled layers' widths are
             multiples of it (see above). 1 (default): widths as training left them.
-        update_freq: ``"epoch"`` (default): the multipliers are steered at
-            the end of every epoch; ``"batch"`` or an integer ``n >= 1``: also
-            after every ``n`` batches (see above).
+        update_freq: ``"auto"`` (default): eight checks per epoch with the
+            gradual pace, the end of every epoch with the penalty pace;
+            ``"epoch"``: the multipliers are steered (and with the gradual pace
+            groups are cut) at the end of every epoch; ``"batch"`` or an
+            integer ``n >= 1``: also after every ``n`` batches (see above).
         spare_block: with ``round_to`` > 1, keep the penalties off the
             ``round_to`` strongest units of each layer rounding may resize
             (see above). Default False.
+        pace: ``"gradual"`` (default) or ``"penalty"`` (see Pace above).
+        min_width: ``"auto"`` (default) or a fraction in [0, 1) of each
+            layer's units (see Least width above); 0: none.
 
     Raises:
         InvalidParameterError: no budget, or a budget, ``threshold``,
-            ``settle``, ``max_strength``, ``schedule_power``, ``round_to``,
+            ``settle``, ``max_strength``, ``schedule_power``, ``round_to``, ``pace``, ``min_width``,
             ``update_freq`` or ``spare_block`` out of range (a count budget
             is at least 1: the strongest group of every layer stays), a
             ``max_latency`` at a batch size the ``latency_table`` lacks; when
@@ -285,8 +335,9 @@ class SparsityBudget(keras.callbacks.Callback):
     """
 
     def __init__(self, max_features=None, max_units=None, max_params=None, max_flops=None, *, max_latency=None,
-                 latency_table=None, latency_check=True, threshold=1e-3, settle=0.2, max_strength=20.0,
-                 schedule_power=1.0, round_to=1, update_freq="epoch", spare_block=False):
+                 latency_table=None, latency_check=True, threshold=1e-3, settle=1 / 3, max_strength=20.0,
+                 schedule_power=1.0, round_to=1, update_freq="auto", spare_block=False, pace="gradual",
+                 min_width="auto"):
         super().__init__()
         self.max_features = schedule.check_limit(_OWNER, "max_features", max_features)
         self.max_units = schedule.check_limit(_OWNER, "max_units", max_units)
@@ -329,22 +380,37 @@ class SparsityBudget(keras.callbacks.Callback):
         if self.schedule_power <= 0.0:
             fail(_OWNER, "schedule_power", "a number > 0", schedule_power)
         self.round_to = check_positive_int(_OWNER, "round_to", round_to)
-        if isinstance(update_freq, str) and update_freq in ("epoch", "batch"):
-            self.update_freq = "epoch" if update_freq == "epoch" else 1
+        if pace not in PACES:
+            fail(_OWNER, "pace", " or ".join(repr(p) for p in PACES), pace)
+        self.pace = pace
+        if isinstance(min_width, str) and min_width == "auto":
+            self.min_width = min_width
+        elif isinstance(min_width, bool) or not isinstance(min_width, numbers.Real) or not 0.0 <= min_width < 1.0:
+            fail(_OWNER, "min_width", "'auto' or a fraction in [0, 1) of each layer's units", min_width)
+        else:
+            self.min_width = float(min_width)
+        if isinstance(update_freq, str) and update_freq in ("epoch", "batch", "auto"):
+            self.update_freq = 1 if update_freq == "batch" else update_freq
         elif isinstance(update_freq, bool) or not isinstance(update_freq, numbers.Integral) or update_freq < 1:
-            fail(_OWNER, "update_freq", "'epoch', 'batch' or an integer >= 1 (batches between checks)", update_freq)
+            fail(_OWNER, "update_freq", "'auto', 'epoch', 'batch' or an integer >= 1 (batches between checks)",
+                 update_freq)
         else:
             self.update_freq = int(update_freq)
         if not isinstance(spare_block, (bool, np.bool_)):
             fail(_OWNER, "spare_block", "True or False", spare_block)
         self.spare_block = bool(spare_block)
-        if self.update_freq != "epoch":
+        if self.update_freq != "epoch" and not (self.update_freq == "auto" and self.pace == "penalty"):
             # Only then a batch hook: Keras dispatches the batches of a fit whose callbacks have none
             # asynchronously.
             self.on_train_batch_end = self._check_batch
         self._epoch = 0
         self.rounded = {}
         self.spared = {}
+        self.floors = {}
+        self.cuts = []
+        self._every = None
+        self._share = 0.0
+        self._epoch_cut = 0
         self._momenta = {}  # {id: (BatchNormalization layer, its own momentum)} while a cut's statistics renew
         self.limits = None
         self._declared = None
@@ -449,6 +515,41 @@ class SparsityBudget(keras.callbacks.Callback):
         """The number of epochs before the settling part."""
         return max(1, int(math.ceil((1.0 - self.settle) * self._epochs())))
 
+    def _progress(self, elapsed):
+        """Where the schedule is after ``elapsed`` epochs (a float): 0 at its start, 1 when settling begins.
+
+        The gradual pace starts after a warm-up (``WARM_UP`` of the searching epochs).
+        """
+        end = self._search_end()
+        start = WARM_UP * end if self.pace == "gradual" else 0.0
+        return min(1.0, max(0.0, (elapsed - start) / (end - start)))
+
+    def _elapsed(self, epoch):
+        """Epochs since ``fit`` began at a check in ``epoch`` (``None``: when training ends)."""
+        if epoch is None:
+            return float(self._epoch + 1)
+        if self._steps and 0 < self._done < self._steps and epoch == self._epoch:
+            return epoch + self._done / self._steps
+        return float(epoch + 1)
+
+    def _checks_every(self):
+        """Batches between two checks inside an epoch, or ``None`` (the epoch's end only)."""
+        if self.update_freq == "epoch" or (self.update_freq == "auto" and self.pace == "penalty"):
+            return None
+        if self.update_freq == "auto":
+            return max(1, int(math.ceil(self._steps / CHECKS_PER_EPOCH))) if self._steps else None
+        return self.update_freq
+
+    def _floor_share(self):
+        """The share of its units below which the budget takes no layer (see ``min_width``)."""
+        if self.min_width != "auto":
+            return self.min_width
+        shares = [LEAST_WIDTH * math.sqrt(self.limits[kind] / self.dense[kind])
+                  for kind in ("params", "flops", "latency") if kind in self.limits and self.dense[kind] > 0]
+        if "units" in self.limits and self.dense["units"] > 0:
+            shares.append(LEAST_WIDTH * self.limits["units"] / self.dense["units"])
+        return min(shares, default=0.0)
+
     # ------------------------------------------------------------------ Keras hooks
 
     def set_model(self, model):
@@ -486,6 +587,10 @@ class SparsityBudget(keras.callbacks.Callback):
         self.rounded = {}
         self._first_epoch = None
         self._steps = self.params.get("steps") if self.params else None  # None: a dataset of unknown length
+        self._every = self._checks_every()
+        self._share = self._floor_share()
+        self.cuts = []
+        self._groups = sum(int(v.regularizer.group_shape(tuple(v.shape))[-2]) for v in cut.penalised_kernels(self.model))
         self._done = self._checked = 0  # batches of this epoch: done, done at the last check
 
     def _latency_begin(self, above):
@@ -561,7 +666,7 @@ class SparsityBudget(keras.callbacks.Callback):
         resumed from it takes the decision here, from the same weights and state.
         """
         self._epoch = epoch
-        self._done = self._checked = 0
+        self._done = self._checked = self._epoch_cut = 0
         if self.limits and "latency" in self.limits:  # for a monitor in this fit (which dropped any table a failed fit left)
             _register_training_latency_table(self.model, self.latency_table, self.latency_batch_size)
         if self._first_epoch is not None:
@@ -578,20 +683,22 @@ class SparsityBudget(keras.callbacks.Callback):
         if state.started and epoch > 0:
             if state.decided < epoch:
                 self._decide(epoch - 1)
-            elif state.settling:  # resumed inside the settling part: hold the cut groups at zero again
-                self._freeze()
+            elif state.settling or self.pace == "gradual":  # resumed: hold the groups at zero again, as the
+                self._freeze()  # uninterrupted training does since they went
             if self.state.settling and self.state.phase == CUT:  # and renew the statistics as the training
                 self._renew_statistics()  # that was not interrupted does (after the cut's epoch)
 
     def _check_batch(self, batch, logs=None):
         """With ``update_freq`` batches: steer after every ``update_freq`` of them (Keras's ``on_train_batch_end``)."""
         self._done = batch + 1
-        if (self._settling or self.limits is None or not self._steps
-                or self._done - self._checked < self.update_freq or self._done >= self._steps):
+        if (self._settling or self.limits is None or not self._steps or self._every is None
+                or self._done - self._checked < self._every or self._done >= self._steps):
             return  # the epoch's end checks the last batches itself
         sizes = self._measure()  # (on JAX, Keras writes the training state back to the model when we read it)
-        progress = min(1.0, (self._epoch + self._done / self._steps) / self._search_end())
+        progress = self._progress(self._epoch + self._done / self._steps)
         self._steer(sizes, progress, (self._done - self._checked) / self._steps)
+        if self.pace == "gradual":
+            sizes = self._follow_schedule(sizes, progress, self._epoch)
         self._checked = self._done
         self._update(last_sizes=sizes)
 
@@ -601,20 +708,35 @@ class SparsityBudget(keras.callbacks.Callback):
                                     self.dense, self.limits, self._targets(progress), self.max_strength, fraction)
         self._declared.set_multiplier(*multiplier)
 
+    def _follow_schedule(self, sizes, progress, epoch):
+        """The gradual pace: cut the weakest groups until every size is within its schedule, and hold every group
+        at zero from then on; the sizes after."""
+        goals = self._targets(progress)
+        if schedule.over(sizes, goals) <= 1.0:
+            return sizes
+        removed, sizes = self._cut_weakest_groups(epoch, sizes, goals)
+        if removed:
+            _LOG.info("%s: %d groups set to zero in epoch %d to follow the schedule.", _OWNER, removed, epoch + 1)
+            self._update(cut=self.state.cut + removed)
+            self._epoch_cut += removed
+            self._freeze()
+        return sizes
+
     def on_epoch_end(self, epoch, logs=None):
         self._epoch = epoch
         if self.update_freq != "epoch" and not self._steps:  # a dataset of unknown length: its first epoch counts
             self._steps = self._done or None
+            self._every = self._checks_every()
         if self.limits is None:
             return
-        cut, sizes = self._decide(epoch)
+        _, sizes = self._decide(epoch)
         if logs is not None:
             multiplier = self.multiplier
             logs["budget_multiplier_input"] = float(multiplier[0])
             logs["budget_multiplier_hidden"] = float(multiplier[1])
             logs["budget_phase"] = int(self.phase)
             logs["budget_over"] = float(self._over(sizes))
-            logs["budget_cut"] = int(cut)
+            logs["budget_cut"] = int(self._epoch_cut)
             for kind in self.limits:
                 logs[f"budget_{kind}"] = float(sizes[kind]) if kind == "latency" else int(sizes[kind])
 
@@ -625,7 +747,7 @@ class SparsityBudget(keras.callbacks.Callback):
         """
         sizes = self._measure()
         over = self._over(sizes)
-        progress = min(1.0, (epoch + 1) / self._search_end())
+        progress = self._progress(epoch + 1)
         state, removed = self.state, 0
         if state.settling or epoch + 1 >= self._search_end() or (
                 over <= 1.0 and schedule.near_budget(self.dense, self.limits, progress, self.schedule_power)):
@@ -644,7 +766,7 @@ class SparsityBudget(keras.callbacks.Callback):
                 more, sizes = self._cut_weakest_groups(epoch, sizes)
                 removed, phase = removed + more, CUT
             elif phase != CUT:
-                phase = WITHIN
+                phase = CUT if state.cut > 0 else WITHIN  # the gradual pace cut on the way
             if not state.settling:
                 # The structure is fixed from here on: every group that is zero now stays zero (exactly: the
                 # state a resumed training reads again), and the survivors train without the penalties, so
@@ -654,12 +776,16 @@ class SparsityBudget(keras.callbacks.Callback):
                 self._update(settling=True, reached=self.multiplier)
                 self._declared.set_multiplier(0.0, 0.0)
             self._update(phase=phase, cut=self.state.cut + removed)
-            if removed:
+            self._epoch_cut += removed
+            if removed or (not state.settling and phase == CUT):  # after the last cut, whenever it was
                 self._renew_statistics()
             self._freeze()
         else:
-            self._steer(sizes, progress, schedule.last_fraction(self.update_freq, self._steps))
-            self._update(phase=SEARCH if over > 1.0 else WITHIN)
+            self._steer(sizes, progress, schedule.last_fraction(self._every or "epoch", self._steps))
+            if self.pace == "gradual":
+                sizes = self._follow_schedule(sizes, progress, epoch)
+                self._freeze()  # every group at zero now stays there (what a resumed training holds again)
+            self._update(phase=SEARCH if self._over(sizes) > 1.0 else WITHIN)
         self._update(last_sizes=sizes, decided=epoch + 1)
         return removed, sizes
 
@@ -773,17 +899,36 @@ class SparsityBudget(keras.callbacks.Callback):
     def _spare_blocks(self):
         """With ``spare_block``: the reader penalty of every roundable layer spares that layer's ``round_to``
         strongest units for this ``fit`` (the train step is traced again, as it holds what it was traced with)."""
-        self.spared = {}
-        if not (self.spare_block and self.round_to > 1) or self._settling:
+        self.spared, self.floors = {}, {}
+        if self._settling:
+            return
+        if self._share > 0.0:
+            self._spare_floors()
+        if not (self.spare_block and self.round_to > 1):
+            if self.floors:
+                self.model.make_train_function(force=True)
             return
         for layer in rounding.roundable_layers(analysis.analyze(self.model, self.threshold, owner=_OWNER)):
             penalty = layer.reader.kernel.regularizer
             groups = penalty.group_shape(tuple(layer.reader.kernel.shape))[-2]
             if len(layer.rows) == groups and self.round_to < layer.units:  # the reader reads this layer alone
-                penalty.spared = self.round_to
+                penalty.spared = max(penalty.spared, self.round_to)
                 self.spared[layer.name] = self.round_to
-        if self.spared:
+        if self.spared or self.floors:
             self.model.make_train_function(force=True)
+
+    def _spare_floors(self):
+        """``min_width``: the penalty of every kernel of hidden groups spares the strongest ``ceil(share * groups)``
+        of them for this ``fit``, and no cut takes them (while the budget can be met without)."""
+        for variable in cut.penalised_kernels(self.model):
+            penalty = variable.regularizer
+            if isinstance(penalty, CoupledGroupLasso) or penalty.group_role == "input" or not variable.trainable:
+                continue
+            groups = penalty.group_shape(tuple(variable.shape))[-2]
+            keep = min(groups, int(math.ceil(self._share * groups)))
+            if keep > 1:
+                penalty.spared = keep
+                self.floors[variable.path] = keep
 
     def _freeze(self):
         """Hold every exactly zero group at zero after each optimizer step until ``fit`` ends (see :mod:`.cut`)."""
@@ -831,23 +976,26 @@ class SparsityBudget(keras.callbacks.Callback):
 
     # ------------------------------------------------------------------ setting groups to zero
 
-    def _cut_weakest_groups(self, epoch, sizes):
-        """Zero the fewest weakest groups that meet the budget; returns (groups newly zeroed, sizes).
+    def _cut_weakest_groups(self, epoch, sizes, goals=None):
+        """Zero the fewest weakest groups that meet the budget (or ``goals``, sizes on the way to it); returns
+        ``(groups newly zeroed, sizes)``.
 
         Only input groups when only feature budgets are exceeded, only hidden
         groups when only unit budgets are; both for parameters and FLOPs. The
         groups already at zero go first, then the weakest relative to their
         own layer per share of the budget their unit takes (what cutting it
         frees: its multiply-adds, parameters, measured time, ...); the
-        strongest group of every kernel is never cut.
+        strongest group of every kernel is never cut, nor (while they can meet it) the strongest groups a
+        layer keeps under ``min_width``.
         """
-        input_over, hidden_over = schedule.entry_overs(sizes, self.limits)
+        final = goals is None
+        goals = self.limits if final else goals
+        input_over, hidden_over = schedule.entry_overs(sizes, goals)
         roles = {"input"} if (input_over or 0.0) > 1.0 else set()
         if (hidden_over or 0.0) > 1.0:
             roles.add("hidden")
-        groups, variables = cut.ranked_groups(self.model, roles, cut.dead_groups(self.model, self.threshold,
-                                                                                  exact=True),
-                                              self._group_loads(sizes))
+        dead, loads = cut.dead_groups(self.model, self.threshold, exact=True), self._group_loads(sizes, goals)
+        groups, variables = cut.ranked_groups(self.model, roles, dead, loads, self.floors)
         values = [np.array(keras.ops.convert_to_numpy(v)) for v in variables]
 
         def assign(count):
@@ -855,20 +1003,31 @@ class SparsityBudget(keras.callbacks.Callback):
                 variable.assign(value)
             return self._measure()
 
+        def over(measured):
+            return schedule.over(measured, goals)
+
         low, high = 0, len(groups)
         best = assign(high)
-        if self._over(best) > 1.0:
+        if over(best) > 1.0 and self.floors and final:  # the layers' floors cannot meet the budget: it comes first
+            groups, variables = cut.ranked_groups(self.model, roles, dead, loads)
+            high = len(groups)
+            best = assign(high)
+        if over(best) > 1.0:
             count = high  # even with every group that may go gone the model is over: the best the cut can do
         else:
             while low < high:  # the smallest count within the budget (sizes only shrink as groups go)
                 middle = (low + high) // 2
-                if self._over(assign(middle)) <= 1.0:
+                if over(assign(middle)) <= 1.0:
                     high = middle
                 else:
                     low = middle + 1
             count = low
             best = assign(count)
         newly = sum(1 for _, _, was_zero in groups[:count] if not was_zero)
+        if newly:
+            self.cuts.append((self._elapsed(epoch), newly))
+        if not final:  # a step along the schedule: the final cut says what it could not meet
+            return newly, best
         if self._over(best) > 1.0 and not self._unmeetable:
             self._unmeetable = True  # said once per fit
             details = ", ".join(f"{kind} {_size(kind, best[kind])} (budget {_size(kind, limit)})"
@@ -885,22 +1044,25 @@ class SparsityBudget(keras.callbacks.Callback):
                 RuntimeWarning,
                 stacklevel=3,
             )
+        elif newly and self.pace == "gradual" and newly <= SMALL_CUT * self._groups:
+            _LOG.info("%s: %d groups set to zero to meet the budget when settling began.", _OWNER, newly)
         elif newly and self._over(best) <= 1.0:
             blocks = (f"widths in blocks of {self.round_to} (round_to) could not meet it, so "
                       if getattr(self, "_blocks_failed", False) else "")
             self._warn_cut(f"{blocks}{newly} of its weakest groups were set to zero", best, epoch)
         return newly, best
 
-    def _group_loads(self, sizes):
+    def _group_loads(self, sizes, goals):
         """``{kernel path: per-group share of the budgets}`` (:func:`~keras_group_lasso.budget.cut.group_loads`): of
-        the budgets the model is over at ``sizes``, each unit at what one more costs at the live widths."""
+        the ``goals`` (budgets, or sizes on the way) the model is over at ``sizes``, each unit at what one more
+        costs at the live widths."""
         found = analysis.analyze(self.model, self.threshold, owner=_OWNER)
         masks = found.masks
         widths = {node.name: (int(masks.inputs[node.name].sum()), int(masks.units[node.name].sum()))
                   for node in found.graph.units if node.name in masks.units}
-        over = [kind for kind, limit in self.limits.items() if sizes[kind] > limit] or list(self.limits)
+        over = [kind for kind, limit in goals.items() if sizes[kind] > limit] or list(goals)
         costs = [(unit_costs(found.graph, kind, self.latency_table, self.latency_batch_size, widths),
-                  self.limits[kind]) for kind in over]
+                  goals[kind]) for kind in over]
         return cut.group_loads(found.graph, self.model, costs)
 
     def _warn_cut(self, what, sizes, epoch):

@@ -55,7 +55,10 @@ def freeze_groups(model, groups):
     Each kernel with such groups gets a :class:`FrozenGroups` constraint
     (applied by the optimizer inside the compiled step, after the constraint
     the kernel had). A compiled step holds the constraints it was traced
-    with: trace it again when this returns True.
+    with: trace it again when this returns True. A kernel that has one already
+    gets new groups through its variable, which a step traced on TensorFlow or
+    PyTorch reads as it runs (on JAX the step holds the value it was traced with,
+    so a change there returns True too).
     """
     rows_by_path = {}
     for path, row in groups:
@@ -71,9 +74,10 @@ def freeze_groups(model, groups):
         keep = keep.reshape((1,) * (len(view) - 2) + (view[-2], 1))
         current = variable.constraint
         if isinstance(current, FrozenGroups):
-            if np.array_equal(current.keep, keep):
-                continue
-            current = current.inner
+            if not np.array_equal(current.kept, keep):
+                current.keep.assign(keep)
+                changed = changed or keras.backend.backend() == "jax"
+            continue
         variable.constraint = FrozenGroups(keep, view, current)
         changed = True
     return changed
@@ -93,15 +97,21 @@ class FrozenGroups(keras.constraints.Constraint):
     """Zero the cut groups of one kernel (a variable's constraint while a budgeted ``fit`` settles).
 
     ``w`` seen as its penalty's group view (groups along axis -2) times
-    ``keep`` (0 for a cut group, 1 otherwise), after ``inner``, the
+    ``keep`` (0 for a cut group, 1 otherwise; a variable, so that more groups
+    can be held without tracing the step again), after ``inner``, the
     constraint the kernel had. Never saved: the callback removes it when
     ``fit`` ends.
     """
 
     def __init__(self, keep, view, inner=None):
-        self.keep = keep
+        self.keep = keras.Variable(keep, trainable=False, dtype="float32", name="frozen_groups")
         self.view = tuple(int(n) for n in view)
         self.inner = inner
+
+    @property
+    def kept(self):
+        """``keep`` now, as an array."""
+        return np.asarray(keras.ops.convert_to_numpy(self.keep))
 
     def __call__(self, w):
         if self.inner is not None:
@@ -116,7 +126,7 @@ def strength(penalty):
     return max([penalty.factor, penalty.l1, *scales])
 
 
-def ranked_groups(model, roles, cut_before=frozenset(), loads=None):
+def ranked_groups(model, roles, cut_before=frozenset(), loads=None, floors=None):
     """``([(score, ((variable index, row), ...), all zero), ...] weakest first, [variables])``.
 
     A group is a row along axis -2 of a penalty's group view (a unit that the
@@ -140,6 +150,9 @@ def ranked_groups(model, roles, cut_before=frozenset(), loads=None):
     a kernel's ``n`` hidden groups (those already at zero count) scores ``n / (n - j)`` times its own, so the last
     units of a layer are the dearest and a cut does not leave a layer one unit wide while others keep most of
     theirs; input groups (features) keep their own score.
+
+    ``floors``: ``{kernel path: k}``: the ``k`` strongest groups of that kernel are left out too (a layer's
+    least width; a coupled group among them is not, as the rows of a stream are shared).
     """
     variables, entries, coupled, kept_keys = [], [], {}, set()
     input_keys = {key for v in model.weights if isinstance(getattr(v, "regularizer", None), CoupledGroupLasso)
@@ -163,6 +176,7 @@ def ranked_groups(model, roles, cut_before=frozenset(), loads=None):
         scale = float(np.median(live)) if live.size else 1.0
         per_load = _relative_loads(loads, variable.path, view[-2])
         strongest = int(np.argmax(rms))
+        kept_rows = set(np.argsort(-rms, kind="stable")[:max(1, (floors or {}).get(variable.path, 1))].tolist())
         keys = penalty.coupled if isinstance(penalty, CoupledGroupLasso) else (-1,) * view[-2]
         if keys[strongest] >= 0:  # a coupled group (a residual stream's channel) is this kernel's strongest: it
             kept_keys.add(keys[strongest])  # stays, or a cut of the whole stream could leave the kernel all zero
@@ -180,7 +194,7 @@ def ranked_groups(model, roles, cut_before=frozenset(), loads=None):
                 total[1] += 1
                 total[2].append((index, row))
                 total[3] = total[3] and rms[row] == 0
-            elif row != strongest:
+            elif row != strongest and row not in kept_rows:
                 entries.append((score, ((index, row),), rms[row] == 0))
     for key, (score, parts, rows, zero) in coupled.items():
         if key not in kept_keys:

@@ -1,0 +1,668 @@
+"""Peers on a VGG-style CNN, Fashion-MNIST: ``SparsityBudget`` vs Torch-Pruning's recipes, same FLOPs and epochs.
+
+The network is ``benchmarks/cnn_fashion.py``'s VGG with ``--convs-per-stage 2``:
+per stage two ``Conv(3x3, same)-BN-ReLU`` then ``MaxPool(2)``, stages of
+``--channels`` (default 16, 32 and 64 channels; 32 64 128 is the wider one),
+then ``Flatten``, ``Dense(64)-ReLU``, ``Dense(10)`` logits (28 -> 14 -> 7 -> 3,
+so the head reads 3 x 3 x the last stage's channels). For every seed, on the same training subset
+(``--train`` images of Fashion-MNIST's training set, ``--test`` of the official
+test images), ``--epochs`` E in total for every row, batch 128, Adam with
+learning rate 1e-3 everywhere, the FLOP budget F = ``--flops`` (a fraction of
+the dense network's multiply-adds):
+
+1. **Keras dense**: the VGG trained E epochs (the backend ``KERAS_BACKEND``
+   names).
+2. **Keras budget**: ``add_group_sparsity(model)`` at its default strength,
+   ``Proximal(Adam(1e-3))``, ``fit(.., epochs=E,
+   callbacks=[SparsityBudget(max_flops=F)])`` (no other argument), then
+   ``prune_model(model)``; no fine-tuning. The pruned model's logits are
+   compared with the trained model's and with the trained model's after
+   every Dense / Conv2D weight ``|w| <= 1e-3`` (``prune_model``'s default
+   threshold) is set to 0 (both gaps are recorded), and the budget's
+   per-epoch logs (``budget_*`` keys of ``History``) are kept.
+3. **Keras budget + fine-tuning**: the same for E - T epochs, ``prune_model``,
+   then T epochs (``--finetune-epochs``, default 2) of plain Adam(1e-3) on the
+   pruned model, compiled afresh (the pruned model carries no penalties).
+4. **Torch-Pruning L1**: the same VGG in PyTorch (same widths and head,
+   BatchNorm with Keras's epsilon 1e-3 and momentum, Glorot-uniform kernels
+   and zero biases as Keras initialises them, Adam with Keras's epsilon 1e-7),
+   trained E - T epochs, then ``tp.pruner.MagnitudePruner`` with
+   ``tp.importance.MagnitudeImportance(p=1)``, local (not global) ranking, the
+   final ``Linear`` left out (``ignored_layers``), ``pruning_ratio=1.0`` over
+   400 iterative steps, stepped until ``tp.utils.count_ops_and_params`` says
+   the multiply-adds are at most F of the dense network's (Torch-Pruning's
+   ``progressive_pruning`` of its benchmarks), and on while the shared count
+   below is still above F (so that both frameworks meet one count); then T
+   epochs of fine-tuning.
+5. **Torch-Pruning group-norm sparse training** (DepGraph's ``group_sl``):
+   ``tp.pruner.GroupNormPruner`` with ``GroupMagnitudeImportance(p=2,
+   normalizer="max")`` (Torch-Pruning's CIFAR recipe) and ``reg=--tp-reg``
+   (default 5e-4, its benchmarks' default), built before training;
+   ``pruner.update_regularizer()`` at the start of every epoch and
+   ``pruner.regularize(model)`` after every ``loss.backward()`` during the
+   first E - T epochs; then pruned to F as in 4 and fine-tuned T epochs.
+
+Rows 4 and 5 (and 6) run in a spawned worker process that imports torch and
+torch_pruning but neither Keras nor TensorFlow: PyTorch's training crashes
+with a segmentation fault in a process where TensorFlow has trained (torch
+2.14 and TensorFlow 2.21 on CPU). PyTorch keeps its default thread count.
+
+With ``--torch-dense`` a sixth row: the PyTorch VGG trained E epochs, no
+pruning (whether the two frameworks train the network alike).
+
+**Multiply-adds (MACs).** Every row reports one count, computed from the
+widths the pruned network has (live channels of each convolution, units of
+the hidden Dense / Linear), the same for Keras and PyTorch::
+
+    MACs = sum_k  H_k * W_k * 3 * 3 * C_(k-1) * C_k        (convolutions; C_0 = 1, H_k x W_k the output map)
+         + (H * W * C_last) * U + U * 10                   (Dense / Linear head)
+
+per sample, biases, BatchNorm, ReLU and pooling not counted (what
+``sparsity_report`` counts: the JSON keeps its ``flops_before`` /
+``flops_after`` too, and the script checks that they match the formula for the
+Keras rows). Torch-Pruning's own counter (which counts BatchNorm, ReLU,
+pooling and biases as well) steers its pruning and is recorded beside it.
+
+Table: test accuracy (mean ± std over seeds), accuracy right after pruning
+(before fine-tuning), MAC reduction dense / after, widths of seed 0, the
+largest ``budget_cut`` of a single epoch (groups the budget set to zero at
+once, over seeds and epochs) and wall seconds (training, pruning and
+fine-tuning; not evaluation).
+
+Usage:
+    KERAS_BACKEND=tensorflow python benchmarks/peers_cnn.py            # 3 seeds -> benchmarks/results/peers_cnn.{md,json}
+    KERAS_BACKEND=tensorflow python benchmarks/peers_cnn.py --quick    # 1 seed, 2,000 images, 2 epochs -> benchmarks/out/
+    KERAS_BACKEND=tensorflow python benchmarks/peers_cnn.py --seeds 1 --train 3000 --epochs 3 --output /tmp/peers
+    ... --results-md                                                   # also writes its section of benchmarks/RESULTS.md
+"""
+
+import argparse
+import json
+import statistics
+import sys
+import time
+import warnings
+from functools import partial
+from pathlib import Path
+
+if __package__ in (None, ""):
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from benchmarks import cnn_fashion, common  # noqa: E402
+
+CHANNELS = (32, 64, 128)
+CONVS = 2
+UNITS = 64
+N_CLASSES = 10
+SIZE = 28
+BATCH = 128
+LR = 1e-3
+GAP_IMAGES = 1000
+TP_STEPS = 400  # Torch-Pruning's benchmarks: pruning_ratio 1.0 over 400 steps, stepped until the MACs are met
+METHODS = {
+    "keras_dense": "Keras dense",
+    "keras_budget": "Keras `SparsityBudget(max_flops=F)`, no fine-tuning",
+    "keras_budget_ft": "Keras `SparsityBudget`, E-T epochs + T fine-tuning",
+    "tp_l1": "Torch-Pruning L1 (`MagnitudePruner`), E-T + T fine-tuning",
+    "tp_group_sl": "Torch-Pruning group-norm sparse training (`GroupNormPruner`), E-T + T fine-tuning",
+    "torch_dense": "PyTorch dense",
+}
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# The shared multiply-add count
+
+
+def filter_counts():
+    return [c for c in CHANNELS for _ in range(CONVS)]
+
+
+def macs(filters, units, convs=None, size=SIZE, in_channels=1, classes=N_CLASSES):
+    """Multiply-adds per sample of the VGG with ``filters`` channels per convolution and ``units`` hidden Dense units.
+
+    ``sum_k H_k W_k 9 C_(k-1) C_k`` over the 3x3 ``same`` convolutions (a 2x2 max pooling after every ``convs``-th
+    halves the map, rounding down) plus the Dense kernels ``flat * U + U * classes``; no bias, BatchNorm, ReLU or pooling.
+    """
+    convs = convs or CONVS
+    total, c_in, side = 0, in_channels, size
+    for k, c in enumerate(filters, start=1):
+        total += side * side * 9 * c_in * c
+        c_in = c
+        if k % convs == 0:
+            side //= 2
+    d_in = side * side * c_in
+    for u in units:
+        total += d_in * u
+        d_in = u
+    return total + d_in * classes
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Data
+
+
+def load_data(n_train, n_test):
+    """The same training subset for every seed (the split of ``cnn_fashion.load`` with seed 0), NHWC float32."""
+    import numpy as np
+
+    data = cnn_fashion.load(quick=False, seed=0)
+    out = {
+        "x_train": data["x_train"][:n_train].astype("float32"), "y_train": np.asarray(data["y_train"][:n_train]),
+        "x_test": data["x_test"][:n_test].astype("float32"), "y_test": np.asarray(data["y_test"][:n_test]),
+    }
+    if len(out["x_train"]) < n_train or len(out["x_test"]) < n_test:
+        common.say(f"note: only {len(out['x_train'])} training / {len(out['x_test'])} test images available")
+    return out
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Keras rows
+
+
+def keras_widths(pruned):
+    """``(conv filters, hidden Dense units)`` of a (pruned) Keras VGG, in layer order; the output layer excluded."""
+    import keras
+
+    convs = [layer.filters for layer in pruned.layers if isinstance(layer, keras.layers.Conv2D)]
+    dense = [layer.units for layer in pruned.layers if isinstance(layer, keras.layers.Dense)]
+    return convs, dense[:-1]
+
+
+def compile_plain(model, optimizer):
+    import keras
+
+    model.compile(optimizer=optimizer, loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                  metrics=["accuracy"], jit_compile=False)
+    return model
+
+
+def keras_fit(model, data, epochs, seed, callbacks=()):
+    """``fit`` (batch 128, shuffled with a seed); returns (History.history, wall seconds, budget warnings)."""
+    import keras
+
+    keras.utils.set_random_seed(seed + 1000)  # the shuffling of each epoch
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        start = time.perf_counter()
+        history = model.fit(data["x_train"], data["y_train"], batch_size=BATCH, epochs=epochs, shuffle=True,
+                            verbose=0, callbacks=list(callbacks))
+        wall = time.perf_counter() - start
+    messages = [str(w.message) for w in caught if "SparsityBudget" in str(w.message) or "budget" in str(w.message)]
+    for message in messages:
+        common.say(f"    warning: {message}")
+    return {k: [float(v) for v in values] for k, values in history.history.items()}, wall, messages
+
+
+def say_epochs(label, history):
+    """One line per epoch, from History (no extra callback during ``fit``)."""
+    n = len(history.get("loss", []))
+    for e in range(n):
+        budget = ", ".join(f"{k[len('budget_'):]} {history[k][e]:.4g}" for k in sorted(history)
+                           if k.startswith("budget_") and e < len(history[k]))
+        common.say(f"  {label} epoch {e + 1}: loss {history['loss'][e]:.4f} acc {history['accuracy'][e]:.4f}"
+                   + (f" | {budget}" if budget else ""))
+
+
+def logits(model, x):
+    import keras
+    import numpy as np
+
+    return np.asarray(keras.ops.convert_to_numpy(model(x, training=False)), dtype=np.float64)
+
+
+def thresholded(model, threshold=1e-3):
+    """A copy of ``model`` with every Dense and Conv2D kernel and bias weight ``|w| <= threshold`` set to 0: what
+    ``prune_model(model)`` (default threshold 1e-3) promises to compute."""
+    import keras
+    import numpy as np
+
+    copy = keras.models.clone_model(model)
+    copy.set_weights(model.get_weights())
+    for layer in copy.layers:
+        if isinstance(layer, (keras.layers.Dense, keras.layers.Conv2D)):
+            for weight in (layer.kernel, layer.bias):
+                if weight is not None:
+                    value = keras.ops.convert_to_numpy(weight)
+                    weight.assign(np.where(np.abs(value) <= threshold, 0.0, value).astype(value.dtype))
+    return copy
+
+
+def keras_dense(seed, data, epochs):
+    model = compile_plain(cnn_fashion.build_cnn(seed), _adam())
+    history, wall, _ = keras_fit(model, data, epochs, seed)
+    say_epochs("keras dense", history)
+    widths = (filter_counts(), [UNITS])
+    return {"test_accuracy": cnn_fashion.accuracy(model, data["x_test"], data["y_test"]),
+            "widths": {"conv": widths[0], "dense": widths[1]}, "macs_after": macs(*widths),
+            "wall_seconds": wall, "train_seconds": wall, "history": history}
+
+
+def _adam():
+    import keras
+
+    return keras.optimizers.Adam(LR)
+
+
+def keras_budget(seed, data, epochs, fraction, finetune=0):
+    """Rows 2 (``finetune=0``) and 3: the budget with every default, ``prune_model(model)``, optional fine-tuning."""
+    import keras
+    import numpy as np
+
+    import keras_group_lasso as kgl
+
+    model = kgl.add_group_sparsity(cnn_fashion.build_cnn(seed))
+    compile_plain(model, kgl.Proximal(keras.optimizers.Adam(LR)))
+    budget_epochs = epochs - finetune
+    history, train_wall, budget_warnings = keras_fit(model, data, budget_epochs, seed,
+                                                     callbacks=[kgl.SparsityBudget(max_flops=fraction)])
+    say_epochs("keras budget" + (" (+ft)" if finetune else ""), history)
+
+    report = kgl.sparsity_report(model)
+    start = time.perf_counter()
+    pruned = kgl.prune_model(model)
+    prune_wall = time.perf_counter() - start
+    x = data["x_test"][:GAP_IMAGES]
+    want = logits(model, x)
+    gap = float(np.max(np.abs(logits(pruned, x) - want)))
+    gap_thresholded = float(np.max(np.abs(logits(pruned, x) - logits(thresholded(model), x))))
+    conv_w, dense_w = keras_widths(pruned)
+    record = {
+        "budget_epochs": budget_epochs, "finetune_epochs": finetune,
+        "flops_before": int(report.flops_before), "flops_after": int(report.flops_after),
+        "widths": {"conv": conv_w, "dense": dense_w}, "macs_after": macs(conv_w, dense_w),
+        "max_gap": gap, "max_gap_vs_thresholded": gap_thresholded, "output_scale": float(np.max(np.abs(want))),
+        "prune_seconds": prune_wall, "train_seconds": train_wall,
+        "history": history, "budget_logs": {k: v for k, v in history.items() if k.startswith("budget_")},
+        "budget_warnings": budget_warnings,
+    }
+    record["accuracy_after_pruning"] = cnn_fashion.accuracy(pruned, data["x_test"], data["y_test"])
+    if record["macs_after"] != record["flops_after"]:
+        common.say(f"  note: sparsity_report flops_after {record['flops_after']:,} != shared formula "
+                   f"{record['macs_after']:,} from the pruned widths")
+    if gap > 1e-4:
+        common.say(f"  note: pruned vs trained model logits differ by up to {gap:.3g} (> 1e-4); vs the thresholded "
+                   f"model {gap_thresholded:.3g}")
+    ft_wall = 0.0
+    if finetune:
+        compile_plain(pruned, _adam())
+        ft_history, ft_wall, _ = keras_fit(pruned, data, finetune, seed + 1)
+        say_epochs("keras budget fine-tuning", ft_history)
+        record["finetune_history"] = ft_history
+    record["test_accuracy"] = (cnn_fashion.accuracy(pruned, data["x_test"], data["y_test"]) if finetune
+                               else record["accuracy_after_pruning"])
+    record["finetune_seconds"] = ft_wall
+    record["wall_seconds"] = train_wall + prune_wall + ft_wall
+    return record
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# PyTorch rows
+
+
+def torch_vgg(seed):
+    """The VGG in PyTorch: Keras's widths, BatchNorm (eps 1e-3, momentum 0.01 = Keras's 0.99) and initialisation."""
+    import torch
+    from torch import nn
+
+    torch.manual_seed(seed)
+    layers, c_in, side = [], 1, SIZE
+    for k, c in enumerate(filter_counts(), start=1):
+        layers += [nn.Conv2d(c_in, c, 3, padding=1), nn.BatchNorm2d(c, eps=1e-3, momentum=0.01), nn.ReLU()]
+        c_in = c
+        if k % CONVS == 0:
+            layers.append(nn.MaxPool2d(2))
+            side //= 2
+    layers += [nn.Flatten(), nn.Linear(side * side * c_in, UNITS), nn.ReLU(), nn.Linear(UNITS, N_CLASSES)]
+    model = nn.Sequential(*layers)
+    for m in model.modules():
+        if isinstance(m, (nn.Conv2d, nn.Linear)):
+            nn.init.xavier_uniform_(m.weight)
+            nn.init.zeros_(m.bias)
+    return model
+
+
+def torch_widths(model):
+    from torch import nn
+
+    convs = [m.out_channels for m in model.modules() if isinstance(m, nn.Conv2d)]
+    linear = [m.out_features for m in model.modules() if isinstance(m, nn.Linear)]
+    return convs, linear[:-1]
+
+
+def torch_tensors(data):
+    import numpy as np
+    import torch
+
+    return {
+        "x_train": torch.from_numpy(np.ascontiguousarray(data["x_train"].transpose(0, 3, 1, 2))),
+        "y_train": torch.from_numpy(data["y_train"].astype(np.int64)),
+        "x_test": torch.from_numpy(np.ascontiguousarray(data["x_test"].transpose(0, 3, 1, 2))),
+        "y_test": torch.from_numpy(data["y_test"].astype(np.int64)),
+    }
+
+
+def torch_fit(model, tdata, epochs, seed, label, pruner=None):
+    """Adam(1e-3, eps 1e-7), batch 128, shuffled with a seed; with ``pruner``, its group regularisation after every
+    backward pass (``update_regularizer`` at the start of each epoch). Returns wall seconds."""
+    import torch
+    import torch.nn.functional as F
+
+    optimizer = torch.optim.Adam(model.parameters(), lr=LR, eps=1e-7)
+    generator = torch.Generator().manual_seed(seed + 1000)
+    x, y = tdata["x_train"], tdata["y_train"]
+    start = time.perf_counter()
+    for epoch in range(epochs):
+        model.train()
+        if pruner is not None:
+            pruner.update_regularizer()
+        order = torch.randperm(len(x), generator=generator)
+        total, correct, seen = 0.0, 0, 0
+        for i in range(0, len(x), BATCH):
+            idx = order[i:i + BATCH]
+            optimizer.zero_grad()
+            out = model(x[idx])
+            loss = F.cross_entropy(out, y[idx])
+            loss.backward()
+            if pruner is not None:
+                pruner.regularize(model)
+            optimizer.step()
+            total += float(loss.detach()) * len(idx)
+            correct += int((out.argmax(1) == y[idx]).sum())
+            seen += len(idx)
+        common.say(f"  {label} epoch {epoch + 1}: loss {total / seen:.4f} acc {correct / seen:.4f}")
+    return time.perf_counter() - start
+
+
+def torch_accuracy(model, tdata):
+    import torch
+
+    model.eval()
+    correct = 0
+    with torch.no_grad():
+        for i in range(0, len(tdata["x_test"]), 1000):
+            correct += int((model(tdata["x_test"][i:i + 1000]).argmax(1) == tdata["y_test"][i:i + 1000]).sum())
+    return correct / len(tdata["x_test"])
+
+
+def tp_pruner(model, method, reg):
+    import torch
+    import torch_pruning as tp
+
+    example = torch.zeros(1, 1, SIZE, SIZE)
+    last = [m for m in model.modules() if isinstance(m, torch.nn.Linear)][-1]
+    common_args = {"global_pruning": False, "pruning_ratio": 1.0, "max_pruning_ratio": 1.0,
+                   "iterative_steps": TP_STEPS, "ignored_layers": [last]}
+    if method == "tp_l1":
+        return tp.pruner.MagnitudePruner(model, example, importance=tp.importance.MagnitudeImportance(p=1),
+                                         **common_args)
+    return tp.pruner.GroupNormPruner(model, example, importance=tp.importance.GroupMagnitudeImportance(
+        p=2, normalizer="max"), reg=reg, **common_args)
+
+
+def tp_prune_to(model, pruner, fraction):
+    """Step ``pruner`` until Torch-Pruning's count and the shared count are both at most ``fraction`` of the dense."""
+    import torch
+    import torch_pruning as tp
+
+    example = torch.zeros(1, 1, SIZE, SIZE)
+    model.eval()
+    tp_dense, params_dense = tp.utils.count_ops_and_params(model, example)
+    shared_dense = macs(*torch_widths(model))
+    tp_now, shared_now, tp_steps_first = tp_dense, shared_dense, None
+    while tp_now > fraction * tp_dense or shared_now > fraction * shared_dense:
+        if pruner.current_step >= pruner.iterative_steps:
+            common.say(f"  note: Torch-Pruning ran out of steps at {tp_now / tp_dense:.3f} of its MACs")
+            break
+        pruner.step()
+        tp_now, params_now = tp.utils.count_ops_and_params(model, example)
+        shared_now = macs(*torch_widths(model))
+        if tp_steps_first is None and tp_now <= fraction * tp_dense:
+            tp_steps_first = pruner.current_step
+    _, params_now = tp.utils.count_ops_and_params(model, example)
+    return {"tp_macs_before": int(tp_dense), "tp_macs_after": int(tp_now), "tp_ratio": tp_now / tp_dense,
+            "params_before": int(params_dense), "params_after": int(params_now),
+            "tp_steps": pruner.current_step, "tp_steps_at_tp_count": tp_steps_first,
+            "shared_ratio": shared_now / shared_dense,
+            "target_met": bool(tp_now <= fraction * tp_dense and shared_now <= fraction * shared_dense)}
+
+
+def torch_pruned(seed, data, tdata, epochs, finetune, fraction, method, reg):
+    """Rows 4 and 5: train E - T epochs (row 5 with the group regularisation), prune to F, fine-tune T."""
+    model = torch_vgg(seed)
+    pruner = tp_pruner(model, method, reg) if method == "tp_group_sl" else None
+    train_wall = torch_fit(model, tdata, epochs - finetune, seed, method + " train", pruner=pruner)
+    accuracy_trained = torch_accuracy(model, tdata)
+    start = time.perf_counter()
+    if pruner is None:
+        pruner = tp_pruner(model, method, reg)
+    steer = tp_prune_to(model, pruner, fraction)
+    prune_wall = time.perf_counter() - start
+    conv_w, dense_w = torch_widths(model)
+    accuracy_pruned = torch_accuracy(model, tdata)
+    common.say(f"  {method}: pruned in {steer['tp_steps']} steps to widths {conv_w} / {dense_w}, "
+               f"TP MACs {steer['tp_ratio']:.3f}, shared {steer['shared_ratio']:.3f} of dense; accuracy "
+               f"{accuracy_trained:.4f} -> {accuracy_pruned:.4f}")
+    ft_wall = torch_fit(model, tdata, finetune, seed + 1, method + " fine-tuning")
+    return {"budget_epochs": epochs - finetune, "finetune_epochs": finetune,
+            "accuracy_before_pruning": accuracy_trained, "accuracy_after_pruning": accuracy_pruned,
+            "test_accuracy": torch_accuracy(model, tdata),
+            "widths": {"conv": conv_w, "dense": dense_w}, "macs_after": macs(conv_w, dense_w), **steer,
+            "train_seconds": train_wall, "prune_seconds": prune_wall, "finetune_seconds": ft_wall,
+            "wall_seconds": train_wall + prune_wall + ft_wall, "tp_reg": reg if method == "tp_group_sl" else None}
+
+
+def torch_dense(seed, tdata, epochs):
+    model = torch_vgg(seed)
+    wall = torch_fit(model, tdata, epochs, seed, "torch dense")
+    conv_w, dense_w = torch_widths(model)
+    return {"test_accuracy": torch_accuracy(model, tdata), "widths": {"conv": conv_w, "dense": dense_w},
+            "macs_after": macs(conv_w, dense_w), "wall_seconds": wall, "train_seconds": wall}
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# The PyTorch rows run in a worker process: PyTorch's training crashes (segmentation fault) in a process where
+# TensorFlow has run, so the worker imports no Keras or TensorFlow, only torch and torch_pruning.
+
+_WORKER = {}
+
+
+def _worker_init(data):
+    _WORKER["data"] = data
+    _WORKER["tdata"] = torch_tensors(data)
+
+
+def _worker_info():
+    from importlib import metadata
+
+    import torch
+
+    # The distribution's version (torch_pruning.__version__ of 1.6.1 still says 1.6.0).
+    return {"torch": torch.__version__, "torch_pruning": metadata.version("torch-pruning"),
+            "threads": torch.get_num_threads()}
+
+
+def _worker_run(method, seed, args):
+    """One PyTorch row in the worker (seeded there), as a record."""
+    import numpy as np
+    import torch
+
+    global CHANNELS
+    CHANNELS = tuple(args["channels"])
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+    data, tdata = _WORKER["data"], _WORKER["tdata"]
+    if method == "torch_dense":
+        return torch_dense(seed, tdata, args["epochs"])
+    return torch_pruned(seed, data, tdata, args["epochs"], args["finetune"], args["flops"], method, args["tp_reg"])
+
+
+def run_in_worker(worker, method, seed, args):
+    return worker.submit(_worker_run, method, seed, args).result()
+
+
+def torch_worker(data):
+    """A one-process pool (spawned, so nothing of this process's TensorFlow comes along) holding the data."""
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    return ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn"),
+                               initializer=_worker_init, initargs=(data,))
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Output
+
+
+def widths_text(record):
+    return "-".join(map(str, record["widths"]["conv"])) + " / " + ",".join(map(str, record["widths"]["dense"]))
+
+
+def table(records, dense_macs):
+    rows = []
+    for method, label in METHODS.items():
+        group = [r for r in records if r["method"] == method]
+        if not group:
+            continue
+        first = min(group, key=lambda r: r["seed"])
+        before = [r["accuracy_after_pruning"] for r in group if "accuracy_after_pruning" in r]
+        cuts = [c for r in group for c in r.get("budget_logs", {}).get("budget_cut", [])]
+        has_budget = method.startswith("keras_budget")
+        rows.append([
+            label,
+            common.mean_std([r["test_accuracy"] for r in group], 2, 100),
+            common.mean_std(before, 2, 100) if before and method != "keras_budget" else "-",
+            common.mean_std([dense_macs / max(r["macs_after"], 1) for r in group], 2) + "x",
+            f"{statistics.fmean(r['macs_after'] for r in group):,.0f}",
+            widths_text(first),
+            (f"{max(cuts):.0f}" if cuts else "no `budget_cut` log") if has_budget else "-",
+            common.mean_std([r["wall_seconds"] for r in group], 0),
+        ])
+    head = ["method", "test acc. (%)", "acc. right after pruning (%)", "MACs reduction (dense / after)",
+            "MACs after", "widths, seed 0 (convs / Dense)", "largest single `budget_cut`", "wall (s)"]
+    return common.markdown_table(head, rows)
+
+
+def write_results_md(body):
+    """This benchmark's section of benchmarks/RESULTS.md (only with ``--results-md``)."""
+    path = common.write_section("peers_cnn", f"Peers on the {'-'.join(map(str, CHANNELS))} VGG: SparsityBudget vs Torch-Pruning", body)
+    common.say(f"wrote {path}")
+    return path
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seeds", type=common.positive_int, default=3, help="seeds 0..N-1 (default 3)")
+    parser.add_argument("--train", type=common.positive_int, default=12000, help="training images (default 12000)")
+    parser.add_argument("--test", type=common.positive_int, default=10000, help="test images (default 10000)")
+    parser.add_argument("--epochs", type=common.positive_int, default=8, help="total epochs of every row (default 8)")
+    parser.add_argument("--finetune-epochs", type=common.positive_int, default=2,
+                        help="T: fine-tuning epochs of rows 3-5, out of --epochs (default 2; at most epochs - 1)")
+    parser.add_argument("--channels", type=common.positive_int, nargs="+", default=[16, 32, 64],
+                        help="channels of the three stages (default 16 32 64)")
+    parser.add_argument("--flops", type=float, default=0.25, help="F: fraction of the dense multiply-adds (default 0.25)")
+    parser.add_argument("--tp-reg", type=float, default=5e-4,
+                        help="GroupNormPruner's reg (default 5e-4, Torch-Pruning's benchmarks' --reg)")
+    parser.add_argument("--torch-dense", action="store_true", help="also the PyTorch VGG trained E epochs, unpruned")
+    parser.add_argument("--quick", action="store_true",
+                        help="1 seed, 2,000 training and 1,000 test images, 2 epochs; output under benchmarks/out/")
+    parser.add_argument("--output", default=None,
+                        help="path prefix of the .md and .json (default benchmarks/results/peers_cnn, "
+                             "benchmarks/out/peers_cnn with --quick)")
+    parser.add_argument("--results-md", action="store_true", help="also write this section of benchmarks/RESULTS.md")
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.seeds, args.train, args.test, args.epochs = 1, 2000, 1000, 2
+    if args.epochs < 2:
+        parser.error("--epochs must be at least 2 (rows 3-5 train, prune, then fine-tune)")
+    if not 0 < args.flops <= 1:
+        parser.error("--flops must be in (0, 1]")
+    args.finetune = min(args.finetune_epochs, args.epochs - 1)
+    if args.output is None:
+        args.output = str(Path(common.default_output("peers_cnn", args.quick)).with_suffix(""))
+    return args
+
+
+def main(argv=None):
+    global CHANNELS
+    args = parse_args(argv)
+    CHANNELS = tuple(args.channels)
+    import keras
+    import numpy as np
+
+    cnn_fashion.CHANNELS, cnn_fashion.CONVS, cnn_fashion.UNITS = CHANNELS, CONVS, UNITS
+    from keras_group_lasso import sparsity_report
+
+    started, clock = common.now(), time.perf_counter()
+    seeds = list(range(args.seeds))
+    data = load_data(args.train, args.test)
+    worker = torch_worker(data)
+    lib = {"keras": keras.__version__, **worker.submit(_worker_info).result()}
+    dense_macs = macs(filter_counts(), [UNITS])
+    check = int(sparsity_report(cnn_fashion.build_cnn(0)).flops_before)
+    common.say(f"{len(data['x_train'])} training / {len(data['x_test'])} test images, {args.epochs} epochs "
+               f"(T = {args.finetune}), F = {args.flops}, seeds {seeds}; dense MACs {dense_macs:,} "
+               f"(sparsity_report: {check:,}); backend {keras.backend.backend()}, torch {lib['torch']} "
+               f"({lib['threads']} threads, in a worker process), torch_pruning {lib['torch_pruning']}")
+
+    records = []
+    for seed in seeds:
+        torch_args = {"epochs": args.epochs, "finetune": args.finetune, "flops": args.flops, "tp_reg": args.tp_reg,
+                      "channels": list(args.channels)}
+        runs = [("keras_dense", partial(keras_dense, seed, data, args.epochs)),
+                ("keras_budget", partial(keras_budget, seed, data, args.epochs, args.flops)),
+                ("keras_budget_ft", partial(keras_budget, seed, data, args.epochs, args.flops, args.finetune))]
+        torch_methods = ["tp_l1", "tp_group_sl"] + (["torch_dense"] if args.torch_dense else [])
+        runs += [(m, partial(run_in_worker, worker, m, seed, torch_args)) for m in torch_methods]
+        for method, run in runs:
+            keras.utils.set_random_seed(seed)
+            np.random.seed(seed)
+            common.say(f"seed {seed}: {METHODS[method]}")
+            record = {"method": method, "seed": seed, **run()}
+            record["macs_reduction"] = dense_macs / max(record["macs_after"], 1)
+            records.append(record)
+            common.say(f"seed {seed} {method}: test acc {record['test_accuracy']:.4f}, widths {widths_text(record)}, "
+                       f"MACs {record['macs_after']:,} ({record['macs_reduction']:.2f}x), "
+                       f"wall {record['wall_seconds']:.0f} s")
+
+    worker.shutdown()
+    elapsed = time.perf_counter() - clock
+    text = table(records, dense_macs)
+    notes = [
+        (f"Network: {cnn_fashion.network_text()}; dense MACs {dense_macs:,} per sample "
+         f"(`sparsity_report` flops_before {check:,})"),
+        (f"Data: the first {len(data['x_train']):,} images of `cnn_fashion.load`'s training split (the same for every "
+         f"seed), {len(data['x_test']):,} official test images"),
+        (f"E = {args.epochs} epochs in every row, T = {args.finetune} of them fine-tuning in rows 3-5; batch {BATCH}, "
+         f"Adam lr {LR:g}; F = {args.flops:g} of the dense MACs"),
+        ("Keras budget rows: `add_group_sparsity(model)` (default strength), `Proximal(Adam(1e-3))`, "
+         "`SparsityBudget(max_flops=F)` with no other argument, `prune_model(model)`"),
+        (f"Torch-Pruning {lib['torch_pruning']} on torch {lib['torch']} (CPU, {lib['threads']} threads, a "
+         "worker process: PyTorch training crashes in a process where TensorFlow has run): "
+         f"local ranking, final Linear ignored, pruning_ratio 1.0 over {TP_STEPS} steps, stepped until "
+         "`count_ops_and_params` and the shared count are both <= F; group-norm row: "
+         f"`GroupMagnitudeImportance(p=2, normalizer='max')`, reg {args.tp_reg:g}"),
+        ("MACs: the shared count from the widths, sum of 3x3 conv H*W*9*C_in*C_out and Dense in*out per sample "
+         "(no biases, BN, ReLU, pooling); `sparsity_report`'s and Torch-Pruning's counts are in the JSON"),
+        ("`acc. right after pruning`: rows 3-5 before their fine-tuning (row 2 has none: its accuracy is the pruned "
+         "model's)"),
+        "Times: wall seconds of training + pruning + fine-tuning on a 2-core machine shared with other jobs",
+    ]
+    body = "\n\n".join([common.header(common.command_line(), seeds, started, elapsed, notes), text])
+    markdown = f"# Peers on the {'-'.join(map(str, CHANNELS))} VGG, Fashion-MNIST: SparsityBudget vs Torch-Pruning\n\n" + body + "\n"
+    payload = {"command": common.command_line(), "date": f"{started:%Y-%m-%d %H:%M} UTC", "wall_seconds": elapsed,
+               "machine": common.machine_info(), "versions": lib, "args": {k: v for k, v in vars(args).items()
+                                                                           if k != "output"},
+               "dense_macs": dense_macs, "dense_flops_sparsity_report": check,
+               "macs_formula": "sum_k H_k*W_k*9*C_(k-1)*C_k + (H*W*C_last)*U + U*10", "records": records}
+    prefix = Path(args.output)
+    common.write_text_atomically(prefix.with_name(prefix.name + ".md"), markdown)
+    common.write_text_atomically(prefix.with_name(prefix.name + ".json"), json.dumps(payload, indent=1, default=float))
+    print(markdown)
+    common.say(f"wrote {prefix}.md and {prefix}.json in {elapsed / 60:.1f} min")
+    if args.results_md:
+        write_results_md(body)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

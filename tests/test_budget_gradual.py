@@ -1,0 +1,112 @@
+"""The budget's default pace: a size is all the user gives.
+
+``SparsityBudget(max_...)`` with nothing else cuts the weakest groups along its
+schedule as training goes, reaches the budget when the last third of the epochs
+begins, lands between 0.8 and 1.0 of it, cuts a small share of the groups at
+any one check and takes no layer below its least width.
+"""
+
+import math
+import warnings
+
+import keras
+import numpy as np
+import pytest
+
+from keras_group_lasso import Proximal, SparsityBudget, add_group_sparsity, prune_model, sparsity_report
+from keras_group_lasso.budget.callback import LEAST_WIDTH, WARM_UP
+from keras_group_lasso.budget.cut import penalised_kernels
+from keras_group_lasso.regularizers import group_sparse_penalties
+
+EPOCHS = 6
+REACHED = math.ceil(2 / 3 * EPOCHS)  # epochs of search: the budget holds from the end of this one on
+
+
+def data(rng, n=320, features=16, informative=4):
+    x = rng.normal(size=(n, features)).astype("float32")
+    y = (x[:, :informative].sum(axis=1) > 0).astype("float32")
+    return x, y
+
+
+def mlp(features=16, hidden=(16, 16)):
+    keras.utils.set_random_seed(0)
+    layers = [keras.Input((features,))] + [keras.layers.Dense(h, activation="relu") for h in hidden]
+    return add_group_sparsity(keras.Sequential(layers + [keras.layers.Dense(1, activation="sigmoid")]))
+
+
+def fit(model, x, y, budget, optimizer=None, epochs=EPOCHS):
+    model.compile(optimizer or Proximal(keras.optimizers.Adam(1e-2)), "binary_crossentropy")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        history = model.fit(x, y, epochs=epochs, batch_size=32, verbose=0, callbacks=[budget])
+    return history.history, [str(w.message) for w in caught if "SparsityBudget" in str(w.message)]
+
+
+def groups_of(model):
+    """Prunable groups: the rows of every penalised kernel."""
+    return sum(int(v.regularizer.group_shape(tuple(v.shape))[-2]) for v in penalised_kernels(model))
+
+
+SIZE = {"features": "n_selected_features", "units": "live_neurons", "params": "params_after", "flops": "flops_after"}
+DENSE = {"features": "n_features", "units": "neurons", "params": "params_before", "flops": "flops_before"}
+
+
+@pytest.mark.parametrize("kind, fraction, optimizer", [
+    ("units", 0.5, "proximal"), ("params", 0.25, "adam"), ("flops", 0.25, "proximal")])
+def test_a_size_is_all_you_give(rng, kind, fraction, optimizer):
+    x, y = data(rng)
+    model = mlp()
+    budget = SparsityBudget(**{f"max_{kind}": fraction})
+    dense = getattr(sparsity_report(model), DENSE[kind])
+    history, _ = fit(model, x, y, budget, None if optimizer == "proximal" else keras.optimizers.Adam(1e-2))
+    limit = math.floor(fraction * dense)
+    sizes = history[f"budget_{kind}"]
+    # Within the budget from the end of the search on (two thirds of the epochs), and not far below it.
+    assert all(size <= limit for size in sizes[REACHED - 1:]), sizes
+    assert 0.8 * limit <= getattr(sparsity_report(model), SIZE[kind]) <= limit
+    # Steps along the way rather than one cut at the end: the sizes shrink over the searching epochs, and no
+    # single check cuts more than a small share of the groups.
+    assert sizes[0] > sizes[2] > sizes[REACHED - 1]
+    assert budget.cuts and max(groups for _, groups in budget.cuts) <= 0.1 * groups_of(model)
+    assert history["budget_multiplier_hidden"][REACHED:] == [0.0] * (EPOCHS - REACHED)
+    # Surgery stays exact.
+    small = prune_model(model)
+    np.testing.assert_allclose(small.predict(x, verbose=0), model.predict(x, verbose=0), atol=1e-5)
+
+
+def test_the_cuts_follow_the_schedule_after_a_warm_up(rng):
+    x, y = data(rng)
+    model = mlp()
+    budget = SparsityBudget(max_units=0.5)
+    history, _ = fit(model, x, y, budget)
+    # Nothing is cut in the warm-up (the first third of the search, here an epoch and a third), then
+    # the live units follow the line from the dense count to the budget at the end of the search.
+    first = min(when for when, _ in budget.cuts)
+    assert first >= WARM_UP * REACHED
+    dense, limit = 32, 16
+    for epoch in range(REACHED):
+        progress = (epoch + 1 - WARM_UP * REACHED) / (REACHED - WARM_UP * REACHED)
+        assert history["budget_units"][epoch] <= limit + (dense - limit) * (1 - progress) + 1e-6
+    assert all(when <= REACHED for when, _ in budget.cuts)
+
+
+def test_no_layer_goes_below_its_least_width(rng):
+    # Half the units asked for: a layer keeps at least LEAST_WIDTH of half of its units (min_width="auto"),
+    # however weak its groups.
+    x, y = data(rng)
+    model = mlp(hidden=(16, 16, 16))
+    fit(model, x, y, SparsityBudget(max_units=0.5))
+    live = sparsity_report(model).layer_sizes[1:-1]
+    assert min(live) >= math.ceil(LEAST_WIDTH * 0.5 * 16), live
+    for _, penalty in group_sparse_penalties(model):  # the spared groups are for the fit only
+        assert penalty.spared == 0
+
+
+def test_a_least_width_is_given_up_rather_than_the_budget(rng):
+    # Every layer at its least width is still over a budget that is only met by cutting below it: the budget
+    # holds.
+    x, y = data(rng)
+    model = mlp()
+    budget = SparsityBudget(max_units=4, min_width=0.4)
+    fit(model, x, y, budget)
+    assert sparsity_report(model).live_neurons <= 4
