@@ -88,7 +88,7 @@ from pathlib import Path
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks import cnn_fashion, common  # noqa: E402
+from benchmarks import cnn_fashion, common
 
 CHANNELS = (32, 64, 128)
 CONVS = 2

@@ -13,7 +13,13 @@ import keras
 import numpy as np
 import pytest
 
-from keras_group_lasso import Proximal, SparsityBudget, add_group_sparsity, prune_model, sparsity_report
+from keras_group_lasso import (
+    Proximal,
+    SparsityBudget,
+    add_group_sparsity,
+    prune_model,
+    sparsity_report,
+)
 from keras_group_lasso.budget.callback import LEAST_WIDTH, WARM_UP
 from keras_group_lasso.budget.cut import penalised_kernels
 from keras_group_lasso.regularizers import group_sparse_penalties
