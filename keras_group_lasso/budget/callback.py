@@ -520,9 +520,7 @@ class SparsityBudget(keras.callbacks.Callback):
 
         The gradual pace starts after a warm-up (``WARM_UP`` of the searching epochs).
         """
-        end = self._search_end()
-        start = WARM_UP * end if self.pace == "gradual" else 0.0
-        return min(1.0, max(0.0, (elapsed - start) / (end - start)))
+        return schedule.progress(elapsed, self._search_end(), WARM_UP if self.pace == "gradual" else 0.0)
 
     def _elapsed(self, epoch):
         """Epochs since ``fit`` began at a check in ``epoch`` (``None``: when training ends)."""
@@ -534,21 +532,15 @@ class SparsityBudget(keras.callbacks.Callback):
 
     def _checks_every(self):
         """Batches between two checks inside an epoch, or ``None`` (the epoch's end only)."""
-        if self.update_freq == "epoch" or (self.update_freq == "auto" and self.pace == "penalty"):
+        if self.update_freq == "auto" and self.pace == "penalty":
             return None
-        if self.update_freq == "auto":
-            return max(1, int(math.ceil(self._steps / CHECKS_PER_EPOCH))) if self._steps else None
-        return self.update_freq
+        return schedule.checks_every(self.update_freq, self._steps, CHECKS_PER_EPOCH)
 
     def _floor_share(self):
         """The share of its units below which the budget takes no layer (see ``min_width``)."""
         if self.min_width != "auto":
             return self.min_width
-        shares = [LEAST_WIDTH * math.sqrt(self.limits[kind] / self.dense[kind])
-                  for kind in ("params", "flops", "latency") if kind in self.limits and self.dense[kind] > 0]
-        if "units" in self.limits and self.dense["units"] > 0:
-            shares.append(LEAST_WIDTH * self.limits["units"] / self.dense["units"])
-        return min(shares, default=0.0)
+        return LEAST_WIDTH * schedule.even_share(self.dense, self.limits)
 
     # ------------------------------------------------------------------ Keras hooks
 

@@ -10,7 +10,8 @@ entries: input groups (served by ``features``) and all other groups (served by
 import math
 import numbers
 
-__all__ = ["KINDS", "check_limit", "check_latency", "targets", "over", "entry_overs", "steer", "near_budget", "last_fraction"]
+__all__ = ["KINDS", "check_limit", "check_latency", "targets", "over", "entry_overs", "steer", "near_budget", "last_fraction",
+           "progress", "checks_every", "even_share"]
 
 KINDS = ("features", "units", "params", "flops", "latency")
 NEAR = 0.05  # settling may begin early once the schedule is this close to the budget (a fraction of it)
@@ -169,3 +170,51 @@ def last_fraction(update_freq, steps):
         return 1.0
     last = ((steps - 1) // update_freq) * update_freq
     return (steps - last) / steps
+
+
+def progress(elapsed, search_end, warm_up=0.0):
+    """Where the schedule is after ``elapsed`` epochs: 0 until ``warm_up * search_end``, 1 from ``search_end`` on.
+
+    ``clip((elapsed - w) / (search_end - w), 0, 1)`` with ``w = warm_up * search_end``.
+
+    Example:
+        >>> progress(2.0, 4), progress(2.0, 4, warm_up=0.5), progress(1.0, 4, warm_up=0.5)
+        (0.5, 0.0, 0.0)
+    """
+    start = warm_up * search_end
+    return min(1.0, max(0.0, (elapsed - start) / (search_end - start)))
+
+
+def checks_every(update_freq, steps, per_epoch):
+    """Batches between two checks inside an epoch, or ``None`` (the epoch's end only).
+
+    ``"auto"``: ``ceil(steps / per_epoch)`` (``None`` while ``steps`` is unknown); ``"epoch"``: ``None``; an
+    integer: itself.
+
+    Example:
+        >>> checks_every("auto", 100, 8), checks_every("epoch", 100, 8), checks_every(5, None, 8)
+        (13, None, 5)
+    """
+    if update_freq == "epoch":
+        return None
+    if update_freq == "auto":
+        return max(1, math.ceil(steps / per_epoch)) if steps else None
+    return update_freq
+
+
+def even_share(dense, limits):
+    """The share of its units each layer keeps when all layers, narrowed alike, meet the budget (about).
+
+    A network whose layers keep a share ``s`` of their units keeps about ``s ** 2`` of its multiply-adds and
+    parameters (each weight joins two units): ``sqrt(f)`` for those budgets (and a latency budget) of a fraction
+    ``f`` of the dense model, ``f`` for a unit budget; the smallest of the budgeted kinds, 0 with features only.
+
+    Example:
+        >>> even_share({"flops": 100.0, "units": 10}, {"flops": 25.0, "units": 4})
+        0.4
+    """
+    shares = [math.sqrt(limits[kind] / dense[kind]) for kind in ("params", "flops", "latency")
+              if kind in limits and dense[kind] > 0]
+    if "units" in limits and dense["units"] > 0:
+        shares.append(limits["units"] / dense["units"])
+    return min(shares, default=0.0)
