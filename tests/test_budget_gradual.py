@@ -113,3 +113,27 @@ def test_a_least_width_is_given_up_rather_than_the_budget(rng):
     budget = SparsityBudget(max_units=4, min_width=0.4)
     fit(model, x, y, budget)
     assert sparsity_report(model).live_neurons <= 4
+
+
+def test_a_cnn_lands_on_a_quarter_of_its_flops_without_a_stem_of_one_channel():
+    # The first convolution works at full resolution: each of its channels frees the most multiply-adds, and a
+    # cut weighing that alone would empty it first. Every convolution keeps its least width (on layers this
+    # narrow, widths rounded up to whole units can make the least widths cost more than the budget: the budget
+    # then comes first).
+    from sklearn.datasets import load_digits
+
+    x, y = load_digits(return_X_y=True)
+    x = (x / 16.0).reshape(-1, 8, 8, 1).astype("float32")[:512]
+    keras.utils.set_random_seed(0)
+    layers = [keras.Input((8, 8, 1)), keras.layers.Conv2D(16, 3, padding="same", activation="relu"),
+              keras.layers.Conv2D(32, 3, padding="same", activation="relu"), keras.layers.MaxPooling2D(),
+              keras.layers.Conv2D(32, 3, padding="same", activation="relu"), keras.layers.GlobalAveragePooling2D(),
+              keras.layers.Dense(10, activation="softmax")]
+    model = add_group_sparsity(keras.Sequential(layers))
+    model.compile(Proximal(keras.optimizers.Adam(1e-2)), "sparse_categorical_crossentropy")
+    budget = SparsityBudget(max_flops=0.25)
+    model.fit(x, y[:512], epochs=EPOCHS, batch_size=32, verbose=0, callbacks=[budget])
+    report = sparsity_report(model)
+    assert 0.8 * 0.25 <= report.flops_after / report.flops_before <= 0.25
+    least = [math.ceil(LEAST_WIDTH * 0.5 * units) for units in (16, 32, 32)]
+    assert all(live >= low for live, low in zip(report.layer_sizes[1:4], least)), report.layer_sizes

@@ -683,10 +683,14 @@ class SparsityBudget(keras.callbacks.Callback):
     def _check_batch(self, batch, logs=None):
         """With ``update_freq`` batches: steer after every ``update_freq`` of them (Keras's ``on_train_batch_end``)."""
         self._done = batch + 1
-        if (self._settling or self.limits is None or not self._steps or self._every is None
+        if (self.limits is None or not self._steps or self._every is None
                 or self._done - self._checked < self._every or self._done >= self._steps):
             return  # the epoch's end checks the last batches itself
-        sizes = self._measure()  # (on JAX, Keras writes the training state back to the model when we read it)
+        # On JAX the training state lives outside the model's variables during an epoch; reading ``self.model``
+        # writes it back (Keras's Callback.model) before the state and the weights are read.
+        if self.model is None or self._settling:
+            return
+        sizes = self._measure()
         progress = self._progress(self._epoch + self._done / self._steps)
         self._steer(sizes, progress, (self._done - self._checked) / self._steps)
         if self.pace == "gradual":
@@ -889,37 +893,39 @@ class SparsityBudget(keras.callbacks.Callback):
     # ------------------------------------------------------------------ what a compiled step holds
 
     def _spare_blocks(self):
-        """With ``spare_block``: the reader penalty of every roundable layer spares that layer's ``round_to``
-        strongest units for this ``fit`` (the train step is traced again, as it holds what it was traced with)."""
+        """The groups the penalties leave alone for this ``fit`` (the train step is traced again, as it holds what
+        it was traced with): the least widths (:meth:`_spare_floors`), and with ``spare_block`` the ``round_to``
+        strongest units of every roundable layer (in its reader's penalty)."""
         self.spared, self.floors = {}, {}
         if self._settling:
             return
-        if self._share > 0.0:
+        if self._share > 0.0 or self.pace == "gradual":
             self._spare_floors()
-        if not (self.spare_block and self.round_to > 1):
-            if self.floors:
-                self.model.make_train_function(force=True)
-            return
-        for layer in rounding.roundable_layers(analysis.analyze(self.model, self.threshold, owner=_OWNER)):
-            penalty = layer.reader.kernel.regularizer
-            groups = penalty.group_shape(tuple(layer.reader.kernel.shape))[-2]
-            if len(layer.rows) == groups and self.round_to < layer.units:  # the reader reads this layer alone
-                penalty.spared = max(penalty.spared, self.round_to)
-                self.spared[layer.name] = self.round_to
-        if self.spared or self.floors:
+        if self.spare_block and self.round_to > 1:
+            for layer in rounding.roundable_layers(analysis.analyze(self.model, self.threshold, owner=_OWNER)):
+                penalty = layer.reader.kernel.regularizer
+                groups = penalty.group_shape(tuple(layer.reader.kernel.shape))[-2]
+                if len(layer.rows) == groups and self.round_to < layer.units:  # the reader reads this layer alone
+                    penalty.spared = max(penalty.spared, self.round_to)
+                    self.spared[layer.name] = self.round_to
+        if any(penalty.spared for _, penalty in group_sparse_penalties(self.model)):
             self.model.make_train_function(force=True)
 
     def _spare_floors(self):
         """``min_width``: the penalty of every kernel of hidden groups spares the strongest ``ceil(share * groups)``
-        of them for this ``fit``, and no cut takes them (while the budget can be met without)."""
+        of them for this ``fit``, and no cut takes them (while the budget can be met without). With the gradual
+        pace every kernel's penalty spares its strongest group at least: the cuts reach the size, and a strength
+        too high for the model cannot empty a layer (a network's one input channel, say) on the way."""
         for variable in cut.penalised_kernels(self.model):
             penalty = variable.regularizer
-            if isinstance(penalty, CoupledGroupLasso) or penalty.group_role == "input" or not variable.trainable:
+            if isinstance(penalty, CoupledGroupLasso) or not variable.trainable:
                 continue
             groups = penalty.group_shape(tuple(variable.shape))[-2]
-            keep = min(groups, int(math.ceil(self._share * groups)))
-            if keep > 1:
+            share = 0.0 if penalty.group_role == "input" else self._share
+            keep = max(1 if self.pace == "gradual" else 0, min(groups, int(math.ceil(share * groups))))
+            if keep:
                 penalty.spared = keep
+            if keep > 1:
                 self.floors[variable.path] = keep
 
     def _freeze(self):
