@@ -582,7 +582,8 @@ class SparsityBudget(keras.callbacks.Callback):
         self._every = self._checks_every()
         self._share = self._floor_share()
         self.cuts = []
-        self._groups = sum(int(v.regularizer.group_shape(tuple(v.shape))[-2]) for v in cut.penalised_kernels(self.model))
+        self._groups = sum(int(v.regularizer.group_shape(tuple(v.shape))[-2])
+                           for v in cut.penalised_kernels(self.model))
         self._done = self._checked = 0  # batches of this epoch: done, done at the last check
 
     def _latency_begin(self, above):
