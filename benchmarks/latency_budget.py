@@ -179,7 +179,7 @@ def main(argv=None):
     import keras
 
     from keras_group_lasso import LatencyTable, prune_model, sparsity_report
-    from keras_group_lasso.budget.cost import current_device
+    from keras_group_lasso.costs import current_device
 
     cnn_fashion.CHANNELS, cnn_fashion.CONVS, cnn_fashion.UNITS = (32, 64, 128), 2, args.units
     started, clock = common.now(), time.perf_counter()

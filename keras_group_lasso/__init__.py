@@ -34,7 +34,7 @@ _EXPORTS = {
     "apply_threshold": "analysis",
     "sparsity_report": "analysis",
     "SparsityBudget": "budget",
-    "LatencyTable": "budget",
+    "LatencyTable": "costs",
     "is_chief": "_distributed",
     "SparsityMonitor": "callbacks",
     "export_pruned": "export",

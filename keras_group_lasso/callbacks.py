@@ -16,7 +16,6 @@ callback runs on the JAX backend without TensorFlow as long as ``log_dir`` is
 ``None``.
 """
 
-import dataclasses
 import importlib.util
 import math
 import os
@@ -28,13 +27,9 @@ import numpy as np
 
 from keras_group_lasso import analysis
 from keras_group_lasso._distributed import is_chief
-from keras_group_lasso._validation import (
-    InvalidParameterError,
-    NonFiniteError,
-    check_non_negative,
-    check_positive_int,
-    fail,
-)
+from keras_group_lasso._validation import InvalidParameterError, NonFiniteError, check_non_negative, check_positive_int, fail
+from keras_group_lasso.costs import LatencyTable
+from keras_group_lasso.declared import declared_penalties
 
 __all__ = ["SparsityMonitor"]
 
@@ -214,8 +209,6 @@ class SparsityMonitor(keras.callbacks.Callback):
         self.threshold = check_non_negative(_OWNER, "threshold", threshold)
         self.every = check_positive_int(_OWNER, "every", every)
         if latency_table is not None:
-            from keras_group_lasso.budget.cost import LatencyTable
-
             if not isinstance(latency_table, LatencyTable):
                 fail(_OWNER, "latency_table", "None or a LatencyTable", latency_table)
             if len(latency_table.batch_sizes) > 1:
@@ -249,11 +242,11 @@ class SparsityMonitor(keras.callbacks.Callback):
         self._model_checked = True
 
     def on_train_begin(self, logs=None):
-        from keras_group_lasso.budget.callback import forget_training_latency_table
-
         self._model_checked = False
         self._warned_non_finite = False
-        forget_training_latency_table(self.model)  # a budget of this fit registers its table again
+        declared = declared_penalties(self.model)
+        if declared is not None:  # a fit that failed may have left a budget's table; a budget of this fit sets it again
+            declared.training_latency = None
         # A Sequential without an Input is built by its first step (TensorFlow
         # backend): then the check waits for the end of the first epoch.
         if self.model.built:
@@ -288,9 +281,8 @@ class SparsityMonitor(keras.callbacks.Callback):
         """``(latency table, batch size)``: its own, or a latency budget's in the same ``fit``; else ``None``."""
         if self.latency_table is not None:
             return self.latency_table, self.latency_table.batch_sizes[0]
-        from keras_group_lasso.budget.callback import training_latency_table
-
-        return training_latency_table(self.model)
+        declared = declared_penalties(self.model)
+        return None if declared is None else declared.training_latency
 
     def _with_latency(self, found):
         """The report of ``found``, with the predicted latency when a table serves (look-ups only)."""
@@ -298,8 +290,7 @@ class SparsityMonitor(keras.callbacks.Callback):
         if serving is None:
             return found.report
         table, batch = serving
-        return dataclasses.replace(found.report, latency_before=table.predict(None, batch),
-                                   latency_after=table.predict(found, batch), latency_batch_size=batch)
+        return table.annotate(found, batch)
 
     def _non_finite(self, epoch, error, logs):
         self.last_report = None

@@ -39,19 +39,17 @@ import keras
 import numpy as np
 
 from keras_group_lasso._validation import Described, InvalidParameterError, fail
+from keras_group_lasso.analysis import dense_roles
+from keras_group_lasso.graph import registry
+from keras_group_lasso.regularizers import WEIGHT_ONLY, CoupledGroupLasso, GroupSparseRegularizer, link_coupled_penalties
 
 __all__ = ["GroupPenalties", "PenaltyState", "declare_group_penalties", "declared_penalties", "layer_weights",
-           "BUDGET_STATE_SIZE"]
+           "group_sparse_penalties", "link_penalty_multiplier", "BUDGET_STATE_SIZE"]
 
 BUDGET_STATE_SIZE = 16
 _NOTES = "notes"
 #: The note of the own momentum of each BatchNormalization layer (by path) a budget's cut renews.
 MOMENTA = "batch_normalization_momenta"
-WEIGHT_ONLY = (
-    "a weight (a kernel or a bias): a group penalty sums over the rows of a weight, so use it as "
-    "kernel_regularizer or bias_regularizer; as activity_regularizer it would receive the layer's "
-    "output and group the samples of a batch"
-)
 _ATTRIBUTE = "_group_penalties"
 _PENALTY_ATTRIBUTES = ("kernel_regularizer", "bias_regularizer", "depthwise_regularizer", "pointwise_regularizer",
                        "recurrent_regularizer")
@@ -151,8 +149,6 @@ def _unwrapped(optimizer):
 
 
 def _layers(model):
-    from keras_group_lasso.graph import registry
-
     for layer in model.layers:
         if isinstance(layer, keras.Model):
             yield from _layers(layer)
@@ -163,8 +159,6 @@ def _layers(model):
 
 def group_sparse_penalties(model):
     """``[(path, layer, penalty)]``: this package's penalties on the layers of ``model`` (nested models too)."""
-    from keras_group_lasso.regularizers import GroupSparseRegularizer
-
     found, seen = [], set()
     for layer in _layers(model):
         for attribute in _PENALTY_ATTRIBUTES:
@@ -188,12 +182,16 @@ class GroupPenalties:
         multiplier: the ``(2,)`` ``keras.Variable`` every penalty of the model
             scales its strength by: entry 0 for input groups, 1 for the others.
         state: the :class:`PenaltyState` layer (``state.budget``: a budget's progress).
+        training_latency: ``(LatencyTable, batch size)`` of a latency budget steering the ``fit`` that runs now, or
+            ``None``; what a :class:`~keras_group_lasso.SparsityMonitor` without a table of its own reports the
+            predicted latency with. Not saved.
     """
 
     def __init__(self, model, multiplier, state):
         self._model = weakref.ref(model)
         self.multiplier = multiplier
         self.state = state
+        self.training_latency = None
         self._roles = {}
 
     def role_of(self, penalty):
@@ -252,8 +250,6 @@ class GroupPenalties:
 
     def link(self):
         """Point every penalty of the model at this declaration and link the coupled ones to each other."""
-        from keras_group_lasso.regularizers import CoupledGroupLasso, link_coupled_penalties
-
         model = self.model
         _refuse_activity_penalties(model)
         if self._own_penalties(model):
@@ -265,8 +261,6 @@ class GroupPenalties:
         kernels = [(layer, p) for path, layer, p in penalties if not path.endswith(".bias_regularizer")]
         roles = {}
         if any(p.role == "any" for _, p in kernels):  # a penalty put on by hand: the graph says what it reads
-            from keras_group_lasso.analysis import dense_roles
-
             try:
                 roles = {name.split("/")[-1]: role for name, role in dense_roles(model).items()}
             except InvalidParameterError:  # a model whose graph cannot be read: its groups count as hidden
@@ -295,8 +289,6 @@ class GroupPenalties:
         Returns:
             Whether any weight got a new object.
         """
-        from keras_group_lasso.regularizers import GroupSparseRegularizer
-
         kept, replaced = set(), False  # ids of the objects kept on a slot in this pass
 
         def own(penalty):
@@ -339,8 +331,6 @@ def _set_penalty(layer, attribute, penalty):
 
 
 def _refuse_activity_penalties(model):
-    from keras_group_lasso.regularizers import GroupSparseRegularizer
-
     for layer in _layers(model):
         penalty = getattr(layer, "activity_regularizer", None)
         if isinstance(penalty, GroupSparseRegularizer):
@@ -429,3 +419,24 @@ def declare_group_penalties(model, owner="declare_group_penalties", multiplier=N
         object.__setattr__(model, _ATTRIBUTE, found)
     found.link()
     return found
+
+
+def link_penalty_multiplier(model, multiplier):
+    """Make every group-sparse penalty of ``model`` scale its strength by ``multiplier`` (a ``(2,)`` ``keras.Variable``).
+
+    The penalties then give ``m * (factor * group Lasso + l1 * Lasso)``, with
+    ``m = multiplier[0]`` for input groups (feature selection) and
+    ``multiplier[1]`` for all others (coupled groups included), and read the
+    variable at every step, so changing it changes the strength inside a
+    compiled train step. The variable must be a variable of ``model`` (so a
+    compiled JAX step receives it). Models made by
+    :func:`~keras_group_lasso.add_group_sparsity` are linked to their own
+    ``penalty_multiplier``; use :func:`keras_group_lasso.set_penalty_multiplier`
+    to change it.
+    """
+    found = declared_penalties(model)
+    if found is not None:
+        found.multiplier = multiplier
+        found.link()
+        return
+    declare_group_penalties(model, "link_penalty_multiplier", multiplier=multiplier)

@@ -12,6 +12,8 @@ import time
 
 import numpy as np
 
+from keras_group_lasso._validation import check_non_negative, check_positive_int, fail
+
 logger = logging.getLogger(__name__)
 
 
@@ -48,8 +50,6 @@ def check_arguments(epochs, factor, threshold, seed, owner="demo", prefix=""):
     Raises:
         InvalidParameterError: in the package's one message form, for the first bad argument.
     """
-    from keras_group_lasso._validation import check_non_negative, check_positive_int, fail
-
     check_positive_int(owner, prefix + "epochs", epochs)
     check_non_negative(owner, prefix + "factor", factor)
     check_non_negative(owner, prefix + "threshold", threshold)

@@ -66,7 +66,7 @@ except ImportError:  # no advisory locks (Windows): every staging directory foun
 import keras
 import numpy as np
 
-from keras_group_lasso import surgery
+from keras_group_lasso import __version__, surgery
 from keras_group_lasso._distributed import is_chief
 from keras_group_lasso._validation import Described, check_choice, check_non_negative, check_positive_int, fail
 from keras_group_lasso.graph import registry
@@ -813,8 +813,6 @@ def _output_units(report):
 
 
 def _manifest(report, small, threshold, inputs, formats):
-    from keras_group_lasso import __version__
-
     out = _output_units(report)
     tail = [] if out is None else [int(out)]
     kept = [int(i) for i in small.kept_features]

@@ -9,7 +9,7 @@ import keras
 
 from keras_group_lasso._validation import check_choice, check_non_negative, fail
 from keras_group_lasso.analysis import dense_roles, get_layer, input_dense_layers
-from keras_group_lasso.budget.cost import unit_costs
+from keras_group_lasso.costs import LatencyTable, unit_costs
 from keras_group_lasso.declared import PenaltyState, attach_state, declare_group_penalties, layer_weights
 from keras_group_lasso.graph import registry
 from keras_group_lasso.graph.build import graph_model, model_graph, traced_block
@@ -203,8 +203,6 @@ _GROUP_WEIGHTS = ("size", "flops", "latency")
 
 
 def _check_latency_table(owner, group_weight, latency_table):
-    from keras_group_lasso.budget.cost import LatencyTable
-
     if latency_table is not None and not isinstance(latency_table, LatencyTable):
         fail(owner, "latency_table", "None or a LatencyTable", latency_table)
     if group_weight == "latency" and latency_table is None:
@@ -652,7 +650,7 @@ def _latency_costs(graph, table):
 def _cost_weights(graph, coupled, factor, input_factor, cost):
     """``group_weight="flops"`` or ``"latency"``: a multiplier of each layer's strength, and the coupled groups' scales.
 
-    A group's weight becomes the cost of its unit (``cost``: ``{unit id: cost}``, see :func:`~keras_group_lasso.budget.cost.unit_costs`) over
+    A group's weight becomes the cost of its unit (``cost``: ``{unit id: cost}``, see :func:`~keras_group_lasso.costs.unit_costs`) over
     the mean of that cost, times the mean ``sqrt(|g|)``; means over the groups with a strength above 0.
     """
     coupled_units = {unit for unit, _, _ in coupled.groups}

@@ -20,7 +20,6 @@ import warnings
 
 import keras
 
-from keras_group_lasso import declared as _declared
 from keras_group_lasso import prox
 from keras_group_lasso._validation import Described, check_non_negative, check_positive_int, fail
 from keras_group_lasso.groups import AXES, GroupView
@@ -33,8 +32,6 @@ __all__ = [
     "CoupledGroupLasso",
     "GroupSparseRegularizer",
     "link_coupled_penalties",
-    "link_penalty_multiplier",
-    "group_sparse_penalties",
     "get",
     "ALIASES",
 ]
@@ -44,6 +41,13 @@ _PACKAGE = "keras_group_lasso"
 COUPLED_INDEX = 1
 DEFAULT_FACTOR = 1e-3
 
+
+#: What a group penalty applies to, for the message that refuses anything else.
+WEIGHT_ONLY = (
+    "a weight (a kernel or a bias): a group penalty sums over the rows of a weight, so use it as "
+    "kernel_regularizer or bias_regularizer; as activity_regularizer it would receive the layer's "
+    "output and group the samples of a batch"
+)
 
 
 class GroupSparseRegularizer(keras.regularizers.Regularizer):
@@ -134,7 +138,7 @@ class GroupSparseRegularizer(keras.regularizers.Regularizer):
         # Version 0.2 code set this attribute itself; the model's declaration is the one place now.
         warnings.warn(
             f"{type(self).__name__}.multiplier: assigning the multiplier of one penalty is deprecated; the model "
-            "declares one for all its penalties: use keras_group_lasso.regularizers.link_penalty_multiplier(model, "
+            "declares one for all its penalties: use keras_group_lasso.declared.link_penalty_multiplier(model, "
             "variable) or keras_group_lasso.set_penalty_multiplier(model, value).",
             DeprecationWarning,
             stacklevel=2,
@@ -256,7 +260,7 @@ class GroupSparseRegularizer(keras.regularizers.Regularizer):
             )
         if any(d is None for d in shape):
             received = Described(f"a tensor of shape {shape}, which no weight has")
-            fail(type(self).__name__, "x", _declared.WEIGHT_ONLY, received)
+            fail(type(self).__name__, "x", WEIGHT_ONLY, received)
 
     def prox(self, x, step):
         """Proximal step of this penalty with step size ``step`` (e.g. the learning rate).
@@ -281,7 +285,7 @@ class GroupSparseRegularizer(keras.regularizers.Regularizer):
         """The penalty's gradient at ``x`` (:func:`keras_group_lasso.prox.group_sparse_gradient`), shape of ``x``.
 
         ``multiplier``: the strength multiplier to use instead of the linked
-        one (:func:`link_penalty_multiplier`).
+        one (:func:`~keras_group_lasso.declared.link_penalty_multiplier`).
         """
         x = keras.ops.convert_to_tensor(x)
         g = prox.group_sparse_gradient(self._unspared(self._grouped(x)), self.factor, self.l1)
@@ -612,38 +616,6 @@ def link_coupled_penalties(model_or_members):
         )
     for _, penalty in members:
         penalty.link(members)
-
-
-def group_sparse_penalties(model):
-    """``[(path, penalty)]``: every group-sparse penalty declared on a layer of ``model``, nested models included.
-
-    The penalties are the layers' ``kernel_regularizer``, ``bias_regularizer``,
-    ``depthwise_regularizer`` and ``pointwise_regularizer`` that are this
-    package's (:class:`GroupSparseRegularizer`), read from the layers, so
-    they are found before the layers are built.
-    """
-    return [(path, penalty) for path, _, penalty in _declared.group_sparse_penalties(model)]
-
-
-def link_penalty_multiplier(model, multiplier):
-    """Make every group-sparse penalty of ``model`` scale its strength by ``multiplier`` (a ``(2,)`` ``keras.Variable``).
-
-    The penalties then give ``m * (factor * group Lasso + l1 * Lasso)``, with
-    ``m = multiplier[0]`` for input groups (feature selection) and
-    ``multiplier[1]`` for all others (coupled groups included), and read the
-    variable at every step, so changing it changes the strength inside a
-    compiled train step. The variable must be a variable of ``model`` (so a
-    compiled JAX step receives it). Models made by
-    :func:`~keras_group_lasso.add_group_sparsity` are linked to their own
-    ``penalty_multiplier``; use :func:`keras_group_lasso.set_penalty_multiplier`
-    to change it.
-    """
-    found = _declared.declared_penalties(model)
-    if found is not None:
-        found.multiplier = multiplier
-        found.link()
-        return
-    _declared.declare_group_penalties(model, "link_penalty_multiplier", multiplier=multiplier)
 
 
 ALIASES = {

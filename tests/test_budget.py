@@ -520,7 +520,7 @@ def test_round_to_says_when_blocks_cannot_meet_the_budget_and_single_groups_are_
 
 
 def test_unit_costs_of_each_budget_kind():
-    from keras_group_lasso.budget.cost import unit_costs
+    from keras_group_lasso.costs import unit_costs
     from keras_group_lasso.graph import model_graph
 
     model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(3, use_bias=False, name="hidden"),
@@ -542,7 +542,7 @@ def test_unit_costs_of_each_budget_kind():
 
 def test_the_cut_ranks_groups_by_weakness_per_share_of_the_budget():
     from keras_group_lasso.budget import cut
-    from keras_group_lasso.budget.cost import unit_costs
+    from keras_group_lasso.costs import unit_costs
     from keras_group_lasso.graph import model_graph
 
     # conv_b's groups are conv_a's channels (made on a 16x16 map, read on a 4x4 one), the head's groups are conv_b's

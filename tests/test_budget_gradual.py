@@ -17,7 +17,7 @@ from keras_group_lasso import (Proximal, SparsityBudget, add_group_sparsity, app
                                sparsity_report)
 from keras_group_lasso.budget.callback import LEAST_WIDTH, WARM_UP
 from keras_group_lasso.budget.cut import penalised_kernels
-from keras_group_lasso.regularizers import group_sparse_penalties
+from keras_group_lasso.declared import group_sparse_penalties
 
 EPOCHS = 6
 REACHED = math.ceil(2 / 3 * EPOCHS)  # epochs of search: the budget holds from the end of this one on
@@ -101,7 +101,7 @@ def test_no_layer_goes_below_its_least_width(rng):
     fit(model, x, y, SparsityBudget(max_units=0.5))
     live = sparsity_report(model).layer_sizes[1:-1]
     assert min(live) >= math.ceil(LEAST_WIDTH * 0.5 * 16), live
-    for _, penalty in group_sparse_penalties(model):  # the spared groups are for the fit only
+    for _, _, penalty in group_sparse_penalties(model):  # the spared groups are for the fit only
         assert penalty.spared == 0
 
 

@@ -22,7 +22,8 @@ from keras_group_lasso import (
     prune_model,
     sparsity_report,
 )
-from keras_group_lasso.budget.cost import FORMAT, current_device
+from keras_group_lasso.costs import current_device
+from keras_group_lasso.costs.latency import FORMAT
 from keras_group_lasso.graph import model_graph
 from test_budget import penalty_paced
 from test_nothing_lost import EPOCHS, Interrupt, assert_same, budget, data, outcome, stop_at, train, uninterrupted

@@ -12,7 +12,6 @@ import logging
 import math
 import numbers
 import warnings
-import weakref
 
 import keras
 import numpy as np
@@ -20,13 +19,14 @@ import numpy as np
 from keras_group_lasso import analysis
 from keras_group_lasso._validation import InvalidParameterError, check_non_negative, check_positive_int, fail
 from keras_group_lasso.budget import cut, rounding, schedule
-from keras_group_lasso.budget.cost import LatencyTable, current_device, unit_costs
 from keras_group_lasso.budget.state import CUT, SEARCH, WITHIN, BudgetState
-from keras_group_lasso.declared import BUDGET_STATE_SIZE, MOMENTA, declare_group_penalties, layer_paths
+from keras_group_lasso.costs import LatencyTable, current_device, unit_costs
+from keras_group_lasso.declared import BUDGET_STATE_SIZE, MOMENTA, declare_group_penalties, group_sparse_penalties, layer_paths
 from keras_group_lasso.graph import model_graph, registry
-from keras_group_lasso.regularizers import CoupledGroupLasso, group_sparse_penalties
+from keras_group_lasso.regularizers import CoupledGroupLasso
+from keras_group_lasso.surgery import prune_model
 
-__all__ = ["SparsityBudget", "training_latency_table"]
+__all__ = ["SparsityBudget"]
 
 _OWNER = "SparsityBudget"
 _LOG = logging.getLogger("keras_group_lasso")
@@ -36,8 +36,6 @@ LATENCY_BATCH_SIZE = 256
 STALE_SHARE = 0.01
 # The note of the model's state that keeps the latency table a budget measured.
 _TABLE_NOTE = "latency_table"
-#: ``{model: (latency table, batch size)}`` of the latency budgets steering a ``fit`` now.
-_TRAINING_TABLES = weakref.WeakKeyDictionary()
 #: How a budget gets to its size: ``"gradual"`` cuts the weakest groups along the schedule as training goes;
 #: ``"penalty"`` lets the steered penalties remove groups and cuts, once settling begins, what they left over.
 PACES = ("gradual", "penalty")
@@ -52,38 +50,6 @@ SMALL_CUT = 0.05
 #: ``min_width="auto"``: each layer keeps at least this share of the width at which all layers, equally narrowed,
 #: meet the budget.
 LEAST_WIDTH = 0.9
-
-
-def training_latency_table(model):
-    """``(table, batch size)`` of the latency budget steering ``model``'s ``fit`` now, or ``None``.
-
-    What :class:`~keras_group_lasso.SparsityMonitor` reports the predicted latency with when it is given no
-    table of its own. Set when a :class:`SparsityBudget` with ``max_latency`` starts training (after its table is
-    measured), removed when the training ends.
-    """
-    try:
-        return _TRAINING_TABLES.get(model)
-    except TypeError:  # not weak-referenceable
-        return None
-
-
-def forget_training_latency_table(model):
-    """Drop what a latency budget registered for ``model`` (a ``fit`` that ended by an exception left it).
-
-    A monitor calls it when its ``fit`` begins; a budget in that ``fit`` registers its table again at the start
-    of every epoch, before any epoch ends, whatever the order of the callbacks.
-    """
-    try:
-        _TRAINING_TABLES.pop(model, None)
-    except TypeError:  # pragma: no cover - not weak-referenceable
-        pass
-
-
-def _register_training_latency_table(model, table, batch_size):
-    try:
-        _TRAINING_TABLES[model] = (table, batch_size)
-    except TypeError:  # pragma: no cover - not weak-referenceable: a monitor then needs its own table
-        pass
 
 
 class SparsityBudget(keras.callbacks.Callback):
@@ -552,7 +518,7 @@ class SparsityBudget(keras.callbacks.Callback):
 
     def on_train_begin(self, logs=None):
         # Only what the model's structure fixes: a restore by another callback may come before or after.
-        if not any(cut.strength(p) > 0 for _, p in group_sparse_penalties(self.model)):
+        if not any(cut.strength(p) > 0 for _, _, p in group_sparse_penalties(self.model)):
             fail(_OWNER, "model", "a model with group penalties of factor > 0 (the budget scales their strength)",
                  self.model)
         report = self._report()
@@ -648,7 +614,7 @@ class SparsityBudget(keras.callbacks.Callback):
                  f"model's {_ms(dense)} (latency table of {self.latency_table.backend}, "
                  f"{self.latency_table.device})", self.max_latency)
         self.limits["latency"] = min(limit, dense)
-        _register_training_latency_table(self.model, self.latency_table, batch)
+        self._declared.training_latency = (self.latency_table, batch)
 
     def on_epoch_begin(self, epoch, logs=None):
         """A new search at epoch 0; later, a resumed training catches up with the decision of the epoch before.
@@ -661,7 +627,7 @@ class SparsityBudget(keras.callbacks.Callback):
         self._epoch = epoch
         self._done = self._checked = self._epoch_cut = 0
         if self.limits and "latency" in self.limits:  # for a monitor in this fit (which dropped any table a failed fit left)
-            _register_training_latency_table(self.model, self.latency_table, self.latency_batch_size)
+            self._declared.training_latency = (self.latency_table, self.latency_batch_size)
         if self._first_epoch is not None:
             return
         self._first_epoch = epoch
@@ -806,10 +772,7 @@ class SparsityBudget(keras.callbacks.Callback):
         # runs once more after every callback, at the end of fit's History (Keras puts it last).
         if self.limits is None:
             return
-        try:
-            _TRAINING_TABLES.pop(self.model, None)
-        except TypeError:  # pragma: no cover - not weak-referenceable
-            pass
+        self._declared.training_latency = None
         self._finish()
         if "latency" in self.limits and self.latency_check:
             self._check_latency(logs)
@@ -824,8 +787,6 @@ class SparsityBudget(keras.callbacks.Callback):
 
     def _check_latency(self, logs):
         """Time the pruned model (and the dense one, side by side) and keep predicted vs measured."""
-        from keras_group_lasso.surgery import prune_model
-
         batch = self.latency_batch_size
         here = (keras.backend.backend(), current_device())
         if (self.latency_table.backend, self.latency_table.device) != here:
@@ -909,7 +870,7 @@ class SparsityBudget(keras.callbacks.Callback):
                 if len(layer.rows) == groups and self.round_to < layer.units:  # the reader reads this layer alone
                     penalty.spared = max(penalty.spared, self.round_to)
                     self.spared[layer.name] = self.round_to
-        if any(penalty.spared for _, penalty in group_sparse_penalties(self.model)):
+        if any(penalty.spared for _, _, penalty in group_sparse_penalties(self.model)):
             self.model.make_train_function(force=True)
 
     def _spare_floors(self):
@@ -967,7 +928,7 @@ class SparsityBudget(keras.callbacks.Callback):
             self._declared.set_note(MOMENTA, None)
         self._momenta = {}
         changed = cut.release_frozen_groups(self.model) or changed
-        for _, penalty in group_sparse_penalties(self.model):
+        for _, _, penalty in group_sparse_penalties(self.model):
             changed = changed or bool(penalty.spared)
             penalty.spared = 0
         if changed:

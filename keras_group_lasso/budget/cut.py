@@ -7,6 +7,7 @@ layer reads); the rows of one coupled group count as one.
 import keras
 import numpy as np
 
+from keras_group_lasso.graph import registry
 from keras_group_lasso.regularizers import CoupledGroupLasso, GroupSparseRegularizer
 
 __all__ = ["FrozenGroups", "strength", "ranked_groups", "group_loads", "zeroed", "penalised_kernels", "dead_groups",
@@ -233,13 +234,11 @@ def group_loads(graph, model, costs):
     """``{kernel path: (groups,) array}``: the share of a budget each penalised group's unit takes.
 
     ``costs``: ``[({unit id: cost}, limit), ...]``, one per budgeted kind (see
-    :func:`~keras_group_lasso.budget.cost.unit_costs`); a unit's load is ``sum cost / limit``. The groups are the
+    :func:`~keras_group_lasso.costs.unit_costs`); a unit's load is ``sum cost / limit``. The groups are the
     rows of a layer's input kernel (whose groups are the units it reads), in its penalty's view order (a grouped
     convolution's rows are not its channels' order); kernels whose groups are other units (a recurrent kernel's,
     an attention layer's heads) get none.
     """
-    from keras_group_lasso.graph import registry
-
     load = {}
     for unit_cost, limit in costs:
         for unit, value in unit_cost.items():

@@ -10,6 +10,8 @@ entries: input groups (served by ``features``) and all other groups (served by
 import math
 import numbers
 
+from keras_group_lasso._validation import fail
+
 __all__ = ["KINDS", "check_limit", "check_latency", "targets", "over", "entry_overs", "steer", "near_budget", "last_fraction",
            "progress", "checks_every", "even_share"]
 
@@ -28,8 +30,6 @@ def check_limit(owner, name, value):
         >>> check_limit("SparsityBudget", "max_features", 5), check_limit("SparsityBudget", "max_params", 0.25)
         (5, 0.25)
     """
-    from keras_group_lasso._validation import fail
-
     constraint = "an int >= 1 (a count) or a float in (0, 1] (a fraction of the dense model)"
     if value is None:
         return None
@@ -55,8 +55,6 @@ def check_latency(owner, name, value):
         >>> check_latency("SparsityBudget", "max_latency", 0.2), check_latency("SparsityBudget", "max_latency", (0.004, 256))
         (('fraction', 0.2), ('seconds', 0.004, 256))
     """
-    from keras_group_lasso._validation import fail
-
     constraint = ("a float in (0, 1] (a fraction of the dense model's measured time) or a pair (seconds > 0, "
                   "batch size) (a time per batch of that size)")
     if value is None:

@@ -54,6 +54,7 @@ import weakref
 import keras
 import numpy as np
 
+from keras_group_lasso._validation import fail
 from keras_group_lasso.groups import GroupView
 
 __all__ = [
@@ -1997,8 +1998,6 @@ def register_layer(cls, kind="per_unit", *, slicer=None, constants="call", descr
         'per_unit'
         >>> unregister_layer(Scale)
     """
-    from keras_group_lasso._validation import fail
-
     if isinstance(cls, LayerRule):
         rule = cls
         if not (isinstance(rule.cls, type) and issubclass(rule.cls, keras.layers.Layer)):

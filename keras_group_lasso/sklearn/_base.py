@@ -14,8 +14,11 @@ from sklearn.utils.multiclass import check_classification_targets
 from sklearn.utils.validation import check_is_fitted
 
 from keras_group_lasso._validation import NonFiniteError
+from keras_group_lasso.analysis import is_zero
 from keras_group_lasso.sklearn import _network
 from keras_group_lasso.sklearn._constraints import Interval, ParameterError, StrOptions, check_parameters
+from keras_group_lasso.sklearn._path import regularization_path
+from keras_group_lasso.surgery import prune_model
 
 try:  # scikit-learn >= 1.6
     from sklearn.utils.validation import validate_data as _validate_data
@@ -28,37 +31,6 @@ except ImportError:  # pragma: no cover - older scikit-learn
 __all__ = ["GroupSparseMLPClassifier", "GroupSparseMLPRegressor", "ParameterError"]
 
 _SEED_MAX = 2**31 - 1
-
-
-def check_finite(owner, estimator, monitor, weights, passes):
-    """Raise :class:`~keras_group_lasso.NonFiniteError` when a training diverged.
-
-    Diverged: a pass's loss was NaN or infinite (``monitor.diverged_at``), or
-    a weight is not finite. As scikit-learn's MLP does, the message points at
-    the usual cause, input data with large values.
-    """
-    names = [
-        f"{'output' if i == len(weights) // 2 - 1 else f'hidden_{i + 1}'}/{kind}"
-        for i in range(len(weights) // 2)
-        for kind in ("kernel", "bias")
-    ]
-    broken = [name for name, w in zip(names, weights) if not np.all(np.isfinite(w))]
-    if monitor.diverged_at is None and not broken:
-        return
-    found = []
-    if monitor.diverged_at is not None:
-        loss = monitor.loss[monitor.diverged_at - 1]
-        found.append(f"the loss became {loss} at pass {monitor.diverged_at} of {passes} (training stopped there)")
-    if broken:
-        found.append(f"the weights are not finite ({', '.join(broken)})")
-    targets = " and large targets" if estimator._task == "regression" else ""
-    raise NonFiniteError(
-        f"{owner}: the training diverged: {' and '.join(found)}. The input data may contain large values "
-        f"and need to be preprocessed: scale the features{targets}, e.g. with "
-        "sklearn.preprocessing.StandardScaler in a pipeline, or lower learning_rate "
-        f"(now {estimator.learning_rate!r}).",
-        names=broken,
-    )
 
 
 class _GroupSparseMLP(SelectorMixin, BaseEstimator):
@@ -270,7 +242,7 @@ class _GroupSparseMLP(SelectorMixin, BaseEstimator):
         # diverged one is fine: the next fit resets its weights and optimizer).
         _network.release(network)
         try:
-            check_finite(f"{type(self).__name__}.fit", self, monitor, weights, self.epochs)
+            _network.check_finite(f"{type(self).__name__}.fit", self, monitor, weights, self.epochs)
         except NonFiniteError:
             self._forget_fit()
             raise
@@ -293,8 +265,6 @@ class _GroupSparseMLP(SelectorMixin, BaseEstimator):
         The data attributes (``n_features_in_``, ``classes_``, ...) were set
         when this estimator validated the training data.
         """
-        from keras_group_lasso.analysis import is_zero
-
         threshold = 0.0 if self.proximal else float(self.threshold)
         weights = [np.asarray(w, dtype=np.float32) for w in weights]
         if not self.proximal:
@@ -365,8 +335,6 @@ class _GroupSparseMLP(SelectorMixin, BaseEstimator):
             >>> path.estimator(point).score(X_val, y_val)
             0.96
         """
-        from keras_group_lasso.sklearn._path import regularization_path
-
         return regularization_path(
             self,
             X,
@@ -421,8 +389,6 @@ class _GroupSparseMLP(SelectorMixin, BaseEstimator):
         """
         check_is_fitted(self)
         if self._pruned is None:
-            from keras_group_lasso.surgery import prune_model
-
             if not self.support_.any():
                 warnings.warn(
                     f"{type(self).__name__}: no input feature survived the threshold; "

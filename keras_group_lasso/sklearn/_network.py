@@ -30,19 +30,48 @@ import keras
 import numpy as np
 from keras import ops
 
-from keras_group_lasso.regularizers import (
-    GroupLasso,
-    HiddenGroupLasso,
-    InputGroupLasso,
-    SparseGroupLasso,
-    link_penalty_multiplier,
-)
+from keras_group_lasso._validation import NonFiniteError
+from keras_group_lasso.analysis import sparsity_report
+from keras_group_lasso.declared import link_penalty_multiplier
+from keras_group_lasso.optimizers import Proximal
+from keras_group_lasso.regularizers import GroupLasso, HiddenGroupLasso, InputGroupLasso, SparseGroupLasso
 
 logger = logging.getLogger("keras_group_lasso.sklearn")
 
 PENALTIES = ("sgl", "group", "l1", "l2")
 OPTIMIZERS = ("adam", "sgd")
 _CACHE_SIZE = 8
+
+
+def check_finite(owner, estimator, monitor, weights, passes):
+    """Raise :class:`~keras_group_lasso.NonFiniteError` when a training diverged.
+
+    Diverged: a pass's loss was NaN or infinite (``monitor.diverged_at``), or
+    a weight is not finite. As scikit-learn's MLP does, the message points at
+    the usual cause, input data with large values.
+    """
+    names = [
+        f"{'output' if i == len(weights) // 2 - 1 else f'hidden_{i + 1}'}/{kind}"
+        for i in range(len(weights) // 2)
+        for kind in ("kernel", "bias")
+    ]
+    broken = [name for name, w in zip(names, weights) if not np.all(np.isfinite(w))]
+    if monitor.diverged_at is None and not broken:
+        return
+    found = []
+    if monitor.diverged_at is not None:
+        loss = monitor.loss[monitor.diverged_at - 1]
+        found.append(f"the loss became {loss} at pass {monitor.diverged_at} of {passes} (training stopped there)")
+    if broken:
+        found.append(f"the weights are not finite ({', '.join(broken)})")
+    targets = " and large targets" if estimator._task == "regression" else ""
+    raise NonFiniteError(
+        f"{owner}: the training diverged: {' and '.join(found)}. The input data may contain large values "
+        f"and need to be preprocessed: scale the features{targets}, e.g. with "
+        "sklearn.preprocessing.StandardScaler in a pipeline, or lower learning_rate "
+        f"(now {estimator.learning_rate!r}).",
+        names=broken,
+    )
 
 
 # ----------------------------------------------------------------------------- penalties
@@ -89,7 +118,7 @@ class _PenaltyStrength(keras.layers.Layer):
     ``alpha`` and ``input_alpha`` scale the penalties of subgradient training
     (and Keras's ``L1`` / ``L2``); ``multiplier`` is ``[input_alpha, alpha]``,
     the strength multiplier the group-sparse penalties of proximal training
-    are linked to (:func:`keras_group_lasso.regularizers.link_penalty_multiplier`),
+    are linked to (:func:`keras_group_lasso.declared.link_penalty_multiplier`),
     which :class:`~keras_group_lasso.Proximal` keeps a copy of in its state.
 
     Its output is ``inputs * mask``: a feature whose mask entry is 0 reaches no
@@ -140,8 +169,6 @@ def _make_optimizer(name, learning_rate, proximal):
     inner = keras.optimizers.Adam(learning_rate) if name == "adam" else keras.optimizers.SGD(learning_rate)
     if not proximal:
         return inner
-    from keras_group_lasso.optimizers import Proximal
-
     return Proximal(inner)
 
 
@@ -490,8 +517,6 @@ class SparsityReader:
         self._model = None
 
     def __call__(self, weights, threshold):
-        from keras_group_lasso.analysis import sparsity_report
-
         if self._model is None:
             self._model = build_export_model(self.spec, 0.0, 0.0, weights, name="scratch")
         else:

@@ -34,10 +34,10 @@ import time
 import warnings
 
 import numpy as np
+from sklearn.base import clone
 
 from keras_group_lasso._validation import check_non_negative, fail
 from keras_group_lasso.sklearn import _network
-from keras_group_lasso.sklearn._base import check_finite
 
 __all__ = ["PathPoint", "RegularizationPath", "input_group_strengths", "regularization_path"]
 
@@ -470,8 +470,6 @@ def regularization_path(
         >>> path.estimator(-1).get_support(indices=True)
         array([0, 1])
     """
-    from sklearn.base import clone
-
     owner = f"{type(estimator).__name__}.path"
     hidden = estimator._check_params()
     alphas = _check_path_args(owner, alphas, path_multiplier, max_alphas, epochs_per_alpha, refit, keep_weights)
@@ -520,7 +518,7 @@ def regularization_path(
     def train(network, passes, alpha, losses):
         monitor = _network.PassMonitor(network)
         network.train(X_train, y_train, passes, seed(), monitor)
-        check_finite(f"{owner} (alpha={alpha:g})", work, monitor, network.get_weights(), passes)
+        _network.check_finite(f"{owner} (alpha={alpha:g})", work, monitor, network.get_weights(), passes)
         losses += monitor.loss
         return monitor.passes
 

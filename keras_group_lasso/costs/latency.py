@@ -16,6 +16,7 @@ steers with it (``max_latency``), and it can be saved as JSON and measured on
 the deployment target instead of the training machine.
 """
 
+import dataclasses
 import json
 import math
 import numbers
@@ -29,9 +30,12 @@ import warnings
 import keras
 import numpy as np
 
+from keras_group_lasso import analysis
 from keras_group_lasso._validation import Described, check_non_negative, check_positive_int, fail
+from keras_group_lasso.graph import model_graph, registry
+from keras_group_lasso.surgery import prune_model
 
-__all__ = ["unit_costs", "LatencyTable", "DEFAULT_GRID", "current_device"]
+__all__ = ["LatencyTable", "DEFAULT_GRID", "current_device"]
 
 _OWNER = "LatencyTable"
 FORMAT = "keras_group_lasso.LatencyTable/1"
@@ -169,65 +173,6 @@ def current_device():
     except Exception:  # noqa: BLE001 - a device that cannot say its name is described as the CPU
         return cpu
     return cpu
-
-
-# ----------------------------------------------------------------------------- what a unit costs
-
-
-def unit_costs(graph, kind, latency_table=None, batch_size=None, widths=None):
-    """``{unit id: cost}``: what one unit of a model graph costs in a budget's ``kind``.
-
-    A unit costs what making it costs in every layer that makes it plus what reading it costs in every layer that
-    reads it, each layer's cost per unit being::
-
-        flops:    multiply-adds / input units,  multiply-adds / output units
-        params:   the kernel row of one input unit,  the kernel column and bias of one output unit
-        latency:  LatencyTable.marginal_seconds (the slope of the layer's measured time over its widths)
-        units:    0,  1 for a unit a hidden layer makes
-        features: 1 for an input feature, 0 for any other unit
-
-    Args:
-        graph: a :class:`~keras_group_lasso.graph.ModelGraph`.
-        kind: ``"flops"``, ``"params"``, ``"latency"``, ``"units"`` or ``"features"``.
-        latency_table: the :class:`LatencyTable` of the graph's model (``kind="latency"`` only).
-        batch_size: the table's batch size (``None``: its only one).
-        widths: ``{layer name: (input units, output units)}`` to count multiply-adds and parameters at (the live
-            units of a pruned structure: what one more unit costs there); ``None``: the dense widths. The
-            latency slope is the table's, at the dense widths.
-
-    A layer called several times counts its multiply-adds and time at each call, its parameters and units once.
-    """
-    from keras_group_lasso.graph import registry
-
-    if kind == "features":
-        return {unit: 1.0 if unit < (graph.n_features or 0) else 0.0 for unit in range(graph.n_ids)}
-    if kind == "latency":
-        per_node = latency_table.marginal_seconds(batch_size)
-    else:
-        per_node = {}
-        for node in graph.units:
-            layer, rule = graph.layers[node.name], registry.units_rule(graph.layers[node.name])
-            width_in, width_out = (widths or {}).get(node.name, (node.in_units, node.out_units))
-            width_in, width_out = max(int(width_in), 1), max(int(width_out), 1)
-            if kind == "flops":
-                flops = rule.flops(layer, node.positions, width_in, width_out,
-                                   graph.output_shape(node.name, node.out_units))
-                per_node[node.name] = (flops / width_in, flops / width_out)
-            elif node.name in graph.calls:  # a later call of a shared layer: its parameters and units counted once
-                per_node[node.name] = (0.0, 0.0)
-            elif kind == "params":
-                kernel = rule.params(layer, node.positions, width_in, width_out, False)
-                bias = rule.params(layer, node.positions, width_in, width_out, bool(getattr(layer, "use_bias", True)))
-                per_node[node.name] = (kernel / width_in, bias / width_out)
-            else:
-                per_node[node.name] = (0.0, 0.0 if node.is_output else 1.0)
-    cost = {}
-    for node in graph.units:
-        per_in, per_out = per_node[node.name]
-        for ids, each in ((node.out_ids, per_out), (node.in_ids, per_in)):
-            for unit in ids:
-                cost[int(unit)] = cost.get(int(unit), 0.0) + each
-    return cost
 
 
 # ----------------------------------------------------------------------------- the table
@@ -388,9 +333,6 @@ class LatencyTable:
             InvalidParameterError: a bad argument, a model without a layer that makes units, or a model
                 whose inputs have axes of unknown size.
         """
-        from keras_group_lasso import analysis
-        from keras_group_lasso.graph import registry
-
         started = time.perf_counter()
         batch_sizes = _check_batch_sizes(_OWNER, "batch_size", batch_size)
         grid = _check_grid(grid)
@@ -573,15 +515,13 @@ class LatencyTable:
                 widths that are not whole numbers (a float with a fraction, a bool; ``3.0`` and numpy integers
                 are whole).
         """
-        from keras_group_lasso.analysis import Analysis, SparsityReport
-
         if structure is None:
             return dict(self.layers)
-        if isinstance(structure, Analysis):
+        if isinstance(structure, analysis.Analysis):
             masks = structure.masks
             return {name: (int(masks.inputs[name].sum()), int(masks.units[name].sum()))
                     for name in self.layers if name in masks.units}
-        if isinstance(structure, SparsityReport):
+        if isinstance(structure, analysis.SparsityReport):
             rows = {row.name: row for row in structure.layers}
             missing = [name for name in self.layers if name not in rows and "#" not in name]
             if missing or len(rows) > len(self.layers):
@@ -606,6 +546,14 @@ class LatencyTable:
             return widths
         fail(_OWNER, "structure", "None (the dense model), a SparsityReport, or a dict {layer name: (input units, "
              "output units)}", structure)
+
+    def annotate(self, found, batch_size=None):
+        """The report of ``found`` (an :class:`~keras_group_lasso.analysis.Analysis` of this table's model) with the
+        predicted time of the dense model and of ``found``'s live units at ``batch_size`` (``None``: the table's
+        first batch size); look-ups only."""
+        batch = self.batch_sizes[0] if batch_size is None else batch_size
+        return dataclasses.replace(found.report, latency_before=self.predict(None, batch),
+                                   latency_after=self.predict(found, batch), latency_batch_size=batch)
 
     def predict(self, structure=None, batch_size=None):
         """The predicted time in seconds of one inference call on a batch, for a structure of live units.
@@ -723,8 +671,6 @@ class LatencyTable:
             InvalidParameterError: ``owner: argument `name` must be a latency table measured for this model
                 ...``, naming the layers and widths, or the shape that differs.
         """
-        from keras_group_lasso.graph import model_graph
-
         graph = model_graph(model)
         widths = {node.name: (node.in_units, node.out_units) for node in graph.units}
         if widths != self.layers:
@@ -1346,10 +1292,6 @@ def _narrow_model(model, graph, fraction):
     works on copies) and given back their values at once. ``(None, None)`` with a warning when the model
     cannot be pruned.
     """
-    from keras_group_lasso import analysis
-    from keras_group_lasso.graph import registry
-    from keras_group_lasso.surgery import prune_model
-
     saved = []
     try:
         for node in graph.units:
