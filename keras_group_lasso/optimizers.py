@@ -583,20 +583,16 @@ class Proximal(keras.optimizers.Optimizer):
                 q = q - ops.clip(q, -t, t)
             axes = prox.group_axes(view)
             sq = ops.reshape(ops.sum(ops.square(q), axis=axes), (-1,))
-            own, onehot = penalty._masks(int(sq.shape[0]))
+            own, onehot = penalty.membership(int(sq.shape[0]))
             onehot = ops.cast(onehot, dtype)
             part = ops.matmul(ops.reshape(sq, (1, -1)), onehot)[0]
             total = part if total is None else total + ops.cast(part, total.dtype)
             prepared.append((index, value, shape, view, dtype, lr, lr_coupled, d, q, sq, own, onehot, penalty))
         points = []
         for index, value, shape, view, dtype, lr, lr_coupled, d, q, sq, own, onehot, penalty in prepared:
-            tiny = prox._TINY[dtype]
-            union = ops.cast(total, dtype)
             scales = ops.convert_to_tensor(penalty.scales, dtype)
-            per_key = ops.maximum(1.0 - lr_coupled * scales * ops.rsqrt(ops.maximum(union, tiny)), 0.0)
             c = lr * penalty.factor * math.sqrt(prox.group_size(view))
-            own_factor = ops.maximum(1.0 - c * ops.rsqrt(ops.maximum(sq, tiny)), 0.0) * ops.cast(own, dtype)
-            factor = own_factor + ops.matmul(onehot, ops.reshape(per_key, (-1, 1)))[:, 0]
+            factor = prox.coupled_group_factors(sq, total, own, onehot, c, lr_coupled * scales)
             axis_shape = [1] * len(view)
             axis_shape[-2] = -1
             z = ops.divide(q * ops.reshape(factor, axis_shape), d)

@@ -30,6 +30,7 @@ __all__ = [
     "sgl_step",
     "weighted_sgl_step",
     "compute_dtype",
+    "coupled_group_factors",
 ]
 
 
@@ -478,3 +479,42 @@ def sgl_step(x, a, b, use_l1=True):
     c = a * math.sqrt(group_size(shape))
     floor = _SQRT_TINY[keras.backend.standardize_dtype(dtype)]
     return x * ops.maximum(1.0 - c / ops.maximum(_group_norm(x), floor), 0.0)
+
+
+def coupled_group_factors(squares, union, own, membership, own_threshold, coupled_thresholds):
+    """The factor each group of one weight is scaled by in a proximal step with coupled groups.
+
+    A group is the weight's own or its part of a coupled group ``k`` (a unit whose weights lie in several
+    kernels), which goes or stays as a whole::
+
+        own group g:            max(0, 1 - own_threshold / ||q_g||)
+        part of coupled k:      max(0, 1 - coupled_thresholds[k] / ||q_U(k)||)
+
+    with ``||q_U(k)||**2 = union[k]``, the sum of the squared parts in every weight that shares ``k``. Norms are
+    floored at the dtype's smallest normal number's root (an all-zero group gets factor 0).
+
+    Args:
+        squares: ``(G,)`` squared norms of the weight's groups.
+        union: ``(K,)`` squared norms of the coupled groups, all their parts together.
+        own: ``(G,)`` 1.0 for an own group, 0.0 for a part of a coupled one.
+        membership: ``(G, K)`` one-hot: group ``g`` is part of coupled group ``k``.
+        own_threshold: a scalar, ``lr * factor * sqrt(|g|)``.
+        coupled_thresholds: ``(K,)``, ``lr * scale_k``.
+
+    Returns:
+        ``(G,)`` factors, in the dtype of ``squares``.
+
+    Example:
+        >>> f = coupled_group_factors(np.array([4.0, 9.0], "float32"), np.array([25.0], "float32"),
+        ...                           np.array([1.0, 0.0], "float32"), np.array([[0.0], [1.0]], "float32"),
+        ...                           1.0, np.array([2.5], "float32"))
+        >>> np.round(ops.convert_to_numpy(f), 3).tolist()
+        [0.5, 0.5]
+    """
+    squares = ops.convert_to_tensor(squares)
+    dtype = squares.dtype
+    tiny = _TINY[keras.backend.standardize_dtype(dtype)]
+    union, own, membership = (ops.cast(ops.convert_to_tensor(v), dtype) for v in (union, own, membership))
+    per_key = ops.maximum(1.0 - ops.cast(coupled_thresholds, dtype) * ops.rsqrt(ops.maximum(union, tiny)), 0.0)
+    own_factor = ops.maximum(1.0 - ops.cast(own_threshold, dtype) * ops.rsqrt(ops.maximum(squares, tiny)), 0.0)
+    return own_factor * own + ops.matmul(membership, ops.reshape(per_key, (-1, 1)))[:, 0]

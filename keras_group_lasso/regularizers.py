@@ -484,8 +484,9 @@ class CoupledGroupLasso(GroupSparseRegularizer):
         """Let this penalty read the weights of the others: ``members`` is ``[(variable, penalty)]`` of all of them."""
         self._members = list(members)
 
-    def _masks(self, groups):
-        """``(own (G,), onehot (G, K))`` float32 tensors: own groups, and each coupled group's key."""
+    def membership(self, groups):
+        """``(own (G,), onehot (G, K))`` float32 tensors for a weight of ``groups`` groups: 1.0 for each own
+        group, and which coupled group (of ``K``) each other group is part of."""
         if len(self.coupled) != groups:
             fail(type(self).__name__, "coupled", f"one entry per group of the weight ({groups} groups)",
                  len(self.coupled))
@@ -506,7 +507,7 @@ class CoupledGroupLasso(GroupSparseRegularizer):
     def coupled_squares(self, x):
         """``(K,)``: the squared norm of this weight's part of each coupled group."""
         _, sq = self._group_squares(x)
-        _, onehot = self._masks(int(sq.shape[0]))
+        _, onehot = self.membership(int(sq.shape[0]))
         return keras.ops.matmul(keras.ops.reshape(sq, (1, -1)), keras.ops.cast(onehot, sq.dtype))[0]
 
     def union_squares(self, own=None, dtype=None):
@@ -532,7 +533,7 @@ class CoupledGroupLasso(GroupSparseRegularizer):
         if self.scales and self._members is None:
             self.union_squares()  # raises: unlinked, this kernel's coupled groups would be missing from the loss
         view, sq = self._group_squares(x)
-        own, _ = self._masks(int(sq.shape[0]))
+        own, _ = self.membership(int(sq.shape[0]))
         size = prox.group_size(tuple(view.shape))
         value = self.factor * math.sqrt(size) * keras.ops.sum(keras.ops.cast(own, sq.dtype) * _safe_sqrt(sq))
         if self.l1:
@@ -549,7 +550,7 @@ class CoupledGroupLasso(GroupSparseRegularizer):
         """The gradient of every coupled group and own group at ``x`` (the other members at their current values)."""
         x = keras.ops.convert_to_tensor(x)
         view, sq = self._group_squares(x)
-        own, onehot = self._masks(int(sq.shape[0]))
+        own, onehot = self.membership(int(sq.shape[0]))
         size = prox.group_size(tuple(view.shape))
         scale = self.factor * math.sqrt(size) * keras.ops.cast(own, sq.dtype) * _safe_rsqrt(sq)
         scale = self._times_multiplier(scale, multiplier)

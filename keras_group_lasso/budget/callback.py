@@ -18,13 +18,12 @@ import numpy as np
 
 from keras_group_lasso import analysis
 from keras_group_lasso._validation import InvalidParameterError, check_non_negative, check_positive_int, fail
-from keras_group_lasso.budget import cut, rounding, schedule
+from keras_group_lasso.budget import cut, latency_check, renewal, rounding, schedule
 from keras_group_lasso.budget.state import CUT, SEARCH, WITHIN, BudgetState
 from keras_group_lasso.costs import LatencyTable, current_device, unit_costs
-from keras_group_lasso.declared import BUDGET_STATE_SIZE, MOMENTA, declare_group_penalties, group_sparse_penalties, layer_paths
+from keras_group_lasso.declared import BUDGET_STATE_SIZE, declare_group_penalties, group_sparse_penalties
 from keras_group_lasso.graph import model_graph, registry
 from keras_group_lasso.regularizers import CoupledGroupLasso
-from keras_group_lasso.surgery import prune_model
 
 __all__ = ["SparsityBudget"]
 
@@ -32,8 +31,6 @@ _OWNER = "SparsityBudget"
 _LOG = logging.getLogger("keras_group_lasso")
 #: The batch size a latency table is measured at when neither ``max_latency`` nor ``latency_table`` says one.
 LATENCY_BATCH_SIZE = 256
-# After a cut, the share of a BatchNormalization layer's moving statistics from before it that is left when fit ends.
-STALE_SHARE = 0.01
 # The note of the model's state that keeps the latency table a budget measured.
 _TABLE_NOTE = "latency_table"
 #: How a budget gets to its size: ``"gradual"`` cuts the weakest groups along the schedule as training goes;
@@ -55,185 +52,51 @@ LEAST_WIDTH = 0.9
 class SparsityBudget(keras.callbacks.Callback):
     """Steer the group penalties during ``fit`` so that training ends within a size budget.
 
-    Budgets are counted as :func:`keras_group_lasso.sparsity_report` counts
-    them with ``threshold``: selected input features, live hidden units
-    (neurons and channels, a coupled unit once), parameters and multiply-adds
-    per sample of the Dense and convolution layers after surgery. Each is an
-    ``int`` (a count) or a ``float`` in (0, 1] (a fraction of the dense
-    model); several budgets must all hold.
+    Sizes are counted as :func:`keras_group_lasso.sparsity_report` counts them at ``threshold``: selected input
+    features, live hidden units (a coupled unit once), parameters and multiply-adds per sample of the Dense and
+    convolution layers after surgery, and with ``max_latency`` the predicted time of a
+    :class:`~keras_group_lasso.LatencyTable`. A budget is an ``int`` (a count) or a ``float`` in (0, 1] (a
+    fraction of the dense model); several must all hold. The guide (``docs/budgets.md``) explains each part
+    and gives the measurements behind the defaults.
 
-    At the end of every epoch the callback measures the model and sets the
-    penalties' strength multipliers (:func:`keras_group_lasso.set_penalty_multiplier`,
-    read inside the compiled step, with subgradient training and with
-    :class:`~keras_group_lasso.Proximal` alike): the input groups' for
-    ``max_features``, the other groups' for ``max_units``, both for
-    ``max_params`` and ``max_flops`` (with ``update_freq``, also every few
-    batches). Each size follows a schedule from the
-    dense size to the budget over the searching part of the epochs,
-    ``budget + (dense - budget) * (1 - progress) ** schedule_power`` (the
-    default 1 is linear: groups go late, when the network has trained; 3 goes
-    fast at first, gentle near the budget); a multiplier behind its schedule grows by the ratio
-    size / target, at most 2x per epoch while nothing has gone yet, 1.2x
-    while the size stalls, 1.1x while it shrinks, and never beyond
-    ``max_strength`` times the strength the training started with; ahead of
-    the schedule it shrinks by the same ratio (at most 0.9x, 0.5x when the
-    size is below half its target).
+    Each size follows a schedule from the dense size to the budget over the searching epochs (the first
+    ``1 - settle`` of them)::
 
-    With ``update_freq`` an integer ``n`` (``"batch"``: 1) the multipliers
-    are also steered after every ``n`` batches of an epoch, with the schedule
-    at that point of the epoch and the same rates per epoch, taken in steps
-    (a step after a tenth of an epoch moves a multiplier by at most ``2 **
-    0.1``, and so on): when the size passes its target in the middle of an
-    epoch the strength eases at once instead of at the epoch's end, which
-    lands closer to the budget when a few epochs remove many groups.
-    Settling, the cut and the rounding stay at epoch ends. Each check reads
-    the model's weights and analyses them as :func:`~keras_group_lasso.sparsity_report`
-    does (on JAX, Keras first writes the training state back to the model). Without a
-    known number of steps per epoch (a dataset of unknown length) the first
-    epoch is steered at its end only and later ones use its count.
+        target(progress) = budget + (dense - budget) * (1 - progress) ** schedule_power
 
-    The last ``settle`` fraction of the epochs trains within the budget, in a
-    fixed structure; settling begins earlier when the model is within its
-    budget at an epoch where every scheduled size is within 5 % of its budget
-    (the penalties would take it further below the budget than it needs). At
-    the end of the epoch before the last ``settle`` fraction, a model still over
-    the budget gets its weakest groups set to zero (a coupled group as one;
-    input groups for a feature budget, the others for a unit budget, both
-    for parameters and FLOPs), the fewest that meet the budget, and a
-    warning says how many. Then every group that is zero (``<= threshold``)
-    stays at zero for the rest of ``fit`` (its kernel gets a constraint that
-    the optimizer applies after every step, inside the compiled step; the
-    kernel's own constraint still applies first, and ``fit`` ends with the
-    constraints the kernels had), and the survivors train without the
-    penalties (multipliers 0), so no group comes back and the penalties
-    remove none: ``fit`` ends at the size settling began with. The model
-    keeps the multipliers the search reached. The score of a group is the root mean
-    square of its weights over the median of its kernel's, so each layer
-    loses its own weakest groups, and the strongest group of every kernel
-    stays. The score of a hidden group is also multiplied by ``n / (n - j)``
-    when it is the ``j``-th weakest of its kernel's ``n`` (its layer's last
-    units are the dearest), so a cut spreads over the layers rather than
-    leaving one a single unit wide. A training that stops earlier
-    (``EarlyStopping``) is cut the same way when it ends. ``fit`` therefore ends within the budget, however the
-    penalties were set.
+    At every check (``update_freq``: by default eight per epoch) the penalties' strength multipliers
+    (:func:`keras_group_lasso.set_penalty_multiplier`; input groups for ``max_features``, the others for
+    ``max_units``, both for the rest) grow when the model is behind its schedule and ease when it is ahead,
+    within ``max_strength`` times the starting strength. With ``pace="gradual"`` (default), after a warm-up of
+    a third of the searching epochs, a model over its target has its weakest groups set to zero, the fewest
+    that meet it, and every group at zero stays there until ``fit`` ends: the budget is reached when settling
+    begins, whatever the starting strength (``cuts`` lists ``(epochs elapsed, groups)``). With
+    ``pace="penalty"`` the penalties alone remove groups during the search. When settling begins a model
+    still over its budget is cut to it (a warning says how many groups went, unless they are few after a
+    gradual search), every zero group is held at zero and the survivors train without the penalties, so
+    ``fit`` ends within the budget.
 
-    **Pace.** By default (``pace="gradual"``) the budget does not wait for
-    the penalties to remove the groups. After a warm-up (the first third of
-    the searching epochs), every check (``update_freq="auto"``: eight per
-    epoch) finds the sizes the schedule asks for at that point, and a model
-    over them has its weakest groups set to zero, the fewest that meet them
-    (ranked as the cut above ranks them); every group at zero then stays at
-    zero until ``fit`` ends. The model thus reaches its budget when settling
-    begins (after two thirds of the epochs with the default ``settle``) in
-    steps of a few groups, whatever the penalties' strength, and the rest of
-    the epochs recover; the penalties, steered as above, weaken the groups
-    that go next. ``cuts`` holds ``[(epochs elapsed, groups set to zero)]``,
-    one entry per check that cut. ``pace="penalty"`` is the paper's way: the
-    steered penalties remove the groups, and what they leave over when
-    settling begins is cut at once (too weak a strength makes that cut large;
-    too strong a one ends far below the budget).
+    A group's weakness is its strength among its own kernel's groups per share of the budget its unit frees,
+    and a layer's last units count as stronger (``n / (n - j)`` for the ``j``-th weakest of ``n``). No cut and
+    no penalty takes a layer below its least width (``min_width``; ``"auto"``: ``0.9 * sqrt(f)`` of its units
+    for a FLOP, parameter or latency budget of a fraction ``f``, ``0.9 * f`` for units) while the budget can
+    be met without it, and the strongest group of every kernel stays. After a cut the
+    ``BatchNormalization`` layers average with a lower momentum for the rest of ``fit``, so that statistics
+    from before it weigh at most 1 % at the end. With ``round_to`` > 1 the settled layers' widths are
+    multiples of it (``rounded``: ``{layer: (live before, after)}``; ``spare_block`` keeps the penalties off a
+    block of each such layer, ``spared``).
 
-    **Least width.** No cut and no penalty takes a layer (a kernel's hidden
-    groups) below ``ceil(share * units)`` live units while the budget can be
-    met without: ``min_width="auto"`` gives 90 % of the width at which
-    every layer, equally narrowed, meets the budget: ``0.9 * sqrt(f)``
-    for a FLOP, parameter or latency budget of a fraction ``f`` of the dense
-    model (a network whose layers keep a share ``s`` of their units has about
-    ``s ** 2`` of its multiply-adds), ``0.9 * f`` for a unit budget, none for a
-    feature budget; a float sets the share. The penalties spare each such
-    kernel's strongest groups, up to that width, during ``fit`` (the
-    penalty's ``spared``). A full-resolution layer frees the most per unit,
-    so a cut that weighs a group by what it frees empties it first: without a
-    least width a VGG-style network's first convolution ended one channel
-    wide, and less accurate than one narrowed evenly (measured: the closer
-    to even, the more accurate; see ``benchmarks/peers_cnn.py``).
+    The epoch's ``logs`` get ``budget_multiplier_input``, ``budget_multiplier_hidden``, ``budget_phase`` (0
+    searching, 1 within the budget, 2 groups were cut), ``budget_over`` (the largest size / budget),
+    ``budget_cut`` (groups set to zero in the epoch) and each budgeted size (``budget_flops``, ...,
+    ``budget_latency`` in predicted seconds).
 
-    A cut (or rounding) changes what the layers after it compute, so the
-    moving statistics of ``BatchNormalization`` layers, averaged over the
-    steps before it, no longer fit the network in inference. For the rest of
-    ``fit`` each such layer averages with ``momentum = min(momentum, 0.01 **
-    (1 / steps of the settling part))``, so that the statistics from before
-    the cut weigh at most 1 % when ``fit`` ends (a resumed training sets the
-    same momentum again); ``fit`` ends with the momentum the layers had. The
-    warning of a cut with no step left after it says that the statistics
-    predate it.
-
-    With ``round_to`` > 1 every layer that makes its own units (a Dense or
-    convolution layer, not the output, whose units one other layer reads
-    outside a residual stream) ends with a multiple of ``round_to`` live
-    units, or all its units. The budget counts each such layer at the
-    multiple at or above its live units all along (the logs too), and when
-    settling begins each layer grows to that width: it keeps its live units
-    and the dead ones it grows into get random weights in and out (small
-    ones out) and train in the settling epochs. A model over its budget
-    when settling begins is cut in whole blocks rather than single groups:
-    the layer whose step down loses the least group strength per budget
-    share goes down a block until the budget holds (a model settling at its
-    last epoch is only rounded down); a layer goes below ``round_to`` only
-    when whole blocks cannot meet the budget. ``rounded`` holds ``{layer name: (live units
-    before, after)}``. Processors compute channels in blocks (a CPU's vector
-    registers hold 16 float32 numbers with AVX-512): a convolution with 4
-    output channels can take as long as one with 16, so widths in whole
-    blocks make the pruned model faster for the same multiply-adds.
-
-    With ``spare_block=True`` (and ``round_to`` > 1) the penalties leave
-    alone, during this ``fit``, the ``round_to`` strongest units of every
-    layer rounding may resize (their outgoing groups in the one layer that
-    reads them: the penalty's ``spared``). Rounding keeps a whole block of
-    such a layer anyway and the budget counts it at that width all along,
-    so the block costs nothing more; without it, the penalties can empty a
-    layer to a few units and settling re-grows the rest of its block from
-    random weights. ``spared`` holds ``{layer name: units spared}``. The
-    train step is traced again at the start and at the end of ``fit`` (a
-    compiled step holds what it was traced with).
-
-    The epoch's ``logs`` (the progress bar, ``History``, a
-    ``keras.callbacks.TensorBoard`` placed after it) get
-    ``budget_multiplier_input``, ``budget_multiplier_hidden``,
-    ``budget_phase`` (0 searching, 1 within the budget, 2 groups were cut),
-    ``budget_over`` (the largest size / budget), the size of each budgeted
-    quantity (``budget_features``, ``budget_units``, ``budget_params``,
-    ``budget_flops``, ``budget_latency`` in predicted seconds) and
-    ``budget_cut`` (groups set to zero at that epoch).
-
-    **Latency.** ``max_latency`` budgets the measured inference time of a
-    batch on the backend and device that run ``fit`` (or those a
-    ``latency_table`` was measured on): a
-    :class:`~keras_group_lasso.LatencyTable` times each Dense and
-    convolution layer (with the per-channel layers after it) at a grid of
-    widths once, when ``fit`` starts (a few
-    seconds for a small CNN; the table is kept in ``latency_table`` and, with
-    the budget's progress, in the model's state, saved with its weights: a
-    resumed or later ``fit`` uses it again rather than measuring anew, when
-    it fits the model, backend and device), and the size the budget steers is the table's prediction
-    for the live units, served by both multipliers as ``max_flops`` is. With
-    ``latency_check`` (default) the end of ``fit`` builds the pruned model
-    (:func:`~keras_group_lasso.prune_model`), times it and the dense model
-    and keeps predicted vs measured in ``latency`` (a dict; also logged to the
-    ``keras_group_lasso`` logger, and a warning when the measured pruned
-    model is more than 10 % over the budget's fraction), when the table was
-    measured on the backend and device ``fit`` runs on.
-
-    **State and resuming.** The multipliers and the budget's progress are
-    model state (:mod:`keras_group_lasso.declared`), saved with the weights:
-    ``model.save``, ``save_weights``, ``keras.callbacks.BackupAndRestore`` and
-    ``ModelCheckpoint`` keep them, and the callback keeps nothing of its own
-    between epochs. Every end-of-epoch decision is recorded in that state; a
-    checkpoint written before it (a callback placed before this one) is
-    caught up at the start of the resumed ``fit``, from the same weights and
-    state, so a resumed training ends exactly where the uninterrupted one
-    does, whatever the order of the callbacks. Resume with
-    ``BackupAndRestore``, or with a saved model and ``fit(initial_epoch=...)``
-    and a new ``SparsityBudget`` of the same arguments; ``fit`` from epoch 0
-    starts a new search from the strength the model has. A model made by
-    :func:`~keras_group_lasso.add_group_sparsity` saves the state in its
-    config's own variables; a plain model whose layers carry this package's
-    penalties (``Dense(..., kernel_regularizer=SparseGroupLasso(1e-4))``) gets
-    it when the budget first sees it (see :mod:`keras_group_lasso.declared`
-    for where it lives; ``load_model`` of a plain model does not restore it).
-    A callback after this one that gives the model other weights when ``fit``
-    ends (``EarlyStopping(restore_best_weights=True)``) is checked too: the
-    budget is enforced once more after every callback, with a warning.
+    The multipliers and the budget's progress are model state (:mod:`keras_group_lasso.declared`), saved
+    with the weights, so a training resumed by ``BackupAndRestore`` or from a ``ModelCheckpoint`` with
+    ``fit(initial_epoch=...)`` ends as the uninterrupted one does, in any order of the callbacks. A latency
+    table the budget measured is kept there too. A callback after this one that gives the model other
+    weights when ``fit`` ends (``EarlyStopping(restore_best_weights=True)``) is caught: the budget is
+    enforced once more after every callback, with a warning.
 
     Args:
         max_features: selected input features.
@@ -248,8 +111,9 @@ class SparsityBudget(keras.callbacks.Callback):
             model (measured elsewhere, e.g. on the deployment device; for a
             fraction, of one batch size); ``None``: measured when ``fit``
             starts.
-        latency_check: with ``max_latency``, time the pruned model when
-            ``fit`` ends (see above). Default True.
+        latency_check: with ``max_latency``, build the pruned model when ``fit`` ends, time it beside the
+            dense one and keep predicted vs measured in ``latency`` (a warning when the pruned model is more
+            than 10 % over its budget), when the table was measured where ``fit`` runs. Default True.
         threshold: weights with ``|w| <= threshold`` count as zero (the
             paper's 1e-3; ``Proximal`` training has exact zeros). Prune the
             trained model with the same threshold.
@@ -259,18 +123,17 @@ class SparsityBudget(keras.callbacks.Callback):
             strength the training started with.
         schedule_power: the exponent of the schedule (> 0).
         round_to: an integer >= 1; above 1, the settled layers' widths are
-            multiples of it (see above). 1 (default): widths as training left them.
+            multiples of it (a model over its budget is cut in whole blocks). 1 (default): widths as training left them.
         update_freq: ``"auto"`` (default): eight checks per epoch with the
             gradual pace, the end of every epoch with the penalty pace;
             ``"epoch"``: the multipliers are steered (and with the gradual pace
             groups are cut) at the end of every epoch; ``"batch"`` or an
-            integer ``n >= 1``: also after every ``n`` batches (see above).
+            integer ``n >= 1``: also after every ``n`` batches.
         spare_block: with ``round_to`` > 1, keep the penalties off the
-            ``round_to`` strongest units of each layer rounding may resize
-            (see above). Default False.
-        pace: ``"gradual"`` (default) or ``"penalty"`` (see Pace above).
+            ``round_to`` strongest units of each layer rounding may resize. Default False.
+        pace: ``"gradual"`` (default: cut along the schedule) or ``"penalty"`` (the penalties alone).
         min_width: ``"auto"`` (default) or a fraction in [0, 1) of each
-            layer's units (see Least width above); 0: none.
+            layer's units that no cut or penalty goes below; 0: none.
 
     Raises:
         InvalidParameterError: no budget, or a budget, ``threshold``,
@@ -377,7 +240,7 @@ class SparsityBudget(keras.callbacks.Callback):
         self._every = None
         self._share = 0.0
         self._epoch_cut = 0
-        self._momenta = {}  # {id: (BatchNormalization layer, its own momentum)} while a cut's statistics renew
+        self._renewal = renewal.StatisticsRenewal()  # the BatchNormalization momenta a cut lowered in this fit
         self.limits = None
         self._declared = None
         self._first_epoch = None
@@ -775,7 +638,11 @@ class SparsityBudget(keras.callbacks.Callback):
         self._declared.training_latency = None
         self._finish()
         if "latency" in self.limits and self.latency_check:
-            self._check_latency(logs)
+            self.latency = latency_check.time_pruned(self.model, self.latency_table, self.threshold,
+                                                     self.latency_batch_size, self.limits["latency"], _OWNER)
+            if self.latency is not None and logs is not None:
+                logs["budget_latency_predicted"] = self.latency["predicted"]
+                logs["budget_latency_measured"] = self.latency["measured"]
         history = getattr(self.model, "history", None)
         if isinstance(history, keras.callbacks.History) and "on_train_end" not in vars(history):
             def after_every_callback(logs=None, history=history):
@@ -784,51 +651,6 @@ class SparsityBudget(keras.callbacks.Callback):
                 self._finish(after_others=True)
 
             history.on_train_end = after_every_callback
-
-    def _check_latency(self, logs):
-        """Time the pruned model (and the dense one, side by side) and keep predicted vs measured."""
-        batch = self.latency_batch_size
-        here = (keras.backend.backend(), current_device())
-        if (self.latency_table.backend, self.latency_table.device) != here:
-            _LOG.info("%s: the pruned model is not timed: the latency table was measured on %s, %s, fit runs on "
-                      "%s, %s.", _OWNER, self.latency_table.backend, self.latency_table.device, *here)
-            return
-        found = analysis.analyze(self.model, self.threshold, owner=_OWNER)
-        predicted = self._predicted_latency(self.latency_table.widths_of(found))
-        dense_predicted = self.dense["latency"]
-        try:
-            pruned = prune_model(self.model, self.threshold)
-        except InvalidParameterError as error:  # the trained model cannot be pruned: say so, keep the training
-            warnings.warn(f"{_OWNER}: the pruned model is not timed: {error}", RuntimeWarning, stacklevel=3)
-            return
-        measured, dense_measured = LatencyTable.time_models([pruned, self.model], batch)
-        self.latency = {
-            "batch_size": batch,
-            "predicted": predicted,
-            "measured": measured,
-            "dense_predicted": dense_predicted,
-            "dense_measured": dense_measured,
-            "predicted_speedup": dense_predicted / predicted,
-            "measured_speedup": dense_measured / measured,
-            "budget": self.limits["latency"],
-        }
-        if logs is not None:
-            logs["budget_latency_predicted"] = predicted
-            logs["budget_latency_measured"] = measured
-        _LOG.info("%s: the pruned model takes %s at batch %d, predicted %s (dense: %s measured now, %s in the table); "
-                  "speed-up measured %.2fx, predicted %.2fx.", _OWNER, _ms(measured), batch, _ms(predicted),
-                  _ms(dense_measured), _ms(dense_predicted), self.latency["measured_speedup"],
-                  self.latency["predicted_speedup"])
-        asked = self.limits["latency"] / dense_predicted  # the budget as a fraction of the dense time
-        if measured > 1.1 * asked * dense_measured:
-            warnings.warn(
-                f"{_OWNER}: the pruned model measured {_ms(measured)} at batch {batch}, {measured / dense_measured:.2f} "
-                f"of the dense model's {_ms(dense_measured)} measured beside it; the budget asked "
-                f"{asked:.2f} and the latency table predicted {predicted / dense_predicted:.2f}. A table measured on "
-                "a quiet machine (or with more repeats) predicts closer.",
-                RuntimeWarning,
-                stacklevel=3,
-            )
 
     def _finish(self, after_others=False):
         sizes = self._measure()
@@ -896,37 +718,17 @@ class SparsityBudget(keras.callbacks.Callback):
             self.model.make_train_function(force=True)
 
     def _renew_statistics(self):
-        """After a cut: the ``BatchNormalization`` layers forget what they averaged before it, by a lower momentum
-        until ``fit`` ends: at most ``STALE_SHARE`` of it is left after the steps of the settling part (a cut is made
-        when settling begins; a resumed training sets the same momentum again)."""
+        """After a cut: the ``BatchNormalization`` layers renew their statistics over the settling part's steps (see
+        :mod:`.renewal`; a cut is made when settling begins, and a resumed training lowers the momenta again)."""
         left = (self._epochs() - self._search_end()) * (self._steps or self._done)
-        if left <= 0:
-            return
-        momentum = STALE_SHARE ** (1.0 / left)
-        # Each layer's own momentum is noted in the model's state too: a model saved now carries the lowered one
-        # in its config, and loading the state gives the own one back.
-        own = dict(self._declared.note(MOMENTA, {}))
-        changed = False
-        for path, layer in _batch_normalizations(self.model):
-            if layer.momentum > momentum:
-                own.setdefault(path, float(layer.momentum))
-                self._momenta.setdefault(id(layer), (layer, own[path]))
-                layer.momentum = momentum
-                changed = True
-        if changed:
-            self._declared.set_note(MOMENTA, own)
+        if self._renewal.lower(self.model, self._declared, left):
             self.model.make_train_function(force=True)
 
     def _release_constraints(self):
         """The kernels' own constraints back, and no spared groups: the next ``fit`` traces without them."""
         if self.model is None:
             return
-        changed = bool(self._momenta)
-        for layer, momentum in self._momenta.values():
-            layer.momentum = momentum
-        if self._momenta:
-            self._declared.set_note(MOMENTA, None)
-        self._momenta = {}
+        changed = self._renewal.restore(self._declared)
         changed = cut.release_frozen_groups(self.model) or changed
         for _, _, penalty in group_sparse_penalties(self.model):
             changed = changed or bool(penalty.spared)
@@ -1037,7 +839,7 @@ class SparsityBudget(keras.callbacks.Callback):
         stale = (" Its BatchNormalization statistics were gathered before the cut, and no training step was left "
                  "to renew them: run the model over training data in training mode before inference, or let "
                  "settling begin an epoch or more before the end (settle)."
-                 if last and any(True for _ in _batch_normalizations(self.model)) else "")
+                 if last and renewal.moving_statistics_layers(self.model) else "")
         warnings.warn(
             f"{_OWNER}: {when} the model was still over its budget; {what} to meet it: {details} "
             "(logs['budget_cut'] counts them at the epoch they went). A larger penalty factor or more epochs let "
@@ -1071,12 +873,6 @@ class SparsityBudget(keras.callbacks.Callback):
             self._warn_cut(f"{removed} live units went, in blocks of {self.round_to} (round_to)", self._measure(),
                            epoch)
         return changed, removed
-
-
-def _batch_normalizations(model):
-    """``[(path, layer)]``: the layers of ``model`` (nested models included) that average statistics with a
-    momentum."""
-    return layer_paths(model, registry.keeps_moving_statistics)
 
 
 def _narrowest(table, batch):

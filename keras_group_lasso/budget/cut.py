@@ -7,6 +7,7 @@ layer reads); the rows of one coupled group count as one.
 import keras
 import numpy as np
 
+from keras_group_lasso import prox
 from keras_group_lasso.graph import registry
 from keras_group_lasso.regularizers import CoupledGroupLasso, GroupSparseRegularizer
 
@@ -24,7 +25,7 @@ def _largest(variable):
     """Each group's largest ``|w|``: ``(groups,)``."""
     view = variable.regularizer.group_shape(tuple(variable.shape))
     value = np.abs(np.asarray(keras.ops.convert_to_numpy(variable))).reshape(view)
-    return np.max(value, axis=tuple(a for a in range(len(view)) if a != len(view) - 2))
+    return np.max(value, axis=prox.group_axes(view))
 
 
 def dead_groups(model, threshold, exact=False):
@@ -171,8 +172,7 @@ def ranked_groups(model, roles, cut_before=frozenset(), loads=None, floors=None)
         variables.append(variable)
         view = penalty.group_shape(tuple(variable.shape))
         value = np.asarray(keras.ops.convert_to_numpy(variable), dtype=np.float64).reshape(view)
-        axes = tuple(a for a in range(len(view)) if a != len(view) - 2)
-        rms = np.sqrt(np.sum(value ** 2, axis=axes) / (value.size // view[-2]))
+        rms = np.sqrt(np.sum(value ** 2, axis=prox.group_axes(view)) / (value.size // view[-2]))
         live = rms[rms > 0]
         scale = float(np.median(live)) if live.size else 1.0
         per_load = _relative_loads(loads, variable.path, view[-2])

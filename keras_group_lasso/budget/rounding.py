@@ -10,6 +10,7 @@ not the model); :func:`apply_width` writes one width into the model.
 import keras
 import numpy as np
 
+from keras_group_lasso import prox
 from keras_group_lasso.budget import schedule
 from keras_group_lasso.graph import registry
 from keras_group_lasso.regularizers import CoupledGroupLasso, GroupSparseRegularizer
@@ -130,8 +131,7 @@ def roundable_layers(found):
         rows = np.array([r[0][1] for r in found_readers], dtype=int)
         kernel = np.asarray(keras.ops.convert_to_numpy(reader.kernel), dtype=np.float64)
         view = kernel.reshape(penalty.group_shape(kernel.shape))
-        axes = tuple(a for a in range(view.ndim) if a != view.ndim - 2)
-        outgoing = np.sqrt(np.mean(view ** 2, axis=axes))[rows]
+        outgoing = np.sqrt(np.mean(view ** 2, axis=prox.group_axes(view.shape)))[rows]
         own = np.asarray(keras.ops.convert_to_numpy(layer.kernel), dtype=np.float64)
         incoming = np.sqrt(np.mean(own.reshape(-1, own.shape[-1]) ** 2, axis=0))
         out.append(Roundable(node.name, layer, reader_name, reader, rows, np.asarray(masks.units[node.name]),
@@ -207,8 +207,7 @@ def apply_width(layer, threshold, rng):
     own_penalty = getattr(layer.layer.kernel, "regularizer", None)
     if isinstance(own_penalty, GroupSparseRegularizer):
         groups = own_value.reshape(own_penalty.group_shape(own_value.shape))
-        axes = tuple(a for a in range(groups.ndim) if a != groups.ndim - 2)
-        alive = np.max(np.abs(groups), axis=axes) > threshold
+        alive = np.max(np.abs(groups), axis=prox.group_axes(groups.shape)) > threshold
         reads = np.broadcast_to(alive.reshape((1,) * (groups.ndim - 2) + (-1, 1)), groups.shape)
         reads = reads.reshape(own.shape)[:, 0]
     else:
