@@ -528,6 +528,53 @@ class SparsityReport:
             lines.append("  uninterpreted:     " + ", ".join(self.uninterpreted_layers))
         return "\n".join(lines)
 
+    def plot(self, ax=None):
+        """Draw the width of every layer before and after: the input features, then the units each layer makes.
+
+        One pair of bars per layer (the dense width, light; what is alive, dark), labelled ``alive/dense``.
+        Needs matplotlib (``pip install "keras-group-lasso[plot]"``), imported only here.
+
+        Args:
+            ax: a matplotlib ``Axes`` to draw on; ``None``: a new figure.
+
+        Returns:
+            The ``Axes``.
+
+        Raises:
+            ImportError: matplotlib is not installed (the message says how to install it).
+
+        Example:
+            >>> import matplotlib
+            >>> matplotlib.use("Agg")
+            >>> model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(3, name="hidden"),
+            ...                           keras.layers.Dense(2, name="out")])
+            >>> ax = sparsity_report(model).plot()
+            >>> [label.get_text() for label in ax.get_xticklabels()]
+            ['features', 'hidden', 'out']
+        """
+        try:
+            import matplotlib.pyplot as plt
+        except ImportError as error:
+            raise ImportError('SparsityReport.plot needs matplotlib: pip install "keras-group-lasso[plot]" (or '
+                              'matplotlib)') from error
+        names = ["features"] + [layer.name for layer in self.layers]
+        dense = [self.n_features] + [layer.units for layer in self.layers]
+        alive = [len(self.selected_features)] + [layer.units_alive for layer in self.layers]
+        if ax is None:
+            _, ax = plt.subplots(figsize=(max(4.0, 0.6 * len(names) + 1.5), 3.5))
+        positions = np.arange(len(names))
+        ax.bar(positions, dense, width=0.8, color="#c6dbef", label="dense")
+        ax.bar(positions, alive, width=0.5, color="#2171b5", label=f"alive at |w| > {self.threshold:g}")
+        for x, (kept, full) in enumerate(zip(alive, dense)):
+            ax.annotate(f"{kept}/{full}", (x, full), ha="center", va="bottom", fontsize=8)
+        ax.set_xticks(positions)
+        ax.set_xticklabels(names, rotation=45 if len(names) > 6 else 0, ha="right" if len(names) > 6 else "center")
+        ax.set_ylabel("features / units")
+        ax.set_title(f"widths: {self.flops_ratio:.0%} of the FLOPs, {self.compression:.0%} of the parameters")
+        ax.legend(loc="upper right", fontsize=8)
+        ax.margins(y=0.15)
+        return ax
+
 
 def sparsity_report(model, threshold=1e-3, latency_table=None):
     """Describe the sparsity of ``model``'s Dense and convolution layers at ``threshold`` (the model is not changed).

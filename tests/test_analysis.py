@@ -1,6 +1,7 @@
 """analysis: the fixed point of dead units, the report's numbers, apply_threshold, errors."""
 
 import json
+import sys
 
 import keras
 import numpy as np
@@ -70,6 +71,7 @@ def _ones(*shape):
 # ----------------------------------------------------------------------------- known answers
 
 
+@pytest.mark.quick
 def test_report_known_answer():
     w0, w1, w2 = _ones(6, 4), _ones(4, 3), _ones(3, 2)
     w0[[0, 3]] = 0.0  # features 0 and 3 unused
@@ -228,6 +230,7 @@ def test_feature_strength_and_group_norms_match_numpy(rng):
 # ----------------------------------------------------------------------------- str / dict
 
 
+@pytest.mark.quick
 def test_str_and_to_dict():
     w0 = _ones(4, 3)
     w0[0] = 0.0
@@ -311,6 +314,7 @@ def test_a_subclassed_model_built_on_data_is_read_through_its_traced_call():
 # ----------------------------------------------------------------------------- errors
 
 
+@pytest.mark.quick
 @pytest.mark.parametrize(
     "threshold, message",
     [
@@ -458,3 +462,30 @@ def test_a_model_without_input_features_has_penalty_zero_and_a_sensible_report()
     assert report.n_features == 0 and report.selected_features == ()
     assert report.layers[0].weights == 0 and report.layers[0].sparsity == 0.0
     assert report.layer_sizes == (0, 0) and report.original_layer_sizes == (0, 3)
+
+
+def test_the_report_draws_each_layer_s_width_before_and_after():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    model = keras.Sequential([keras.Input((5,)), keras.layers.Dense(4, name="hidden"), keras.layers.Dense(2, name="out")])
+    kernel = np.ones((5, 4))
+    kernel[[1, 3]] = 0.0  # features 1 and 3 go
+    out = np.ones((4, 2))
+    out[2] = 0.0  # hidden unit 2 goes
+    model.get_layer("hidden").set_weights([kernel, np.zeros(4)])
+    model.get_layer("out").set_weights([out, np.zeros(2)])
+    report = sparsity_report(model)
+    ax = report.plot()
+    dense, alive = ax.containers
+    assert [bar.get_height() for bar in dense] == [5, 4, 2]
+    assert [bar.get_height() for bar in alive] == [3, 3, 2]
+    assert [text.get_text() for text in ax.texts] == ["3/5", "3/4", "2/2"]
+    matplotlib.pyplot.close(ax.figure)
+
+
+def test_drawing_the_report_without_matplotlib_says_how_to_install_it(monkeypatch):
+    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
+    monkeypatch.setitem(sys.modules, "matplotlib.pyplot", None)
+    with pytest.raises(ImportError, match=r"keras-group-lasso\[plot\]"):
+        sparsity_report(model).plot()
