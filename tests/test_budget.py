@@ -61,7 +61,7 @@ def assert_surgery_exact(model, x):
     np.testing.assert_allclose(small.predict(x, verbose=0), reference.predict(x, verbose=0), atol=1e-5)
 
 
-@pytest.mark.parametrize("optimizer", ["proximal", "adam"])
+@pytest.mark.parametrize("optimizer", [pytest.param("proximal", marks=pytest.mark.quick), "adam"])
 def test_training_ends_within_a_feature_budget(rng, optimizer):
     x, y = data(rng)
     model = mlp()
@@ -365,6 +365,7 @@ def test_the_multiplier_saves_and_a_resumed_budget_starts_from_it(rng, tmp_path)
     assert sparsity_report(loaded, 1e-3).n_selected_features <= 4
 
 
+@pytest.mark.quick
 @pytest.mark.parametrize(
     "kwargs, message",
     [
@@ -519,6 +520,7 @@ def test_round_to_says_when_blocks_cannot_meet_the_budget_and_single_groups_are_
 # ----------------------------------------------------------------------------- what the cut frees
 
 
+@pytest.mark.quick
 def test_unit_costs_of_each_budget_kind():
     from keras_group_lasso.costs import unit_costs
     from keras_group_lasso.graph import model_graph
@@ -645,7 +647,7 @@ def _cut_with_batch_normalization(rng, epochs=4, settle=0.5):
 
 
 def test_batch_normalization_forgets_what_it_averaged_before_a_cut(rng, monkeypatch):
-    from keras_group_lasso.budget import callback
+    from keras_group_lasso.budget import renewal
 
     history, _, momenta, bn, mean_error, variance_error = _cut_with_batch_normalization(rng)
     assert history.history["budget_cut"][1] > 0
@@ -653,7 +655,7 @@ def test_batch_normalization_forgets_what_it_averaged_before_a_cut(rng, monkeypa
     assert momenta == pytest.approx([0.99] + [0.01 ** (1 / 32)] * 3) and bn.momentum == 0.99
     assert mean_error < 0.3 and variance_error < 0.5
     # Averaged on with its own momentum, the layer would still carry 0.99 ** 32 = 72 % of the old statistics.
-    monkeypatch.setattr(callback, "STALE_SHARE", 1.0)
+    monkeypatch.setattr(renewal, "STALE_SHARE", 1.0)
     _, _, momenta, _, mean_error, variance_error = _cut_with_batch_normalization(np.random.default_rng(0))
     assert momenta == [0.99] * 4 and (mean_error > 0.5 or variance_error > 1.0)
 
