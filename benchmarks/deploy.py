@@ -1,12 +1,22 @@
-"""Deploying the pruned VGG: dense vs pruned, float vs int8, in ONNX Runtime and the TFLite interpreter.
+"""Deploying a pruned CNN: dense vs pruned, float vs int8, in ONNX Runtime and the TFLite interpreter.
 
-The 32-64-128 VGG of ``benchmarks/cnn_fashion.py`` (two 3x3 Conv-BN-ReLU per
-stage, ``--channels 32 64 128 --convs-per-stage 2``) on Fashion-MNIST, trained
-twice from the same seed on a subset of the training images:
+``--network vgg`` (the default): the 32-64-128 VGG of ``benchmarks/cnn_fashion.py``
+(two 3x3 Conv-BN-ReLU per stage, ``--channels 32 64 128 --convs-per-stage 2``)
+on Fashion-MNIST, trained twice from the same seed on a subset of the training
+images:
 
 * dense: Adam;
 * pruned: FLOP-weighted group penalties, ``Proximal(Adam)`` steered by
-  ``SparsityBudget(max_flops=--budget-flops)``.
+  ``SparsityBudget(max_flops=--budget-flops, settle=--settle)``.
+
+``--network mobilenetv2`` or ``efficientnet``: the network of that name in
+``benchmarks/modern_cnn.py`` (inverted residual blocks with depthwise
+convolutions and residual adds, 32x32x1 inputs: the images padded by 2 pixels),
+trained by its own ``train_dense`` and ``train_budget`` (batch 256, its cosine
+learning rate, no XLA on TensorFlow) on the first ``--train`` training images;
+the budget row is ``SparsityBudget(max_flops=--budget-flops)`` with the
+library's defaults for everything else (``settle`` too unless given). Results
+go to ``benchmarks/results/deploy_<network>.md`` (and ``.json``).
 
 Then the BatchNormalization statistics of both are computed afresh on 2,000
 training images (a few short epochs leave the moving averages behind).
@@ -24,6 +34,7 @@ Usage::
 
     KERAS_BACKEND=tensorflow python benchmarks/deploy.py                # about 15 minutes on 2 cores
     KERAS_BACKEND=tensorflow python benchmarks/deploy.py --quick        # a smoke run into benchmarks/out/
+    KERAS_BACKEND=tensorflow python benchmarks/deploy.py --network mobilenetv2   # about 30 minutes on 2 cores
 """
 
 import argparse
@@ -39,32 +50,46 @@ from pathlib import Path
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks import cnn_fashion, common
+from benchmarks import cnn_fashion, common, modern_cnn
 
 BATCHES = (1, 256)
 CALLS = {1: 200, 256: 8}  # timed calls per round
+NETWORKS = ("vgg",) + modern_cnn.NETWORKS
+# --train and --epochs when not given: the VGG's, and the modern networks' (about 30 minutes on 2 cores)
+DEFAULTS = {"vgg": (12000, 3), "modern": (10000, 6)}
+VGG_SETTLE = 0.4
 
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--channels", type=int, nargs="+", default=[32, 64, 128])
-    p.add_argument("--convs-per-stage", type=int, default=2)
-    p.add_argument("--train", type=common.positive_int, default=12000, help="training images (default 12000)")
+    p.add_argument("--network", choices=NETWORKS, default="vgg",
+                   help="vgg (default) or a network of benchmarks/modern_cnn.py")
+    p.add_argument("--channels", type=int, nargs="+", default=[32, 64, 128], help="the VGG's widths")
+    p.add_argument("--convs-per-stage", type=int, default=2, help="the VGG's convolutions per stage")
+    p.add_argument("--train", type=common.positive_int, default=None,
+                   help=f"training images (default {DEFAULTS['vgg'][0]}; {DEFAULTS['modern'][0]} for a modern network)")
     p.add_argument("--test", type=common.positive_int, default=2000, help="test images (default 2000)")
-    p.add_argument("--epochs", type=common.positive_int, default=3)
+    p.add_argument("--epochs", type=common.positive_int, default=None,
+                   help=f"default {DEFAULTS['vgg'][1]}; {DEFAULTS['modern'][1]} for a modern network")
     p.add_argument("--budget-flops", type=float, default=0.25, help="SparsityBudget(max_flops=...) (default 0.25)")
     p.add_argument("--budget-lambda", type=float, default=3e-4)
-    p.add_argument("--settle", type=float, default=0.4, help="SparsityBudget settle (default 0.4)")
+    p.add_argument("--settle", type=float, default=None,
+                   help=f"SparsityBudget settle (default {VGG_SETTLE:g} for vgg, the library's default otherwise)")
     p.add_argument("--representative", type=common.positive_int, default=200,
                    help="training images to calibrate int8 on (default 200)")
     p.add_argument("--rounds", type=common.positive_int, default=3)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--quick", action="store_true", help="a smoke run: 1 epoch on 2000 images, into benchmarks/out/")
-    p.add_argument("--output", default=None, help="Markdown result (default benchmarks/results/deploy.md)")
+    p.add_argument("--output", default=None, help="Markdown result (default benchmarks/results/deploy.md, deploy_<network>.md for a modern network)")
     args = p.parse_args(argv)
+    train, epochs = DEFAULTS["vgg" if args.network == "vgg" else "modern"]
+    args.train, args.epochs = args.train or train, args.epochs or epochs
+    if args.settle is None and args.network == "vgg":
+        args.settle = VGG_SETTLE
     if args.quick:
         args.train, args.test, args.epochs, args.rounds = 2000, 500, 1, 1
-    args.output = args.output or common.default_output("deploy", args.quick)
+    name = "deploy" if args.network == "vgg" else f"deploy_{args.network}"
+    args.output = args.output or common.default_output(name, args.quick)
     return args
 
 
@@ -86,6 +111,37 @@ def train(data, args):
     for model in (dense, sparse):
         renew_batchnorm(model, data["x_train"][:2000])
     return dense, sparse, {"dense_train_seconds": dense_seconds, "pruned_train_seconds": sparse_seconds}
+
+
+def train_modern(data, args):
+    """The dense and budget networks of ``modern_cnn`` (its training, without XLA on TensorFlow's CPU)."""
+    import keras
+
+    jit = keras.backend.backend() != "tensorflow"
+    dense, dense_record = modern_cnn.train_dense(args.network, args.seed, data, args.epochs,
+                                                 modern_cnn.LEARNING_RATE, jit)
+    defaults = budget_defaults()
+    sparse, _, budget = modern_cnn.train_budget(
+        args.network, args.seed, data, args.epochs, modern_cnn.LEARNING_RATE, args.budget_lambda,
+        defaults["schedule_power"], defaults["settle"] if args.settle is None else args.settle, jit,
+        max_flops=args.budget_flops)
+    for model in (dense, sparse):
+        renew_batchnorm(model, data["x_train"][:2000])
+    keep = ("flops_before", "flops_after", "flop_reduction", "budget_cut_groups", "budget_history", "warnings",
+            "settle", "schedule_power")
+    return dense, sparse, {"dense_train_seconds": dense_record["train_seconds"],
+                           "pruned_train_seconds": budget["train_seconds"],
+                           "budget": {key: budget[key] for key in keep if key in budget}}
+
+
+def budget_defaults():
+    """``SparsityBudget``'s own defaults (``modern_cnn.train_budget`` passes ``settle`` and ``schedule_power``)."""
+    import inspect
+
+    from keras_group_lasso import SparsityBudget
+
+    parameters = inspect.signature(SparsityBudget).parameters
+    return {name: parameters[name].default for name in ("settle", "schedule_power", "pace")}
 
 
 def renew_batchnorm(model, x):
@@ -189,15 +245,20 @@ def main(argv=None):
     cnn_fashion.CHANNELS, cnn_fashion.CONVS = tuple(args.channels), args.convs_per_stage
     cnn_fashion.set_threads(os.cpu_count())
     started, clock = common.now(), time.perf_counter()
-    data = cnn_fashion.load(quick=False, seed=args.seed)
-    data["x_train"], data["y_train"] = data["x_train"][:args.train], data["y_train"][:args.train]
+    if args.network == "vgg":
+        data = cnn_fashion.load(quick=False, seed=args.seed)
+        data["x_train"], data["y_train"] = data["x_train"][:args.train], data["y_train"][:args.train]
+    else:  # 32x32: the images padded by 2 pixels
+        data = modern_cnn.load(None, quick=False, train_size=args.train)
+        data["x_test"], data["y_test"] = data["x_test"][:args.test], data["y_test"][:args.test]
     x_test, y_test = data["x_test"][:args.test].astype("float32"), data["y_test"][:args.test]
-    dense, sparse, record = train(data, args)
+    dense, sparse, record = (train if args.network == "vgg" else train_modern)(data, args)
     representative = data["x_train"][:args.representative].astype("float32")
 
     rows, runners, files = [], {}, {}
     with tempfile.TemporaryDirectory() as tmp:
-        for name, model, threshold in (("dense", dense, 0.0), ("pruned", sparse, cnn_fashion.THRESHOLD)):
+        for name, model, threshold in (("dense", dense, 0.0), ("pruned", sparse, modern_cnn.THRESHOLD
+                                                                   if args.network != "vgg" else cnn_fashion.THRESHOLD)):
             with warnings.catch_warnings(record=True) as caught:
                 warnings.simplefilter("always")
                 result = export_pruned(model, os.path.join(tmp, name), threshold=threshold, fold_batchnorm=True,
@@ -234,14 +295,34 @@ def main(argv=None):
     notes = [f"`{name}`: int8 vs float on the {v['rows']} calibration images: mean |error| "
              f"{100 * v['mean_relative_error']:.2f} % of the logit scale, argmax agreement "
              f"{100 * v['argmax_agreement']:.1f} %" for name, v in int8.items()]
+    sizes = ("layer sizes: dense " + "-".join(map(str, record["dense"]["manifest"]["layer_sizes_after"]))
+             + ", pruned " + "-".join(map(str, record["pruned"]["manifest"]["layer_sizes_after"])))
+    if args.network == "vgg":
+        title = "the pruned VGG"
+        setup = [(f"{args.train} training images, {args.epochs} epochs; "
+                  f"SparsityBudget(max_flops={args.budget_flops:g}, settle={args.settle:g}), λ {args.budget_lambda:g}"),
+                 sizes]
+    else:
+        title = f"the pruned {args.network} network (benchmarks/modern_cnn.py)"
+        budget = record["budget"]
+        folded = {name: len(record[name]["manifest"]["folded_batchnorms"]) for name in ("dense", "pruned")}
+        norms = sum(isinstance(layer, keras.layers.BatchNormalization) for layer in dense.layers)
+        setup = [f"{args.network}: {modern_cnn.describe(args.network)}",
+                 (f"{args.train} training images (32x32), {args.epochs} epochs, batch {modern_cnn.BATCH}, "
+                  f"Adam, cosine-decayed learning rate {modern_cnn.LEARNING_RATE:g}; pruned: "
+                  f"SparsityBudget(max_flops={args.budget_flops:g}) with the library's defaults (settle "
+                  f"{budget['settle']:.3g}, schedule_power {budget['schedule_power']:g}, pace "
+                  f"{budget_defaults()['pace']}), λ {args.budget_lambda:g}"),
+                 (f"multiply-adds per image: dense {budget['flops_before'] / 1e6:.2f} M, pruned "
+                  f"{budget['flops_after'] / 1e6:.2f} M ({budget['flop_reduction']:.2f}x fewer); groups the budget "
+                  f"cut per epoch: {budget['budget_cut_groups']}"),
+                 sizes,
+                 (f"BatchNormalization layers folded by fold_batchnorm: dense {folded['dense']}, pruned "
+                  f"{folded['pruned']} of {norms}")]
+        setup += [f"budget warning: {w}" for w in budget["warnings"]]
     text = "\n".join([
-        "# Deploying the pruned VGG: ONNX Runtime and TFLite, float and int8", "",
-        common.header(common.command_line(), [args.seed], started, elapsed,
-                      notes=[(f"{args.train} training images, {args.epochs} epochs; "
-                             f"SparsityBudget(max_flops={args.budget_flops:g}, settle={args.settle:g}), λ {args.budget_lambda:g}"),
-                             "layer sizes: dense " + "-".join(map(str, record["dense"]["manifest"]["layer_sizes_after"]))
-                             + ", pruned " + "-".join(map(str, record["pruned"]["manifest"]["layer_sizes_after"]))]
-                      + notes),
+        f"# Deploying {title}: ONNX Runtime and TFLite, float and int8", "",
+        common.header(common.command_line(), [args.seed], started, elapsed, notes=setup + notes),
         "", table, ""])
     Path(args.output).parent.mkdir(parents=True, exist_ok=True)
     Path(args.output).write_text(text)
@@ -250,6 +331,7 @@ def main(argv=None):
          # the output path relative to the repository, so the record does not name this machine's folders
          "args": dict(vars(args), output=os.path.relpath(args.output, Path(__file__).resolve().parent.parent)),
          "rows": measured, "train": {k: v for k, v in record.items() if k.endswith("seconds")},
+         **({"budget": record["budget"]} if "budget" in record else {}),
          "int8_error": int8, "warnings": {n: record[n]["warnings"] for n in ("dense", "pruned")}},
         indent=1, default=float))
     print(text)

@@ -181,3 +181,14 @@ def test_inference_latency_reports_the_speedup_raw_and_above_the_floor():
     row = speedup.splitlines()[2]
     assert row.startswith("| SavedModel | 100.0 | 300.0 | 150.0 | 2.00x | 4.00x | 67 % |")
     assert medians["compiled"] == (100.0, 300.0, 150.0)
+
+
+def test_deploy_keeps_the_vgg_by_default_and_writes_a_modern_network_apart():
+    from benchmarks import deploy
+
+    vgg = deploy.parse_args([])
+    assert (vgg.network, vgg.train, vgg.epochs, vgg.settle) == ("vgg", 12000, 3, 0.4)
+    assert Path(vgg.output).parts[-2:] == ("results", "deploy.md")
+    modern = deploy.parse_args(["--network", "mobilenetv2", "--quick"])
+    assert modern.settle is None and (modern.train, modern.epochs) == (2000, 1)  # None: the library's default
+    assert Path(modern.output).parts[-2:] == ("out", "deploy_mobilenetv2.md")
