@@ -137,3 +137,29 @@ def test_a_cnn_lands_on_a_quarter_of_its_flops_without_a_stem_of_one_channel():
     assert 0.8 * 0.25 <= report.flops_after / report.flops_before <= 0.25
     least = [math.ceil(LEAST_WIDTH * 0.5 * units) for units in (16, 32, 32)]
     assert all(live >= low for live, low in zip(report.layer_sizes[1:4], least)), report.layer_sizes
+
+
+
+def test_no_cut_takes_a_residual_stream_below_its_least_width():
+    # A residual stream's channels are coupled groups, read by every layer on the stream: a kernel's floor keeps
+    # the coupled groups of its strongest rows out of every cut (MobileNetV2-style streams of 16 channels had
+    # ended 2 wide).
+    from keras_group_lasso.budget import cut
+
+    keras.utils.set_random_seed(0)
+    inputs = keras.Input((8, 8, 1))
+    stream = keras.layers.Conv2D(16, 3, padding="same", name="stem")(inputs)
+    inner = keras.layers.Conv2D(32, 1, activation="relu", name="expand")(stream)
+    stream = keras.layers.Add()([stream, keras.layers.Conv2D(16, 1, name="project")(inner)])
+    outputs = keras.layers.Dense(10)(keras.layers.GlobalAveragePooling2D()(stream))
+    model = add_group_sparsity(keras.Model(inputs, outputs))
+    expand = model.get_layer("expand").kernel
+    strongest = np.argsort(-np.square(keras.ops.convert_to_numpy(expand)).sum(axis=(0, 1, 3)), kind="stable")[:8]
+    keys = {expand.regularizer.coupled[row] for row in strongest}
+    entries, variables = cut.ranked_groups(model, {"hidden"})
+    offered = {row for _, rows, _ in entries for index, row in rows if variables[index].path == expand.path}
+    assert offered & set(strongest.tolist())  # without a floor the cut may take them
+    entries, variables = cut.ranked_groups(model, {"hidden"}, floors={expand.path: 8})
+    offered = {row for _, rows, _ in entries for index, row in rows if variables[index].path == expand.path}
+    assert not offered & set(strongest.tolist()) and len(keys) == 8
+    assert len(offered) == 16 - 8  # the other channels of the stream can still go

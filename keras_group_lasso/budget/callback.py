@@ -702,10 +702,15 @@ class SparsityBudget(keras.callbacks.Callback):
         too high for the model cannot empty a layer (a network's one input channel, say) on the way."""
         for variable in cut.penalised_kernels(self.model):
             penalty = variable.regularizer
-            if isinstance(penalty, CoupledGroupLasso) or not variable.trainable:
+            if not variable.trainable:
                 continue
             groups = penalty.group_shape(tuple(variable.shape))[-2]
             share = 0.0 if penalty.group_role == "input" else self._share
+            if isinstance(penalty, CoupledGroupLasso):  # a stream's channels: no cut takes it below its least width
+                keep = min(groups, int(math.ceil(share * groups)))
+                if keep > 1:
+                    self.floors[variable.path] = keep
+                continue
             keep = max(1 if self.pace == "gradual" else 0, min(groups, int(math.ceil(share * groups))))
             if keep:
                 penalty.spared = keep

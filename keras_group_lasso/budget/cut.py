@@ -154,7 +154,8 @@ def ranked_groups(model, roles, cut_before=frozenset(), loads=None, floors=None)
     theirs; input groups (features) keep their own score.
 
     ``floors``: ``{kernel path: k}``: the ``k`` strongest groups of that kernel are left out too (a layer's
-    least width; a coupled group among them is not, as the rows of a stream are shared).
+    least width; for a kernel that reads a residual stream, the coupled groups of its ``k`` strongest rows: the
+    stream's least width).
     """
     variables, entries, coupled, kept_keys = [], [], {}, set()
     input_keys = {key for v in model.weights if isinstance(getattr(v, "regularizer", None), CoupledGroupLasso)
@@ -181,6 +182,7 @@ def ranked_groups(model, roles, cut_before=frozenset(), loads=None, floors=None)
         keys = penalty.coupled if isinstance(penalty, CoupledGroupLasso) else (-1,) * view[-2]
         if keys[strongest] >= 0:  # a coupled group (a residual stream's channel) is this kernel's strongest: it
             kept_keys.add(keys[strongest])  # stays, or a cut of the whole stream could leave the kernel all zero
+        kept_keys |= {keys[row] for row in kept_rows if keys[row] >= 0}  # a stream's least width
         scores = np.array([-1.0 if (variable.path, row) in cut_before else rms[row] / scale / per_load[row]
                            for row in range(view[-2])])
         depleted = scores * _depletion(scores)
