@@ -306,3 +306,21 @@ def save_feature_figure(path, example, panels, title):
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
+
+
+def fit_recording_warnings(model, data, batch_size, epochs, callbacks=()):
+    """``model.fit`` on ``data["x_train"], data["y_train"]`` (shuffled), every warning that mentions a budget
+    recorded and said; returns ``(History.history as floats, wall seconds, those warnings)``."""
+    import time
+    import warnings
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        start = time.perf_counter()
+        history = model.fit(data["x_train"], data["y_train"], batch_size=batch_size, epochs=epochs, shuffle=True,
+                            verbose=0, callbacks=list(callbacks))
+        wall = time.perf_counter() - start
+    messages = [str(w.message) for w in caught if "budget" in str(w.message).lower()]
+    for message in messages:
+        say(f"    warning: {message}")
+    return {k: [float(v) for v in values] for k, values in history.history.items()}, wall, messages

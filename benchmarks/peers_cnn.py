@@ -81,7 +81,6 @@ import json
 import statistics
 import sys
 import time
-import warnings
 from functools import partial
 from pathlib import Path
 
@@ -181,16 +180,7 @@ def keras_fit(model, data, epochs, seed, callbacks=()):
     import keras
 
     keras.utils.set_random_seed(seed + 1000)  # the shuffling of each epoch
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        start = time.perf_counter()
-        history = model.fit(data["x_train"], data["y_train"], batch_size=BATCH, epochs=epochs, shuffle=True,
-                            verbose=0, callbacks=list(callbacks))
-        wall = time.perf_counter() - start
-    messages = [str(w.message) for w in caught if "SparsityBudget" in str(w.message) or "budget" in str(w.message)]
-    for message in messages:
-        common.say(f"    warning: {message}")
-    return {k: [float(v) for v in values] for k, values in history.history.items()}, wall, messages
+    return common.fit_recording_warnings(model, data, BATCH, epochs, callbacks)
 
 
 def say_epochs(label, history):

@@ -43,7 +43,6 @@ import argparse
 import json
 import sys
 import time
-import warnings
 from pathlib import Path
 
 if __package__ in (None, ""):
@@ -134,16 +133,7 @@ def fit(model, data, epochs, seed, callbacks=()):
                    + (f", budget flops {logs['budget_flops']:.4g}" if "budget_flops" in logs else ""))
 
     callbacks = [*callbacks, keras.callbacks.LambdaCallback(on_epoch_end=progress)]
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        start = time.perf_counter()
-        history = model.fit(data["x_train"], data["y_train"], batch_size=BATCH, epochs=epochs, shuffle=True,
-                            verbose=0, callbacks=list(callbacks))
-        wall = time.perf_counter() - start
-    messages = [str(w.message) for w in caught if "budget" in str(w.message).lower()]
-    for message in messages:
-        common.say(f"    warning: {message}")
-    return {k: [float(v) for v in values] for k, values in history.history.items()}, wall, messages
+    return common.fit_recording_warnings(model, data, BATCH, epochs, callbacks)
 
 
 def say_epochs(label, history):
@@ -198,17 +188,15 @@ def run_budget(seed, data, epochs, w, fraction):
     import numpy as np
 
     import keras_group_lasso as kgl
+    from keras_group_lasso.budget import cut
 
     model = kgl.add_group_sparsity(build(seed, w))
     compile_model(model, kgl.Proximal(keras.optimizers.Adam(LR)))
     budget = kgl.SparsityBudget(max_flops=fraction)
     history, train_wall, messages = fit(model, data, epochs, seed, callbacks=[budget])
     say_epochs(f"budget {fraction:g}", history)
-    groups = getattr(budget, "_groups", None)
-    if groups is None:  # the callback's count: the input groups (rows) of every penalised kernel
-        from keras_group_lasso.budget import cut
-
-        groups = sum(int(v.regularizer.group_shape(tuple(v.shape))[-2]) for v in cut.penalised_kernels(model))
+    # The groups the budget counts: the input groups (rows) of every penalised kernel.
+    groups = sum(int(v.regularizer.group_shape(tuple(v.shape))[-2]) for v in cut.penalised_kernels(model))
     report = kgl.sparsity_report(model)
     start = time.perf_counter()
     pruned = kgl.prune_model(model)
