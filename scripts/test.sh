@@ -1,12 +1,21 @@
 #!/usr/bin/env bash
-# Set up (if needed) and run the whole test suite on the TensorFlow, JAX and PyTorch backends.
+# Set up (if needed) and run the whole test suite (or, with `--quick`, a cross-section of it) on the TensorFlow,
+# JAX and PyTorch backends.
 # The backends run side by side (most tests are small models whose time is Python and tracing, one
 # core each); each backend's output is printed when it finishes. TEST_SERIAL=1 runs them one after the other.
 # Each backend's log ends with its 12 slowest tests (where the time goes).
 # TEST_BACKENDS="tensorflow jax" picks backends (PyTorch is left out when setup left it out: SETUP_TORCH=0).
-# Extra arguments go to pytest, e.g. `bash scripts/test.sh -x -k surgery`.
+# `--quick` runs only the tests marked `quick` (pytest's `-m quick`): a cross-section of every feature (penalties,
+# Proximal, budgets, report, monitor, surgery on a few model families, export, scikit-learn, CLI) on the same
+# backends, in about 2 minutes on 2 otherwise idle cores; the whole suite still runs every one of them.
+# Extra arguments go to pytest, e.g. `bash scripts/test.sh -x -k surgery` or `bash scripts/test.sh --quick -x`.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
+args=()
+for arg in "$@"; do
+  if [[ "$arg" == "--quick" ]]; then args+=(-m quick); else args+=("$arg"); fi
+done
+set -- ${args[@]+"${args[@]}"}
 source scripts/setup.sh
 
 export TF_CPP_MIN_LOG_LEVEL=2

@@ -100,6 +100,7 @@ def test_random_transformers_prune_heads_exactly_and_reload(seed, tmp_path):
                                       if registry.units_rule(layer) is not None)
 
 
+@pytest.mark.quick
 def test_a_dead_head_leaves_and_the_causal_mask_stays(tmp_path):
     inp = keras.Input((5, 6))
     mha = L.MultiHeadAttention(3, 2)

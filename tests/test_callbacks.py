@@ -73,6 +73,7 @@ class _Recorder(keras.callbacks.Callback):
 # ----------------------------------------------------------------------------- arguments
 
 
+@pytest.mark.quick
 @pytest.mark.parametrize(
     "kwargs, message",
     [
@@ -226,6 +227,7 @@ def test_non_finite_weights_warn_once_and_log_nan_instead_of_counting_zeros(tmp_
 # ----------------------------------------------------------------------------- epoch logs
 
 
+@pytest.mark.quick
 def test_logs_history_and_csv_logger_see_the_values(tmp_path):
     model = _known_model()
     x, y = _data(model)
@@ -308,6 +310,7 @@ def _read_events(log_dir):
     return found
 
 
+@pytest.mark.quick
 def test_tensorboard_scalars_histograms_and_image(tmp_path):
     tf = pytest.importorskip("tensorflow", reason="TensorBoard writing needs TensorFlow")
     model = _known_model(n_features=16)

@@ -32,6 +32,7 @@ def _save_sparse_model(path):
     return model
 
 
+@pytest.mark.quick
 def test_prune_writes_the_export_and_prints_the_table(tmp_path, capsys):
     _save_sparse_model(tmp_path / "m.keras")
     out = tmp_path / "out"
@@ -170,6 +171,7 @@ def test_prune_a_zip_without_a_keras_config_says_so(tmp_path, capsys):
     _assert_failed(code, capsys, "it is not a readable .keras archive", "a zip archive without config.json")
 
 
+@pytest.mark.quick
 def test_prune_bad_threshold(tmp_path, capsys):
     _save_sparse_model(tmp_path / "m.keras")
     code = main(["prune", str(tmp_path / "m.keras"), str(tmp_path / "out"), "--threshold", "-1"])
@@ -258,6 +260,7 @@ def test_prune_a_file_with_unregistered_objects_names_them_briefly(tmp_path, cap
 # ----------------------------------------------------------------------------- demo
 
 
+@pytest.mark.quick
 @pytest.mark.parametrize(
     "argv, message",
     [
@@ -368,6 +371,7 @@ def _run_commands(source):
     return report
 
 
+@pytest.mark.quick
 def test_help_and_usage_errors_need_only_the_standard_library():
     """cli.py, loaded on its own: --help and every usage error run without Keras, a backend or numpy."""
     import keras_group_lasso.cli

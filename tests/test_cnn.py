@@ -268,6 +268,7 @@ def test_constant_channel_before_same_padding_is_kept_unless_it_is_zero():
     assert_same_outputs(prune_model(zero, T), zero, x)
 
 
+@pytest.mark.quick
 def test_constant_channel_is_folded_into_a_valid_convolution_and_a_dense_head():
     model = keras.Sequential([keras.Input((6, 6, 1)), L.Conv2D(3, 3, activation="relu", name="a"),
                               L.BatchNormalization(), L.Conv2D(2, 2, name="b"), L.Flatten(), L.Dense(2)])

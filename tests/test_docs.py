@@ -84,6 +84,7 @@ def test_the_api_reference_builds_strictly(tmp_path):
     assert (tmp_path / "site" / "api" / "index.html").exists()
 
 
+@pytest.mark.quick
 @pytest.mark.parametrize("page", PAGES, ids=[str(page.relative_to(ROOT)) for page in PAGES])
 def test_relative_links_point_to_files_that_exist(page):
     targets = re.findall(r"\]\(([^)\s#]+)(?:#[^)\s]*)?\)", page.read_text())

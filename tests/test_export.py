@@ -221,6 +221,7 @@ def test_keras_format_needs_no_tensorflow(tmp_path, monkeypatch):
     assert "serving" not in result.manifest
 
 
+@pytest.mark.quick
 def test_keras_format_alone(tmp_path):
     model = _sparse_model()
     result = export_pruned(model, tmp_path / "k", formats="keras")
@@ -623,6 +624,7 @@ def test_unsupported_model_writes_nothing(tmp_path):
 # ----------------------------------------------------------------------------- arguments
 
 
+@pytest.mark.quick
 @pytest.mark.parametrize(
     "kwargs, message",
     [

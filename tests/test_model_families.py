@@ -593,6 +593,7 @@ def export_layers(small):
     return _serving_model(small).layers
 
 
+@pytest.mark.quick
 def test_the_readme_table_of_supported_layers_is_the_registry():
     import pathlib
 

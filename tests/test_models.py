@@ -35,6 +35,7 @@ def sequential():
     )
 
 
+@pytest.mark.quick
 def test_sequential_gets_input_and_hidden_groups(rng):
     model = sequential()
     before = [w.copy() for w in model.get_weights()]
@@ -165,6 +166,7 @@ def test_functional_branches_from_the_input_are_input_groups():
     assert sparse.get_layer("out").kernel_regularizer.role == "hidden"
 
 
+@pytest.mark.quick
 def test_bad_arguments():
     with pytest.raises(InvalidParameterError, match=r"add_group_sparsity: argument `factor` must be a finite number >= 0; received -1\.0\."):
         add_group_sparsity(sequential(), -1)

@@ -237,6 +237,7 @@ def test_sgd_step_is_update_then_prox_with_threshold_lr_times_lambda(rng):
     assert opt.resolved_metric == "optimizer"
 
 
+@pytest.mark.quick
 def test_adam_step_is_the_prox_in_adams_metric(rng):
     w0 = rng.normal(size=(4, 3)).astype(np.float32)
     g = rng.normal(size=(4, 3)).astype(np.float32)
@@ -549,6 +550,7 @@ def test_keras_round_trip_keeps_the_optimizer_state_and_resumes(tmp_path):
         np.testing.assert_allclose(a.numpy(), b.numpy(), rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.quick
 def test_get_config_round_trip_and_keras_serialization():
     opt = Proximal(keras.optimizers.SGD(0.1, momentum=0.9, nesterov=True), metric="euclidean", name="p")
     config = opt.get_config()
@@ -581,6 +583,7 @@ def bad(message, *args, **kwargs):
     assert str(info.value) == message
 
 
+@pytest.mark.quick
 def test_bad_arguments_are_rejected_with_the_message_form():
     need = "a keras.optimizers.Optimizer (or a name keras.optimizers.get resolves)"
     bad(f"Proximal: argument `optimizer` must be {need}; received 3.", 3)

@@ -71,6 +71,7 @@ def test_group_soft_threshold_matches_numpy(x, t):
     np.testing.assert_allclose(as_np(prox.group_soft_threshold(x, t)), np_group_soft_threshold(x, t), rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.quick
 @settings(max_examples=30, deadline=None)
 @given(x=arrays, t=thresholds)
 def test_group_soft_threshold_zero_exactly_inside_the_ball_and_scaled_outside(x, t):
@@ -104,6 +105,7 @@ def test_all_zero_group_stays_zero_without_nan():
         assert np.all(out[[0, 2]] == 0.0)
 
 
+@pytest.mark.quick
 def test_group_soft_threshold_known_answer():
     x = np.array([[3.0, 4.0], [0.1, 0.1]], np.float32)
     out = as_np(prox.group_soft_threshold(x, 1.0 / math.sqrt(2)))

@@ -67,6 +67,7 @@ def test_values_match_numpy(w, factor, l1):
     np.testing.assert_allclose(value(HiddenGroupLasso(factor, l1=l1), w), np_sgl(w, factor, l1), rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.quick
 def test_dense_kernel_rows_are_the_groups():
     w = np.array([[3.0, 4.0, 0.0], [0.0, 0.0, 0.0], [1.0, 0.0, 0.0]], np.float32)
     # rows have norms 5, 0, 1 and 3 weights each
@@ -80,6 +81,7 @@ def test_conv_kernel_groups_are_input_channels():
     assert value(GroupLasso(1.0), w) == pytest.approx(math.sqrt(18) * math.sqrt(18))
 
 
+@pytest.mark.quick
 def test_bias_every_scalar_is_a_group():
     b = np.array([1.0, -2.0, 0.0], np.float32)
     assert value(GroupLasso(0.1), b) == pytest.approx(0.3)
@@ -131,6 +133,7 @@ def test_gradient_at_zero_group_and_zero_weight_is_zero():
     np.testing.assert_array_equal(gradient(SparseGroupLasso(0.1), np.zeros(5, np.float32)), 0.0)
 
 
+@pytest.mark.quick
 @pytest.mark.parametrize("cls", ALL_CLASSES)
 @pytest.mark.parametrize(
     "bad, shown",
@@ -161,6 +164,7 @@ def test_rank0_tensor_gets_a_clear_error(cls):
         cls(0.1)(keras.ops.convert_to_tensor(1.0))
 
 
+@pytest.mark.quick
 @pytest.mark.parametrize("cls", ALL_CLASSES)
 def test_config_round_trip(cls):
     reg = cls(0.25) if cls is GroupLasso else cls(0.25, l1=0.5)
@@ -205,6 +209,7 @@ def paper_model():
     )
 
 
+@pytest.mark.quick
 def test_model_saves_and_loads_without_custom_objects(tmp_path, rng):
     model = paper_model()
     x = rng.random((8, 64)).astype("float32")

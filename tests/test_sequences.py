@@ -164,6 +164,7 @@ def test_a_unit_with_no_incoming_weights_is_not_a_constant():
     assert_exact(small, model, x)
 
 
+@pytest.mark.quick
 def test_a_unit_read_only_through_the_recurrence_stays():
     """Unit j: its row of the next kernel is zero. It goes only when its recurrent row is zero too."""
     inp = keras.Input((5, 3))

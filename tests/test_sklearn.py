@@ -91,6 +91,7 @@ NAME = "GroupSparseMLPClassifier"
 _BOOLEAN = "an instance of 'bool' or an instance of 'numpy.bool'"
 
 
+@pytest.mark.quick
 @pytest.mark.parametrize(
     "params, message",
     [
@@ -247,6 +248,7 @@ def test_divergence_on_the_path_is_an_error():
         est.path(x_huge, y, alphas=[0.0, 0.01], epochs_per_alpha=1)
 
 
+@pytest.mark.quick
 def test_batch_larger_than_data_repeats_rows():
     x, y = _selection_problem(n=40)
     est = GroupSparseMLPClassifier(**FAST).fit(x, y)  # batch_size "auto": 200 rows a step
@@ -257,6 +259,7 @@ def test_batch_larger_than_data_repeats_rows():
     assert len(rows) == 200 and set(np.bincount(rows, minlength=40)) == {5}
 
 
+@pytest.mark.quick
 def test_get_set_params_and_clone():
     est = GroupSparseMLPClassifier(alpha=0.5, penalty="group")
     assert est.get_params()["alpha"] == 0.5

@@ -86,6 +86,7 @@ def _mlp(kernels, biases, activation="relu", between=None, functional=False):
 # ----------------------------------------------------------------------------- known answers
 
 
+@pytest.mark.quick
 def test_known_mlp_sizes_weights_and_attributes():
     rng = np.random.default_rng(0)
     w0 = rng.uniform(0.5, 1.0, (5, 4))
@@ -531,6 +532,7 @@ def _sparse_mlp():
     return _mlp([w0, w1, rng.normal(size=(3, 2))], [rng.normal(size=5), rng.normal(size=3), rng.normal(size=2)])
 
 
+@pytest.mark.quick
 @pytest.mark.parametrize("inputs", ["original", "selected", "gather"])
 def test_keras_file_round_trip_without_custom_objects(tmp_path, inputs):
     if inputs == "gather":
@@ -610,6 +612,7 @@ def _seq(*middle):
     return keras.Sequential([keras.Input((4,)), keras.layers.Dense(4, name="d0"), *middle, keras.layers.Dense(2, name="out")])
 
 
+@pytest.mark.quick
 @pytest.mark.parametrize("make", [_residual, _concat, _two_outputs, lambda: _seq(keras.layers.Softmax(name="soft")),
                                   _shared],
                          ids=["residual", "concat", "two_outputs", "hidden_softmax", "shared"])
@@ -633,6 +636,7 @@ def test_branching_models_are_pruned_exactly(make):
     assert trainable <= model.count_params()
 
 
+@pytest.mark.quick
 @pytest.mark.parametrize(
     "make, name, cls",
     [

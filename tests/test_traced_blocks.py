@@ -132,6 +132,7 @@ def penalty_warnings(model):
     return sparse, [str(w.message) for w in caught if "get no group penalty" in str(w.message)]
 
 
+@pytest.mark.quick
 def test_the_layers_inside_a_block_are_nodes_of_the_graph():
     graph = model_graph(residual_model())
     assert graph.supported and graph.problems == ()
