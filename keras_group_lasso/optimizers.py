@@ -596,6 +596,9 @@ class Proximal(keras.optimizers.Optimizer):
             axis_shape = [1] * len(view)
             axis_shape[-2] = -1
             z = ops.divide(q * ops.reshape(factor, axis_shape), d)
+            if penalty.sparing():  # the spared groups (a stream's strongest channels) stay as they were
+                spared = ops.reshape(penalty.spared_groups(sq, total), axis_shape)
+                z = ops.where(ops.greater(spared, 0), ops.reshape(ops.cast(value, dtype), view), z)
             points.append((index, ops.cast(ops.reshape(z, shape), value.dtype)))
         return points
 

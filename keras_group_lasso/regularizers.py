@@ -19,6 +19,7 @@ import math
 import warnings
 
 import keras
+import numpy as np
 
 from keras_group_lasso import prox
 from keras_group_lasso._validation import Described, check_non_negative, check_positive_int, fail
@@ -448,6 +449,11 @@ class CoupledGroupLasso(GroupSparseRegularizer):
         anchor: this member adds the coupled groups' value to the loss (exactly one per model).
         role: ``"input"`` or ``"hidden"``.
 
+    ``spared`` (set by :class:`~keras_group_lasso.SparsityBudget` during
+    ``fit``) spares this kernel's strongest own groups, and the strongest of
+    the coupled groups it holds by the norm of the whole union; a coupled group
+    spared by one member is spared in all (:meth:`spared_groups`).
+
     Example:
         >>> a = CoupledGroupLasso(0.1, coupled=[0, -1], scales=[1.0], anchor=True)
         >>> b = CoupledGroupLasso(0.1, coupled=[0], scales=[1.0])
@@ -497,6 +503,54 @@ class CoupledGroupLasso(GroupSparseRegularizer):
         onehot = keras.ops.cast(keras.ops.equal(keras.ops.expand_dims(keys, 1), every_key), "float32")
         return own, onehot
 
+    def spared_keys(self, union):
+        """``(K,)``: 1.0 for each coupled group that a member spares, else 0.0.
+
+        A member with ``spared = n`` spares the ``n`` strongest of the coupled
+        groups it holds, by the norm of the whole union (``union``: the ``(K,)``
+        squared norms): every member that reads a stream ranks its channels
+        alike, so the stream keeps its ``n`` strongest channels.
+        """
+        members = [penalty for _, penalty in self._members] if self._members is not None else [self]
+        keys = max(len(self.scales), 1)
+        spare = keras.ops.zeros((keys,), union.dtype)
+        for penalty in members:
+            held = sorted({k for k in penalty.coupled if k >= 0})
+            if not penalty.spared or not held:
+                continue
+            mask = np.zeros(keys, dtype="float32")
+            mask[held] = 1.0
+            ranked = keras.ops.where(keras.ops.convert_to_tensor(mask > 0), union, -1.0)
+            _, index = keras.ops.top_k(ranked, min(penalty.spared, len(held)))
+            spare = keras.ops.maximum(spare, keras.ops.sum(keras.ops.one_hot(index, keys, dtype=union.dtype), axis=0))
+        return spare
+
+    def spared_groups(self, squares, union):
+        """``(G,)``: 1.0 for each group of this weight that the penalties leave alone, else 0.0.
+
+        Its ``spared`` strongest own groups (by ``squares``, their ``(G,)``
+        squared norms), and its parts of the coupled groups that any member
+        spares (:meth:`spared_keys` of ``union``).
+        """
+        own, onehot = self.membership(int(squares.shape[0]))
+        own = keras.ops.cast(own, squares.dtype)
+        kept = keras.ops.zeros_like(own)
+        if union is not None:
+            kept = keras.ops.matmul(keras.ops.cast(onehot, squares.dtype),
+                                    keras.ops.reshape(self.spared_keys(union), (-1, 1)))[:, 0]
+        own_groups = int(np.sum(np.asarray(self.coupled) < 0))
+        if self.spared and own_groups:
+            _, index = keras.ops.top_k(keras.ops.where(keras.ops.greater(own, 0), squares, -1.0),
+                                       min(self.spared, own_groups))
+            kept = kept + own * keras.ops.sum(keras.ops.one_hot(index, int(squares.shape[0]), dtype=squares.dtype),
+                                              axis=0)
+        return kept
+
+    def sparing(self):
+        """Whether any member of the coupled groups spares groups (a step traced without sparing skips it)."""
+        members = [penalty for _, penalty in self._members] if self._members is not None else [self]
+        return any(penalty.spared for penalty in members)
+
     def _group_squares(self, x):
         """``(view, squares of each group (G,))`` of weight ``x``."""
         view = self._grouped(keras.ops.convert_to_tensor(x))
@@ -534,14 +588,21 @@ class CoupledGroupLasso(GroupSparseRegularizer):
             self.union_squares()  # raises: unlinked, this kernel's coupled groups would be missing from the loss
         view, sq = self._group_squares(x)
         own, _ = self.membership(int(sq.shape[0]))
+        own = keras.ops.cast(own, sq.dtype)
+        sparing = self.sparing()
+        union = self.union_squares(own=x) if self.scales and (self.anchor or sparing) else None
+        if sparing:  # which groups are spared is no part of the value's gradient
+            own = own * (1.0 - self.spared_groups(keras.ops.stop_gradient(sq), keras.ops.stop_gradient(union)))
         size = prox.group_size(tuple(view.shape))
-        value = self.factor * math.sqrt(size) * keras.ops.sum(keras.ops.cast(own, sq.dtype) * _safe_sqrt(sq))
+        value = self.factor * math.sqrt(size) * keras.ops.sum(own * _safe_sqrt(sq))
         if self.l1:
             value = value + self.l1 * keras.ops.sum(prox.safe_abs(x))
         value = self._times_multiplier(value)
         if self.anchor and self.scales:
-            union = self.union_squares(own=x)
-            coupled = keras.ops.sum(keras.ops.convert_to_tensor(self.scales, union.dtype) * _safe_sqrt(union))
+            scales = keras.ops.convert_to_tensor(self.scales, union.dtype)
+            if sparing:
+                scales = scales * (1.0 - self.spared_keys(keras.ops.stop_gradient(union)))
+            coupled = keras.ops.sum(scales * _safe_sqrt(union))
             value = value + self._times_multiplier(coupled, index=COUPLED_INDEX)
         # The anchor's term reads the other members too: stop the whole value.
         return keras.ops.stop_gradient(value) if value_only else value
@@ -551,12 +612,18 @@ class CoupledGroupLasso(GroupSparseRegularizer):
         x = keras.ops.convert_to_tensor(x)
         view, sq = self._group_squares(x)
         own, onehot = self.membership(int(sq.shape[0]))
+        own = keras.ops.cast(own, sq.dtype)
+        union = self.union_squares(own=x, dtype=sq.dtype) if self.scales else None
+        sparing = self.sparing()
+        if sparing:
+            own = own * (1.0 - self.spared_groups(sq, union))
         size = prox.group_size(tuple(view.shape))
-        scale = self.factor * math.sqrt(size) * keras.ops.cast(own, sq.dtype) * _safe_rsqrt(sq)
+        scale = self.factor * math.sqrt(size) * own * _safe_rsqrt(sq)
         scale = self._times_multiplier(scale, multiplier)
         if self.scales:
-            union = self.union_squares(own=x, dtype=sq.dtype)
             per_key = keras.ops.convert_to_tensor(self.scales, sq.dtype) * _safe_rsqrt(union)
+            if sparing:
+                per_key = per_key * (1.0 - self.spared_keys(union))
             per_key = self._times_multiplier(per_key, multiplier, index=COUPLED_INDEX)
             scale = scale + keras.ops.matmul(keras.ops.cast(onehot, sq.dtype), keras.ops.reshape(per_key, (-1, 1)))[:, 0]
         g = view * _along_groups(scale, view)

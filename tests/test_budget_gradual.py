@@ -163,3 +163,43 @@ def test_no_cut_takes_a_residual_stream_below_its_least_width():
     offered = {row for _, rows, _ in entries for index, row in rows if variables[index].path == expand.path}
     assert not offered & set(strongest.tolist()) and len(keys) == 8
     assert len(offered) == 16 - 8  # the other channels of the stream can still go
+
+
+def test_groups_cut_inside_an_epoch_stay_at_zero_with_one_trace_of_the_step_per_epoch(rng):
+    # Up to eight checks an epoch cut groups; the step is traced again once an epoch (at its end) rather than
+    # once a check (which cost JAX, whose step holds the values it was traced with, a trace per check), and the
+    # groups cut in between are held at zero after every batch.
+    x, y = data(rng)
+    model = mlp()
+    model.compile(Proximal(keras.optimizers.Adam(1e-2)), "binary_crossentropy")
+    traces, trace = [], model.make_train_function
+
+    def counted(force=False):
+        traces.append(force)
+        return trace(force)
+
+    model.make_train_function = counted
+    budget = SparsityBudget(max_units=0.25)
+    held, lost = set(), []
+
+    class Watch(keras.callbacks.Callback):
+        """At every batch: each group zero just after a check that cut is still zero (a check holds them all)."""
+
+        def __init__(self):
+            super().__init__()
+            self.cuts = 0
+
+        def on_train_batch_begin(self, batch, logs=None):
+            zero = {(v.path, int(row)) for v in penalised_kernels(self.model)
+                    for row in np.flatnonzero(np.all(keras.ops.convert_to_numpy(v) == 0, axis=-1))}
+            lost.extend(held - zero)
+            if len(budget.cuts) > self.cuts:
+                self.cuts = len(budget.cuts)
+                held.update(zero)
+
+    model.fit(x, y, epochs=EPOCHS, batch_size=32, verbose=0, callbacks=[budget, Watch()])
+    within = [when for when, _ in budget.cuts if when != int(when)]
+    assert len(within) > EPOCHS  # several cuts inside epochs
+    assert len(traces) <= EPOCHS + 4, traces  # fit's own, one per epoch at most, the budget's set-up and end
+    assert held and not lost
+    assert sparsity_report(model).live_neurons <= 0.25 * 32

@@ -114,6 +114,66 @@ def test_proximal_shrinks_each_union_as_one_group():
     np.testing.assert_allclose(got["g_out"], k["g_out"] * own, rtol=1e-5, atol=1e-7)
 
 
+def test_a_spared_coupled_group_is_left_alone_by_the_value_the_gradient_and_the_proximal_step():
+    # g_in spares its strongest coupled group (by the norm of the whole union): 'out', which reads the same
+    # stream, leaves it alone too, so the stream keeps that channel however strong the penalty.
+    model = sparse_residual()
+    k = kernels(model)
+    g_in, out = model.get_layer("g_in").kernel, model.get_layer("out").kernel
+    union = np.sqrt(np.sum(k["g_in"] ** 2, axis=1) + np.sum(k["out"] ** 2, axis=1))
+    strongest = int(np.argmax(union))
+    g_in.regularizer.spared = 1
+    try:
+        value = float(sum(keras.ops.convert_to_numpy(loss) for loss in model.losses))
+        want = reference_penalty(k) - LAM * math.sqrt(5) * union[strongest]
+        np.testing.assert_allclose(value, want, rtol=1e-5)
+        for variable, name in ((g_in, "g_in"), (out, "out")):
+            grad = keras.ops.convert_to_numpy(variable.regularizer.gradient(variable.value))
+            assert not grad[strongest].any()
+            rest = np.delete(np.arange(4), strongest)
+            np.testing.assert_allclose(grad[rest], LAM * math.sqrt(5) * k[name][rest] / union[rest, None], rtol=1e-5)
+        # A step of the penalties alone (the gradient of the penalties as the loss's, as in the test above), so
+        # large that every other union goes to zero; the spared one stays exactly as it was.
+        opt = Proximal(keras.optimizers.SGD(100.0))
+        variables = model.trainable_variables
+        opt.build(variables)
+        opt.apply([v.regularizer.gradient(v.value) if v.regularizer is not None else keras.ops.zeros(v.shape)
+                   for v in variables], variables)
+        got = kernels(model)
+        np.testing.assert_array_equal(got["g_in"][strongest], k["g_in"][strongest])
+        np.testing.assert_array_equal(got["out"][strongest], k["out"][strongest])
+        assert not np.delete(got["g_in"], strongest, axis=0).any() and not np.delete(got["out"], strongest, axis=0).any()
+    finally:
+        g_in.regularizer.spared = 0
+
+
+def test_a_budget_with_a_strength_too_high_keeps_a_residual_stream_open():
+    # With a strength far too high for the model the penalties alone emptied the stream (no cut, no warning,
+    # 0.8 % of the FLOPs left of a budget of 50 %); under a budget every reader spares the stream's strongest
+    # channels, so the stream keeps its least width and the model lands on its budget.
+    from keras_group_lasso import SparsityBudget, sparsity_report
+    from keras_group_lasso.budget.callback import LEAST_WIDTH
+
+    keras.utils.set_random_seed(0)
+    inputs = keras.Input((8, 8, 1))
+    stream = L.Conv2D(16, 3, padding="same", name="stem")(inputs)
+    inner = L.Conv2D(32, 1, activation="relu", name="expand")(stream)
+    stream = L.Add()([stream, L.Conv2D(16, 1, name="project")(inner)])
+    outputs = L.Dense(4)(L.GlobalAveragePooling2D()(stream))
+    model = add_group_sparsity(keras.Model(inputs, outputs), 0.05)
+    model.compile(Proximal(keras.optimizers.Adam(1e-2)), keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(128, 8, 8, 1)).astype("float32")
+    y = (x.mean(axis=(1, 2, 3)) > 0).astype("int32") + 2 * (x[:, :4].mean(axis=(1, 2, 3)) > 0).astype("int32")
+    model.fit(x, y, epochs=3, batch_size=32, verbose=0, callbacks=[SparsityBudget(max_flops=0.5)])
+    expand = keras.ops.convert_to_numpy(model.get_layer("expand").kernel)
+    live = int(np.sum(np.abs(expand).sum(axis=(0, 1, 3)) > 1e-3))
+    assert live >= math.ceil(LEAST_WIDTH * math.sqrt(0.5) * 16), live
+    report = sparsity_report(model)
+    assert 0.8 * 0.5 <= report.flops_after / report.flops_before <= 0.5
+    assert model.get_layer("expand").kernel.regularizer.spared == 0  # spared for the fit only
+
+
 def test_saved_loaded_and_cloned_models_keep_their_coupled_penalty(tmp_path):
     model = sparse_residual()
     want = reference_penalty(kernels(model))

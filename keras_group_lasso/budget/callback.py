@@ -7,6 +7,7 @@ widths in whole blocks, and :mod:`.state` is its progress, kept in the model
 uninterrupted one.
 """
 
+import itertools
 import json
 import logging
 import math
@@ -23,7 +24,6 @@ from keras_group_lasso.budget.state import CUT, SEARCH, WITHIN, BudgetState
 from keras_group_lasso.costs import LatencyTable, current_device, unit_costs
 from keras_group_lasso.declared import BUDGET_STATE_SIZE, declare_group_penalties, group_sparse_penalties
 from keras_group_lasso.graph import model_graph, registry
-from keras_group_lasso.regularizers import CoupledGroupLasso
 
 __all__ = ["SparsityBudget"]
 
@@ -238,6 +238,7 @@ class SparsityBudget(keras.callbacks.Callback):
         self.floors = {}
         self.cuts = []
         self._every = None
+        self._pending = set()  # groups cut inside this epoch, held at zero after every batch until its end
         self._share = 0.0
         self._epoch_cut = 0
         self._renewal = renewal.StatisticsRenewal()  # the BatchNormalization momenta a cut lowered in this fit
@@ -381,6 +382,7 @@ class SparsityBudget(keras.callbacks.Callback):
 
     def on_train_begin(self, logs=None):
         # Only what the model's structure fixes: a restore by another callback may come before or after.
+        self._pending = set()
         if not any(cut.strength(p) > 0 for _, _, p in group_sparse_penalties(self.model)):
             fail(_OWNER, "model", "a model with group penalties of factor > 0 (the budget scales their strength)",
                  self.model)
@@ -513,6 +515,8 @@ class SparsityBudget(keras.callbacks.Callback):
     def _check_batch(self, batch, logs=None):
         """With ``update_freq`` batches: steer after every ``update_freq`` of them (Keras's ``on_train_batch_end``)."""
         self._done = batch + 1
+        if self._pending:  # reading self.model on JAX writes the training state back first (Callback.model)
+            cut.zero_groups(self.model, self._pending)
         if (self.limits is None or not self._steps or self._every is None
                 or self._done - self._checked < self._every or self._done >= self._steps):
             return  # the epoch's end checks the last batches itself
@@ -545,11 +549,13 @@ class SparsityBudget(keras.callbacks.Callback):
             _LOG.info("%s: %d groups set to zero in epoch %d to follow the schedule.", _OWNER, removed, epoch + 1)
             self._update(cut=self.state.cut + removed)
             self._epoch_cut += removed
-            self._freeze()
+            self._hold()
         return sizes
 
     def on_epoch_end(self, epoch, logs=None):
         self._epoch = epoch
+        if self._pending:  # the groups cut inside the epoch: the step is traced again once, with all of them
+            self._freeze()
         if self.update_freq != "epoch" and not self._steps:  # a dataset of unknown length: its first epoch counts
             self._steps = self._done or None
             self._every = self._checks_every()
@@ -706,11 +712,7 @@ class SparsityBudget(keras.callbacks.Callback):
                 continue
             groups = penalty.group_shape(tuple(variable.shape))[-2]
             share = 0.0 if penalty.group_role == "input" else self._share
-            if isinstance(penalty, CoupledGroupLasso):  # a stream's channels: no cut takes it below its least width
-                keep = min(groups, int(math.ceil(share * groups)))
-                if keep > 1:
-                    self.floors[variable.path] = keep
-                continue
+            # A stream's channels (coupled groups) too: every reader spares the stream's strongest channels.
             keep = max(1 if self.pace == "gradual" else 0, min(groups, int(math.ceil(share * groups))))
             if keep:
                 penalty.spared = keep
@@ -719,8 +721,15 @@ class SparsityBudget(keras.callbacks.Callback):
 
     def _freeze(self):
         """Hold every exactly zero group at zero after each optimizer step until ``fit`` ends (see :mod:`.cut`)."""
+        self._pending = set()
         if cut.freeze_groups(self.model, cut.dead_groups(self.model, self.threshold, exact=True)):
             self.model.make_train_function(force=True)
+
+    def _hold(self):
+        """:meth:`_freeze` inside an epoch, without tracing the step again (up to eight checks an epoch cut): the
+        groups a traced step cannot take as it runs are set to zero after every batch (:meth:`_check_batch`) until
+        the epoch's end freezes them."""
+        self._pending = cut.hold_live(self.model, cut.dead_groups(self.model, self.threshold, exact=True))
 
     def _renew_statistics(self):
         """After a cut: the ``BatchNormalization`` layers renew their statistics over the settling part's steps (see
@@ -742,6 +751,22 @@ class SparsityBudget(keras.callbacks.Callback):
             self.model.make_train_function(force=True)
 
     # ------------------------------------------------------------------ setting groups to zero
+
+    @staticmethod
+    def _within(assign, over, ranked):
+        """``(low, high)``: counts of the weakest of the ``ranked`` groups to zero, with the smallest count within
+        the goals in ``(low, high]`` (``high`` None: not even all of them). Doubling from the groups at zero already
+        (ranked first) plus one: a step along the schedule cuts a few groups, found in a few analyses rather than
+        the ~log2(groups) of a search over all of them."""
+        groups = len(ranked)
+        low, step = sum(1 for _ in itertools.takewhile(lambda entry: entry[2], ranked)), 1
+        while True:
+            high = min(low + step, groups)
+            if over(assign(high)) <= 1.0:
+                return low, high
+            if high == groups:
+                return low, None
+            low, step = high, step * 2
 
     def _cut_weakest_groups(self, epoch, sizes, goals=None):
         """Zero the fewest weakest groups that meet the budget (or ``goals``, sizes on the way to it); returns
@@ -773,14 +798,13 @@ class SparsityBudget(keras.callbacks.Callback):
         def over(measured):
             return schedule.over(measured, goals)
 
-        low, high = 0, len(groups)
-        best = assign(high)
-        if over(best) > 1.0 and self.floors and final:  # the layers' floors cannot meet the budget: it comes first
+        low, high = self._within(assign, over, groups)
+        if high is None and self.floors and final:  # the layers' floors cannot meet the budget: it comes first
             groups, variables = cut.ranked_groups(self.model, roles, dead, loads)
-            high = len(groups)
-            best = assign(high)
-        if over(best) > 1.0:
-            count = high  # even with every group that may go gone the model is over: the best the cut can do
+            low, high = self._within(assign, over, groups)
+        if high is None:
+            count = len(groups)  # even with every group that may go gone the model is over: the best the cut can do
+            best = assign(count)
         else:
             while low < high:  # the smallest count within the budget (sizes only shrink as groups go)
                 middle = (low + high) // 2

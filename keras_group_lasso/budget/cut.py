@@ -12,7 +12,7 @@ from keras_group_lasso.graph import registry
 from keras_group_lasso.regularizers import CoupledGroupLasso, GroupSparseRegularizer
 
 __all__ = ["FrozenGroups", "strength", "ranked_groups", "group_loads", "zeroed", "penalised_kernels", "dead_groups",
-           "zero_dead_groups", "freeze_groups", "release_frozen_groups"]
+           "zero_dead_groups", "freeze_groups", "hold_live", "zero_groups", "release_frozen_groups"]
 
 
 def penalised_kernels(model):
@@ -83,6 +83,52 @@ def freeze_groups(model, groups):
         variable.constraint = FrozenGroups(keep, view, current)
         changed = True
     return changed
+
+
+def hold_live(model, groups):
+    """Hold ``groups`` (``{(path, row)}``) at zero where a step traced before reads it as it runs; returns the rest.
+
+    A kernel that has a :class:`FrozenGroups` constraint already takes more
+    groups through its ``keep`` variable, which a step traced on TensorFlow or
+    PyTorch reads as it runs. The groups of other kernels, and every group on
+    JAX (whose step holds the values it was traced with), are returned: hold
+    them with :func:`zero_groups` after each step until the step is traced
+    again with :func:`freeze_groups`.
+    """
+    if keras.backend.backend() == "jax":
+        return set(groups)
+    rest = set()
+    by_path = {variable.path: variable for variable in model.weights}
+    for path, row in groups:
+        if not isinstance(by_path[path].constraint, FrozenGroups):
+            rest.add((path, row))
+    live = set(groups) - rest
+    for variable in model.weights:
+        if isinstance(variable.constraint, FrozenGroups):
+            rows = sorted(row for path, row in live if path == variable.path)
+            keep = variable.constraint.kept
+            if rows and keep.reshape(-1)[rows].any():
+                keep = keep.copy()
+                keep.reshape(-1)[rows] = 0.0
+                variable.constraint.keep.assign(keep)
+    return rest
+
+
+def zero_groups(model, groups):
+    """Set ``groups`` (``{(path, row)}``) exactly to zero (what :class:`FrozenGroups` does after a step)."""
+    rows_by_path = {}
+    for path, row in groups:
+        rows_by_path.setdefault(path, []).append(row)
+    for variable in model.weights:
+        rows = rows_by_path.get(variable.path)
+        if not rows:
+            continue
+        view = variable.regularizer.group_shape(tuple(variable.shape))
+        keep = np.ones(view[-2], dtype="float32")
+        keep[rows] = 0.0
+        keep = keep.reshape((1,) * (len(view) - 2) + (view[-2], 1))
+        kept = keras.ops.reshape(variable.value, view) * keras.ops.cast(keep, variable.dtype)
+        variable.assign(keras.ops.reshape(kept, tuple(variable.shape)))
 
 
 def release_frozen_groups(model):
