@@ -71,9 +71,7 @@ def freeze_groups(model, groups):
         if not rows:
             continue
         view = variable.regularizer.group_shape(tuple(variable.shape))
-        keep = np.ones(view[-2], dtype="float32")
-        keep[sorted(rows)] = 0.0
-        keep = keep.reshape((1,) * (len(view) - 2) + (view[-2], 1))
+        keep = _keep_mask(view, rows)
         current = variable.constraint
         if isinstance(current, FrozenGroups):
             if not np.array_equal(current.kept, keep):
@@ -124,11 +122,16 @@ def zero_groups(model, groups):
         if not rows:
             continue
         view = variable.regularizer.group_shape(tuple(variable.shape))
-        keep = np.ones(view[-2], dtype="float32")
-        keep[rows] = 0.0
-        keep = keep.reshape((1,) * (len(view) - 2) + (view[-2], 1))
+        keep = _keep_mask(view, rows)
         kept = keras.ops.reshape(variable.value, view) * keras.ops.cast(keep, variable.dtype)
         variable.assign(keras.ops.reshape(kept, tuple(variable.shape)))
+
+
+def _keep_mask(view, rows):
+    """0.0 at ``rows`` of a group view ``view`` (groups along axis -2), 1.0 elsewhere, shaped to broadcast over it."""
+    keep = np.ones(view[-2], dtype="float32")
+    keep[sorted(rows)] = 0.0
+    return keep.reshape((1,) * (len(view) - 2) + (view[-2], 1))
 
 
 def release_frozen_groups(model):
