@@ -50,7 +50,9 @@ class Node:
             model); the model input is a node too (kind ``"input"``).
         kind: ``"input"`` or the layer's registry kind (``"units"``,
             ``"per_unit"``, ``"per_element"``, ``"flatten"``, ``"global_pool"``,
-            ``"merge"``, ``"concat"``, ``"tail"``).
+            ``"merge"``, ``"concat"``, ``"tail"``), or ``"constant"``: a tensor
+            no input reaches (positions from ``keras.ops.arange``; its value is
+            the :class:`~keras_group_lasso.graph.registry.ConstantValue` in ``layers``).
         inputs: the nodes it reads, in call order.
         ids: int array, the unit id of each channel of its output (after
             ``Flatten`` of an ``(..., C)`` map: of each of the ``C`` channels).
@@ -346,6 +348,25 @@ def _serialized_tensors(value):
     return found
 
 
+def _operands(value):
+    """The tensor arguments of a serialized call, in order: ``("tensor", keras_history)`` for a tensor of the
+    model, ``("constant", array)`` for a constant array (``__tensor__`` or ``__numpy__``: a tensor no input reaches,
+    computed when the model was built)."""
+    found = []
+    if isinstance(value, dict):
+        if value.get("class_name") == "__keras_tensor__":
+            found.append(("tensor", tuple(value["config"]["keras_history"])))
+        elif registry.is_constant_value(value):
+            found.append(("constant", registry.constant_array(value)))
+        else:
+            for item in value.values():
+                found.extend(_operands(item))
+    elif isinstance(value, (list, tuple)):
+        for item in value:
+            found.extend(_operands(item))
+    return found
+
+
 def _keras_histories(value):
     """Every ``keras_history`` ``[name, node, tensor]`` inside a serialized call argument."""
     return [tuple(config["keras_history"]) for config in _serialized_tensors(value)]
@@ -410,6 +431,13 @@ def flat_graph(model):
     ``/`` in layer names, so these never clash), so the Dense layers inside it
     are seen, penalised and pruned like any other. A nested model that cannot
     be inlined stays one opaque node with the reason in ``problems``.
+
+    A tensor that no model input reaches (positions from ``keras.ops.arange``,
+    a table computed when the model was built and added to the input's path)
+    is a node of its own, a :class:`~keras_group_lasso.graph.registry.ConstantValue`
+    without producers; a keras.ops operation of constants only is one too,
+    computed once. The layers such a constant feeds (a position ``Embedding``)
+    are nodes like any other.
     """
     graph = _flat_graph(model)
     if graph is None:
@@ -456,6 +484,10 @@ def traced_block(layer):
     called on several tensors, one whose ``call`` fails on a symbolic input
     or returns its input, or one with weights of its own (a variable its sublayers do not hold: its math is its own and
     needs a rule, see :func:`~keras_group_lasso.graph.register_layer`).
+
+    A sublayer the call runs on constants only (keras.io's position ``Embedding`` on ``keras.ops.arange``) is
+    called on a symbolic input that stands for the constant (:class:`_ConstantCatcher`): an input of the
+    functional model that the graph reads as a constant, not as a model input.
     """
     if layer is None or is_operation(layer) or registry.rule_of(layer) is not None:
         return None
@@ -475,7 +507,9 @@ def graph_model(model):
     what it computes with the same layers; else ``model`` (refused where it is used)."""
     if not isinstance(model, keras.Model) or is_graph_model(model):
         return model
-    return traced_block(model) or model
+    traced = traced_block(model)
+    # constants computed in a subclassed model's own call are inputs of its traced model: not a drop-in copy
+    return traced if traced is not None and traced not in _CONSTANT_INPUTS else model
 
 
 def _input_spec(layer):
@@ -495,19 +529,93 @@ def _input_spec(layer):
     return (None,) + tuple(shape[1:]), getattr(layer, "input_dtype", None) or keras.config.floatx()
 
 
+# {traced model: {name of an input that stands for a constant: its value}} (see _trace)
+_CONSTANT_INPUTS = weakref.WeakKeyDictionary()
+_CATCHING = {}  # layer class -> its subclass that catches calls on constants (see _ConstantCatcher)
+_CATCHING_LOCK = threading.Lock()
+
+
+class _ConstantCatcher:
+    """While a block's call is traced, its sublayers called on constants only are called on symbolic inputs.
+
+    keras.io computes positions in a block's ``call`` (``keras.ops.arange``) and calls a position ``Embedding``
+    on them: called on a symbolic input, the block runs that Embedding on an eager tensor, which no node
+    records. Each sublayer of the block takes, for the trace, a subclass of its own class whose ``__call__``
+    replaces every constant array among its arguments by a ``keras.Input`` of that array's shape (recorded
+    with its value), so the layer and all it feeds become nodes; its class is restored afterwards.
+    """
+
+    def __init__(self, block):
+        self.sublayers = [sub for sub in block._flatten_layers(include_self=False, recursive=False)
+                          if type(sub).__call__ is keras.layers.Layer.__call__]
+        self.found = []  # (the keras.Input that stands for a constant, its value)
+
+    def __enter__(self):
+        swapped = []
+        for sub in self.sublayers:
+            try:
+                sub.__class__ = _catching(type(sub))
+            except Exception:  # noqa: BLE001 - a class whose instances cannot change class: traced as it is
+                continue
+            object.__setattr__(sub, "_constant_catcher", self)  # not an attribute Keras tracks
+            swapped.append(sub)
+        self.sublayers = swapped
+        return self
+
+    def __exit__(self, *exc):
+        for sub in self.sublayers:
+            sub.__class__ = type(sub).__mro__[1]
+            if "_constant_catcher" in vars(sub):
+                object.__delattr__(sub, "_constant_catcher")
+        return False
+
+    def replace(self, args, kwargs):
+        """``(args, kwargs)`` with every constant array a symbolic input, when no argument is symbolic already."""
+        flat = keras.tree.flatten((args, kwargs))
+        if any(isinstance(v, keras.KerasTensor) for v in flat) or not any(registry.is_constant_array(v) for v in flat):
+            return args, kwargs
+
+        def symbolic(value):
+            if not registry.is_constant_array(value):
+                return value
+            array = np.asarray(keras.ops.convert_to_numpy(value))
+            tensor = keras.Input(batch_shape=array.shape, dtype=keras.backend.standardize_dtype(array.dtype))
+            self.found.append((tensor, array))
+            return tensor
+
+        return keras.tree.map_structure(symbolic, (args, kwargs))
+
+
+def _catching(cls):
+    with _CATCHING_LOCK:
+        if cls not in _CATCHING:
+            def __call__(self, *args, **kwargs):
+                catcher = vars(self).get("_constant_catcher")
+                if catcher is not None:
+                    args, kwargs = catcher.replace(args, kwargs)
+                return cls.__call__(self, *args, **kwargs)
+
+            _CATCHING[cls] = type(cls.__name__, (cls,), {"__call__": __call__, "__module__": cls.__module__})
+        return _CATCHING[cls]
+
+
 def _trace(layer):
     spec = _input_spec(layer)
     if spec is None:
         return None
     x = keras.Input(batch_shape=spec[0], dtype=spec[1], name=f"{layer.name}_input")
     try:
-        y = layer.call(x)
-        traced = keras.Model(x, y, name=layer.name)
+        with _ConstantCatcher(layer) as catcher:
+            y = layer.call(x)
+        constants = [tensor for tensor, _ in catcher.found]
+        traced = keras.Model([x] + constants if constants else x, y, name=layer.name)
     except Exception:  # noqa: BLE001 - a call that does not trace symbolically stays one node
         return None
     held = {id(v) for sub in traced.layers for v in sub.weights}
     if any(id(v) not in held for v in layer.weights) or y is x:
         return None
+    if constants:
+        _CONSTANT_INPUTS[traced] = {tensor._keras_history[0].name: value for tensor, value in catcher.found}
     return traced
 
 
@@ -590,7 +698,8 @@ def _flat_graph(model):
         calls[node] = name
         return node
 
-    calls, shapes = {}, {}  # shapes: the input shapes of every call of a shared layer
+    calls, shapes, arguments = {}, {}, {}  # shapes: the input shapes of every call of a shared layer
+    operations = {}  # name -> the keras.ops operation of a node that is one
     order, producers, consumers = [], {}, {}
     for layer_config in layer_configs:
         name = layer_config["name"]
@@ -599,6 +708,7 @@ def _flat_graph(model):
                 layers[name] = model.get_layer(name)
             except ValueError:  # a keras.ops call on a symbolic tensor (``x + 3.0``) is an operation, not a layer
                 operation = _operations(model).get(name)
+                operations[name] = operation
                 # A number added to, subtracted from, or multiplying a tensor is a Rescaling (hard-sigmoid's
                 # ``relu6(x + 3) / 6``): the graph sees, and surgery rebuilds, that layer.
                 layers[name] = registry.operation_layer(operation, layer_config.get("inbound_nodes")) or operation
@@ -607,11 +717,20 @@ def _flat_graph(model):
         for index, node in enumerate(nodes):
             node_name = call_name(name, index)
             layers[node_name] = layers[name]
+            producers[node_name] = []
+            for k, (what, found) in enumerate(_operands(_without_mask(node))):
+                if what == "tensor":
+                    # output k > 0 of a layer: resolved when that layer is a block inlined below, flagged otherwise
+                    producers[node_name].append(_output_of(call_name(found[0], found[1]), found[2]))
+                else:  # a constant operand (positions from keras.ops.arange, through an Embedding): a node of its own
+                    leaf = f"{node_name}/constant{k}"
+                    layers[leaf] = registry.ConstantValue(leaf, found)
+                    order.append(leaf)
+                    producers[leaf] = []
+                    producers[node_name].append(leaf)
             order.append(node_name)
             consumers.setdefault(node_name, [])
-            histories = _keras_histories(_without_mask(node))
-            # output k > 0 of a layer: resolved when that layer is a block inlined below, flagged otherwise
-            producers[node_name] = [_output_of(call_name(h[0], h[1]), h[2]) for h in histories]
+            arguments[node_name] = _without_mask(node)
             if len(nodes) > 1:
                 shapes[node_name] = _tensor_shapes(node)
             for producer in producers[node_name]:
@@ -621,12 +740,84 @@ def _flat_graph(model):
     output_names = [_output_of(call_name(name, index - 1 if index and _is_functional(layers.get(name)) else index),
                                tensor)
                     for name, index, tensor in _io_calls(config["output_layers"])]
+    for name, value in _CONSTANT_INPUTS.get(model, {}).items():  # a traced block's constants: not inputs
+        layers[name] = registry.ConstantValue(name, value)
+        input_names.remove(name)
+    _fold_constant_operations(order, layers, producers, consumers, arguments, operations)
     _drop_mask_operations(order, layers, producers, consumers, output_names)
     if calls and any(isinstance(layers.get(name), keras.Model) for name in calls.values()):
         for node_name, name in calls.items():
             if isinstance(layers.get(name), keras.Model):
                 problems.append((name, "a nested model called several times (shared)"))
     return order, layers, producers, consumers, input_names, output_names, problems, shapes
+
+
+def _fold_constant_operations(order, layers, producers, consumers, arguments, operations):
+    """Make (in place) every keras.ops operation that no input reaches a constant, computed once.
+
+    An operation of constants only (``positions * 2``), or one that reads only its operand's shape
+    (``zeros_like``, :func:`registry.reads_no_values`) when that shape is known: the constant a pruned model
+    computes its positions from (``zeros_like(sum(x)) + positions``) reads back as the constant it is.
+    """
+    for name in list(order):
+        operation = operations.get(name)
+        sources = producers.get(name, [])
+        value = None if operation is None or name not in arguments else _constant_value(
+            operation, arguments[name], [layers.get(s) for s in sources])
+        if value is None:
+            continue
+        layers[name] = registry.ConstantValue(name, value)
+        for source in sources:
+            consumers[source] = [c for c in consumers.get(source, []) if c != name]
+            if _is_constant(layers.get(source)) and not consumers[source]:
+                order.remove(source)  # a constant only this one read
+        producers[name] = []
+
+
+def _constant_value(operation, call, sources):
+    """The value of a keras.ops ``operation`` called as ``call`` (serialized) on ``sources``, when no input reaches
+    it, else ``None``."""
+    try:
+        if registry.reads_no_values(operation):
+            value = operation(*[np.zeros(shape, dtype) for shape, dtype in _argument_shapes(call)])
+        elif sources and all(_is_constant(source) for source in sources):
+            args, kwargs = _with_values(call, iter([source.value for source in sources]))
+            value = operation(*args, **kwargs)
+        else:
+            return None
+        return np.asarray(keras.ops.convert_to_numpy(value))
+    except Exception:  # noqa: BLE001 - an operation that cannot be computed on its own stays (refused as such)
+        return None
+
+
+def _is_constant(layer):
+    rule = registry.rule_of(layer) if layer is not None else None
+    return rule is not None and rule.kind == "constant"
+
+
+def _argument_shapes(call):
+    """``[(shape, dtype)]`` of the tensors a serialized call reads; raises when one has a size not known."""
+    found = []
+    for config in _serialized_tensors(call):
+        if any(d is None for d in config["shape"]):
+            raise ValueError("a size that is not known")
+        found.append((tuple(config["shape"]), config.get("dtype")))
+    return found
+
+
+def _with_values(call, values):
+    """``(args, kwargs)`` of a serialized call, each tensor (``__keras_tensor__``) and constant array replaced by the
+    next of ``values`` (in the order of :func:`_operands`)."""
+    def replace(value):
+        if isinstance(value, dict):
+            if value.get("class_name") == "__keras_tensor__" or registry.is_constant_value(value):
+                return next(values)
+            return {key: replace(item) for key, item in value.items()}
+        if isinstance(value, (list, tuple)):
+            return type(value)(replace(item) for item in value)
+        return value
+
+    return list(replace(call.get("args", []))), dict(replace(call.get("kwargs", {})))
 
 
 def graph_config(model):
@@ -690,6 +881,10 @@ def _node_config(model):
             return {"class_name": "__keras_tensor__",
                     "config": {"shape": tuple(value.shape), "dtype": value.dtype,
                                "keras_history": [operation.name, numbers[(id(operation), index)], tensor_index]}}
+        if registry.is_constant_array(value):  # a tensor no input reaches, as Keras serializes one
+            array = np.asarray(keras.ops.convert_to_numpy(value))
+            return {"class_name": "__tensor__",
+                    "config": {"value": array, "dtype": keras.backend.standardize_dtype(array.dtype)}}
         return value
 
     layers = []
@@ -1022,6 +1217,13 @@ def _units_graph(order, layers, producers, consumers, kinds, input_names, output
         kind = kinds[name]
         layer = layers[name]
         sources = producers.get(name, [])
+        if kind == "constant":  # a tensor no input reaches: the units on its last axis are its own
+            shape = layer.value.shape
+            if not shape:
+                flagged.setdefault(name, "a constant scalar read by a layer (a constant has units on its last axis)")
+                return None
+            info[name] = {"ids": ids.new(int(shape[-1])), "positions": 1, "elements": False}
+            continue
         if not sources or any(s not in info for s in sources):
             flagged.setdefault(name, "a layer that does not read the model input")
             return None

@@ -3,9 +3,10 @@
 On thresholded weights (a weight ``|w| <= threshold`` is an exact zero), over
 the units of every tensor (:attr:`Node.ids`, coupled across merges):
 
-* forward, *constants*: an input feature varies. A unit that a layer makes is
-  a constant when every input unit with a non-zero weight into it
-  contributes a constant (a constant input unit does, unless this layer pads
+* forward, *constants*: an input feature varies, and so does a constant
+  tensor of the graph (positions: a value per position, not per channel).
+  A unit that a layer makes is a constant when every input unit with a
+  non-zero weight into it contributes a constant (a constant input unit does, unless this layer pads
   with zeros and the constant is not 0): it outputs ``act(b + sum_i c_i *
   sum_p K[p, i, :])`` everywhere. Constants pass through per-unit layers
   (zero padding stops all but 0) and merges (an operand that varies makes the
@@ -146,6 +147,8 @@ def compute_masks(graph, weights, threshold, round_to=1):
     for node in graph.nodes:
         if node.kind == "input":
             depends[node.name] = np.ones(node.ids.size, dtype=bool)
+        elif node.kind == "constant":  # no input reaches it (positions)
+            depends[node.name] = np.zeros(node.ids.size, dtype=bool)
         elif node.kind == "units":
             depends[node.name] = conn[node.name][depends[node.inputs[0]]].any(axis=0)
             while node.name in recur:  # what a unit that depends feeds through the recurrence depends too
@@ -161,7 +164,7 @@ def compute_masks(graph, weights, threshold, round_to=1):
             depends[node.name] = np.full(node.ids.size, depends[node.inputs[0]].any())
         else:
             depends[node.name] = depends[node.inputs[0]].copy()
-        if node.kind == "input":
+        if node.kind in ("input", "constant"):  # a constant varies along its positions: not one value per channel
             const[node.name] = np.full(node.ids.size, np.nan)
         elif node.kind == "units":
             const[node.name] = _units_constants(layers[node.name], units[node.name], weights[node.name],

@@ -37,6 +37,11 @@ Kinds:
 * ``"tail"``: an activation that mixes units, such as softmax: every unit it
   reads is kept.
 * ``"input"``: the model's input.
+* ``"constant"``: a tensor that no model input reaches (positions from
+  ``keras.ops.arange``, a table added to every example): a
+  :class:`ConstantValue` node of the graph; the layers it feeds are nodes
+  like any other, and the merge where it meets the input's path couples its
+  channels with that path's.
 
 A constant channel (a unit whose incoming weights are all zero outputs
 ``act(b)`` everywhere) is removed and its value folded into the next units
@@ -71,10 +76,16 @@ __all__ = [
     "variable_axes",
     "output_shape",
     "operation_layer",
+    "ConstantValue",
+    "is_constant_array",
+    "reads_no_values",
+    "is_constant_value",
+    "constant_array",
     "ELEMENTWISE_ACTIVATIONS",
 ]
 
-KINDS = ("units", "per_unit", "per_element", "flatten", "global_pool", "merge", "concat", "tail", "input")
+KINDS = ("units", "per_unit", "per_element", "flatten", "global_pool", "merge", "concat", "tail", "input",
+         "constant")
 CONSTANTS = ("call", "identity", "zero_only", None)
 
 # Keras activations that act on each scalar on its own (softmax, log_softmax,
@@ -280,6 +291,52 @@ class InputRule(LayerRule):
     """The model's input."""
 
     kind = "input"
+
+
+class ConstantValue:
+    """A tensor of the model that no input reaches, as a node of the graph: its value, the same for every input.
+
+    Positions from ``keras.ops.arange`` (read by a position ``Embedding``),
+    or a table that a functional model adds to its input's path. Its last
+    axis holds its units, as any tensor's; it has no batch axis unless its
+    value has one.
+
+    Args:
+        name: the node's name.
+        value: the tensor's value (anything ``np.asarray`` takes; kept read-only).
+    """
+
+    trainable_weights = ()
+    weights = ()
+
+    def __init__(self, name, value):
+        self.name = name
+        self.value = np.array(value)
+        self.value.setflags(write=False)
+        self.output = keras.KerasTensor(self.value.shape, dtype=keras.backend.standardize_dtype(self.value.dtype))
+
+    def __repr__(self):
+        return f"ConstantValue({self.name!r}, shape={self.value.shape}, dtype={self.value.dtype})"
+
+
+class ConstantRule(LayerRule):
+    """A :class:`ConstantValue`: a tensor no model input reaches (it varies along its positions, not with the input)."""
+
+    kind = "constant"
+    constants = None
+
+
+def is_constant_array(value):
+    """``value`` is a concrete array of at least one axis (a numpy array or an eager tensor of the backend), not a
+    symbolic tensor or a number: a constant operand of a call."""
+    if isinstance(value, (keras.KerasTensor, bool, int, float, complex, str)):
+        return False
+    if not (isinstance(value, np.ndarray) or keras.ops.is_tensor(value)):
+        return False
+    try:
+        return np.asarray(keras.ops.convert_to_numpy(value)).ndim >= 1
+    except Exception:  # noqa: BLE001 - a tensor being traced (a jax tracer, a graph tensor) has no value
+        return False
 
 
 class ActivationRule(LayerRule):
@@ -1691,6 +1748,40 @@ def _one_tensor_layer(operation, inbound_nodes):
     return layer
 
 
+def is_constant_value(argument):
+    """A serialized call argument is a constant array (``__tensor__`` or ``__numpy__``, of at least one axis)."""
+    return (isinstance(argument, dict) and argument.get("class_name") in ("__tensor__", "__numpy__")
+            and np.asarray(argument["config"]["value"]).ndim >= 1)
+
+
+def constant_array(argument):
+    """The numpy value of a serialized constant array (:func:`is_constant_value`), in its dtype where numpy has it."""
+    config = argument["config"]
+    try:
+        return np.asarray(config["value"], dtype=config.get("dtype"))
+    except TypeError:  # a dtype numpy does not know (bfloat16): the values as they are
+        return np.asarray(config["value"])
+
+
+def _operand_shape(argument):
+    """``(shape, dtype)`` of a serialized tensor argument (a symbolic tensor or a constant array), else ``None``."""
+    if isinstance(argument, dict) and argument.get("class_name") == "__keras_tensor__":
+        return tuple(argument["config"]["shape"]), argument["config"].get("dtype")
+    if is_constant_value(argument):
+        return tuple(np.asarray(argument["config"]["value"]).shape), argument["config"].get("dtype")
+    return None
+
+
+# keras.ops operations whose result depends on their operand's shape only, not on its values.
+_SHAPE_ONLY = ("ZerosLike", "OnesLike")
+
+
+def reads_no_values(operation):
+    """A keras.ops operation whose result depends on its operand's shape only (``zeros_like``, ``ones_like``):
+    with that shape known, a constant whatever the input."""
+    return _keras_operation(operation) in _SHAPE_ONLY
+
+
 def operation_call(operation):
     """The keyword arguments (not tensors) a keras.ops operation of the model was called with (``{}``)."""
     return _OPERATION_CALLS.get(operation, {})
@@ -1700,7 +1791,10 @@ def operation_layer(operation, inbound_nodes):
     """The Keras layer that computes what a keras.ops arithmetic operation computes, or ``None``.
 
     Of two tensors, ``x + y``, ``x - y``, ``x * y``: ``Add``, ``Subtract``,
-    ``Multiply``. Of one tensor and one number, a ``Rescaling``:
+    ``Multiply`` (one may be a constant array, such as positions computed when
+    the model was built: a :class:`ConstantValue` of the graph; an operand
+    with fewer axes takes leading axes of size 1, as keras.ops broadcasts
+    it). Of one tensor and one number, a ``Rescaling``:
 
     ``x + c``, ``c + x``: ``Rescaling(1, c)``; ``x - c``: ``(1, -c)``; ``c -
     x``: ``(-1, c)``; ``x * c``, ``c * x``: ``(c, 0)``; ``x / c``: ``(1 / c,
@@ -1726,12 +1820,17 @@ def operation_layer(operation, inbound_nodes):
     tensors = [isinstance(a, dict) and a.get("class_name") == "__keras_tensor__" for a in args]
     if kwargs or len(args) != 2 or not any(tensors):
         return None
-    if all(tensors):  # two tensors: the merge layer (``inputs + x``, a residual connection)
+    shapes = [_operand_shape(a) for a in args]
+    if all(shape is not None for shape in shapes):
+        # Two tensors (``inputs + x``, a residual connection; or positions, a constant, added to the input's
+        # path): the merge layer, on the operands' shapes with leading axes of size 1 where one has fewer (as
+        # keras.ops broadcasts), so that it merges channel by channel as the operation does.
         merge = {"add": keras.layers.Add, "subtract": keras.layers.Subtract, "multiply": keras.layers.Multiply}.get(name)
         if merge is None:
             return None
-        layer = merge(name=operation.name, dtype=args[0]["config"].get("dtype"))
-        layer([keras.KerasTensor(tuple(a["config"]["shape"]), dtype=a["config"].get("dtype")) for a in args])
+        rank = max(len(shape) for shape, _ in shapes)
+        layer = merge(name=operation.name, dtype=args[tensors.index(True)]["config"].get("dtype"))
+        layer([keras.KerasTensor((1,) * (rank - len(shape)) + shape, dtype=dtype) for shape, dtype in shapes])
         return layer
     first = tensors[0]
     tensor, number = (args[0], args[1]) if first else (args[1], args[0])
@@ -2030,6 +2129,8 @@ def unregister_layer(cls):
 def rule_of(layer):
     """The :class:`LayerRule` of ``layer``'s exact class; for a class not in the table, a rule recognized from
     what the layer computes (:func:`recognize`); else ``None``."""
+    if isinstance(layer, ConstantValue):
+        return _CONSTANT_RULE
     rule = _RULES.get(type(layer))
     if rule is None and isinstance(layer, keras.layers.Layer):
         rule = recognize(layer)
@@ -2417,3 +2518,5 @@ def _register_builtin():
 
 
 _register_builtin()
+# Not in the table: no layer class of the user's is a constant, and the list of supported layers stays the layers'.
+_CONSTANT_RULE = ConstantRule(ConstantValue, "a tensor no model input reaches")

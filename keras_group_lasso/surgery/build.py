@@ -49,6 +49,13 @@ def prune_model(model, threshold=1e-3, inputs="original", round_to=1, fold_batch
     of any size too. A ``Flatten`` of a map with such an axis is refused (the
     number of features it makes depends on the size).
 
+    A tensor that no input reaches (keras.io's positions, ``keras.ops.arange``
+    read by a position ``Embedding``) loses the channels of the residual stream
+    it is added to, as every layer that makes them does; the new model
+    computes it from its own input (``zeros_like(sum(x)) + positions``,
+    keras.ops that plain Keras loads), so the layers it feeds stay layers of
+    the new model, sliced, and train further.
+
     Output units are never removed. The result is a ``keras.Sequential`` when
     ``model`` is one, else a functional ``keras.Model``, uncompiled, with the
     attributes ``kept_features`` (tuple of input indices), ``pruning_report``
@@ -183,6 +190,10 @@ class _Builder:
         self.tensors[step.name] = inp
         self.inputs.append(inp)
 
+    def new_constant(self, step):
+        value = np.asarray(self.layers[step.name].value)[..., np.asarray(step.entries, dtype=np.intp)]
+        self.tensors[step.name] = _constant_tensor(value.reshape((1,) * step.lead + value.shape), self.inputs[0])
+
     def drop(self, step):
         self.tensors[step.name] = None
 
@@ -275,6 +286,20 @@ class _Builder:
                 _set_weights(layer, new)
             _restore_initializers(layer, self.initializers)
         return small
+
+
+def _constant_tensor(value, anchor):
+    """A tensor of the new model that holds ``value`` whatever the input: ``zeros_like(sum(anchor)) + value``.
+
+    The layers a constant feeds (a position ``Embedding``) stay layers of the
+    new model, called on it, so it computes them itself and trains them
+    further; the tensor is made from the model's input (``anchor``) so that
+    it is part of the model's graph, by keras.ops operations that plain
+    Keras saves and loads. ``zeros_like`` reads no value: an input holding
+    NaN or infinity still gives ``value``.
+    """
+    zero = keras.ops.zeros_like(keras.ops.sum(anchor), dtype=keras.backend.standardize_dtype(value.dtype))
+    return keras.ops.add(zero, value)
 
 
 def _structured(tensors, structure):

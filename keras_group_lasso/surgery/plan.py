@@ -117,7 +117,7 @@ class PruningPlan:
         removed_layers: layers that only such operands used (surgery builds none of them).
         steps: the surgery, one frozen step per node of the graph (a few for
             some), in call order: :class:`~keras_group_lasso.surgery.steps.NewInput`,
-            ``Drop``, ``Alias``, ``SelectUnits``, ``SliceUnits``, ``SlicePerUnit``,
+            ``NewConstant``, ``Drop``, ``Alias``, ``SelectUnits``, ``SliceUnits``, ``SlicePerUnit``,
             ``Merge``, ``Concat``, ``FoldConstants``, ``CallShared``
             (:mod:`keras_group_lasso.surgery.steps`); :func:`~keras_group_lasso.prune_model`
             applies them in order.

@@ -1,7 +1,8 @@
 """The surgery as a list of typed steps, decided before any layer is built.
 
 :func:`plan_steps` walks the graph once, in call order, and decides for every
-node what the new model does with it: which input it takes, which node nothing
+node what the new model does with it: which input it takes, which constant it
+computes (positions: :class:`NewConstant`), which node nothing
 reads any more, which layer is sliced to which rows and units, where a 0/1
 selection picks entries, which merge drops its constant operands, which later
 call of a shared layer calls the new layer again. Each decision is one frozen
@@ -24,6 +25,7 @@ from keras_group_lasso.graph.masks import needed_units
 
 __all__ = [
     "NewInput",
+    "NewConstant",
     "Drop",
     "Alias",
     "SelectUnits",
@@ -80,6 +82,25 @@ class NewInput(_Step):
     shape: tuple
     dtype: str
     features: tuple
+
+
+@dataclasses.dataclass(frozen=True)
+class NewConstant(_Step):
+    """A tensor no model input reaches (positions from ``keras.ops.arange``), computed by the new model.
+
+    Attributes:
+        name: the constant's node (its value: the :class:`~keras_group_lasso.graph.registry.ConstantValue`
+            of the graph).
+        entries: indices of the entries of its last axis it keeps (the units that stay).
+        lead: axes of size 1 put before its own: a constant without the batch axis takes as many as the merge
+            where it meets the input's path broadcasts it with (as keras.ops does), so that the merge layer
+            reads operands of one rank.
+    """
+
+    kind: typing.ClassVar[str] = "new_constant"
+    name: str
+    entries: tuple
+    lead: int = 0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -276,6 +297,10 @@ class _Planner:
         self.ranks = {}  # rank of the new inputs and of the tensors that stand for them
         self.made = set()  # nodes for which a new layer is built
         self.steps = []
+        self.readers = {}  # node -> the nodes that read it
+        for node in graph.nodes:
+            for name in node.inputs:
+                self.readers.setdefault(name, []).append(node.name)
 
     def run(self, model, selected, owner):
         graph = self.graph
@@ -319,7 +344,9 @@ class _Planner:
             # a branch that lost every unit: nothing reads it
             self.drop(node.name, node.ids.size, LOST)
             return
-        if node.kind == "units":
+        if node.kind == "constant":
+            self.constant(node)
+        elif node.kind == "units":
             self.units(node)
         elif node.kind == "merge":
             self.merge(node, src, fold)
@@ -387,6 +414,35 @@ class _Planner:
             return
         self.made.add(node.name)
         self.steps.append(SliceUnits(node.name, source, _indices(rows), _indices(kept_out), self.into.get(node.name)))
+
+    def constant(self, node):
+        keep = self.needed[node.ids]
+        if not keep.any():  # nothing reads it any more
+            self.drop(node.name, node.ids.size, LOST)
+            return
+        self.present[node.name] = keep
+        self.steps.append(NewConstant(node.name, _entries(keep, node), self.lead(node)))
+
+    def lead(self, node):
+        """Axes of size 1 the constant ``node`` takes first: as many as the first merge it reaches adds to it
+        (the merge layer was read on its operands broadcast as keras.ops broadcasts them)."""
+        stack, seen = [node.name], set()
+        while stack:
+            name = stack.pop(0)
+            for reader in self.readers.get(name, ()):
+                if reader in seen:
+                    continue
+                seen.add(reader)
+                if self.graph.tensor(reader).kind != "merge":
+                    stack.append(reader)
+                    continue
+                try:
+                    shapes = [tuple(tensor.shape) for tensor in self.graph.layers[reader].input]
+                    rank = len(shapes[list(self.graph.tensor(reader).inputs).index(name)])
+                except Exception:  # noqa: BLE001 - a merge called several times: operands of the model's ranks
+                    return 0
+                return max(0, rank - self.rank(name))
+        return 0
 
     def merge(self, node, src, fold):
         want = self.needed[node.ids]
