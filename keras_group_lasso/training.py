@@ -35,9 +35,10 @@ class EpochBatches(keras.utils.PyDataset):
     Example:
         >>> x, y = np.arange(20.0).reshape(10, 2), np.arange(10)
         >>> data = EpochBatches(x, y, epochs=3, batch_size=4)
-        >>> len(data), [len(data[i][1]) for i in range(data.batches_per_epoch)]
+        >>> first_pass = [data[i] for i in range(data.batches_per_epoch)]
+        >>> len(data), [len(batch_y) for _, batch_y in first_pass]
         (9, [4, 4, 2])
-        >>> np.sort(np.concatenate([data[i][1] for i in range(3)]))   # a pass sees every row once
+        >>> np.sort(np.concatenate([batch_y for _, batch_y in first_pass]))   # a pass sees every row once
         array([0, 1, 2, 3, 4, 5, 6, 7, 8, 9])
 
         ``model.fit(data, epochs=1)`` then trains the 3 passes as one Keras epoch
