@@ -589,6 +589,9 @@ class Proximal(keras.optimizers.Optimizer):
             total = part if total is None else total + ops.cast(part, total.dtype)
             prepared.append((index, value, shape, view, dtype, lr, lr_coupled, d, q, sq, own, onehot, penalty))
         points = []
+        keys = None  # the coupled groups every member spares: one ranking of the unions per step
+        if any(penalty.sparing() for _, penalty in coupled):
+            keys = coupled[0][1].spared_keys(total)
         for index, value, shape, view, dtype, lr, lr_coupled, d, q, sq, own, onehot, penalty in prepared:
             scales = ops.convert_to_tensor(penalty.scales, dtype)
             c = lr * penalty.factor * math.sqrt(prox.group_size(view))
@@ -596,8 +599,8 @@ class Proximal(keras.optimizers.Optimizer):
             axis_shape = [1] * len(view)
             axis_shape[-2] = -1
             z = ops.divide(q * ops.reshape(factor, axis_shape), d)
-            if penalty.sparing():  # the spared groups (a stream's strongest channels) stay as they were
-                spared = ops.reshape(penalty.spared_groups(sq, total), axis_shape)
+            if keys is not None:  # the spared groups (a stream's strongest channels) stay as they were
+                spared = ops.reshape(penalty.spared_groups(sq, keys), axis_shape)
                 z = ops.where(ops.greater(spared, 0), ops.reshape(ops.cast(value, dtype), view), z)
             points.append((index, ops.cast(ops.reshape(z, shape), value.dtype)))
         return points

@@ -525,19 +525,19 @@ class CoupledGroupLasso(GroupSparseRegularizer):
             spare = keras.ops.maximum(spare, keras.ops.sum(keras.ops.one_hot(index, keys, dtype=union.dtype), axis=0))
         return spare
 
-    def spared_groups(self, squares, union):
+    def spared_groups(self, squares, keys):
         """``(G,)``: 1.0 for each group of this weight that the penalties leave alone, else 0.0.
 
         Its ``spared`` strongest own groups (by ``squares``, their ``(G,)``
         squared norms), and its parts of the coupled groups that any member
-        spares (:meth:`spared_keys` of ``union``).
+        spares (``keys``: :meth:`spared_keys`, the same for every member; ``None`` without coupled groups).
         """
         own, onehot = self.membership(int(squares.shape[0]))
         own = keras.ops.cast(own, squares.dtype)
         kept = keras.ops.zeros_like(own)
-        if union is not None:
+        if keys is not None:
             kept = keras.ops.matmul(keras.ops.cast(onehot, squares.dtype),
-                                    keras.ops.reshape(self.spared_keys(union), (-1, 1)))[:, 0]
+                                    keras.ops.reshape(keras.ops.cast(keys, squares.dtype), (-1, 1)))[:, 0]
         own_groups = int(np.sum(np.asarray(self.coupled) < 0))
         if self.spared and own_groups:
             _, index = keras.ops.top_k(keras.ops.where(keras.ops.greater(own, 0), squares, -1.0),
@@ -591,8 +591,9 @@ class CoupledGroupLasso(GroupSparseRegularizer):
         own = keras.ops.cast(own, sq.dtype)
         sparing = self.sparing()
         union = self.union_squares(own=x) if self.scales and (self.anchor or sparing) else None
+        keys = self.spared_keys(keras.ops.stop_gradient(union)) if sparing and union is not None else None
         if sparing:  # which groups are spared is no part of the value's gradient
-            own = own * (1.0 - self.spared_groups(keras.ops.stop_gradient(sq), keras.ops.stop_gradient(union)))
+            own = own * (1.0 - self.spared_groups(keras.ops.stop_gradient(sq), keys))
         size = prox.group_size(tuple(view.shape))
         value = self.factor * math.sqrt(size) * keras.ops.sum(own * _safe_sqrt(sq))
         if self.l1:
@@ -600,8 +601,8 @@ class CoupledGroupLasso(GroupSparseRegularizer):
         value = self._times_multiplier(value)
         if self.anchor and self.scales:
             scales = keras.ops.convert_to_tensor(self.scales, union.dtype)
-            if sparing:
-                scales = scales * (1.0 - self.spared_keys(keras.ops.stop_gradient(union)))
+            if keys is not None:
+                scales = scales * (1.0 - keys)
             coupled = keras.ops.sum(scales * _safe_sqrt(union))
             value = value + self._times_multiplier(coupled, index=COUPLED_INDEX)
         # The anchor's term reads the other members too: stop the whole value.
@@ -615,15 +616,16 @@ class CoupledGroupLasso(GroupSparseRegularizer):
         own = keras.ops.cast(own, sq.dtype)
         union = self.union_squares(own=x, dtype=sq.dtype) if self.scales else None
         sparing = self.sparing()
+        keys = self.spared_keys(union) if sparing and union is not None else None
         if sparing:
-            own = own * (1.0 - self.spared_groups(sq, union))
+            own = own * (1.0 - self.spared_groups(sq, keys))
         size = prox.group_size(tuple(view.shape))
         scale = self.factor * math.sqrt(size) * own * _safe_rsqrt(sq)
         scale = self._times_multiplier(scale, multiplier)
         if self.scales:
             per_key = keras.ops.convert_to_tensor(self.scales, sq.dtype) * _safe_rsqrt(union)
-            if sparing:
-                per_key = per_key * (1.0 - self.spared_keys(union))
+            if keys is not None:
+                per_key = per_key * (1.0 - keys)
             per_key = self._times_multiplier(per_key, multiplier, index=COUPLED_INDEX)
             scale = scale + keras.ops.matmul(keras.ops.cast(onehot, sq.dtype), keras.ops.reshape(per_key, (-1, 1)))[:, 0]
         g = view * _along_groups(scale, view)

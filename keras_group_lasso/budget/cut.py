@@ -62,16 +62,8 @@ def freeze_groups(model, groups):
     PyTorch reads as it runs (on JAX the step holds the value it was traced with,
     so a change there returns True too).
     """
-    rows_by_path = {}
-    for path, row in groups:
-        rows_by_path.setdefault(path, set()).add(row)
     changed = False
-    for variable in model.weights:
-        rows = rows_by_path.get(variable.path)
-        if not rows:
-            continue
-        view = variable.regularizer.group_shape(tuple(variable.shape))
-        keep = _keep_mask(view, rows)
+    for variable, view, keep in _kernel_masks(model, groups):
         current = variable.constraint
         if isinstance(current, FrozenGroups):
             if not np.array_equal(current.kept, keep):
@@ -114,24 +106,25 @@ def hold_live(model, groups):
 
 def zero_groups(model, groups):
     """Set ``groups`` (``{(path, row)}``) exactly to zero (what :class:`FrozenGroups` does after a step)."""
+    for variable, view, keep in _kernel_masks(model, groups):
+        kept = keras.ops.reshape(variable.value, view) * keras.ops.cast(keep, variable.dtype)
+        variable.assign(keras.ops.reshape(kept, tuple(variable.shape)))
+
+
+def _kernel_masks(model, groups):
+    """``(variable, its group view, keep)`` for each kernel with some of ``groups`` (``{(path, row)}``): ``keep`` is
+    0.0 at those rows of the view (groups along axis -2), 1.0 elsewhere, shaped to broadcast over it."""
     rows_by_path = {}
     for path, row in groups:
-        rows_by_path.setdefault(path, []).append(row)
+        rows_by_path.setdefault(path, set()).add(row)
     for variable in model.weights:
         rows = rows_by_path.get(variable.path)
         if not rows:
             continue
         view = variable.regularizer.group_shape(tuple(variable.shape))
-        keep = _keep_mask(view, rows)
-        kept = keras.ops.reshape(variable.value, view) * keras.ops.cast(keep, variable.dtype)
-        variable.assign(keras.ops.reshape(kept, tuple(variable.shape)))
-
-
-def _keep_mask(view, rows):
-    """0.0 at ``rows`` of a group view ``view`` (groups along axis -2), 1.0 elsewhere, shaped to broadcast over it."""
-    keep = np.ones(view[-2], dtype="float32")
-    keep[sorted(rows)] = 0.0
-    return keep.reshape((1,) * (len(view) - 2) + (view[-2], 1))
+        keep = np.ones(view[-2], dtype="float32")
+        keep[sorted(rows)] = 0.0
+        yield variable, view, keep.reshape((1,) * (len(view) - 2) + (view[-2], 1))
 
 
 def release_frozen_groups(model):
