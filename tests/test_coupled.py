@@ -165,10 +165,12 @@ def test_a_budget_with_a_strength_too_high_keeps_a_residual_stream_open():
     rng = np.random.default_rng(0)
     x = rng.normal(size=(128, 8, 8, 1)).astype("float32")
     y = (x.mean(axis=(1, 2, 3)) > 0).astype("int32") + 2 * (x[:, :4].mean(axis=(1, 2, 3)) > 0).astype("int32")
-    model.fit(x, y, epochs=3, batch_size=32, verbose=0, callbacks=[SparsityBudget(max_flops=0.5)])
+    budget = SparsityBudget(max_flops=0.5)
+    model.fit(x, y, epochs=3, batch_size=32, verbose=0, callbacks=[budget])
     expand = keras.ops.convert_to_numpy(model.get_layer("expand").kernel)
     live = int(np.sum(np.abs(expand).sum(axis=(0, 1, 3)) > 1e-3))
-    assert live >= math.ceil(LEAST_WIDTH * math.sqrt(0.5) * 16), live
+    assert 0.5 * LEAST_WIDTH <= budget.least_width <= LEAST_WIDTH * math.sqrt(0.5)
+    assert live >= math.ceil(budget.least_width * 16), live
     report = sparsity_report(model)
     assert 0.8 * 0.5 <= report.flops_after / report.flops_before <= 0.5
     assert model.get_layer("expand").kernel.regularizer.spared == 0  # spared for the fit only

@@ -44,8 +44,8 @@ WARM_UP = 1 / 3
 #: With the gradual pace, a cut of at most this share of the prunable groups when settling begins is the
 #: schedule's last step (logged); a larger one is said in a warning.
 SMALL_CUT = 0.05
-#: ``min_width="auto"``: each layer keeps at least this share of the width at which all layers, equally narrowed,
-#: meet the budget.
+#: ``min_width="auto"``: each layer keeps at least this share of the width at which all prunable layers, equally
+#: narrowed, meet the budget (:func:`.schedule.even_share`).
 LEAST_WIDTH = 0.9
 
 
@@ -78,9 +78,10 @@ class SparsityBudget(keras.callbacks.Callback):
 
     A group's weakness is its strength among its own kernel's groups per share of the budget its unit frees,
     and a layer's last units count as stronger (``n / (n - j)`` for the ``j``-th weakest of ``n``). No cut and
-    no penalty takes a layer below its least width (``min_width``; ``"auto"``: ``0.9 * sqrt(f)`` of its units
-    for a FLOP, parameter or latency budget of a fraction ``f``, ``0.9 * f`` for units) while the budget can
-    be met without it, and the strongest group of every kernel stays. After a cut the
+    no penalty takes a layer below its least width (``min_width``; ``"auto"``: 90 % of the share of its units at
+    which all prunable layers, narrowed alike, meet the budget, measured on the model's graph when training
+    begins: ``sqrt(f)`` for a FLOP budget of a fraction ``f`` where every layer can narrow, less where some
+    cannot) while the budget can be met without it, and the strongest group of every kernel stays. After a cut the
     ``BatchNormalization`` layers average with a lower momentum for the rest of ``fit``, so that statistics
     from before it weigh at most 1 % at the end. With ``round_to`` > 1 the settled layers' widths are
     multiples of it (``rounded``: ``{layer: (live before, after)}``; ``spare_block`` keeps the penalties off a
@@ -370,7 +371,39 @@ class SparsityBudget(keras.callbacks.Callback):
         """The share of its units below which the budget takes no layer (see ``min_width``)."""
         if self.min_width != "auto":
             return self.min_width
-        return LEAST_WIDTH * schedule.even_share(self.dense, self.limits)
+        if not set(self.limits) - {"features"}:
+            return 0.0
+        narrowest, half = self._sizes_narrowed(0.0), self._sizes_narrowed(0.5)
+        return LEAST_WIDTH * schedule.even_share(self.dense, narrowest, half, self.limits)
+
+    def _sizes_narrowed(self, share):
+        """The budgeted sizes of the model with every prunable layer at ``share`` of its width (one group at
+        least): every trainable penalised kernel set to ones and all but its first ``max(1, ceil(share * groups))``
+        groups to zero (input groups too: a parameter or FLOP budget cuts features as well), then its weights
+        back. Its shape alone counts, not its
+        training: a resumed ``fit`` finds the same sizes."""
+        variables = [v for v in cut.penalised_kernels(self.model) if v.trainable]
+        values = [np.array(keras.ops.convert_to_numpy(v)) for v in variables]
+        try:
+            for variable, value in zip(variables, values):
+                penalty = variable.regularizer
+                view = penalty.group_shape(tuple(variable.shape))
+                narrowed = np.ones(view, dtype=value.dtype)
+                where = [slice(None)] * len(view)
+                where[-2] = slice(max(1, math.ceil(share * view[-2])), None)
+                narrowed[tuple(where)] = 0.0
+                variable.assign(narrowed.reshape(tuple(variable.shape)))
+            found = analysis.analyze(self.model, self.threshold, owner=_OWNER)
+            return self._sizes(found.report, found)
+        finally:
+            for variable, value in zip(variables, values):
+                variable.assign(value)
+
+    @property
+    def least_width(self):
+        """The share of its units below which this ``fit``'s budget takes no layer (while the budget can be met
+        without): ``min_width``, or with ``"auto"`` the share measured when training began (0 before)."""
+        return self._share
 
     # ------------------------------------------------------------------ Keras hooks
 
@@ -412,6 +445,9 @@ class SparsityBudget(keras.callbacks.Callback):
         self._steps = self.params.get("steps") if self.params else None  # None: a dataset of unknown length
         self._every = self._checks_every()
         self._share = self._floor_share()
+        if self.min_width == "auto" and self._share:
+            _LOG.info("%s: no layer goes below %.3g of its units while the budget can be met without (min_width="
+                      "'auto')", _OWNER, self._share)
         self.cuts = []
         self._groups = sum(int(v.regularizer.group_shape(tuple(v.shape))[-2])
                            for v in cut.penalised_kernels(self.model))

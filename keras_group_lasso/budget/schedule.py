@@ -200,19 +200,33 @@ def checks_every(update_freq, steps, per_epoch):
     return update_freq
 
 
-def even_share(dense, limits):
-    """The share of its units each layer keeps when all layers, narrowed alike, meet the budget (about).
+def even_share(dense, narrowest, half, limits):
+    """The share of its units each prunable layer keeps when all of them, narrowed alike, meet the budget.
 
-    A network whose layers keep a share ``s`` of their units keeps about ``s ** 2`` of its multiply-adds and
-    parameters (each weight joins two units): ``sqrt(f)`` for those budgets (and a latency budget) of a fraction
-    ``f`` of the dense model, ``f`` for a unit budget; the smallest of the budgeted kinds, 0 with features only.
+    Each budgeted size is modelled as ``c(s) = c0 + (c1 - c0) * s ** p`` of the share ``s`` that every prunable
+    layer keeps, from three measurements: ``dense`` (``c1``), ``narrowest`` (``c0``, every prunable layer one
+    group wide: what cannot narrow, such as a normalized stream or the layers no penalty reaches) and ``half``
+    (every prunable layer at half its width), which gives ``p = log2((c1 - c0) / (c(1/2) - c0))``, held in
+    [1/2, 3]: about 2 where each weight joins two prunable layers, 1 where one side of it cannot narrow. The share
+    solves ``c(s) = limit``; the smallest over the budgeted units, parameters, FLOPs and latency (a kind that
+    narrowing does not change does not count); 0 with features only, or when narrowing alike cannot meet a
+    budget.
 
     Example:
-        >>> even_share({"flops": 100.0, "units": 10}, {"flops": 25.0, "units": 4})
-        0.4
+        >>> dense, narrowest = {"flops": 100.0}, {"flops": 20.0}
+        >>> round(even_share(dense, narrowest, {"flops": 40.0}, {"flops": 60.0}), 3)  # p = 2: sqrt(40 / 80)
+        0.707
+        >>> round(even_share(dense, narrowest, {"flops": 60.0}, {"flops": 60.0}), 3)  # p = 1: 40 / 80
+        0.5
     """
-    shares = [math.sqrt(limits[kind] / dense[kind]) for kind in ("params", "flops", "latency")
-              if kind in limits and dense[kind] > 0]
-    if "units" in limits and dense["units"] > 0:
-        shares.append(limits["units"] / dense["units"])
+    shares = []
+    for kind in ("units", "params", "flops", "latency"):
+        if kind not in limits or dense[kind] <= narrowest[kind]:
+            continue
+        span = dense[kind] - narrowest[kind]
+        if limits[kind] <= narrowest[kind]:
+            return 0.0
+        drop = half[kind] - narrowest[kind]
+        power = min(3.0, max(0.5, math.log2(span / drop))) if 0 < drop < span else 1.0
+        shares.append(min(1.0, (limits[kind] - narrowest[kind]) / span) ** (1.0 / power))
     return min(shares, default=0.0)
