@@ -25,8 +25,10 @@ from test_cnn import thresholded_copy
 T = 1e-3
 L = keras.layers
 BACKEND = keras.backend.backend()
-
-
+# JAX runs these full-size families op by op, 2-4 minutes each on two cores against well under one on TensorFlow
+# and PyTorch; it checks the same parts on the smaller models of this file (the squeeze-and-excite net, the
+# one-dimensional U-Net) and the families of test_applications.py and test_keras_hub.py that run on it.
+NOT_ON_JAX = pytest.mark.skipif(BACKEND == "jax", reason="tested on TensorFlow and PyTorch (time on JAX)")
 
 
 def outputs(model, x):
@@ -141,6 +143,7 @@ OPERATION = "a keras.ops operation called on a tensor inside the model, not a la
 
 
 # The larger families (MobileNetV3Large, EfficientNetB0, EfficientNetV2B0) are in test_applications.py.
+@NOT_ON_JAX
 @pytest.mark.parametrize("make", ["MobileNetV3Small"])
 def test_squeeze_and_excite_families_prune_exactly_and_reload(make, rng, tmp_path):
     # Gates (1, 1, C) broadcast over (H, W, C) maps; MobileNetV3's hard-sigmoid is relu6(x + 3) * (1 / 6)
@@ -380,7 +383,7 @@ def _unet(dims=2):
     return keras.Model(inputs, conv(3, 1, name="out")(u))
 
 
-@pytest.mark.parametrize("dims", [1, 2, 3])
+@pytest.mark.parametrize("dims", [1, pytest.param(2, marks=NOT_ON_JAX), pytest.param(3, marks=NOT_ON_JAX)])
 def test_a_unet_with_transposed_convolutions_prunes_exactly_and_reloads(dims, rng, tmp_path):
     model = _unet(dims)
     kill_units(model, rng, dead=0.3, constant=0.25, dead_layer=0.0)
@@ -445,6 +448,7 @@ def randomize(model, rng, scale=0.3):
             layer.set_weights([rng.normal(size=w.shape).astype(w.dtype) * scale for w in weights])
 
 
+@NOT_ON_JAX
 def test_convnext_prunes_exactly_and_reloads(rng, tmp_path):
     # One group per channel convolutions, LayerNormalization, Dense on feature maps, LayerScale (recognized as a
     # per-channel scale), residual `inputs + x` written with keras.ops.
