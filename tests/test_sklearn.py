@@ -328,48 +328,54 @@ def test_model_saves_and_loads(fitted, selection_problem, tmp_path):
     np.testing.assert_allclose(keras.ops.convert_to_numpy(loaded(x)), fitted.predict_proba(x), atol=1e-6)
 
 
-def test_same_seed_same_model_cache_or_not(selection_problem):
+def test_same_seed_same_model_reused_network_or_not(selection_problem):
     x, y = selection_problem
     params = dict(FAST, epochs=3)
     a = GroupSparseMLPClassifier(**params).fit(x, y)
-    b = GroupSparseMLPClassifier(**params).fit(x, y)  # reuses the cached training network
-    _network.clear_cache()
+    b = GroupSparseMLPClassifier(**params).fit(x, y)  # reuses the idle training network
+    _network.NETWORKS.clear()
     c = GroupSparseMLPClassifier(**params).fit(x, y)  # a freshly compiled one
     d = GroupSparseMLPClassifier(**dict(params, random_state=1)).fit(x, y)
-    for w_a, w_b, w_c in zip(a.coefs_, b.coefs_, c.coefs_):
+    for w_a, w_b, w_c in zip(a.coefs_ + a.intercepts_, b.coefs_ + b.intercepts_, c.coefs_ + c.intercepts_):
         np.testing.assert_array_equal(w_a, w_b)
         np.testing.assert_array_equal(w_a, w_c)
     assert not np.array_equal(a.coefs_[0], d.coefs_[0])
 
 
+def _count_networks(monkeypatch):
+    built = []
+    original = _network.Network.__init__
+    monkeypatch.setattr(_network.Network, "__init__", lambda self, spec: (built.append(spec), original(self, spec))[1])
+    return built
+
+
 def test_alpha_changes_without_a_new_network(selection_problem, monkeypatch):
     x, y = selection_problem
     GroupSparseMLPClassifier(**FAST).fit(x, y)
-    built = []
-    original = _network.Network.__init__
-    monkeypatch.setattr(_network.Network, "__init__", lambda self, spec: (built.append(spec), original(self, spec))[1])
+    built = _count_networks(monkeypatch)
     weak = GroupSparseMLPClassifier(**dict(FAST, alpha=0.0)).fit(x, y)
     strong = GroupSparseMLPClassifier(**dict(FAST, alpha=0.05, learning_rate=0.01)).fit(x, y)
-    assert built == []  # same shapes: the compiled network is reused, alpha is a variable
+    assert built == []  # same shapes: the idle compiled network is reused, alpha is a variable
     assert np.linalg.norm(strong.coefs_[0]) < 0.5 * np.linalg.norm(weak.coefs_[0])
+    # Along a path the strengths are variables of one network: every point trains it, none builds another.
+    path = GroupSparseMLPClassifier(**dict(FAST, threshold=0.05)).path(x, y, [0.0, 0.01, 0.03], validation_data=(x, y))
+    assert len(path) == 3 and len(built) == 0
 
 
 def test_proximal_strength_changes_without_a_new_network(selection_problem, monkeypatch):
-    # Under proximal training the strengths are the multiplier Proximal reads: a cached network
-    # trained at another strength gives the same model as a fresh one, and a path compiles once.
+    # Under proximal training the strengths are the multiplier Proximal reads: a reused network trained at
+    # another strength gives the same model as a fresh one, and a path compiles once.
     x, y = selection_problem
     params = dict(FAST, proximal=True, alpha=0.02, learning_rate=0.01)
-    _network.clear_cache()
+    _network.NETWORKS.clear()
     fresh = GroupSparseMLPClassifier(**params).fit(x, y)
-    built = []
-    original = _network.Network.__init__
-    monkeypatch.setattr(_network.Network, "__init__", lambda self, spec: (built.append(spec), original(self, spec))[1])
+    built = _count_networks(monkeypatch)
     weak = GroupSparseMLPClassifier(**dict(params, alpha=0.0)).fit(x, y)
-    cached = GroupSparseMLPClassifier(**params).fit(x, y)
+    again = GroupSparseMLPClassifier(**params).fit(x, y)
     path = GroupSparseMLPClassifier(**params).path(x, y, [0.0, 0.01, 0.03], validation_data=(x, y))
     assert built == []
-    for w_fresh, w_cached in zip(fresh.coefs_ + fresh.intercepts_, cached.coefs_ + cached.intercepts_):
-        np.testing.assert_array_equal(w_fresh, w_cached)
+    for w_fresh, w_again in zip(fresh.coefs_ + fresh.intercepts_, again.coefs_ + again.intercepts_):
+        np.testing.assert_array_equal(w_fresh, w_again)
     assert np.sum(fresh.coefs_[0] == 0) > np.sum(weak.coefs_[0] == 0) + 10
     assert [point.n_features for point in path] == sorted((point.n_features for point in path), reverse=True)
     assert path[0].n_features > path[-1].n_features
@@ -566,7 +572,8 @@ def test_the_path_function_is_the_path_method(selection_problem):
     x, y = selection_problem
     est = GroupSparseMLPClassifier(**dict(FAST, epochs=6, threshold=0.05))
     kwargs = dict(validation_data=(x[300:], y[300:]), epochs_per_alpha=2)
-    by_function = regularization_path(est, x[:300], y[:300], [0.0, 1e-2], **kwargs)
+    params = {k: v for k, v in est.get_params().items() if k not in ("early_stopping", "n_iter_no_change", "tol")}
+    by_function = regularization_path(x[:300], y[:300], [0.0, 1e-2], task="classification", **params, **kwargs)
     by_method = est.path(x[:300], y[:300], [0.0, 1e-2], **kwargs)
     assert len(by_function) == len(by_method) == 2
     for a, b in zip(by_function, by_method):
@@ -574,6 +581,45 @@ def test_the_path_function_is_the_path_method(selection_problem):
         for wa, wb in zip(a.weights, b.weights):
             np.testing.assert_array_equal(wa, wb)
     assert not hasattr(est, "coefs_")
+    # Arrays in, a path out: only the estimator's path rebuilds estimators from its points.
+    assert by_method.estimator(-1).get_support().sum() == by_method[-1].n_features
+    with pytest.raises(InvalidParameterError, match="a point of a path run by an estimator's path()"):
+        by_function.estimator(-1)
+
+
+def test_the_path_function_on_labels_and_regression():
+    rng = np.random.default_rng(0)
+    x = rng.uniform(size=(120, 4)).astype("float32")
+    params = dict(hidden_layer_sizes=(8,), epochs=4, learning_rate=0.01, threshold=0.05, batch_size=40, random_state=0)
+    labels = np.where(x[:, 0] > 0.5, "yes", "no")
+    path = regularization_path(x, labels, [0.0, 0.01], epochs_per_alpha=1, **params)
+    assert path.score_name == "accuracy" and path.n_features_in == 4 and len(path) == 2
+    reg = GroupSparseMLPRegressor(**params)
+    target = x[:, 0] - x[:, 1]
+    by_function = regularization_path(x, target, [0.0, 0.01], task="regression", epochs_per_alpha=1, **params)
+    by_method = reg.path(x, target, [0.0, 0.01], epochs_per_alpha=1)
+    assert by_function.score_name == "r2"
+    np.testing.assert_array_equal(by_function.scores, by_method.scores)
+
+
+@pytest.mark.parametrize(
+    "kwargs, error, message",
+    [
+        ({"alphas": [0.1, 0.01]}, InvalidParameterError, "regularization_path: argument `alphas` must be None or a 1-d increasing sequence of finite numbers >= 0; received [0.1, 0.01]."),
+        ({"max_alphas": 1}, InvalidParameterError, "regularization_path: argument `max_alphas` must be an integer >= 2; received 1."),
+        ({"validation_data": (1, 2, 3)}, InvalidParameterError, "regularization_path: argument `validation_data` must be None or a pair (X_val, y_val); received (1, 2, 3)."),
+        ({"task": "ranking"}, ParameterError, "The 'task' parameter of regularization_path must be a str among {'classification', 'regression'}. Got 'ranking' instead."),
+        ({"penalty": "l0"}, ParameterError, "The 'penalty' parameter of regularization_path must be a str among {'group', 'l1', 'l2', 'sgl'}. Got 'l0' instead."),
+        ({"hidden_layer_sizes": (4, 0)}, ParameterError, "The 'hidden_layer_sizes' parameter of regularization_path must be an int >= 1 or a sequence of ints >= 1. Got (4, 0) instead."),
+        ({"y": np.zeros(20)}, ValueError, "regularization_path: argument `y` must contain at least 2 classes; received 1 class (np.float64(0.0))."),
+    ],
+)
+def test_path_function_argument_errors(kwargs, error, message):
+    x = np.random.default_rng(0).uniform(size=(20, 3))
+    kwargs = dict({"y": (x[:, 0] > 0.5).astype(int)}, **kwargs)
+    with pytest.raises(error) as info:
+        regularization_path(x, **kwargs)
+    assert str(info.value) == message
 
 
 def test_path_with_given_alphas_and_validation_data_is_reproducible(selection_problem):

@@ -1,23 +1,26 @@
 """scikit-learn estimators around a group-sparse Keras MLP: fit, predict, select features."""
 
-import numbers
+import copy
+import functools
 import warnings
 
 import numpy as np
 import sklearn
-from sklearn.base import BaseEstimator, ClassifierMixin, RegressorMixin
+from sklearn.base import BaseEstimator, ClassifierMixin, RegressorMixin, clone
 from sklearn.feature_selection import SelectorMixin
-from sklearn.metrics import accuracy_score, r2_score
-from sklearn.model_selection import train_test_split
-from sklearn.utils import check_random_state
 from sklearn.utils.multiclass import check_classification_targets
 from sklearn.utils.validation import check_is_fitted
 
 from keras_group_lasso._validation import NonFiniteError
 from keras_group_lasso.analysis import is_zero
 from keras_group_lasso.sklearn import _network
-from keras_group_lasso.sklearn._constraints import Interval, ParameterError, StrOptions, check_parameters
-from keras_group_lasso.sklearn._path import regularization_path
+from keras_group_lasso.sklearn._constraints import ParameterError, check_parameters
+from keras_group_lasso.sklearn._path import (
+    check_path_args,
+    check_validation_pair,
+    run_path,
+    warn_if_threshold_unreachable,
+)
 from keras_group_lasso.surgery import prune_model
 
 try:  # scikit-learn >= 1.6
@@ -30,8 +33,6 @@ except ImportError:  # pragma: no cover - older scikit-learn
 
 __all__ = ["GroupSparseMLPClassifier", "GroupSparseMLPRegressor", "ParameterError"]
 
-_SEED_MAX = 2**31 - 1
-
 
 class _GroupSparseMLP(SelectorMixin, BaseEstimator):
     """Shared parameters, training and feature selection of the two estimators."""
@@ -40,25 +41,7 @@ class _GroupSparseMLP(SelectorMixin, BaseEstimator):
 
     # Declared constraints of the constructor parameters (see _constraints.py). Not named
     # `_parameter_constraints`: scikit-learn's estimator checks read that name with its own constraint types.
-    _constraints = {
-        "hidden_layer_sizes": ["array-like", Interval(numbers.Integral, 1, None, closed="left")],
-        "alpha": [Interval(numbers.Real, 0, None, closed="left")],
-        "input_alpha": [Interval(numbers.Real, 0, None, closed="left"), None],
-        "penalty": [StrOptions(set(_network.PENALTIES))],
-        "l1_ratio": [Interval(numbers.Real, 0, None, closed="left")],
-        "optimizer": [StrOptions(set(_network.OPTIMIZERS))],
-        "learning_rate": [Interval(numbers.Real, 0, None, closed="neither")],
-        "epochs": [Interval(numbers.Integral, 1, None, closed="left")],
-        "batch_size": [StrOptions({"auto"}), Interval(numbers.Integral, 1, None, closed="left")],
-        "threshold": [Interval(numbers.Real, 0, None, closed="left")],
-        "proximal": ["boolean"],
-        "early_stopping": ["boolean"],
-        "validation_fraction": [Interval(numbers.Real, 0, 1, closed="neither")],
-        "n_iter_no_change": [Interval(numbers.Integral, 1, None, closed="left")],
-        "tol": [Interval(numbers.Real, 0, None, closed="left")],
-        "random_state": ["random_state"],
-        "verbose": ["verbose"],
-    }
+    _constraints = _network.PARAMETER_CONSTRAINTS
 
     def __init__(
         self,
@@ -114,20 +97,7 @@ class _GroupSparseMLP(SelectorMixin, BaseEstimator):
         name = type(self).__name__
         if not sklearn.get_config().get("skip_parameter_validation", False):
             check_parameters(self._constraints, self.get_params(deep=False), name)
-        sizes = self.hidden_layer_sizes
-        sizes = [sizes] if isinstance(sizes, numbers.Integral) else sizes
-        try:
-            sizes = list(sizes)
-        except TypeError:
-            sizes = None
-        if sizes is None or not all(
-            isinstance(s, numbers.Integral) and not isinstance(s, bool) and s >= 1 for s in sizes
-        ):
-            raise ParameterError(
-                f"The 'hidden_layer_sizes' parameter of {name} must be an int >= 1 or a sequence "
-                f"of ints >= 1. Got {self.hidden_layer_sizes!r} instead."
-            )
-        return tuple(int(s) for s in sizes)
+        return _network.hidden_sizes(self.hidden_layer_sizes, name)
 
     def _validate_fit_data(self, X, y, reset=True):
         X, y = _validate_data(
@@ -152,45 +122,23 @@ class _GroupSparseMLP(SelectorMixin, BaseEstimator):
         """Set the target attributes; return ``(y for Keras, n_outputs)``."""
         raise NotImplementedError
 
-    def _score_outputs(self, outputs, y_encoded):
-        """Score of network outputs against encoded targets (higher is better)."""
-        raise NotImplementedError
-
     # ------------------------------------------------------------------ training
-
-    def _seeds(self):
-        """``(init, data, split)`` seeds drawn from ``random_state``."""
-        rng = check_random_state(self.random_state)
-        return [int(s) for s in rng.randint(0, _SEED_MAX, size=3)]
 
     def _input_alpha(self):
         return self.alpha if self.input_alpha is None else self.input_alpha
 
-    def _batch_size(self):
-        # Not clipped to the data: a step with more rows than samples takes
-        # rows from consecutive reshuffled passes, and every small data set
-        # then trains with the same batch shape (one compiled step for all).
-        return 200 if self.batch_size == "auto" else int(self.batch_size)
-
     def _spec(self, hidden, n_features, n_outputs, n_train):
-        batch_size = self._batch_size()
-        return _network.Spec(
-            n_features=int(n_features),
-            hidden=hidden,
-            n_outputs=int(n_outputs),
-            task=self._task,
+        return _network.make_spec(
+            self._task,
+            hidden,
+            n_features,
+            n_outputs,
+            n_train,
             penalty=self.penalty,
-            l1_ratio=float(self.l1_ratio),
+            l1_ratio=self.l1_ratio,
             optimizer=self.optimizer,
-            proximal=bool(self.proximal),
-            batch_size=batch_size,
-            steps_per_pass=-(-n_train // batch_size),
-        )
-
-    def _split(self, X, y_encoded, seed):
-        stratify = y_encoded if self._task == "classification" else None
-        return train_test_split(
-            X, y_encoded, test_size=self.validation_fraction, random_state=seed, stratify=stratify
+            proximal=self.proximal,
+            batch_size=self.batch_size,
         )
 
     def fit(self, X, y):
@@ -215,20 +163,22 @@ class _GroupSparseMLP(SelectorMixin, BaseEstimator):
         hidden = self._check_params()
         X, y = self._validate_fit_data(X, y)
         y_encoded, n_outputs = self._encode_targets(y)
-        init_seed, data_seed, split_seed = self._seeds()
+        init_seed, data_seed, split_seed = _network.draw_seeds(self.random_state)
         X_train, y_train, X_val, y_val = X, y_encoded, None, None
         if self.early_stopping:
-            X_train, X_val, y_train, y_val = self._split(X, y_encoded, split_seed)
+            X_train, X_val, y_train, y_val = _network.holdout(
+                X, y_encoded, self.validation_fraction, split_seed, self._task
+            )
         spec = self._spec(hidden, X.shape[1], n_outputs, len(X_train))
 
-        network = _network.acquire(spec)
+        network = _network.NETWORKS.acquire(spec)
         network.set_weights(_network.glorot_weights(spec, init_seed))
         network.reset_optimizer(self.learning_rate)
         network.set_alpha(self.alpha, self._input_alpha())
         network.set_mask(None)
         score = None
         if X_val is not None:
-            score = lambda net: self._score_outputs(net.predict(X_val), y_val)  # noqa: E731
+            score = lambda net: _network.score_outputs(self._task, net.predict(X_val), y_val)  # noqa: E731
         monitor = _network.PassMonitor(
             network,
             score=score,
@@ -238,11 +188,13 @@ class _GroupSparseMLP(SelectorMixin, BaseEstimator):
         )
         network.train(X_train, y_train, self.epochs, data_seed, monitor, verbose=1 if self.verbose >= 2 else 0)
         weights = network.get_weights()
-        # Only a network that trained without error goes back to the cache (a
-        # diverged one is fine: the next fit resets its weights and optimizer).
-        _network.release(network)
+        # Only a network that trained without error goes back (a diverged one would be fine too: the next fit
+        # resets its weights and optimizer).
+        _network.NETWORKS.release(network)
         try:
-            _network.check_finite(f"{type(self).__name__}.fit", self, monitor, weights, self.epochs)
+            _network.check_finite(
+                f"{type(self).__name__}.fit", self._task, self.learning_rate, monitor, weights, self.epochs
+            )
         except NonFiniteError:
             self._forget_fit()
             raise
@@ -259,7 +211,7 @@ class _GroupSparseMLP(SelectorMixin, BaseEstimator):
         """Become fitted with a training's result: threshold ``weights`` (unless proximal), read the selection.
 
         The one way an estimator becomes fitted, after :meth:`fit` and for a
-        point of :func:`regularization_path`: ``spec`` is the trained
+        point of :meth:`path`: ``spec`` is the trained
         network's shape, ``input_alpha`` the input-group strength it trained
         with last, ``history`` its per-pass record (``{"loss": [...], ...}``).
         The data attributes (``n_features_in_``, ``classes_``, ...) were set
@@ -312,14 +264,36 @@ class _GroupSparseMLP(SelectorMixin, BaseEstimator):
         refit=True,
         keep_weights=True,
     ):
-        """The regularization path of this estimator's network on ``X, y``: :func:`regularization_path`.
+        """The regularization path of this estimator's network on ``X, y``.
 
         Warm-started fits along an increasing input-group strength, from dense
-        to no feature; the arguments are those of :func:`regularization_path`.
+        to no feature: :func:`~keras_group_lasso.sklearn.regularization_path`
+        with this estimator's parameters (same seed, same points), and each
+        point can become a fitted estimator (:meth:`RegularizationPath.estimator`).
         The estimator itself is not fitted or changed.
+
+        Args:
+            X, y: training data, as for ``fit``.
+            alphas: increasing input-group strengths (>= 0), or ``None`` for
+                the automatic grid. The first point is trained from scratch
+                for ``epochs`` passes, the others are warm-started.
+            validation_data: ``(X_val, y_val)`` to score the points; ``None``
+                holds out ``validation_fraction`` of ``X, y`` (stratified).
+            path_multiplier: ratio of consecutive strengths of the automatic grid (> 1).
+            max_alphas: most points of the automatic grid (>= 2).
+            epochs_per_alpha: passes per point (and per refit); ``None``:
+                ``max(1, epochs // 4)``.
+            refit: retrain each point on its features before scoring it.
+            keep_weights: keep each point's weights (needed by
+                :meth:`RegularizationPath.estimator`).
 
         Returns:
             A :class:`~keras_group_lasso.sklearn.RegularizationPath`.
+
+        Raises:
+            ParameterError: a bad estimator parameter.
+            InvalidParameterError: a bad argument of the path.
+            NonFiniteError: the training of a point diverged (see ``fit``).
 
         Example:
             >>> rng = np.random.default_rng(0)
@@ -335,17 +309,48 @@ class _GroupSparseMLP(SelectorMixin, BaseEstimator):
             >>> path.estimator(point).score(X_val, y_val)
             0.96
         """
-        return regularization_path(
-            self,
-            X,
-            y,
+        owner = f"{type(self).__name__}.path"
+        hidden = self._check_params()
+        alphas = check_path_args(owner, alphas, path_multiplier, max_alphas, epochs_per_alpha, refit, keep_weights)
+        # A copy validates the data (data attributes set, not fitted): the path's
+        # estimator(point) finishes copies of it with a point's weights.
+        work = clone(self)
+        X, y = work._validate_fit_data(X, y)
+        y_encoded, n_outputs = work._encode_targets(y)
+        # From the copy's random_state: a RandomState passed in is not advanced by the path.
+        init_seed, data_seed, split_seed = _network.draw_seeds(work.random_state)
+        if check_validation_pair(owner, validation_data) is None:
+            X_train, X_val, y_train, y_val = _network.holdout(
+                X, y_encoded, self.validation_fraction, split_seed, self._task
+            )
+        else:
+            X_val, y_val = work._validate_fit_data(*validation_data, reset=False)
+            y_val = work._encode_validation_targets(y_val)
+            X_train, y_train = X, y_encoded
+        warn_if_threshold_unreachable(owner, self.learning_rate, self.threshold, self.proximal, stacklevel=2)
+        spec = work._spec(hidden, X.shape[1], n_outputs, len(X_train))
+        return run_path(
+            owner,
+            spec,
+            (X_train, y_train),
+            (X_val, y_val),
             alphas,
-            validation_data=validation_data,
+            alpha=self.alpha,
+            start_alpha=self._input_alpha(),
+            learning_rate=self.learning_rate,
+            threshold=self.threshold,
+            epochs=self.epochs,
+            epochs_per_alpha=epochs_per_alpha or max(1, self.epochs // 4),
+            init_seed=init_seed,
+            data_seed=data_seed,
             path_multiplier=path_multiplier,
             max_alphas=max_alphas,
-            epochs_per_alpha=epochs_per_alpha,
             refit=refit,
             keep_weights=keep_weights,
+            verbose=self.verbose,
+            feature_names=getattr(work, "feature_names_in_", None),
+            make_estimator=functools.partial(_estimator_at, work, spec, refit),
+            stacklevel=2,
         )
 
     # ------------------------------------------------------------------ outputs
@@ -402,6 +407,18 @@ class _GroupSparseMLP(SelectorMixin, BaseEstimator):
         return self._pruned
 
 
+def _estimator_at(estimator, spec, refit, point):
+    """A fitted copy of ``estimator`` (data validated, not fitted) with ``point``'s weights: ``path.estimator(point)``.
+
+    Its ``input_alpha`` is the strength the point's model was last trained with
+    (``point.alpha``, or 0 after a refit). A module-level function, so that a
+    path holding it (through ``functools.partial``) pickles.
+    """
+    estimator = copy.deepcopy(estimator)
+    estimator.set_params(input_alpha=0.0 if refit else point.alpha)
+    return estimator._finish(spec, point.weights, estimator._input_alpha(), point.history)
+
+
 class GroupSparseMLPClassifier(ClassifierMixin, _GroupSparseMLP):
     """A ReLU MLP classifier trained with group-sparse penalties that selects its input features.
 
@@ -423,9 +440,10 @@ class GroupSparseMLPClassifier(ClassifierMixin, _GroupSparseMLP):
     and ``transform()`` come from scikit-learn's ``SelectorMixin``.
 
     Training runs the ``epochs`` passes as one Keras epoch over a reshuffled
-    stream of equal-size mini-batches, and reuses a compiled network from an
-    earlier fit with the same shapes, so small problems and grid searches
-    are fast. With the same ``random_state`` two fits give the same model.
+    stream of equal-size mini-batches, so small problems are fast; each fit
+    compiles a training network of its own (nothing is kept between fits),
+    and a :meth:`path` one for all its points. With the same
+    ``random_state`` two fits give the same model.
 
     Args:
         hidden_layer_sizes: sizes of the hidden layers (an int for one layer;
@@ -517,9 +535,6 @@ class GroupSparseMLPClassifier(ClassifierMixin, _GroupSparseMLP):
             )
         return index.astype(np.int32)
 
-    def _score_outputs(self, outputs, y_encoded):
-        return accuracy_score(y_encoded, outputs.argmax(axis=1))
-
     def predict_proba(self, X):
         """Class probabilities, ``(n_samples, n_classes)`` in the order of ``classes_``."""
         proba = self._forward(X)
@@ -582,9 +597,6 @@ class GroupSparseMLPRegressor(RegressorMixin, _GroupSparseMLP):
                 f"target column(s) like `y`; received {y2.shape[1]}."
             )
         return y2
-
-    def _score_outputs(self, outputs, y_encoded):
-        return r2_score(y_encoded, outputs)
 
     def predict(self, X):
         """Predicted targets, ``(n_samples,)`` or ``(n_samples, n_outputs)`` as ``y`` was at fit."""

@@ -27,17 +27,19 @@ for ``"group"`` and ``"l2"``, ``max |g_j|`` for ``"l1"``). The grid starts at
 ``path_multiplier`` until no feature is left (or ``max_alphas`` points).
 """
 
-import copy
 import dataclasses
 import math
 import time
 import warnings
 
 import numpy as np
-from sklearn.base import clone
+import sklearn
+from sklearn.utils.multiclass import check_classification_targets
+from sklearn.utils.validation import check_X_y
 
 from keras_group_lasso._validation import check_non_negative, fail
 from keras_group_lasso.sklearn import _network
+from keras_group_lasso.sklearn._constraints import StrOptions, check_parameters
 
 __all__ = ["PathPoint", "RegularizationPath", "input_group_strengths", "regularization_path"]
 
@@ -85,7 +87,7 @@ class PathPoint:
 
 @dataclasses.dataclass(frozen=True)
 class RegularizationPath:
-    """The result of ``estimator.path(X, y)``: one :class:`PathPoint` per strength.
+    """The result of ``estimator.path(X, y)`` or :func:`regularization_path`: one :class:`PathPoint` per strength.
 
     Indexing, ``len`` and iteration go over the points. Arrays across the
     points: :attr:`alphas`, :attr:`scores`, :attr:`n_selected`.
@@ -131,11 +133,10 @@ class RegularizationPath:
     score_name: str
     refit: bool
     elapsed_s: float
-    # The estimator that validated the path's training data (data attributes
-    # set, not fitted) and the trained networks' shape: estimator() finishes a
-    # copy of it with a point's weights, as fit finishes itself.
-    _estimator: object = dataclasses.field(default=None, repr=False, compare=False)
-    _spec: object = dataclasses.field(default=None, repr=False, compare=False)
+    # ``point -> fitted estimator`` when an estimator's path() ran the path (it
+    # knows the data attributes and how an estimator becomes fitted); ``None``
+    # for regularization_path, whose points have no estimator.
+    _make_estimator: object = dataclasses.field(default=None, repr=False, compare=False)
 
     def __len__(self):
         return len(self.points)
@@ -223,7 +224,9 @@ class RegularizationPath:
 
         Raises:
             InvalidParameterError: ``point`` is neither a point of this path nor
-                the index of one, or the path was run with ``keep_weights=False``.
+                the index of one, the path was run with ``keep_weights=False``,
+                or it was run by :func:`regularization_path` (not by an
+                estimator's ``path``), which knows no estimator.
         """
         if not isinstance(point, PathPoint):
             n = len(self.points)
@@ -242,9 +245,14 @@ class RegularizationPath:
                 "a point with weights (run path with keep_weights=True)",
                 point,
             )
-        estimator = copy.deepcopy(self._estimator)
-        estimator.set_params(input_alpha=0.0 if self.refit else point.alpha)
-        return estimator._finish(self._spec, point.weights, estimator._input_alpha(), point.history)
+        if self._make_estimator is None:
+            fail(
+                "RegularizationPath.estimator",
+                "point",
+                "a point of a path run by an estimator's path() (regularization_path makes no estimators)",
+                point,
+            )
+        return self._make_estimator(point)
 
     def plot(self, ax=None, **kwargs):
         """Plot the score against the number of selected features (matplotlib, imported here).
@@ -363,7 +371,8 @@ def input_group_strengths(weights, x, y, task, penalty="sgl", l1_ratio=1.0):
 # ----------------------------------------------------------------------------- running it
 
 
-def _check_path_args(owner, alphas, path_multiplier, max_alphas, epochs_per_alpha, refit, keep_weights):
+def check_path_args(owner, alphas, path_multiplier, max_alphas, epochs_per_alpha, refit, keep_weights):
+    """Validate the path's own arguments (messages name ``owner``); returns ``alphas`` as an array or ``None``."""
     if alphas is not None:
         try:
             values = np.asarray(alphas, dtype=float)
@@ -399,150 +408,123 @@ def _check_path_args(owner, alphas, path_multiplier, max_alphas, epochs_per_alph
     return alphas
 
 
+def check_validation_pair(owner, validation_data):
+    """``validation_data`` as ``(X_val, y_val)``, or ``None``."""
+    if validation_data is not None and (
+        not isinstance(validation_data, (tuple, list)) or len(validation_data) != 2
+    ):
+        fail(owner, "validation_data", "None or a pair (X_val, y_val)", validation_data)
+    return validation_data
+
+
+def warn_if_threshold_unreachable(owner, learning_rate, threshold, proximal, stacklevel):
+    """Warn when subgradient training moves useless weights by more than ``threshold`` (few features leave)."""
+    if not proximal and learning_rate > threshold:
+        warnings.warn(
+            f"{owner}: learning_rate={learning_rate!r} is larger than threshold="
+            f"{threshold!r}; under subgradient training useless weights keep moving by "
+            "about the learning rate, so few features fall below the threshold and leave. "
+            "Use learning_rate <= threshold or proximal=True.",
+            UserWarning,
+            stacklevel=stacklevel + 1,
+        )
+
+
 def _threshold(weights, threshold):
     return [np.where(np.abs(w) <= threshold, np.zeros((), w.dtype), w) for w in weights]
 
 
-def regularization_path(
-    estimator,
-    X,
-    y,
-    alphas=None,
+def run_path(
+    owner,
+    spec,
+    train,
+    validation,
+    alphas,
     *,
-    validation_data=None,
-    path_multiplier=1.2,
-    max_alphas=100,
-    epochs_per_alpha=None,
-    refit=True,
-    keep_weights=True,
+    alpha,
+    start_alpha,
+    learning_rate,
+    threshold,
+    epochs,
+    epochs_per_alpha,
+    init_seed,
+    data_seed,
+    path_multiplier,
+    max_alphas,
+    refit,
+    keep_weights,
+    verbose,
+    feature_names=None,
+    make_estimator=None,
+    stacklevel=1,
 ):
-    """Warm-started fits of ``estimator``'s network along an increasing input-group strength.
-
-    ``estimator.path(X, y, ...)`` is this function. Each point trains
-    ``epochs_per_alpha`` passes from the previous point's weights with the
-    input groups at strength ``alpha`` (the other penalties at the
-    estimator's ``alpha``), keeps the features that still reach the output (a
-    feature that left stays out), and with ``refit=True`` retrains on those
-    features with the estimator's own penalties before scoring on the
-    validation data. The automatic grid starts with a dense fit
-    (``alpha = 0``), continues from a strength where nearly all features
-    survive (estimated from the dense network's gradients, see
-    :func:`input_group_strengths`) and multiplies by ``path_multiplier``
-    until no feature is left. ``estimator`` is not fitted or changed.
+    """The path on checked arrays: the one loop behind :func:`regularization_path` and the estimators' ``path``.
 
     Args:
-        estimator: a :class:`GroupSparseMLPClassifier` or
-            :class:`GroupSparseMLPRegressor` (fitted or not): its parameters
-            are the network, penalties and training of every point.
-        X, y: training data, as for ``fit``.
-        alphas: increasing input-group strengths (>= 0), or ``None`` for
-            the automatic grid. The first point is trained from scratch
-            for ``epochs`` passes, the others are warm-started.
-        validation_data: ``(X_val, y_val)`` to score the points; ``None``
-            holds out ``validation_fraction`` of ``X, y`` (stratified).
-        path_multiplier: ratio of consecutive strengths of the automatic grid (> 1).
-        max_alphas: most points of the automatic grid (>= 2).
-        epochs_per_alpha: passes per point (and per refit); ``None``:
-            ``max(1, epochs // 4)``.
-        refit: retrain each point on its features before scoring it.
-        keep_weights: keep each point's weights (needed by
-            :meth:`RegularizationPath.estimator`).
+        owner: the name in warnings and errors (``"regularization_path"``,
+            ``"GroupSparseMLPClassifier.path"``).
+        spec: the training network's :class:`~keras_group_lasso.sklearn._network.Spec`.
+        train, validation: ``(x, y)`` pairs, ``x`` float32, ``y`` as the
+            network trains on it (class indices, or float ``(n, n_outputs)``).
+        alphas: checked strengths (an array), or ``None`` for the automatic grid.
+        alpha: strength of the hidden and bias groups at every point.
+        start_alpha: the automatic grid's second strength when the dense
+            network's gradients give none (all zero).
+        learning_rate, threshold, epochs: as the estimators' parameters.
+        epochs_per_alpha: passes per point and per refit (an int).
+        init_seed, data_seed: from :func:`~keras_group_lasso.sklearn._network.draw_seeds`.
+        path_multiplier, max_alphas, refit, keep_weights, verbose: checked path arguments.
+        feature_names, make_estimator: carried into the :class:`RegularizationPath`.
+        stacklevel: of the ``max_alphas`` warning, counted from the caller of ``run_path``.
 
     Returns:
-        A :class:`RegularizationPath`: its arrays ``alphas``, ``scores`` and
-        ``n_selected`` go over the points.
-
-    Raises:
-        ParameterError: a bad estimator parameter.
-        InvalidParameterError: a bad argument of the path.
-        NonFiniteError: the training of a point diverged (see ``fit``).
-
-    Example:
-        >>> from keras_group_lasso.sklearn import GroupSparseMLPRegressor
-        >>> rng = np.random.default_rng(0)
-        >>> X = rng.uniform(size=(200, 6))
-        >>> y = X[:, 0] - 2 * X[:, 1] ** 2   # only features 0 and 1 matter
-        >>> reg = GroupSparseMLPRegressor((16,), learning_rate=1e-2, proximal=True, epochs=60,
-        ...                               batch_size=20, random_state=0)
-        >>> path = regularization_path(reg, X, y, alphas=[0.0, 0.005, 0.02])
-        >>> path.alphas, path.n_selected
-        (array([0.   , 0.005, 0.02 ]), array([6, 2, 2]))
-        >>> path.estimator(-1).get_support(indices=True)
-        array([0, 1])
+        A :class:`RegularizationPath`.
     """
-    owner = f"{type(estimator).__name__}.path"
-    hidden = estimator._check_params()
-    alphas = _check_path_args(owner, alphas, path_multiplier, max_alphas, epochs_per_alpha, refit, keep_weights)
-    work = clone(estimator)
-    X, y = work._validate_fit_data(X, y)
-    y_encoded, n_outputs = work._encode_targets(y)
-    init_seed, data_seed, split_seed = work._seeds()
-    if validation_data is None:
-        X_train, X_val, y_train, y_val = work._split(X, y_encoded, split_seed)
-    else:
-        if not isinstance(validation_data, (tuple, list)) or len(validation_data) != 2:
-            fail(owner, "validation_data", "None or a pair (X_val, y_val)", validation_data)
-        X_val, y_val = work._validate_fit_data(*validation_data, reset=False)
-        y_val = work._encode_validation_targets(y_val)
-        X_train, y_train = X, y_encoded
-    epochs_per_alpha = epochs_per_alpha or max(1, estimator.epochs // 4)
-    if not estimator.proximal and estimator.learning_rate > estimator.threshold:
-        warnings.warn(
-            f"{owner}: learning_rate={estimator.learning_rate!r} is larger than threshold="
-            f"{estimator.threshold!r}; under subgradient training useless weights keep moving by "
-            "about the learning rate, so few features fall below the threshold and leave. "
-            "Use learning_rate <= threshold or proximal=True.",
-            UserWarning,
-            stacklevel=3,
-        )
-    threshold = 0.0 if estimator.proximal else float(estimator.threshold)
+    x_train, y_train = train
+    x_val, y_val = validation
+    task = spec.task
+    threshold = 0.0 if spec.proximal else float(threshold)
     phase_seeds = np.random.default_rng(data_seed)
-
-    def seed():
-        return int(phase_seeds.integers(0, 2**31 - 1))
-
-    n_features = X.shape[1]
-    spec_for_export = work._spec(hidden, n_features, n_outputs, len(X_train))
+    n_features = spec.n_features
     mask = np.ones(n_features, dtype=bool)
     points = []
     start = time.perf_counter()
-
-    read_sparsity = _network.SparsityReader(spec_for_export)  # one scratch model for the whole path
-
-    def export(weights):
-        return read_sparsity(weights, threshold)
+    # One scratch model and one training network for the whole path (the strengths are variables
+    # the network reads, so no point retraces); the network goes back to the idle ones when the path returns.
+    read_sparsity = _network.SparsityReader(spec)
+    network = _network.NETWORKS.acquire(spec)
 
     def score(weights):  # as the estimator's predict computes it
-        return float(work._score_outputs(_network.forward(weights, X_val, work._task), y_val))
+        return float(_network.score_outputs(task, _network.forward(weights, x_val, task), y_val))
 
-    def train(network, passes, alpha, losses):
+    def train_for(passes, alpha_now, losses):
         monitor = _network.PassMonitor(network)
-        network.train(X_train, y_train, passes, seed(), monitor)
-        _network.check_finite(f"{owner} (alpha={alpha:g})", work, monitor, network.get_weights(), passes)
+        network.train(x_train, y_train, passes, int(phase_seeds.integers(0, 2**31 - 1)), monitor)
+        _network.check_finite(
+            f"{owner} (alpha={alpha_now:g})", task, learning_rate, monitor, network.get_weights(), passes
+        )
         losses += monitor.loss
         return monitor.passes
 
-    grid = list(alphas) if alphas is not None else [0.0]
-    # One training network for the whole path: the strengths are variables it reads, so no point retraces.
-    network = _network.acquire(spec_for_export)
     try:
+        grid = list(alphas) if alphas is not None else [0.0]
         index = 0
         while index < len(grid):
-            alpha = float(grid[index])
-            network.set_alpha(work.alpha, alpha)
+            input_alpha = float(grid[index])
+            network.set_alpha(alpha, input_alpha)
             losses = []
             if index == 0:
-                network.set_weights(_network.glorot_weights(network.spec, init_seed))
-                network.reset_optimizer(work.learning_rate)
+                network.set_weights(_network.glorot_weights(spec, init_seed))
+                network.reset_optimizer(learning_rate)
                 network.set_mask(None)
-                passes = train(network, estimator.epochs, alpha, losses)
+                passes = train_for(epochs, input_alpha, losses)
             else:
-                passes = train(network, epochs_per_alpha, alpha, losses)
+                passes = train_for(epochs_per_alpha, input_alpha, losses)
             selected = _threshold(network.get_weights(), threshold)
             # A feature that left stays out: its input is masked, but Adam's
             # momentum can still move its (now useless) row; zero it.
             selected[0][~mask] = 0
-            report = export(selected)
+            report = read_sparsity(selected, threshold)
             kept = np.zeros(n_features, dtype=bool)
             kept[list(report.selected_features)] = True
             mask &= kept
@@ -551,19 +533,19 @@ def regularization_path(
             penalized_score = score(selected)
             final, final_report, final_score = selected, report, penalized_score
             if refit and mask.any():
-                network.set_alpha(work.alpha, 0.0)
+                network.set_alpha(alpha, 0.0)
                 network.set_weights(selected)
                 network.set_mask(mask)
-                passes += train(network, epochs_per_alpha, alpha, losses)
+                passes += train_for(epochs_per_alpha, input_alpha, losses)
                 final = _threshold(network.get_weights(), threshold)
                 final[0][~mask] = 0
-                final_report = export(final)
+                final_report = read_sparsity(final, threshold)
                 final_score = score(final)
             network.set_weights(selected)
             network.set_mask(mask)
             points.append(
                 PathPoint(
-                    alpha=alpha,
+                    alpha=input_alpha,
                     score=final_score,
                     penalized_score=penalized_score,
                     selected_features=tuple(final_report.selected_features),
@@ -577,11 +559,11 @@ def regularization_path(
                     history={"loss": losses},
                 )
             )
-            if estimator.verbose:
+            if verbose:
                 _network.logger.info(
                     "path point %d: alpha %.4g, %d features, score %.4f",
                     index,
-                    alpha,
+                    input_alpha,
                     points[-1].n_features,
                     final_score,
                 )
@@ -589,42 +571,244 @@ def regularization_path(
                 if not mask.any():
                     break
                 if index == 0:
-                    grid.append(_start_alpha(selected, X_train, y_train, work, work._input_alpha()))
+                    grid.append(_start_alpha(selected, x_train, y_train, spec, start_alpha))
                 elif len(grid) >= max_alphas:
                     warnings.warn(
                         f"{owner}: stopped after max_alphas={max_alphas} points with "
                         f"{int(mask.sum())} features still selected; raise max_alphas or path_multiplier.",
                         UserWarning,
-                        stacklevel=3,
+                        stacklevel=stacklevel + 1,
                     )
                     break
                 else:
                     grid.append(grid[-1] * path_multiplier)
             index += 1
     finally:
-        _network.release(network)
+        _network.NETWORKS.release(network)
 
-    names = getattr(work, "feature_names_in_", None)
     return RegularizationPath(
         points=tuple(points),
         n_features_in=n_features,
-        feature_names=None if names is None else tuple(str(n) for n in names),
-        score_name="accuracy" if work._task == "classification" else "r2",
+        feature_names=None if feature_names is None else tuple(str(n) for n in feature_names),
+        score_name="accuracy" if task == "classification" else "r2",
         refit=refit,
         elapsed_s=time.perf_counter() - start,
-        _estimator=work,
-        _spec=spec_for_export,
+        _make_estimator=make_estimator,
     )
 
 
-def _start_alpha(weights, x, y, estimator, fallback, max_samples=1000):
+def _start_alpha(weights, x, y, spec, fallback, max_samples=1000):
     """``median_j(lambda_j) / 10`` over the features the loss uses (see the module docstring)."""
     rng = np.random.default_rng(0)
     if len(x) > max_samples:
         rows = rng.choice(len(x), size=max_samples, replace=False)
         x, y = x[rows], y[rows]
-    strengths = input_group_strengths(weights, x, y, estimator._task, estimator.penalty, estimator.l1_ratio)
+    strengths = input_group_strengths(weights, x, y, spec.task, spec.penalty, spec.l1_ratio)
     positive = strengths[strengths > 0]
     if positive.size == 0:
         return max(float(fallback), 1e-6)
     return float(np.median(positive)) / 10.0
+
+
+_FUNCTION_CONSTRAINTS = {
+    "task": [StrOptions(set(_network.TASKS))],
+    **{
+        name: constraint
+        for name, constraint in _network.PARAMETER_CONSTRAINTS.items()
+        if name not in ("early_stopping", "n_iter_no_change", "tol")  # fit's early stopping: not on the path
+    },
+}
+
+
+def regularization_path(
+    X,
+    y,
+    alphas=None,
+    *,
+    task="classification",
+    hidden_layer_sizes=(40, 20),
+    alpha=1e-3,
+    input_alpha=None,
+    penalty="sgl",
+    l1_ratio=1.0,
+    optimizer="adam",
+    learning_rate=1e-3,
+    epochs=200,
+    batch_size="auto",
+    threshold=1e-3,
+    proximal=False,
+    validation_data=None,
+    validation_fraction=0.1,
+    path_multiplier=1.2,
+    max_alphas=100,
+    epochs_per_alpha=None,
+    refit=True,
+    keep_weights=True,
+    random_state=None,
+    verbose=0,
+):
+    """Warm-started fits of a group-sparse MLP along an increasing input-group strength, on arrays.
+
+    scikit-learn's ``enet_path`` for the estimators' network: arrays and the
+    estimators' parameters in, a :class:`RegularizationPath` out. Each point
+    trains ``epochs_per_alpha`` passes from the previous point's weights with
+    the input groups at strength ``alpha_i`` (the other penalties at
+    ``alpha``), keeps the features that still reach the output (a feature
+    that left stays out), and with ``refit=True`` retrains on those features
+    without the input-group penalty before scoring on the validation data.
+    The automatic grid starts with a dense fit (``alpha_0 = 0``), continues
+    from a strength where nearly all features survive (estimated from the
+    dense network's gradients, see :func:`input_group_strengths`) and
+    multiplies by ``path_multiplier`` until no feature is left.
+    ``GroupSparseMLPClassifier(**params).path(X, y, ...)`` runs the same
+    path (same seed, same points) and also rebuilds an estimator from any
+    point (:meth:`RegularizationPath.estimator`); this function makes none.
+    ``hidden_layer_sizes``, ``alpha``, ``penalty``, ``l1_ratio``,
+    ``optimizer``, ``learning_rate``, ``epochs``, ``batch_size``,
+    ``threshold``, ``proximal``, ``validation_fraction``, ``random_state``
+    and ``verbose`` are as for :class:`GroupSparseMLPClassifier`.
+
+    Args:
+        X: float array ``(n_samples, n_features)``.
+        y: class labels (``task="classification"``) or targets ``(n_samples,)``
+            / ``(n_samples, n_outputs)`` (``"regression"``).
+        alphas: increasing input-group strengths (>= 0), or ``None`` for
+            the automatic grid. The first point is trained from scratch
+            for ``epochs`` passes, the others are warm-started.
+        task: ``"classification"`` (softmax, cross-entropy, accuracy) or
+            ``"regression"`` (linear, squared error, R²).
+        input_alpha: only the automatic grid's fallback second strength, used
+            when the dense network's gradients are all zero (``None``: ``alpha``).
+        validation_data: ``(X_val, y_val)`` to score the points; ``None``
+            holds out ``validation_fraction`` of ``X, y`` (stratified for
+            classification).
+        path_multiplier: ratio of consecutive strengths of the automatic grid (> 1).
+        max_alphas: most points of the automatic grid (>= 2).
+        epochs_per_alpha: passes per point (and per refit); ``None``:
+            ``max(1, epochs // 4)``.
+        refit: retrain each point on its features before scoring it.
+        keep_weights: keep each point's weights (``[W1, b1, ..., WL, bL]``).
+
+    Returns:
+        A :class:`RegularizationPath`: its arrays ``alphas``, ``scores`` and
+        ``n_selected`` go over the points.
+
+    Raises:
+        ParameterError: a bad network or training parameter (scikit-learn's
+            message form, naming ``regularization_path``).
+        InvalidParameterError: a bad argument of the path.
+        ValueError: bad data (scikit-learn's checks), a single class, or
+            validation labels not seen in ``y``.
+        NonFiniteError: the training of a point diverged.
+
+    Example:
+        >>> rng = np.random.default_rng(0)
+        >>> X = rng.uniform(size=(200, 6))
+        >>> y = X[:, 0] - 2 * X[:, 1] ** 2   # only features 0 and 1 matter
+        >>> path = regularization_path(X, y, [0.0, 0.005, 0.02], task="regression", hidden_layer_sizes=(16,),
+        ...                            learning_rate=1e-2, proximal=True, epochs=60, batch_size=20,
+        ...                            random_state=0)
+        >>> path.alphas, path.n_selected
+        (array([0.   , 0.005, 0.02 ]), array([6, 2, 2]))
+        >>> path[-1].selected_features
+        (0, 1)
+    """
+    owner = "regularization_path"
+    params = {
+        "task": task,
+        "hidden_layer_sizes": hidden_layer_sizes,
+        "alpha": alpha,
+        "input_alpha": input_alpha,
+        "penalty": penalty,
+        "l1_ratio": l1_ratio,
+        "optimizer": optimizer,
+        "learning_rate": learning_rate,
+        "epochs": epochs,
+        "batch_size": batch_size,
+        "threshold": threshold,
+        "proximal": proximal,
+        "validation_fraction": validation_fraction,
+        "random_state": random_state,
+        "verbose": verbose,
+    }
+    if not sklearn.get_config().get("skip_parameter_validation", False):
+        check_parameters(_FUNCTION_CONSTRAINTS, params, owner)
+    hidden = _network.hidden_sizes(hidden_layer_sizes, owner)
+    alphas = check_path_args(owner, alphas, path_multiplier, max_alphas, epochs_per_alpha, refit, keep_weights)
+    regression = task == "regression"
+    X, y = _check_data(X, y, regression)
+    if regression:
+        y = np.asarray(y, dtype=np.float32).reshape(len(y), -1)
+        classes = None
+    else:
+        check_classification_targets(y)
+        classes, y = np.unique(y, return_inverse=True)
+        if len(classes) < 2:
+            raise ValueError(f"{owner}: argument `y` must contain at least 2 classes; received 1 class ({classes[0]!r}).")
+        y = y.astype(np.int32)
+    init_seed, data_seed, split_seed = _network.draw_seeds(random_state)
+    if check_validation_pair(owner, validation_data) is None:
+        x_train, x_val, y_train, y_val = _network.holdout(X, y, validation_fraction, split_seed, task)
+    else:
+        x_val, y_val = _check_data(*validation_data, regression)
+        if x_val.shape[1] != X.shape[1]:
+            raise ValueError(
+                f"{owner}: argument `validation_data` must have {X.shape[1]} feature(s) like `X`; "
+                f"received {x_val.shape[1]}."
+            )
+        if regression:
+            y_val = np.asarray(y_val, dtype=np.float32).reshape(len(y_val), -1)
+            if y_val.shape[1] != y.shape[1]:
+                raise ValueError(
+                    f"{owner}: argument `validation_data` must have {y.shape[1]} target column(s) like `y`; "
+                    f"received {y_val.shape[1]}."
+                )
+        else:
+            index = np.clip(np.searchsorted(classes, y_val), 0, len(classes) - 1)
+            unknown = classes[index] != y_val
+            if np.any(unknown):
+                raise ValueError(
+                    f"{owner}: argument `validation_data` must have labels seen in `y`; "
+                    f"received unknown labels {np.unique(y_val[unknown])[:10]!r}."
+                )
+            y_val = index.astype(np.int32)
+        x_train, y_train = X, y
+    warn_if_threshold_unreachable(owner, learning_rate, threshold, proximal, stacklevel=2)
+    spec = _network.make_spec(
+        task,
+        hidden,
+        X.shape[1],
+        y.shape[1] if regression else len(classes),
+        len(x_train),
+        penalty=penalty,
+        l1_ratio=l1_ratio,
+        optimizer=optimizer,
+        proximal=proximal,
+        batch_size=batch_size,
+    )
+    return run_path(
+        owner,
+        spec,
+        (x_train, y_train),
+        (x_val, y_val),
+        alphas,
+        alpha=float(alpha),
+        start_alpha=alpha if input_alpha is None else input_alpha,
+        learning_rate=learning_rate,
+        threshold=threshold,
+        epochs=epochs,
+        epochs_per_alpha=epochs_per_alpha or max(1, epochs // 4),
+        init_seed=init_seed,
+        data_seed=data_seed,
+        path_multiplier=path_multiplier,
+        max_alphas=max_alphas,
+        refit=refit,
+        keep_weights=keep_weights,
+        verbose=verbose,
+        stacklevel=2,
+    )
+
+
+def _check_data(X, y, regression):
+    X, y = check_X_y(X, y, dtype=[np.float64, np.float32], multi_output=regression, y_numeric=regression)
+    return np.asarray(X, dtype=np.float32), y
