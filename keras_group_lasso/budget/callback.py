@@ -387,12 +387,10 @@ class SparsityBudget(keras.callbacks.Callback):
         try:
             for variable, value in zip(variables, values):
                 penalty = variable.regularizer
-                view = penalty.group_shape(tuple(variable.shape))
-                narrowed = np.ones(view, dtype=value.dtype)
-                where = [slice(None)] * len(view)
-                where[-2] = slice(max(1, math.ceil(share * view[-2])), None)
-                narrowed[tuple(where)] = 0.0
-                variable.assign(narrowed.reshape(tuple(variable.shape)))
+                narrowed = np.ones(value.shape, dtype=value.dtype)
+                groups = penalty.group_shape(value.shape)[-2]
+                cut.zero_rows(narrowed, penalty, slice(max(1, math.ceil(share * groups)), None))
+                variable.assign(narrowed)
             found = analysis.analyze(self.model, self.threshold, owner=_OWNER)
             return self._sizes(found.report, found)
         finally:

@@ -11,7 +11,7 @@ from keras_group_lasso import prox
 from keras_group_lasso.graph import registry
 from keras_group_lasso.regularizers import CoupledGroupLasso, GroupSparseRegularizer
 
-__all__ = ["FrozenGroups", "strength", "ranked_groups", "group_loads", "zeroed", "penalised_kernels", "dead_groups",
+__all__ = ["FrozenGroups", "strength", "ranked_groups", "group_loads", "zeroed", "zero_rows", "penalised_kernels", "dead_groups",
            "zero_dead_groups", "freeze_groups", "hold_live", "zero_groups", "release_frozen_groups"]
 
 
@@ -305,16 +305,21 @@ def group_loads(graph, model, costs):
 _LEAST_LOAD = 0.01
 
 
+def zero_rows(value, penalty, rows):
+    """Set the groups ``rows`` (an index or a slice along the group axis of ``penalty``'s view) of the numpy
+    array ``value`` to zero, in place."""
+    view = value.reshape(penalty.group_shape(value.shape))
+    where = [slice(None)] * view.ndim
+    where[-2] = rows
+    view[tuple(where)] = 0.0
+
+
 def zeroed(values, groups, variables):
     """Copies of ``values`` with the rows of ``groups`` set to zero."""
     out = [v.copy() for v in values]
     for _, rows, _ in groups:
         for index, row in rows:
-            penalty = variables[index].regularizer
-            view = out[index].reshape(penalty.group_shape(out[index].shape))
-            where = [slice(None)] * view.ndim
-            where[-2] = row
-            view[tuple(where)] = 0.0
+            zero_rows(out[index], variables[index].regularizer, row)
     return out
 
 
