@@ -54,7 +54,7 @@ def branching(draw):
         shape = (width,)
     blocks = []
     for _ in range(draw(st.integers(1, 4))):
-        kind = draw(st.sampled_from(["identity", "projection", "concat", "merge", "input_shortcut"]))
+        kind = draw(st.sampled_from(["identity", "projection", "concat", "merge", "input_shortcut", "split"]))
         blocks.append(dict(
             kind=kind,
             merge=draw(st.sampled_from(MERGES)),
@@ -102,6 +102,14 @@ def build(shape, image, blocks, head, n_outputs):
             b = make(2, block)(x) if block["batchnorm"] else x
             x = L.Concatenate()([a, b])
             width = block["units"] + (2 if block["batchnorm"] else width)
+        elif kind == "split" and width >= 2:  # [f(x[..., :k]), x[..., k:]]: keras.ops.split, or a slice
+            at = 1 + block["units"] % (width - 1)
+            a, b = keras.ops.split(x, [at], axis=-1)
+            if block["relu_after"]:
+                b = x[..., at:]
+            a = norm(make(block["units"], block)(a), block)
+            x = L.Concatenate()([a, b])
+            width = block["units"] + width - at
         else:  # a gate: x * sigmoid(f(x)), or another merge of two branches
             gate = make(width, block, activation="sigmoid")(x)
             x = block["merge"]()([norm(x, block), gate])
@@ -380,3 +388,31 @@ def test_a_channel_made_by_two_layers_is_one_neuron():
     report = sparsity_report(keras.Model(inp, out), T)
     assert report.neurons == 4 + 2 and report.live_neurons == 6  # h and f make the same 4 channels
     assert [s.makers for s in report.streams] == [("h", "f")]
+
+
+def test_the_parts_of_a_split_of_the_channels_lose_what_they_lose_each(tmp_path):
+    # CSPNet's cross-stage block: keras.ops.split into equal parts, one through a convolution, all concatenated;
+    # and a slice x[..., a:b] of the same channels. Each part keeps its own live channels, so the parts of the
+    # pruned model are no longer equal: it slices them where the original split them.
+    inp = keras.Input((6, 6, 3))
+    x = L.Conv2D(9, 3, padding="same", name="expand")(inp)
+    a, b, c = keras.ops.split(x, 3, axis=-1)
+    a = L.Conv2D(4, 1, name="through")(a)
+    d = L.Conv2D(2, 1, name="sliced")(x[..., 2:5])
+    y = L.Concatenate(name="joined")([a, b, c, d])
+    model = keras.Model(inp, L.Conv2D(2, 1, name="out")(y))
+    kernel, bias = model.get_layer("expand").get_weights()
+    kernel[..., [1, 3, 4, 8]] = 0.0  # dead channels: one of a, two of b (also read by the slice), one of c
+    model.get_layer("expand").set_weights([kernel, bias * 0.0])
+    rng = np.random.default_rng(0)
+    x_in = rng.normal(size=(2, 6, 6, 3)).astype("float32")
+    small = prune_model(model, T)
+    assert_same_outputs(small, model, x_in)
+    assert small.get_layer("expand").get_config()["filters"] == 5
+    assert small.get_layer("through").get_weights()[0].shape[2] == 2
+    assert small.get_layer("sliced").get_weights()[0].shape[2] == 1  # of 2:5, channel 2 alone is live
+    assert [step.kind for step in small.pruning_plan.steps].count("slice_channels") == 4
+    path = tmp_path / "split.keras"
+    small.save(path)
+    again = keras.saving.load_model(path)  # plain Keras: the slices are keras.ops
+    np.testing.assert_allclose(outputs(again, x_in)[0], outputs(small, x_in)[0], rtol=0, atol=1e-6)

@@ -3,7 +3,8 @@
 A KerasHub Backbone or Task is a ``Functional`` subclass whose ``get_config()`` holds its constructor's arguments,
 not a layer graph: the graph is read from the model's own nodes. Some families build their blocks as subclassed
 layers (EfficientNetV2's FusedMBConvBlock and MBConvBlock, MobileNetV3's blocks): those are traced into the graph.
-ResNetV2 pads with ``keras.ops.pad(..., constant_values=-inf)`` before its first max pool. HGNetV2's encoder is a
+ResNetV2 pads with ``keras.ops.pad(..., constant_values=-inf)`` before its first max pool; CSPNet splits the
+channels of its cross-stage blocks in two with ``keras.ops.split``. HGNetV2's encoder is a
 block that returns several tensors; its outputs are a dict of stages.
 
 Each backbone is built from its constructor with a tiny configuration (no download), gets a group penalty on every
@@ -51,6 +52,13 @@ def _mobilenet_v3():
         output_activation="hard_swish", input_num_filters=8, image_shape=(32, 32, 3))
 
 
+def _cspnet(stage_type, block_type, **ratios):
+    return M.CSPNetBackbone(
+        stem_filters=8, stem_kernel_size=3, stem_strides=2, stackwise_depth=[1, 2], stackwise_strides=2,
+        stackwise_num_filters=[16, 32], block_type=block_type, stage_type=stage_type, image_shape=(32, 32, 3),
+        **ratios)
+
+
 BACKBONES = {
     "VGG": lambda: M.VGGBackbone(stackwise_num_repeats=[1, 2], stackwise_num_filters=[8, 16],
                                  image_shape=(32, 32, 3)),
@@ -63,6 +71,12 @@ BACKBONES = {
     "EfficientNet": lambda: _efficientnet(["v1", "v1", "v1"], [1, 6, 6]),
     "EfficientNetV2": lambda: _efficientnet(["fused", "fused", "unfused"], [1, 4, 4]),
     "MobileNetV3": _mobilenet_v3,
+    # cross-stage blocks: keras.ops.split halves the channels, one half through the blocks (CSPDarkNet-53's
+    # stages, CS3's) or plain darknet stages
+    "CSPDarkNet": lambda: _cspnet("csp", "dark_block", expand_ratio=[2.0, 1.0], bottle_ratio=[0.5, 1.0],
+                                  block_ratio=[1.0, 0.5], down_growth=True),
+    "CSPNet-cs3": lambda: _cspnet("cs3", "bottleneck_block", bottle_ratio=[0.5], expand_ratio=[2.0],
+                                  block_ratio=[1.0]),
     # blocks that return several tensors (its encoder returns every stage's output, its input first), layers made
     # with a dtype policy object
     "HGNetV2": lambda: M.HGNetV2Backbone(
@@ -81,8 +95,9 @@ def _bare_kernel_warnings(model):
 
 # JAX runs op by op here: the whole list costs it minutes (4.5 on two cores) against 27 s on TensorFlow and 17 s
 # on PyTorch, so it prunes the two families whose parts are new to the graph on every backend, a pad of -inf
-# (ResNetV2) and blocks traced into the graph (EfficientNetV2), and TensorFlow and PyTorch test them all.
-ON_JAX = ("ResNetV2", "EfficientNetV2")
+# (ResNetV2), blocks traced into the graph (EfficientNetV2) and keras.ops.split of the channels (CSPDarkNet), and
+# TensorFlow and PyTorch test them all.
+ON_JAX = ("ResNetV2", "EfficientNetV2", "CSPDarkNet")
 
 
 def _params():

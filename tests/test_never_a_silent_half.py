@@ -132,8 +132,9 @@ def test_a_model_surgery_cannot_rebuild_is_said_when_the_penalties_go_on_not_aft
         prune_model(model)
 
 
-def test_a_slice_in_the_graph_is_named_not_a_crash():
-    inputs = keras.Input((8,))
+def test_a_slice_of_the_positions_in_the_graph_is_named_not_a_crash():
+    # a slice of the channels is a node of the graph (tests/test_branching.py); one of the positions is not
+    inputs = keras.Input((6, 8))
     h = L.Dense(8, name="hidden")(inputs)
     model = keras.Model(inputs, L.Dense(1, name="out")(h[:, :4]))
     with pytest.warns(UserWarning, match=r"prune_model cannot rebuild this model: 'get_item' \(keras.ops.GetItem\)"):

@@ -405,17 +405,17 @@ def _node_of(producer):
     return producer.split("/@")[0]
 
 
-def _multi_output_reads(order, producers, consumers, output_names, problems):
+def _multi_output_reads(order, layers, producers, consumers, output_names, problems):
     """Flag (in place) what still reads output ``k > 0`` of a node after the blocks are inlined, and point it at
     the node: the graph follows one output per node."""
     for name in order:
-        if any("/@" in p for p in producers.get(name, [])):
+        if any("/@" in p and p not in layers for p in producers.get(name, [])):
             problems.append((name, "a layer reading a multi-output layer"))
-            producers[name] = [_node_of(p) for p in producers[name]]
-    for key in [k for k in consumers if "/@" in k]:
+            producers[name] = [p if p in layers else _node_of(p) for p in producers[name]]
+    for key in [k for k in consumers if "/@" in k and k not in layers]:
         consumers.setdefault(_node_of(key), []).extend(consumers.pop(key))
     for i, name in enumerate(output_names):
-        if "/@" in name:
+        if "/@" in name and name not in layers:
             problems.append((_node_of(name), "a model output that is one of several outputs of a layer"))
             output_names[i] = _node_of(name)
 
@@ -463,7 +463,7 @@ def flat_graph(model):
             continue
         _inline(block, inner, order, layers, producers, consumers, output_names, problems)
         shapes.update({f"{block}/{name}": shape for name, shape in inner[7].items()})
-    _multi_output_reads(order, producers, consumers, output_names, problems)
+    _multi_output_reads(order, layers, producers, consumers, output_names, problems)
     return order, layers, producers, consumers, input_names, output_names, problems, shapes
 
 
@@ -655,7 +655,8 @@ def _inline(block, inner, order, layers, producers, consumers, output_names, pro
     ends = {_output_of(block, k): qualified(output) for k, output in enumerate(i_outputs)}
     for end, last in ends.items():
         outer_consumers = consumers.pop(end, [])
-        consumers[_node_of(last)] = consumers.get(_node_of(last), []) + outer_consumers
+        node = last if last in layers else _node_of(last)  # a split's part is a node of its own
+        consumers[node] = consumers.get(node, []) + outer_consumers
         for consumer in outer_consumers:
             producers[consumer] = [last if p == end else p for p in producers[consumer]]
     entry = consumers[source]
@@ -728,6 +729,16 @@ def _flat_graph(model):
                     order.append(leaf)
                     producers[leaf] = []
                     producers[node_name].append(leaf)
+            parts = _split_parts(node_name, layers[name], node)
+            if parts:  # keras.ops.split along the channels: one node per output (``split``, ``split/@1``, ...)
+                for part in parts:
+                    layers[part.name] = part
+                    order.append(part.name)
+                    producers[part.name] = list(producers[node_name])
+                    consumers.setdefault(part.name, [])
+                    for producer in producers[part.name]:
+                        consumers.setdefault(producer, []).append(part.name)
+                continue
             order.append(node_name)
             consumers.setdefault(node_name, [])
             arguments[node_name] = _without_mask(node)
@@ -750,6 +761,15 @@ def _flat_graph(model):
             if isinstance(layers.get(name), keras.Model):
                 problems.append((name, "a nested model called several times (shared)"))
     return order, layers, producers, consumers, input_names, output_names, problems, shapes
+
+
+def _split_parts(name, layer, call):
+    """The :class:`~keras_group_lasso.graph.registry.ChannelSlice` of each output of a ``keras.ops.split`` of the
+    channels called as ``call`` (serialized), else ``None``."""
+    if not is_operation(layer) or registry.operation_name(layer) != "Split" or not isinstance(call, dict):
+        return None
+    shapes = _tensor_shapes(call.get("args", []))
+    return registry.split_slices(name, layer, shapes[0]) if len(shapes) == 1 else None
 
 
 def _fold_constant_operations(order, layers, producers, consumers, arguments, operations):
@@ -1281,6 +1301,11 @@ def _units_graph(order, layers, producers, consumers, kinds, input_names, output
                 for a, b in zip(first["ids"], s["ids"]):
                     ids.union(a, b)
             info[name] = dict(first)
+        elif kind == "slice":
+            if first["elements"] or first["positions"] != 1 or first["ids"].size != layer.width:
+                flagged.setdefault(name, "a slice of the channels of a flattened map or of the input's elements")
+                return None
+            info[name] = dict(ids=first["ids"][layer.start:layer.stop], positions=1, elements=False)
         elif kind == "concat":
             if any(s["elements"] or s["positions"] != 1 for s in src):
                 flagged.setdefault(name, "a Concatenate of flattened maps or of the input's elements")

@@ -126,6 +126,11 @@ def pass_constants(layer, values, threshold=0.0):
     return rule.pass_constants(layer, values, threshold)
 
 
+def _entries_of(part):
+    """The entries of its input's last axis that a :class:`~keras_group_lasso.graph.registry.ChannelSlice` takes."""
+    return slice(part.start, part.stop)
+
+
 def compute_masks(graph, weights, threshold, round_to=1):
     """The :class:`UnitMasks` of ``graph`` with the thresholded ``weights`` (``{name: UnitsRule.weights}``).
 
@@ -162,6 +167,8 @@ def compute_masks(graph, weights, threshold, round_to=1):
             depends[node.name] = np.concatenate([depends[i] for i in node.inputs])
         elif node.kind == "tail":
             depends[node.name] = np.full(node.ids.size, depends[node.inputs[0]].any())
+        elif node.kind == "slice":
+            depends[node.name] = depends[node.inputs[0]][_entries_of(layers[node.name])]
         else:
             depends[node.name] = depends[node.inputs[0]].copy()
         if node.kind in ("input", "constant"):  # a constant varies along its positions: not one value per channel
@@ -174,6 +181,8 @@ def compute_masks(graph, weights, threshold, round_to=1):
             const[node.name] = registry.rule_of(layer).merge_constants(layer, [const[i] for i in node.inputs])
         elif node.kind == "concat":
             const[node.name] = np.concatenate([const[i] for i in node.inputs])
+        elif node.kind == "slice":
+            const[node.name] = const[node.inputs[0]][_entries_of(layers[node.name])]
         elif node.kind == "tail":  # mixes units: constant only when everything it reads is
             values = const[node.inputs[0]]
             const[node.name] = (np.full(values.size, np.nan) if np.isnan(values).any()

@@ -326,6 +326,85 @@ class ConstantRule(LayerRule):
     constants = None
 
 
+class ChannelSlice:
+    """Entries ``start:stop`` of a tensor's last axis, as a node of the graph.
+
+    ``x[..., a:b]`` in a model (a ``keras.ops`` ``GetItem`` that slices the
+    channels only), and each output of ``keras.ops.split`` along the last axis
+    (CSPNet's cross-stage halves): one node per output, so that the graph
+    still follows one tensor per node. Its channels are the units of the
+    tensor it reads, ``ids[start:stop]``; surgery slices the kept ones.
+
+    Args:
+        name: the node's name.
+        start, stop: the first entry it takes and the one after its last.
+        width: entries of the last axis of the tensor it reads.
+    """
+
+    trainable_weights = ()
+    weights = ()
+
+    def __init__(self, name, start, stop, width):
+        self.name, self.start, self.stop, self.width = name, int(start), int(stop), int(width)
+
+    def __repr__(self):
+        return f"ChannelSlice({self.name!r}, {self.start}:{self.stop} of {self.width})"
+
+
+class ChannelSliceRule(LayerRule):
+    """A :class:`ChannelSlice`: entries ``start:stop`` of the last axis; constants pass as they are."""
+
+    kind = "slice"
+    constants = "identity"
+
+
+def channel_slice(name, key, shape):
+    """The :class:`ChannelSlice` of ``x[key]`` on a tensor of ``shape`` (batch axis included) when ``key`` takes a
+    contiguous range of the last axis and every entry of the others (``x[..., a:b]``, ``x[:, :, a:b]``), else
+    ``None``. ``key`` as Keras serializes it (``__slice__`` and ``__ellipsis__`` entries) or as Python writes it."""
+    def entry(item):
+        if isinstance(item, dict) and item.get("class_name") == "__slice__":
+            config = item["config"]
+            return slice(config.get("start"), config.get("stop"), config.get("step"))
+        if isinstance(item, dict) and item.get("class_name") == "__ellipsis__":
+            return Ellipsis
+        return item
+
+    items = [entry(item) for item in (key if isinstance(key, (list, tuple)) else [key])]
+    if not shape or shape[-1] is None or not all(isinstance(i, slice) or i is Ellipsis for i in items):
+        return None
+    if items.count(Ellipsis) > 1:
+        return None
+    if Ellipsis in items:
+        at = items.index(Ellipsis)
+        items = items[:at] + [slice(None)] * (len(shape) - len(items) + 1) + items[at + 1:]
+    if len(items) != len(shape) or any(i != slice(None) for i in items[:-1]):
+        return None
+    start, stop, step = items[-1].indices(int(shape[-1]))
+    if step != 1 or stop <= start:
+        return None
+    return ChannelSlice(name, start, stop, int(shape[-1]))
+
+
+def split_slices(name, operation, shape):
+    """One :class:`ChannelSlice` per output of a ``keras.ops.split`` along the last axis of a tensor of ``shape``
+    (batch axis included), else ``None``."""
+    axis = getattr(operation, "axis", None)
+    if not shape or shape[-1] is None or not isinstance(axis, int) or axis % len(shape) != len(shape) - 1:
+        return None
+    width = int(shape[-1])
+    sections = operation.indices_or_sections
+    if isinstance(sections, (int, np.integer)):
+        if sections < 1 or width % sections:
+            return None
+        bounds = [width // int(sections) * k for k in range(int(sections) + 1)]
+    else:
+        bounds = [0] + [min(max(int(i), 0), width) for i in sections] + [width]
+    if any(b < a for a, b in zip(bounds, bounds[1:])):
+        return None
+    return [ChannelSlice(f"{name}/@{k}" if k else name, a, b, width) for k, (a, b) in enumerate(zip(bounds, bounds[1:]))]
+
+
 def is_constant_array(value):
     """``value`` is a concrete array of at least one axis (a numpy array or an eager tensor of the backend), not a
     symbolic tensor or a number: a constant operand of a call."""
@@ -1705,10 +1784,11 @@ _GLOBAL_POOLS = {3: "GlobalAveragePooling1D", 4: "GlobalAveragePooling2D", 5: "G
 _OPERATION_CALLS = weakref.WeakKeyDictionary()
 
 
-def _keras_operation(operation):
-    """The class name of a keras.ops operation of Keras itself, else ``None``."""
+def operation_name(operation):
+    """The class name of a keras.ops operation of Keras itself (``"Split"``), else ``None``."""
     cls = type(operation)
     return cls.__name__ if cls.__module__.startswith("keras.") else None
+
 
 
 def _tensor_arguments(inbound_nodes):
@@ -1725,7 +1805,7 @@ def _tensor_arguments(inbound_nodes):
 def _one_tensor_layer(operation, inbound_nodes):
     """The layer for a keras.ops call on one tensor: an activation (``ops.sigmoid(x)``) or a mean over every
     position (``ops.mean(x, axis=(1, 2), keepdims=True)``, squeeze-and-excitation's pooling)."""
-    name = _keras_operation(operation)
+    name = operation_name(operation)
     called = _tensor_arguments(inbound_nodes)
     if name is None or called is None:
         return None
@@ -1779,7 +1859,7 @@ _SHAPE_ONLY = ("ZerosLike", "OnesLike")
 def reads_no_values(operation):
     """A keras.ops operation whose result depends on its operand's shape only (``zeros_like``, ``ones_like``):
     with that shape known, a constant whatever the input."""
-    return _keras_operation(operation) in _SHAPE_ONLY
+    return operation_name(operation) in _SHAPE_ONLY
 
 
 def operation_call(operation):
@@ -1813,6 +1893,10 @@ def operation_layer(operation, inbound_nodes):
     layer = _one_tensor_layer(operation, inbound_nodes)
     if layer is not None:
         return layer
+    if operation_name(operation) == "GetItem" and inbound_nodes and len(inbound_nodes) == 1:
+        args = inbound_nodes[0].get("args", [])
+        shape = _operand_shape(args[0]) if len(args) == 2 else None
+        return channel_slice(operation.name, args[1], shape[0]) if shape is not None else None
     name = _scalar_operations().get(type(operation))
     if name is None or not inbound_nodes or len(inbound_nodes) != 1:
         return None
@@ -2131,6 +2215,8 @@ def rule_of(layer):
     what the layer computes (:func:`recognize`); else ``None``."""
     if isinstance(layer, ConstantValue):
         return _CONSTANT_RULE
+    if isinstance(layer, ChannelSlice):
+        return _SLICE_RULE
     rule = _RULES.get(type(layer))
     if rule is None and isinstance(layer, keras.layers.Layer):
         rule = recognize(layer)
@@ -2520,3 +2606,4 @@ def _register_builtin():
 _register_builtin()
 # Not in the table: no layer class of the user's is a constant, and the list of supported layers stays the layers'.
 _CONSTANT_RULE = ConstantRule(ConstantValue, "a tensor no model input reaches")
+_SLICE_RULE = ChannelSliceRule(ChannelSlice, "x[..., a:b] and keras.ops.split on the last axis (channels)")

@@ -224,6 +224,9 @@ class _Builder:
             new = [threshold_array(w, step.threshold) for w in new]
         self.make(step, config, new)
 
+    def slice_channels(self, step):
+        self.tensors[step.name] = self.tensors[step.source][..., step.start : step.stop]
+
     def merge(self, step):
         layer = self.layers[step.name]
         config = dict(registry.layer_config(layer), name=self.names[step.name])

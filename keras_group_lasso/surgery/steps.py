@@ -31,6 +31,7 @@ __all__ = [
     "SelectUnits",
     "SliceUnits",
     "SlicePerUnit",
+    "SliceChannels",
     "Merge",
     "Concat",
     "FoldConstants",
@@ -199,6 +200,23 @@ class SlicePerUnit(_Step):
 
 
 @dataclasses.dataclass(frozen=True)
+class SliceChannels(_Step):
+    """``x[..., start:stop]``: the kept channels of a slice of the channels (an output of ``keras.ops.split``).
+
+    Attributes:
+        name: the node.
+        source: the tensor it reads.
+        start, stop: the entries of the new ``source``'s last axis it takes.
+    """
+
+    kind: typing.ClassVar[str] = "slice_channels"
+    name: str
+    source: str
+    start: int
+    stop: int
+
+
+@dataclasses.dataclass(frozen=True)
 class Merge(_Step):
     """A merge (``Add``, ``Multiply``, ...) of the operands left, each holding the same units.
 
@@ -352,6 +370,8 @@ class _Planner:
             self.merge(node, src, fold)
         elif node.kind == "concat":
             self.concat(node, src)
+        elif node.kind == "slice":
+            self.slice_channels(node, src)
         else:
             self.per_unit(node, src)
 
@@ -471,6 +491,18 @@ class _Planner:
         else:
             self.steps.append(Concat(node.name, operands))
         self.present[node.name] = np.concatenate([self.present[name] for name in src])
+
+    def slice_channels(self, node, src):
+        (name,) = src
+        part = self.graph.layers[node.name]
+        have = self.present[name]
+        keep = have[part.start:part.stop]
+        if not keep.any():  # nothing reads the channels it takes any more
+            self.drop(node.name, node.ids.size, LOST)
+            return
+        start = int(have[:part.start].sum())
+        self.present[node.name] = keep
+        self.steps.append(SliceChannels(node.name, name, start, start + int(keep.sum())))
 
     def per_unit(self, node, src):
         graph = self.graph
