@@ -790,7 +790,7 @@ def _kept_whole(graph, masks):
     found = []
     for node in graph.nodes:
         ids = graph.tensor(node.inputs[0]).ids if node.inputs else ()
-        if node.kind == "tail" and node.name not in masks.detached and not {int(i) for i in ids} <= outputs:
+        if node.kind in ("tail", "mix") and node.name not in masks.detached and not {int(i) for i in ids} <= outputs:
             found.append((f"{node.name} ({class_name(graph.layers[node.name])})", int(len(ids))))
         elif node.kind == "per_unit" and node.name not in masks.detached and registry.rule_of(
                 graph.layers[node.name]).unit_groups(graph.layers[node.name]):

@@ -113,19 +113,20 @@ def test_a_sequential_with_a_layer_not_registered_for_serialization_is_copied():
 
 
 def test_a_model_surgery_cannot_rebuild_is_said_when_the_penalties_go_on_not_after_training():
-    # keras.io's timeseries Transformer pools with GlobalAveragePooling1D(data_format="channels_first"): it
-    # averages the channels, so what follows reads positions, not units
+    # a pooling of the channels that keeps its axis: one value per position on a last axis of size 1, which no
+    # rule reads (without keepdims it is keras.io's timeseries Transformer's, tests/test_traced_blocks.py)
     inputs = keras.Input((12, 3))
     h = L.Conv1D(6, 1, activation="relu", name="ff")(inputs)
-    h = L.GlobalAveragePooling1D(data_format="channels_first", name="pool")(h)
+    h = L.GlobalAveragePooling1D(data_format="channels_first", keepdims=True, name="pool")(h)
+    h = L.Flatten()(h)
     model = keras.Model(inputs, L.Dense(2, name="out")(h))
     with pytest.warns(UserWarning) as caught:
         sparse = add_group_sparsity(model, 1e-3)
     said = [str(w.message) for w in caught if "prune_model cannot rebuild" in str(w.message)]
     assert said == [
         "add_group_sparsity: every kernel gets its group penalty, but prune_model cannot rebuild this model: 'pool' "
-        "(GlobalAveragePooling1D): a global pooling with data_format='channels_first' (it averages the last axis, "
-        "the channels of the layers before it: its outputs are positions, not units). Training, sparsity_report "
+        "(GlobalAveragePooling1D): a global pooling with data_format='channels_first' and keepdims=True. Training, "
+        "sparsity_report "
         f"and apply_threshold work; prune_model refuses until it can read those layers. {registry.WHAT_TO_DO}"]
     assert all(v.regularizer is not None for v in sparse.trainable_weights if len(v.shape) >= 2)
     with pytest.raises(UnsupportedModelError, match="cannot prune layer 'pool'"):

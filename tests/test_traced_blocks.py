@@ -204,6 +204,46 @@ def test_a_keras_io_transformer_block_gets_head_penalties_and_prunes_heads_exact
     assert len(attention) == 1 and attention[0].num_heads < 4
 
 
+def timeseries_transformer(steps=16, blocks=2):
+    """keras.io's timeseries Transformer ("Timeseries classification with a Transformer model"), small: blocks of
+    self-attention and a Conv1D feed-forward on a residual stream of the input's one channel, pooled by
+    ``GlobalAveragePooling1D(data_format="channels_first")`` (one value per step), then a Dense head."""
+    inputs = keras.Input((steps, 1))
+    x = inputs
+    for _ in range(blocks):
+        h = L.MultiHeadAttention(key_dim=4, num_heads=3, dropout=0.1)(x, x)
+        h = L.Dropout(0.1)(h)
+        h = L.LayerNormalization(epsilon=1e-6)(h)
+        res = h + x
+        h = L.Conv1D(filters=6, kernel_size=1, activation="relu")(res)
+        h = L.Dropout(0.1)(h)
+        h = L.Conv1D(filters=x.shape[-1], kernel_size=1)(h)
+        h = L.LayerNormalization(epsilon=1e-6)(h)
+        x = h + res
+    x = L.GlobalAveragePooling1D(data_format="channels_first")(x)
+    x = L.Dense(8, activation="relu")(x)
+    x = L.Dropout(0.1)(x)
+    return keras.Model(inputs, L.Dense(2, activation="softmax")(x))
+
+
+def test_keras_io_timeseries_transformer_prunes_heads_and_feed_forward_units_exactly(rng, tmp_path):
+    model = timeseries_transformer()
+    sparse, said = penalty_warnings(model)
+    assert said == []
+    graph = model_graph(sparse)
+    assert graph.supported and graph.problems == ()
+    sparsify(model, rng)
+    x = rng.normal(size=(4, 16, 1)).astype("float32")
+    small = assert_prunes_exactly_and_reloads(model, x, tmp_path)
+    # heads and feed-forward units go; every step the pooling makes stays (the head reads 16 features)
+    attention = [layer for layer in small.layers if isinstance(layer, L.MultiHeadAttention)]
+    assert sum(layer.num_heads for layer in attention) < 6
+    assert sum(layer.filters for layer in small.layers if isinstance(layer, L.Conv1D) and layer.filters > 1) < 12
+    dense = [layer for layer in small.layers if isinstance(layer, L.Dense)]
+    assert dense[0].get_weights()[0].shape[0] == 16
+    assert small.pruning_report.uninterpreted_layers == ()
+
+
 class Chain(L.Layer):
     """A block of two Dense layers in a row, no merge."""
 

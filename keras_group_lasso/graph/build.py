@@ -50,8 +50,9 @@ class Node:
             model); the model input is a node too (kind ``"input"``).
         kind: ``"input"`` or the layer's registry kind (``"units"``,
             ``"per_unit"``, ``"per_element"``, ``"flatten"``, ``"global_pool"``,
-            ``"merge"``, ``"concat"``, ``"tail"``), or ``"constant"``: a tensor
-            no input reaches (positions from ``keras.ops.arange``; its value is
+            ``"merge"``, ``"concat"``, ``"tail"``, ``"slice"``: entries of its
+            input's last axis, ``"mix"``: reads every unit and makes new ones that
+            all stay), or ``"constant"``: a tensor no input reaches (positions from ``keras.ops.arange``; its value is
             the :class:`~keras_group_lasso.graph.registry.ConstantValue` in ``layers``).
         inputs: the nodes it reads, in call order.
         ids: int array, the unit id of each channel of its output (after
@@ -1301,6 +1302,13 @@ def _units_graph(order, layers, producers, consumers, kinds, input_names, output
                 for a, b in zip(first["ids"], s["ids"]):
                     ids.union(a, b)
             info[name] = dict(first)
+        elif kind == "mix":  # reads every channel; its outputs are new units (a channels-first pooling)
+            shape = _input_shape(layer)
+            if first["elements"] or first["positions"] != 1 or not shape or shape[0] is None:
+                flagged.setdefault(name, "a channels-first pooling of a flattened map, of the input's elements or "
+                                         "of a map whose first axis has a variable size")
+                return None
+            info[name] = dict(ids=ids.new(int(shape[0])), positions=1, elements=False)
         elif kind == "slice":
             if first["elements"] or first["positions"] != 1 or first["ids"].size != layer.width:
                 flagged.setdefault(name, "a slice of the channels of a flattened map or of the input's elements")
@@ -1398,7 +1406,7 @@ def _reaches_units(name, consumers, kinds):
 
 
 # Layers that pass each input feature on unchanged in meaning (one value per feature).
-_PASSES_FEATURES = ("per_unit", "per_element", "flatten")
+_PASSES_FEATURES = ("per_unit", "per_element", "flatten", "slice")
 
 
 def _reads_input(name, producers, kinds, input_names, layers):

@@ -165,13 +165,13 @@ def compute_masks(graph, weights, threshold, round_to=1):
             depends[node.name] = np.any([depends[i] for i in node.inputs], axis=0)
         elif node.kind == "concat":
             depends[node.name] = np.concatenate([depends[i] for i in node.inputs])
-        elif node.kind == "tail":
+        elif node.kind in ("tail", "mix"):
             depends[node.name] = np.full(node.ids.size, depends[node.inputs[0]].any())
         elif node.kind == "slice":
             depends[node.name] = depends[node.inputs[0]][_entries_of(layers[node.name])]
         else:
             depends[node.name] = depends[node.inputs[0]].copy()
-        if node.kind in ("input", "constant"):  # a constant varies along its positions: not one value per channel
+        if node.kind in ("input", "constant", "mix"):  # a constant varies along its positions: not one per channel
             const[node.name] = np.full(node.ids.size, np.nan)
         elif node.kind == "units":
             const[node.name] = _units_constants(layers[node.name], units[node.name], weights[node.name],
@@ -213,8 +213,10 @@ def compute_masks(graph, weights, threshold, round_to=1):
     for node in graph.nodes:
         if node.name in detached:
             continue
-        if node.kind == "tail":
+        if node.kind in ("tail", "mix"):
             needed[graph.tensor(node.inputs[0]).ids] = True
+        if node.kind == "mix":  # its outputs are positions: no layer makes or removes them
+            needed[node.ids] = True
         if node.kind == "units" and rules[node.name].mixes_units(layers[node.name]):
             needed[units[node.name].out_ids] = True
     feature_ids = graph.feature_ids

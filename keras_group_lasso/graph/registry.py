@@ -555,10 +555,28 @@ class GlobalPoolRule(LayerRule):
     kind = "global_pool"
     constants = "identity"
 
-    def refusal(self, layer):
+    def variant(self, layer):
         if getattr(layer, "data_format", "channels_last") == "channels_first":
-            return ("a global pooling with data_format='channels_first' (it averages the last axis, the channels of "
-                    "the layers before it: its outputs are positions, not units)")
+            return _CHANNELS_FIRST_POOL
+        return self
+
+
+class ChannelsFirstPoolRule(LayerRule):
+    """Global pooling with ``data_format="channels_first"`` of a channels-last tensor: it pools the channels.
+
+    keras.io's timeseries Transformer ends its encoder so: on ``(batch,
+    steps, channels)`` the mean over the last axis, one value per step. It
+    reads every channel (each one enters every output, so all stay), and its
+    outputs are the input's positions, which no layer makes: new units that
+    all stay too. What follows (a Dense head) reads them as features.
+    """
+
+    kind = "mix"
+    constants = None
+
+    def refusal(self, layer):
+        if getattr(layer, "keepdims", False):
+            return "a global pooling with data_format='channels_first' and keepdims=True"
         return None
 
 
@@ -2606,4 +2624,6 @@ def _register_builtin():
 _register_builtin()
 # Not in the table: no layer class of the user's is a constant, and the list of supported layers stays the layers'.
 _CONSTANT_RULE = ConstantRule(ConstantValue, "a tensor no model input reaches")
+_CHANNELS_FIRST_POOL = ChannelsFirstPoolRule(keras.layers.GlobalAveragePooling1D,
+                                              "global pooling with data_format='channels_first' (every channel stays)")
 _SLICE_RULE = ChannelSliceRule(ChannelSlice, "x[..., a:b] and keras.ops.split on the last axis (channels)")

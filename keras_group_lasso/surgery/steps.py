@@ -372,6 +372,10 @@ class _Planner:
             self.concat(node, src)
         elif node.kind == "slice":
             self.slice_channels(node, src)
+        elif node.kind == "mix":  # every channel it reads stays, and so does every output
+            self.present[node.name] = np.ones(node.ids.size, bool)
+            self.made.add(node.name)
+            self.steps.append(SlicePerUnit(node.name, src[0]))
         else:
             self.per_unit(node, src)
 
