@@ -11,14 +11,18 @@ Each backbone is built from its constructor with a tiny configuration (no downlo
 kernel without a warning, and prunes exactly into a plain functional model that reloads with plain Keras.
 """
 
+import subprocess
+import sys
+import textwrap
 import warnings
 
 import keras
+import numpy as np
 import pytest
 from test_applications import sparsify
 from test_model_families import assert_prunes_exactly_and_reloads
 
-from keras_group_lasso import add_group_sparsity
+from keras_group_lasso import add_group_sparsity, prune_model
 from keras_group_lasso.graph import registry
 from keras_group_lasso.graph.build import model_graph
 
@@ -136,3 +140,32 @@ def test_a_keras_hub_image_classifier_prunes_exactly_with_its_backbone_inside(rn
     x = rng.uniform(-1, 1, size=(2, 32, 32, 3)).astype("float32")
     small = assert_prunes_exactly_and_reloads(classifier, x, tmp_path)
     assert small.output.shape == (None, 5)
+
+
+@pytest.mark.skipif(keras.backend.backend() == "jax", reason="85 s on JAX; JAX reloads these models in-process above")
+def test_pruned_keras_hub_backbones_load_in_a_process_without_this_package(rng, tmp_path):
+    # CSPNet's parts of a split are keras.ops slices, EfficientNetV2's traced blocks plain Keras layers: KerasHub
+    # and Keras load them, with this package nowhere to import
+    x = rng.uniform(-1, 1, size=(2, 32, 32, 3)).astype("float32")
+    for family in ("CSPDarkNet", "EfficientNetV2"):
+        model = BACKBONES[family]()
+        sparsify(model, rng)
+        small = prune_model(model, 1e-3)
+        small.save(tmp_path / f"{family}.keras")
+        np.save(tmp_path / f"{family}.npy", keras.ops.convert_to_numpy(keras.tree.flatten(small(x))[0]))
+    np.save(tmp_path / "x.npy", x)
+    script = textwrap.dedent(f"""
+        import sys
+        sys.modules["keras_group_lasso"] = None  # importing this package fails
+        import keras, numpy as np
+        x = np.load({str(tmp_path / "x.npy")!r})
+        for family in ("CSPDarkNet", "EfficientNetV2"):
+            small = keras.saving.load_model({str(tmp_path)!r} + f"/{{family}}.keras")
+            got = keras.ops.convert_to_numpy(keras.tree.flatten(small(x, training=False))[0])
+            np.testing.assert_allclose(got, np.load({str(tmp_path)!r} + f"/{{family}}.npy"), rtol=0, atol=1e-5)
+        print("loaded")
+    """)
+    result = subprocess.run([sys.executable, "-c", script], check=False, capture_output=True, text=True,
+                            cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "loaded" in result.stdout
