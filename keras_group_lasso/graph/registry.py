@@ -985,6 +985,59 @@ class DenseRule(UnitsRule):
         return channels, positions
 
 
+def dense_equation(equation):
+    """``(input letter, output letter)`` of an einsum equation that is a Dense layer on the last axis, else
+    ``None``: a kernel of two axes ``(in, out)``, the input's last axis ``in``, the output the input's other axes in
+    the same order then ``out`` (``"ab,bc->ac"``, ``"abc,cd->abd"``, ``"...b,bc->...c"``)."""
+    try:
+        operands, output = str(equation).replace(" ", "").split("->")
+        inputs, kernel = operands.split(",")
+    except ValueError:
+        return None
+    if len(kernel) != 2 or not inputs or not output:
+        return None
+    k_in, k_out = kernel
+    if k_in == k_out or inputs[-1] != k_in or output[-1] != k_out or inputs[:-1] != output[:-1]:
+        return None
+    if k_in in output or k_out in inputs:
+        return None
+    return k_in, k_out
+
+
+class EinsumDenseRule(DenseRule):
+    """``EinsumDense`` whose equation is a Dense on the last axis (``"abc,cd->abd"``): a kernel ``(in, out)`` and
+    a bias on the output axis, or none. (Heads and other equations: not yet; refused by name.)"""
+
+    merges_batchnorm = False
+    selects_rows = False
+
+    def refusal(self, layer):
+        reason = _adapted(layer, "EinsumDense layer")
+        if reason:
+            return reason
+        letters = dense_equation(layer.equation)
+        if letters is None:
+            return (f"an EinsumDense with equation {layer.equation!r} (only a Dense on the last axis, such as "
+                    "'abc,cd->abd', is supported)")
+        if layer.bias_axes not in (None, "", letters[1]):
+            return f"an EinsumDense with bias_axes={layer.bias_axes!r} (a bias on the output axis or none)"
+        return UnitsRule.refusal(self, layer)
+
+    def unit_shape(self, layer, channels, positions):
+        return UnitsRule.unit_shape(self, layer, channels, positions)
+
+    def bias(self, layer):
+        return getattr(layer, "bias", None)
+
+    def slice_units(self, layer, weights, in_units, kept_in, kept_out):
+        config, new = super().slice_units(layer, weights, in_units, kept_in, kept_out)
+        del config[self.width_key]
+        shape = config["output_shape"]
+        width = int(np.asarray(kept_out).size)
+        config["output_shape"] = width if isinstance(shape, int) else tuple(shape)[:-1] + (width,)
+        return config, new
+
+
 class ConvRule(UnitsRule):
     """``Conv1D/2D/3D`` (channels_last, ``groups=1``): a kernel ``(k..., in, out)``.
 
@@ -2538,18 +2591,20 @@ def _broadcast_shape(shapes):
         return None
     full = []
     for sizes in zip(*shapes):
-        big = {d for d in sizes if d != 1}
+        # an axis of unknown size (None: a sequence's length after an EinsumDense) is the others' at run time
+        big = {d for d in sizes if d != 1 and d is not None}
         if len(big) > 1:
             return None
-        full.append(big.pop() if big else 1)
+        full.append(big.pop() if big else (None if None in sizes else 1))
     return tuple(full)
 
 
 def broadcasts(layer):
-    """bool per operand of a merge: it is smaller than the output (a gate broadcast over positions)."""
+    """bool per operand of a merge: it is smaller than the output (a gate broadcast over positions: an axis of
+    size 1 where the output's is larger)."""
     shapes = _shapes(layer) or []
     full = _broadcast_shape(shapes) if shapes else None
-    return tuple(full is not None and s != full for s in shapes)
+    return tuple(full is not None and any(a == 1 and b != 1 for a, b in zip(s, full)) for s in shapes)
 
 
 def _concat_refusal(layer):
@@ -2567,6 +2622,7 @@ def _register_builtin():
     L = keras.layers
     register_layer(InputRule(L.InputLayer, "the model's input"))
     register_layer(DenseRule(L.Dense))
+    register_layer(EinsumDenseRule(L.EinsumDense, "EinsumDense (a Dense on the last axis: 'abc,cd->abd')"))
     for name in ("Conv1D", "Conv2D", "Conv3D"):
         register_layer(ConvRule(getattr(L, name), f"{name} (grouped too: whole groups pruned)"))
     for name in ("SeparableConv1D", "SeparableConv2D"):
