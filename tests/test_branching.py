@@ -390,6 +390,7 @@ def test_a_channel_made_by_two_layers_is_one_neuron():
     assert [s.makers for s in report.streams] == [("h", "f")]
 
 
+@pytest.mark.quick
 def test_the_parts_of_a_split_of_the_channels_lose_what_they_lose_each(tmp_path):
     # CSPNet's cross-stage block: keras.ops.split into equal parts, one through a convolution, all concatenated;
     # and a slice x[..., a:b] of the same channels. Each part keeps its own live channels, so the parts of the

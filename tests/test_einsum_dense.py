@@ -29,7 +29,7 @@ def gated_feed_forward(steps=5, width=6, hidden=10):
     return keras.Model(inp, L.EinsumDense("ab,bc->ac", output_shape=3, name="out")(x))
 
 
-@pytest.mark.parametrize("seed", [0, 1, 2])
+@pytest.mark.parametrize("seed", [pytest.param(0, marks=pytest.mark.quick), 1, 2])
 def test_a_gated_feed_forward_of_einsum_dense_layers_prunes_exactly(seed, tmp_path):
     keras.utils.set_random_seed(seed)
     model = gated_feed_forward()
