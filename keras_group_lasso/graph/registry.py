@@ -337,7 +337,8 @@ class ChannelSlice:
 
     Args:
         name: the node's name.
-        start, stop: the first entry it takes and the one after its last.
+        start: the first entry it takes.
+        stop: the entry after the last one it takes.
         width: entries of the last axis of the tensor it reads.
     """
 
