@@ -1005,12 +1005,12 @@ def dense_equation(equation):
     return k_in, k_out
 
 
-class EinsumDenseRule(DenseRule):
+class EinsumDenseRule(UnitsRule):
     """``EinsumDense`` whose equation is a Dense on the last axis (``"abc,cd->abd"``): a kernel ``(in, out)`` and
     a bias on the output axis, or none. (Heads and other equations: not yet; refused by name.)"""
 
     merges_batchnorm = False
-    selects_rows = False
+    width_key = "output_shape"
 
     def refusal(self, layer):
         reason = _adapted(layer, "EinsumDense layer")
@@ -1022,19 +1022,15 @@ class EinsumDenseRule(DenseRule):
                     "'abc,cd->abd', is supported)")
         if layer.bias_axes not in (None, "", letters[1]):
             return f"an EinsumDense with bias_axes={layer.bias_axes!r} (a bias on the output axis or none)"
-        return UnitsRule.refusal(self, layer)
-
-    def unit_shape(self, layer, channels, positions):
-        return UnitsRule.unit_shape(self, layer, channels, positions)
+        return super().refusal(layer)
 
     def bias(self, layer):
         return getattr(layer, "bias", None)
 
     def slice_units(self, layer, weights, in_units, kept_in, kept_out):
         config, new = super().slice_units(layer, weights, in_units, kept_in, kept_out)
-        del config[self.width_key]
-        shape = config["output_shape"]
-        width = int(np.asarray(kept_out).size)
+        shape = layer.get_config()["output_shape"]  # its last entry is the units, the others stay
+        width = config["output_shape"]
         config["output_shape"] = width if isinstance(shape, int) else tuple(shape)[:-1] + (width,)
         return config, new
 
