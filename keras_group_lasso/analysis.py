@@ -190,18 +190,23 @@ def dense_layers(model):
 # ----------------------------------------------------------------------------- weights
 
 
-def _read_weights(graph, owner):
-    """``{name: thresholdable weights}`` of every units layer (raw numpy); refuses NaN or inf.
+def _read_weights(graph, owner, values=None):
+    """``{name: thresholdable weights}`` of every units layer (raw numpy; a variable whose path is in ``values``
+    as the array given there); refuses NaN or inf.
 
     A NaN weight is neither zero nor alive (``|NaN| <= t`` is False, and so is
     ``|NaN| > t``), so every count made from it would be wrong: refuse it here,
     where every report, mask and pruning plan reads the weights.
     """
+    def read(variable):
+        given = values.get(variable.path) if values else None
+        return _to_numpy(variable) if given is None else given
+
     weights = {}
     broken = []
     names = [node.name for node in graph.units]
     for name in names:
-        weights[name] = registry.units_rule(graph.layers[name]).weights(graph.layers[name])
+        weights[name] = registry.units_rule(graph.layers[name]).weights(graph.layers[name], read)
     for name in names:
         for kind, values in weights[name].items():
             if values is not None and not np.all(np.isfinite(values)):
@@ -656,7 +661,7 @@ class Analysis:
         return self.report.threshold
 
 
-def analyze(model, threshold=1e-3, owner="analyze", round_to=1):
+def analyze(model, threshold=1e-3, owner="analyze", round_to=1, values=None):
     """The :class:`Analysis` of ``model`` at ``threshold``: graph, thresholded weights, masks, report.
 
     What surgery builds on; the report and masks are the ones
@@ -664,13 +669,16 @@ def analyze(model, threshold=1e-3, owner="analyze", round_to=1):
     > 1 each hidden layer keeps a multiple of ``round_to`` units (some dead
     ones kept, the outputs unchanged), and the masks and report count those:
     what :func:`~keras_group_lasso.prune_model` with that ``round_to`` builds.
+    With ``values`` (``{variable path: numpy array}``) the analysis is of the
+    model as if those weights held those values; the model is not changed
+    (how a budget weighs candidate cuts).
 
     Raises:
         InvalidParameterError: for a bad ``threshold`` or ``model``.
         NonFiniteError: a kernel or bias holds NaN or inf.
     """
     graph, threshold = _check_model(owner, model, threshold)
-    weights = _thresholded(_read_weights(graph, owner), threshold)
+    weights = _thresholded(_read_weights(graph, owner, values), threshold)
     round_to = check_positive_int(owner, "round_to", round_to)
     masks = compute_masks(graph, weights, threshold, round_to)
     report = _report_from(graph, weights, masks, threshold)

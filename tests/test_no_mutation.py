@@ -159,3 +159,56 @@ def test_apply_threshold_changes_weights_only():
         kept = np.abs(value) > 0.05
         np.testing.assert_array_equal(value2[kept], value[kept], err_msg=path)
         assert np.all(value2[~kept] == 0.0), path  # every variable here is a Dense kernel or bias
+
+
+@pytest.fixture
+def writes(monkeypatch):
+    """The variables assigned to while the test runs (every backend's variable assigns through
+    ``keras.Variable.assign``)."""
+    written = []
+    assign = keras.Variable.assign
+
+    def recording(variable, value):
+        written.append(variable)
+        return assign(variable, value)
+
+    monkeypatch.setattr(keras.Variable, "assign", recording)
+    return written
+
+
+@pytest.mark.parametrize("kind", ["mlp", "cnn"])
+def test_a_latency_table_times_narrow_copies_without_writing_into_the_model(kind, writes):
+    model, x = trained_model(kind)
+    before = snapshot(model)
+    writes.clear()  # training wrote; from here on nothing may
+    table = kgl.LatencyTable.measure(model, batch_size=4, grid=(0.5,), repeats=1)
+    own = {id(v) for v in model.weights}
+    assert not [v.path for v in writes if id(v) in own]  # not even for a moment (its narrow copies have their own)
+    assert table.narrow_widths  # the narrow copy was built and timed
+    assert_same(before, snapshot(model))
+
+
+@pytest.mark.parametrize("kind", ["mlp", "cnn"])
+def test_an_analysis_of_given_values_is_that_of_the_model_holding_them(kind, writes):
+    model, _ = trained_model(kind)
+    rng = np.random.default_rng(1)
+    values = {}
+    for layer in model.layers[:1]:  # the first layer: half its units (or channels) at zero, in given values
+        kernel = np.array(ops.convert_to_numpy(layer.kernel))
+        kernel[..., rng.permutation(kernel.shape[-1])[: kernel.shape[-1] // 2]] = 0.0
+        values[layer.kernel.path] = kernel
+    before = snapshot(model)
+    writes.clear()
+    found = analysis.analyze(model, 1e-3, values=values)
+    assert not {id(v) for v in model.weights} & {id(v) for v in writes}
+    assert_same(before, snapshot(model))
+    holding = keras.models.clone_model(model)
+    holding.set_weights(model.get_weights())
+    holding.layers[0].kernel.assign(values[model.layers[0].kernel.path])
+    expected = analysis.analyze(holding, 1e-3)
+    assert found.report.layer_sizes == expected.report.layer_sizes
+    assert found.report.layer_sizes != analysis.analyze(model, 1e-3).report.layer_sizes
+    assert (found.report.params_after, found.report.flops_after) == (
+        expected.report.params_after, expected.report.flops_after)
+    for name, masks in expected.masks.units.items():
+        np.testing.assert_array_equal(found.masks.units[name], masks, err_msg=name)

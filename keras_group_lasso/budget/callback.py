@@ -316,12 +316,13 @@ class SparsityBudget(keras.callbacks.Callback):
             sizes["latency"] = self._predicted_latency(self.latency_table.widths_of(found))
         return sizes
 
-    def _measure(self):
-        """The budgeted sizes of the model now; with ``round_to`` > 1, until settling rounds the widths, at the
-        widths rounding up would give."""
-        if self._latency is None and (self.round_to == 1 or self.state.rounded):
+    def _measure(self, values=None):
+        """The budgeted sizes of the model now (with ``values``, ``{kernel path: numpy array}``: as if its kernels
+        held those, the model unchanged); with ``round_to`` > 1, until settling rounds the widths, at the widths
+        rounding up would give."""
+        if self._latency is None and values is None and (self.round_to == 1 or self.state.rounded):
             return self._sizes(self._report())
-        found = analysis.analyze(self.model, self.threshold, owner=_OWNER)
+        found = analysis.analyze(self.model, self.threshold, owner=_OWNER, values=values)
         if self.round_to == 1 or self.state.rounded:
             return self._sizes(found.report, found)
         layers = rounding.rounded_up(found, self.round_to, grow=True)
@@ -379,23 +380,19 @@ class SparsityBudget(keras.callbacks.Callback):
     def _sizes_narrowed(self, share):
         """The budgeted sizes of the model with every prunable layer at ``share`` of its width (one group at
         least): every trainable penalised kernel set to ones and all but its first ``max(1, ceil(share * groups))``
-        groups to zero (input groups too: a parameter or FLOP budget cuts features as well), then its weights
-        back. Its shape alone counts, not its
-        training: a resumed ``fit`` finds the same sizes."""
-        variables = [v for v in cut.penalised_kernels(self.model) if v.trainable]
-        values = [np.array(keras.ops.convert_to_numpy(v)) for v in variables]
-        try:
-            for variable, value in zip(variables, values):
-                penalty = variable.regularizer
-                narrowed = np.ones(value.shape, dtype=value.dtype)
-                groups = penalty.group_shape(value.shape)[-2]
+        groups to zero (input groups too: a parameter or FLOP budget cuts features as well), as values the analysis
+        weighed, not written). Its shape alone counts, not its training: a resumed ``fit`` finds the same
+        sizes."""
+        values = {}
+        for variable in cut.penalised_kernels(self.model):
+            if variable.trainable:
+                penalty, shape = variable.regularizer, tuple(variable.shape)
+                narrowed = np.ones(shape, dtype=keras.backend.standardize_dtype(variable.dtype))
+                groups = penalty.group_shape(shape)[-2]
                 cut.zero_rows(narrowed, penalty, slice(max(1, math.ceil(share * groups)), None))
-                variable.assign(narrowed)
-            found = analysis.analyze(self.model, self.threshold, owner=_OWNER)
-            return self._sizes(found.report, found)
-        finally:
-            for variable, value in zip(variables, values):
-                variable.assign(value)
+                values[variable.path] = narrowed
+        found = analysis.analyze(self.model, self.threshold, owner=_OWNER, values=values)
+        return self._sizes(found.report, found)
 
     @property
     def least_width(self):
@@ -824,10 +821,9 @@ class SparsityBudget(keras.callbacks.Callback):
         groups, variables = cut.ranked_groups(self.model, roles, dead, loads, self.floors)
         values = [np.array(keras.ops.convert_to_numpy(v)) for v in variables]
 
-        def assign(count):
-            for variable, value in zip(variables, cut.zeroed(values, groups[:count], variables)):
-                variable.assign(value)
-            return self._measure()
+        def assign(count):  # the sizes with the weakest ``count`` groups at zero: weighed, not written
+            zeroed = cut.zeroed(values, groups[:count], variables)
+            return self._measure({variable.path: value for variable, value in zip(variables, zeroed)})
 
         def over(measured):
             return schedule.over(measured, goals)
@@ -838,7 +834,6 @@ class SparsityBudget(keras.callbacks.Callback):
             low, high = self._within(assign, over, groups)
         if high is None:
             count = len(groups)  # even with every group that may go gone the model is over: the best the cut can do
-            best = assign(count)
         else:
             while low < high:  # the smallest count within the budget (sizes only shrink as groups go)
                 middle = (low + high) // 2
@@ -847,7 +842,9 @@ class SparsityBudget(keras.callbacks.Callback):
                 else:
                     low = middle + 1
             count = low
-            best = assign(count)
+        for variable, value in zip(variables, cut.zeroed(values, groups[:count], variables)):
+            variable.assign(value)  # the cut, written once
+        best = self._measure()
         newly = sum(1 for _, _, was_zero in groups[:count] if not was_zero)
         if newly:
             self.cuts.append((self._elapsed(epoch), newly))

@@ -33,7 +33,7 @@ import numpy as np
 from keras_group_lasso import analysis
 from keras_group_lasso._validation import Described, check_non_negative, check_positive_int, fail
 from keras_group_lasso.graph import model_graph, registry
-from keras_group_lasso.surgery import prune_model
+from keras_group_lasso.surgery.build import prune_as_if
 
 __all__ = ["LatencyTable", "DEFAULT_GRID", "current_device"]
 
@@ -1288,30 +1288,26 @@ def _positions(graph, node):
 def _narrow_model(model, graph, fraction):
     """``(pruned model, widths)``: ``model`` with each hidden layer at ``ceil(fraction * units)`` units.
 
-    The kernel columns beyond that width are set to zero for :func:`~keras_group_lasso.prune_model` (which
-    works on copies) and given back their values at once. ``(None, None)`` with a warning when the model
-    cannot be pruned.
+    Built by :func:`~keras_group_lasso.surgery.build.prune_as_if` from kernels whose columns beyond that width are
+    zero, values the model's own weights never hold. ``(None, None)`` with a warning when the model cannot be
+    pruned.
     """
-    saved = []
+    values = {}
+    for node in graph.units:
+        layer = graph.layers[node.name]
+        if node.is_output or "#" in node.name or not registry.units_rule(layer).rounds:
+            continue
+        keep = max(1, int(math.ceil(fraction * node.out_units)))
+        value = np.array(keras.ops.convert_to_numpy(layer.kernel))
+        value[..., keep:] = 0.0
+        values[layer.kernel.path] = value
     try:
-        for node in graph.units:
-            layer = graph.layers[node.name]
-            if node.is_output or "#" in node.name or not registry.units_rule(layer).rounds:
-                continue
-            keep = max(1, int(math.ceil(fraction * node.out_units)))
-            value = np.array(keras.ops.convert_to_numpy(layer.kernel))
-            saved.append((layer.kernel, value.copy()))
-            value[..., keep:] = 0.0
-            layer.kernel.assign(value)
-        masks = analysis.analyze(model, threshold=0.0, owner=_OWNER).masks
+        masks = analysis.analyze(model, threshold=0.0, owner=_OWNER, values=values).masks
         widths = {node.name: (int(masks.inputs[node.name].sum()), int(masks.units[node.name].sum()))
                   for node in graph.units}
-        return prune_model(model, threshold=0.0), widths
+        return prune_as_if(model, values, owner=_OWNER), widths
     except Exception as error:  # noqa: BLE001 - a model surgery cannot shrink: its rest counts as fixed
         warnings.warn(f"{_OWNER}: the rest of model {model.name!r} (the layers between the units layers) counts "
                       f"as a fixed time: a narrow copy of it could not be built ({type(error).__name__}: {error}).",
                       RuntimeWarning, stacklevel=3)
         return None, None
-    finally:
-        for variable, value in reversed(saved):
-            variable.assign(value)

@@ -865,11 +865,14 @@ class UnitsRule(LayerRule):
     def bias(self, layer):
         return layer.bias if getattr(layer, "use_bias", False) and layer.bias is not None else None
 
-    def weights(self, layer):
-        """Its weights by role, numpy: ``{"kernel", ["pointwise",] "bias"}`` (``bias`` ``None`` without one)."""
-        out = {role: _numpy(variable) for role, variable in self.kernels(layer).items()}
+    def weights(self, layer, read=_numpy):
+        """Its weights by role, numpy: ``{"kernel", ["pointwise",] "bias"}`` (``bias`` ``None`` without one).
+
+        ``read(variable)`` gives a variable's value (by default the one it holds; the budget reads candidate
+        values this way without writing them into the model)."""
+        out = {role: read(variable) for role, variable in self.kernels(layer).items()}
         bias = self.bias(layer)
-        out["bias"] = None if bias is None else _numpy(bias)
+        out["bias"] = None if bias is None else read(bias)
         return out
 
     def thresholded_variables(self, layer):
@@ -1543,12 +1546,12 @@ class BidirectionalRule(SequenceRule):
     def bias(self, layer):
         return None
 
-    def weights(self, layer):
-        out = {role: _numpy(variable) for role, variable in self.kernels(layer).items()}
+    def weights(self, layer, read=_numpy):
+        out = {role: read(variable) for role, variable in self.kernels(layer).items()}
         inner = self._inner(layer)
         for direction, sub in zip(self._DIRECTIONS, self._layers(layer)):
             bias = inner.bias(sub)
-            out[f"{direction}_bias"] = None if bias is None else _numpy(bias)
+            out[f"{direction}_bias"] = None if bias is None else read(bias)
         out["bias"] = None
         return out
 
@@ -1691,9 +1694,9 @@ class AttentionRule(SequenceRule):
     def bias(self, layer):
         return _attention_variables(layer).get("output_bias")
 
-    def weights(self, layer):
-        return {role: _numpy(variable) for role, variable in _attention_variables(layer).items()} | {
-            "bias": None if self.bias(layer) is None else _numpy(self.bias(layer))}
+    def weights(self, layer, read=_numpy):
+        return {role: read(variable) for role, variable in _attention_variables(layer).items()} | {
+            "bias": None if self.bias(layer) is None else read(self.bias(layer))}
 
     def thresholded_variables(self, layer):
         return list(_attention_variables(layer).values())

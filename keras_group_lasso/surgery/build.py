@@ -142,8 +142,31 @@ def prune_model(model, threshold=1e-3, inputs="original", round_to=1, fold_batch
     round_to = check_positive_int(owner, "round_to", round_to)
     if not isinstance(fold_batchnorm, bool):
         fail(owner, "fold_batchnorm", "a bool", fold_batchnorm)
+    return _pruned(owner, model, threshold, round_to, inputs, fold_batchnorm)
+
+
+def prune_as_if(model, values, threshold=0.0, owner="prune_as_if"):
+    """:func:`prune_model` of ``model`` as if the weights named in ``values`` (``{variable path: numpy array}``, the
+    kernels and biases of units layers) held those values; ``model`` is not changed, not even for a moment.
+
+    How a narrow copy of a model is made to be timed or weighed (a latency table, a budget's candidate cut).
+
+    Example:
+        >>> model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(3, name="hidden"),
+        ...                           keras.layers.Dense(2, name="out")])
+        >>> kernel = np.ones((4, 3), dtype="float32")
+        >>> kernel[:, 1:] = 0.0
+        >>> small = prune_as_if(model, {model.get_layer("hidden").kernel.path: kernel})
+        >>> small.get_layer("hidden").units, model.get_layer("hidden").units
+        (1, 3)
+    """
+    return _pruned(owner, model, threshold, 1, "original", False, values)
+
+
+def _pruned(owner, model, threshold, round_to, inputs, fold_batchnorm, values=None):
     model = graph_model(model)  # a subclassed model: the functional model of the layers its call runs
-    plan = planning.build_plan(owner, model, threshold, round_to, inputs=inputs, fold_batchnorm=fold_batchnorm)
+    plan = planning.build_plan(owner, model, threshold, round_to, inputs=inputs, fold_batchnorm=fold_batchnorm,
+                               values=values)
     builder = _Builder(plan, model)
     for step in plan.steps:
         getattr(builder, step.kind)(step)

@@ -265,9 +265,10 @@ def plan_pruning(model, threshold=1e-3, round_to=1, inputs="original", fold_batc
     return build_plan(owner, model, threshold, round_to, inputs=inputs, fold_batchnorm=fold_batchnorm)
 
 
-def build_plan(owner, model, threshold, round_to=1, inputs="original", fold_batchnorm=False):
-    """The :class:`PruningPlan` of ``model`` with its steps, its :class:`~keras_group_lasso.analysis.Analysis` attached."""
-    result = analysis.analyze(model, threshold, owner=owner, round_to=round_to)
+def build_plan(owner, model, threshold, round_to=1, inputs="original", fold_batchnorm=False, values=None):
+    """The :class:`PruningPlan` of ``model`` with its steps, its :class:`~keras_group_lasso.analysis.Analysis` attached
+    (with ``values``, ``{variable path: numpy array}``: of the model as if those weights held those values)."""
+    result = analysis.analyze(model, threshold, owner=owner, round_to=round_to, values=values)
     check_supported(owner, model)
     graph, masks, report = result.graph, result.masks, result.report
     threshold = report.threshold
