@@ -15,9 +15,11 @@ import pytest
 
 from keras_group_lasso import (Proximal, SparsityBudget, add_group_sparsity, apply_threshold, prune_model,
                                sparsity_report)
-from keras_group_lasso.budget.callback import LEAST_WIDTH, WARM_UP
-from keras_group_lasso.budget.cut import penalised_kernels
+from keras_group_lasso.budget.callback import LEAST_WIDTH, SMALL_CUT, WARM_UP
+from keras_group_lasso.budget.cut import fixed_units, group_loads, penalised_kernels, ranked_groups
+from keras_group_lasso.costs import unit_costs
 from keras_group_lasso.declared import group_sparse_penalties
+from keras_group_lasso.graph import model_graph
 
 EPOCHS = 6
 REACHED = math.ceil(2 / 3 * EPOCHS)  # epochs of search: the budget holds from the end of this one on
@@ -66,11 +68,11 @@ def test_a_size_is_all_you_give(rng, kind, fraction, optimizer):
     assert all(size <= limit for size in sizes[REACHED - 1:]), sizes
     assert 0.8 * limit <= getattr(sparsity_report(model), SIZE[kind]) <= limit
     # Steps along the way rather than one cut at the end: the sizes shrink over the searching epochs, no single
-    # check cuts more than a small share of the groups (one group is 2 % of this network's 48), and the cut when
-    # the search ends no more than a tenth.
+    # check cuts more than a tenth of the groups (one group is 2 % of this network's 48), and the cut when the
+    # search ends (each check takes its share of what is left of the way) no more than SMALL_CUT of them.
     assert sizes[0] > sizes[2] > sizes[REACHED - 1]
-    assert budget.cuts and max(groups for _, groups in budget.cuts) <= 0.125 * groups_of(model), budget.cuts
-    assert sum(groups for when, groups in budget.cuts if when >= REACHED) <= 0.1 * groups_of(model), budget.cuts
+    assert budget.cuts and max(groups for _, groups in budget.cuts) <= 0.1 * groups_of(model), budget.cuts
+    assert sum(groups for when, groups in budget.cuts if when >= REACHED) <= SMALL_CUT * groups_of(model), budget.cuts
     assert history["budget_multiplier_hidden"][REACHED:] == [0.0] * (EPOCHS - REACHED)
     # Surgery stays exact (against the model with its weights at or below the threshold set to zero).
     reference = keras.models.clone_model(model)
@@ -120,6 +122,20 @@ def stream_model():
     stream = keras.layers.LayerNormalization()(keras.layers.Add()([stream, keras.layers.Dense(16)(inner)]))
     outputs = keras.layers.Dense(1, activation="sigmoid")(keras.layers.GlobalAveragePooling1D()(stream))
     return add_group_sparsity(keras.Model(inputs, outputs))
+
+
+def test_a_group_whose_unit_cannot_go_is_cut_last():
+    # The stream's channels stay (LayerNormalization reads them): a zero row of the feed-forward block's first
+    # kernel (a stream channel it reads) frees nothing, so the cut ranks those rows after every other group.
+    model = stream_model()
+    graph = model_graph(model)
+    loads = group_loads(graph, model, [(unit_costs(graph, "flops"), 1.0)], fixed_units(graph))
+    reads_stream = {v.path for v in penalised_kernels(model) if v.shape == (16, 64) or v.shape == (16, 1)}
+    assert reads_stream and all(not np.any(loads[path]) for path in reads_stream)
+    assert all(np.all(load > 0) for path, load in loads.items() if path not in reads_stream)
+    ranked, variables = ranked_groups(model, {"input", "hidden"}, loads=loads)
+    last = [variables[rows[0][0]].path in reads_stream for _, rows, _ in ranked]
+    assert any(last) and last == sorted(last)  # every such group after every other one
 
 
 def test_least_widths_come_from_what_can_narrow(rng):

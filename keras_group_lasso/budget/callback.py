@@ -1,14 +1,17 @@
 """Ask for a size, get it: a callback that steers the penalty strength until the model fits a budget.
 
-The callback is thin: :mod:`.schedule` steers (pure functions of sizes),
-:mod:`.cut` picks and holds the groups set to zero, :mod:`.rounding` picks
-widths in whole blocks, and :mod:`.state` is its progress, kept in the model
+The callback decides when; the parts it calls decide what: :mod:`.schedule`
+steers (pure functions of sizes), :mod:`.cut` ranks the groups, finds the
+fewest that meet a goal on copies of the kernels' values and holds the groups
+set to zero, :mod:`.rounding` picks widths in whole blocks,
+:mod:`.latency_limit` keeps a latency budget's table and limit,
+:mod:`.renewal` renews BatchNormalization statistics after a cut,
+:mod:`.latency_check` times the pruned model when ``fit`` ends, and
+:mod:`.state` is its progress, kept in the model
 (:mod:`keras_group_lasso.declared`) so that a resumed training decides as the
 uninterrupted one.
 """
 
-import itertools
-import json
 import logging
 import math
 import numbers
@@ -18,10 +21,11 @@ import keras
 import numpy as np
 
 from keras_group_lasso import analysis
-from keras_group_lasso._validation import InvalidParameterError, check_non_negative, check_positive_int, fail
+from keras_group_lasso._validation import check_non_negative, check_positive_int, fail
 from keras_group_lasso.budget import cut, latency_check, renewal, rounding, schedule
 from keras_group_lasso.budget.state import CUT, SEARCH, WITHIN, BudgetState
-from keras_group_lasso.costs import LatencyTable, current_device, unit_costs
+from keras_group_lasso.budget.latency_limit import LatencyLimit, milliseconds
+from keras_group_lasso.costs import unit_costs
 from keras_group_lasso.declared import BUDGET_STATE_SIZE, declare_group_penalties, group_sparse_penalties
 from keras_group_lasso.graph import model_graph, registry
 
@@ -29,10 +33,6 @@ __all__ = ["SparsityBudget"]
 
 _OWNER = "SparsityBudget"
 _LOG = logging.getLogger("keras_group_lasso")
-#: The batch size a latency table is measured at when neither ``max_latency`` nor ``latency_table`` says one.
-LATENCY_BATCH_SIZE = 256
-# The note of the model's state that keeps the latency table a budget measured.
-_TABLE_NOTE = "latency_table"
 #: How a budget gets to its size: ``"gradual"`` cuts the weakest groups along the schedule as training goes;
 #: ``"penalty"`` lets the steered penalties remove groups and cuts, once settling begins, what they left over.
 PACES = ("gradual", "penalty")
@@ -107,7 +107,7 @@ class SparsityBudget(keras.callbacks.Callback):
         max_latency: a float in (0, 1], a fraction of the dense model's
             measured time, or ``(seconds, batch size)``, a time per batch
             of that size. The table is measured at that batch size, or at
-            256 (``LATENCY_BATCH_SIZE``) for a fraction.
+            256 (``latency_limit.LATENCY_BATCH_SIZE``) for a fraction.
         latency_table: a :class:`~keras_group_lasso.LatencyTable` of this
             model (measured elsewhere, e.g. on the deployment device; for a
             fraction, of one batch size); ``None``: measured when ``fit``
@@ -173,27 +173,12 @@ class SparsityBudget(keras.callbacks.Callback):
         self.max_units = schedule.check_limit(_OWNER, "max_units", max_units)
         self.max_params = schedule.check_limit(_OWNER, "max_params", max_params)
         self.max_flops = schedule.check_limit(_OWNER, "max_flops", max_flops)
-        self._latency = schedule.check_latency(_OWNER, "max_latency", max_latency)
-        self.max_latency = max_latency if self._latency is None else (
-            self._latency[1] if self._latency[0] == "fraction" else self._latency[1:])
         if all(v is None for v in (self.max_features, self.max_units, self.max_params, self.max_flops,
-                                   self._latency)):
+                                   max_latency)):
             fail(_OWNER, "max_features", "a budget (at least one of max_features, max_units, max_params, "
                  "max_flops, max_latency)", None)
-        if latency_table is not None and not isinstance(latency_table, LatencyTable):
-            fail(_OWNER, "latency_table", "None or a LatencyTable", latency_table)
-        if latency_table is not None and self._latency is None:
-            fail(_OWNER, "latency_table", "None without max_latency (the table serves a latency budget)",
-                 latency_table)
-        if latency_table is not None and self._latency[0] == "seconds" \
-                and self._latency[2] not in latency_table.batch_sizes:
-            fail(_OWNER, "max_latency", "a time at a batch size the latency table was measured at "
-                 f"({', '.join(map(str, latency_table.batch_sizes))})", max_latency)
-        if latency_table is not None and self._latency[0] == "fraction" and len(latency_table.batch_sizes) > 1:
-            fail(_OWNER, "latency_table", "a table of one batch size with a fractional max_latency (or give "
-                 "max_latency=(seconds, batch size))", latency_table)
-        self.latency_table = latency_table
-        self._given_table = latency_table
+        self._latency = LatencyLimit.checked(_OWNER, max_latency, latency_table)
+        self.max_latency = None if self._latency is None else self._latency.given
         if not isinstance(latency_check, (bool, np.bool_)):
             fail(_OWNER, "latency_check", "True or False", latency_check)
         self.latency_check = bool(latency_check)
@@ -298,22 +283,21 @@ class SparsityBudget(keras.callbacks.Callback):
     @property
     def latency_batch_size(self):
         """The batch size the latency budget counts at (``None`` without ``max_latency``)."""
-        if self._latency is None:
-            return None
-        if self._latency[0] == "seconds":
-            return self._latency[2]
-        return self._given_table.batch_sizes[0] if self._given_table is not None else LATENCY_BATCH_SIZE
+        return None if self._latency is None else self._latency.batch_size
 
-    def _predicted_latency(self, widths):
-        """The table's predicted time of ``{layer name: (in, out)}`` at the budget's batch size."""
-        return self.latency_table.predict(widths, self.latency_batch_size)
+    @property
+    def latency_table(self):
+        """The :class:`~keras_group_lasso.LatencyTable` a latency budget counts with (given, kept in the model's
+        state or measured when training began; ``None`` without ``max_latency`` or before a table was given or
+        measured)."""
+        return None if self._latency is None else self._latency.table
 
     def _sizes(self, report, found=None):
         """The sizes of a report; with ``max_latency`` (and ``found``, its :class:`Analysis`) the predicted time."""
         sizes = {"features": report.n_selected_features, "units": report.live_neurons,
                  "params": report.params_after, "flops": report.flops_after, "latency": 0.0}
         if self._latency is not None and found is not None and self.latency_table is not None:
-            sizes["latency"] = self._predicted_latency(self.latency_table.widths_of(found))
+            sizes["latency"] = self._latency.predict(self.latency_table.widths_of(found))
         return sizes
 
     def _measure(self, values=None):
@@ -331,7 +315,7 @@ class SparsityBudget(keras.callbacks.Callback):
 
     @property
     def _latency_of(self):
-        return None if self._latency is None else self._predicted_latency
+        return None if self._latency is None else self._latency.predict
 
     def _over(self, sizes):
         return schedule.over(sizes, self.limits)
@@ -449,68 +433,13 @@ class SparsityBudget(keras.callbacks.Callback):
         self._done = self._checked = 0  # batches of this epoch: done, done at the last check
 
     def _latency_begin(self, above):
-        """The latency table (the one given, else the one the model's state keeps, else measured now), the dense
-        time and the latency limit."""
-        if self._given_table is None:
-            self.latency_table = self._kept_table()
-            if self.latency_table is None:
-                self.latency_table = LatencyTable.measure(self.model, batch_size=self.latency_batch_size)
-                _LOG.info("%s: measured the latency table in %.1f s:\n%s", _OWNER,
-                          self.latency_table.measure_seconds, self.latency_table.to_text())
-                self._declared.set_note(_TABLE_NOTE, self.latency_table.to_dict())
-        else:
-            self.latency_table.check_model(self.model, owner=_OWNER)
-        self._latency_limit(above)
+        """The latency table (:class:`.LatencyLimit`), the dense time and the latency limit."""
+        self._latency.begin(self.model, self._declared, above)
+        self._latency_limit()
 
-    def _kept_table(self):
-        """The latency table the model's state keeps (measured by a budget of an earlier or interrupted ``fit``),
-        or ``None`` when there is none or it does not fit this model, batch size, backend and device."""
-        kept = self._declared.note(_TABLE_NOTE)
-        if kept is None:
-            return None
-        try:
-            table = LatencyTable.from_dict(kept).check_model(self.model, owner=_OWNER)
-        except InvalidParameterError as error:
-            _LOG.info("%s: the latency table the model's state keeps is measured again: %s", _OWNER, error)
-            return None
-        here = (keras.backend.backend(), current_device())
-        if (table.backend, table.device) != here or self.latency_batch_size not in table.batch_sizes:
-            _LOG.info("%s: the latency table the model's state keeps (%s, %s, batch sizes %s) is measured again "
-                      "for %s, %s, batch size %d.", _OWNER, table.backend, table.device, list(table.batch_sizes),
-                      *here, self.latency_batch_size)
-            return None
-        return table
-
-    def _adopt_restored_table(self):
-        """A checkpoint restored after this budget's ``on_train_begin`` (``BackupAndRestore`` later in the list of
-        callbacks) brings the table the interrupted training measured: the budget counts with that one."""
-        kept = self._declared.note(_TABLE_NOTE)
-        if kept is None:  # a restored state from before any table: keep this one with it
-            self._declared.set_note(_TABLE_NOTE, self.latency_table.to_dict())
-            return
-        if json.dumps(kept, sort_keys=True) == json.dumps(self.latency_table.to_dict(), sort_keys=True):
-            return
-        table = self._kept_table()
-        if table is not None:
-            self.latency_table = table
-            self._latency_limit([])
-
-    def _latency_limit(self, above):
-        """The dense time and the latency limit; a limit below the narrowest model's predicted time is refused."""
-        batch = self.latency_batch_size
-        dense = self.latency_table.predict(None, batch)
-        self.dense["latency"] = dense
-        limit = self._latency[1] * dense if self._latency[0] == "fraction" else self._latency[1]
-        if limit >= dense:
-            above.append(f"max_latency={self.max_latency!r} (the dense model takes {_ms(dense)} at batch {batch})")
-        floor = self.latency_table.predict(_narrowest(self.latency_table, batch), batch)
-        if limit < floor:
-            fail(_OWNER, "max_latency", f"a time the model can reach: its narrowest form (every prunable layer one "
-                 f"unit wide) is predicted to take {_ms(floor)} at batch {batch}, {floor / dense:.3g} of the dense "
-                 f"model's {_ms(dense)} (latency table of {self.latency_table.backend}, "
-                 f"{self.latency_table.device})", self.max_latency)
-        self.limits["latency"] = min(limit, dense)
-        self._declared.training_latency = (self.latency_table, batch)
+    def _latency_limit(self):
+        self.dense["latency"], self.limits["latency"] = self._latency.dense, self._latency.limit
+        self._declared.training_latency = (self.latency_table, self.latency_batch_size)
 
     def on_epoch_begin(self, epoch, logs=None):
         """A new search at epoch 0; later, a resumed training catches up with the decision of the epoch before.
@@ -527,8 +456,8 @@ class SparsityBudget(keras.callbacks.Callback):
         if self._first_epoch is not None:
             return
         self._first_epoch = epoch
-        if self.limits and "latency" in self.limits and self._given_table is None:
-            self._adopt_restored_table()
+        if self.limits and "latency" in self.limits and self._latency.adopt_restored(self.model, self._declared):
+            self._latency_limit()
         state = self.state
         if epoch == 0 or not state.started:
             start = [v if v > 0 else 1.0 for v in self._declared.multiplier_values()]
@@ -556,10 +485,11 @@ class SparsityBudget(keras.callbacks.Callback):
         if self.model is None or self._settling:
             return
         sizes = self._measure()
-        progress = self._progress(self._epoch + self._done / self._steps)
+        elapsed = self._epoch + self._done / self._steps
+        progress = self._progress(elapsed)
         self._steer(sizes, progress, (self._done - self._checked) / self._steps)
         if self.pace == "gradual":
-            sizes = self._follow_schedule(sizes, progress, self._epoch)
+            sizes = self._follow_schedule(sizes, elapsed, self._epoch)
         self._checked = self._done
         self._update(last_sizes=sizes)
 
@@ -569,10 +499,16 @@ class SparsityBudget(keras.callbacks.Callback):
                                     self.dense, self.limits, self._targets(progress), self.max_strength, fraction)
         self._declared.set_multiplier(*multiplier)
 
-    def _follow_schedule(self, sizes, progress, epoch):
-        """The gradual pace: cut the weakest groups until every size is within its schedule, and hold every group
-        at zero from then on; the sizes after."""
+    def _follow_schedule(self, sizes, elapsed, epoch):
+        """The gradual pace: cut the weakest groups until every size is within its schedule (and, once the warm-up
+        is over, has come its share of the rest of the way: :func:`.schedule.closing`), and hold every group at
+        zero from then on; the sizes after."""
+        progress = self._progress(elapsed)
         goals = self._targets(progress)
+        if progress > 0.0:
+            gap = self._every / self._steps if self._every and self._steps else 1.0
+            later = elapsed + gap if elapsed == int(elapsed) else min(elapsed + gap, math.floor(elapsed) + 1.0)
+            goals = schedule.closing(goals, sizes, self.limits, progress, self._progress(later) - progress)
         if schedule.over(sizes, goals) <= 1.0:
             return sizes
         removed, sizes = self._cut_weakest_groups(epoch, sizes, goals)
@@ -646,7 +582,7 @@ class SparsityBudget(keras.callbacks.Callback):
         else:
             self._steer(sizes, progress, schedule.last_fraction(self._every or "epoch", self._steps))
             if self.pace == "gradual":
-                sizes = self._follow_schedule(sizes, progress, epoch)
+                sizes = self._follow_schedule(sizes, float(epoch + 1), epoch)
                 self._freeze()  # every group at zero now stays there (what a resumed training holds again)
             self._update(phase=SEARCH if self._over(sizes) > 1.0 else WITHIN)
         self._update(last_sizes=sizes, decided=epoch + 1)
@@ -783,22 +719,6 @@ class SparsityBudget(keras.callbacks.Callback):
 
     # ------------------------------------------------------------------ setting groups to zero
 
-    @staticmethod
-    def _within(assign, over, ranked):
-        """``(low, high)``: counts of the weakest of the ``ranked`` groups to zero, with the smallest count within
-        the goals in ``(low, high]`` (``high`` None: not even all of them). Doubling from the groups at zero already
-        (ranked first) plus one: a step along the schedule cuts a few groups, found in a few analyses rather than
-        the ~log2(groups) of a search over all of them."""
-        groups = len(ranked)
-        low, step = sum(1 for _ in itertools.takewhile(lambda entry: entry[2], ranked)), 1
-        while True:
-            high = min(low + step, groups)
-            if over(assign(high)) <= 1.0:
-                return low, high
-            if high == groups:
-                return low, None
-            low, step = high, step * 2
-
     def _cut_weakest_groups(self, epoch, sizes, goals=None):
         """Zero the fewest weakest groups that meet the budget (or ``goals``, sizes on the way to it); returns
         ``(groups newly zeroed, sizes)``.
@@ -818,34 +738,28 @@ class SparsityBudget(keras.callbacks.Callback):
         if (hidden_over or 0.0) > 1.0:
             roles.add("hidden")
         dead, loads = cut.dead_groups(self.model, self.threshold, exact=True), self._group_loads(sizes, goals)
+        below = cut.dead_groups(self.model, self.threshold)
         groups, variables = cut.ranked_groups(self.model, roles, dead, loads, self.floors)
         values = [np.array(keras.ops.convert_to_numpy(v)) for v in variables]
 
-        def assign(count):  # the sizes with the weakest ``count`` groups at zero: weighed, not written
+        def sizes_at(count):  # the sizes with the weakest ``count`` groups at zero: weighed, not written
             zeroed = cut.zeroed(values, groups[:count], variables)
             return self._measure({variable.path: value for variable, value in zip(variables, zeroed)})
 
-        def over(measured):
-            return schedule.over(measured, goals)
+        def within(measured):
+            return schedule.over(measured, goals) <= 1.0
 
-        low, high = self._within(assign, over, groups)
-        if high is None and self.floors and final:  # the layers' floors cannot meet the budget: it comes first
+        count, met = cut.fewest(groups, sizes_at, within)
+        if not met and self.floors and final:  # the layers' floors cannot meet the budget: it comes first
             groups, variables = cut.ranked_groups(self.model, roles, dead, loads)
-            low, high = self._within(assign, over, groups)
-        if high is None:
-            count = len(groups)  # even with every group that may go gone the model is over: the best the cut can do
-        else:
-            while low < high:  # the smallest count within the budget (sizes only shrink as groups go)
-                middle = (low + high) // 2
-                if over(assign(middle)) <= 1.0:
-                    high = middle
-                else:
-                    low = middle + 1
-            count = low
+            count, met = cut.fewest(groups, sizes_at, within)
         for variable, value in zip(variables, cut.zeroed(values, groups[:count], variables)):
             variable.assign(value)  # the cut, written once
         best = self._measure()
-        newly = sum(1 for _, _, was_zero in groups[:count] if not was_zero)
+        # Groups at or below the threshold count as gone already (the sizes do not count them): the ones a cut
+        # takes are those that were alive.
+        newly = sum(1 for _, rows, _ in groups[:count]
+                    if any((variables[index].path, row) not in below for index, row in rows))
         if newly:
             self.cuts.append((self._elapsed(epoch), newly))
         if not final:  # a step along the schedule: the final cut says what it could not meet
@@ -885,7 +799,7 @@ class SparsityBudget(keras.callbacks.Callback):
         over = [kind for kind, limit in goals.items() if sizes[kind] > limit] or list(goals)
         costs = [(unit_costs(found.graph, kind, self.latency_table, self.latency_batch_size, widths),
                   goals[kind]) for kind in over]
-        return cut.group_loads(found.graph, self.model, costs)
+        return cut.group_loads(found.graph, self.model, costs, cut.fixed_units(found.graph))
 
     def _warn_cut(self, what, sizes, epoch):
         """Say once per ``fit`` that ``what`` (groups, units) was set to zero to meet the budget."""
@@ -935,17 +849,6 @@ class SparsityBudget(keras.callbacks.Callback):
         return changed, removed
 
 
-def _narrowest(table, batch):
-    """``{layer name: (input units, output units)}``: every layer of ``table`` at its smallest measured widths
-    (one unit on each axis a pruning narrows, the dense width on the others)."""
-    layers = table.to_dict()["batches"][str(batch)]["layers"]
-    return {name: (grid["in"][0], grid["out"][0]) for name, grid in layers.items()}
-
-
-def _ms(seconds):
-    return f"{1e3 * seconds:.3g} ms"
-
-
 def _size(kind, value):
     """A budgeted size in words: a count, or milliseconds for the latency."""
-    return _ms(value) if kind == "latency" else str(value)
+    return milliseconds(value) if kind == "latency" else str(value)

@@ -11,7 +11,7 @@ from keras_group_lasso import prox
 from keras_group_lasso.graph import registry
 from keras_group_lasso.regularizers import CoupledGroupLasso, GroupSparseRegularizer
 
-__all__ = ["FrozenGroups", "strength", "ranked_groups", "group_loads", "zeroed", "zero_rows", "penalised_kernels", "dead_groups",
+__all__ = ["FrozenGroups", "strength", "ranked_groups", "fewest", "fixed_units", "group_loads", "zeroed", "zero_rows", "penalised_kernels", "dead_groups",
            "zero_dead_groups", "freeze_groups", "hold_live", "zero_groups", "release_frozen_groups"]
 
 
@@ -248,6 +248,42 @@ def ranked_groups(model, roles, cut_before=frozenset(), loads=None, floors=None)
     return entries, variables
 
 
+def fewest(ranked, sizes_at, within):
+    """``(count, met)``: the fewest of the weakest ``ranked`` groups (:func:`ranked_groups`, the groups at zero
+    already first) whose sizes with them at zero, ``sizes_at(count)``, are ``within`` (a predicate on sizes);
+    ``met`` is False when not even all of them are (``count`` is then all of them).
+
+    Sizes only shrink as groups go. The search doubles from the groups at zero already plus one, then halves: a
+    step along a schedule cuts a few groups, found in a few probes rather than the ~log2(groups) of a search over
+    all of them.
+
+    Example:
+        >>> ranked = [(0.0, ((0, 0),), True)] + [(0.5, ((0, row),), False) for row in range(1, 10)]
+        >>> def sizes_at(count):  # twelve units, of which the ten ranked can go
+        ...     return {"units": 12 - count}
+        >>> fewest(ranked, sizes_at, lambda sizes: sizes["units"] <= 6)
+        (6, True)
+        >>> fewest(ranked, sizes_at, lambda sizes: sizes["units"] <= 1)
+        (10, False)
+    """
+    groups = len(ranked)
+    low, step = next((index for index, entry in enumerate(ranked) if not entry[2]), len(ranked)), 1
+    while True:  # (low, high]: the smallest count within lies there
+        high = min(low + step, groups)
+        if within(sizes_at(high)):
+            break
+        if high == groups:
+            return groups, False
+        low, step = high, step * 2
+    while low + 1 < high:
+        middle = (low + high) // 2
+        if within(sizes_at(middle)):
+            high = middle
+        else:
+            low = middle
+    return high, True
+
+
 def _depletion(scores):
     """``n / (n - j)`` for the ``j``-th weakest of a kernel's ``n`` groups (``j`` from 0): what cutting it leaves.
 
@@ -274,11 +310,22 @@ def _relative_loads(loads, path, rows):
     return np.maximum(np.asarray(found, dtype=np.float64) / mean, _LEAST_LOAD)
 
 
-def group_loads(graph, model, costs):
+def fixed_units(graph):
+    """The unit ids of ``graph`` that no cut removes: the model's outputs and every unit a layer that mixes its
+    units reads (a ``LayerNormalization`` over the channels of a residual stream, a channels-first pooling)."""
+    fixed = {int(unit) for name in graph.outputs for unit in graph.tensor(name).ids}
+    for node in graph.nodes:
+        if node.kind in ("tail", "mix") and node.inputs:
+            fixed |= {int(unit) for unit in graph.tensor(node.inputs[0]).ids}
+    return fixed
+
+
+def group_loads(graph, model, costs, fixed=()):
     """``{kernel path: (groups,) array}``: the share of a budget each penalised group's unit takes.
 
     ``costs``: ``[({unit id: cost}, limit), ...]``, one per budgeted kind (see
-    :func:`~keras_group_lasso.costs.unit_costs`); a unit's load is ``sum cost / limit``. The groups are the
+    :func:`~keras_group_lasso.costs.unit_costs`); a unit's load is ``sum cost / limit``, and 0 for the units in
+    ``fixed`` (:func:`fixed_units`: a group of one frees nothing, so it ranks last). The groups are the
     rows of a layer's input kernel (whose groups are the units it reads), in its penalty's view order (a grouped
     convolution's rows are not its channels' order); kernels whose groups are other units (a recurrent kernel's,
     an attention layer's heads) get none.
@@ -287,6 +334,8 @@ def group_loads(graph, model, costs):
     for unit_cost, limit in costs:
         for unit, value in unit_cost.items():
             load[unit] = load.get(unit, 0.0) + value / max(float(limit), 1e-30)
+    for unit in fixed:
+        load[unit] = 0.0
     penalised = {id(v) for v in penalised_kernels(model)}
     out = {}
     for node in graph.units:

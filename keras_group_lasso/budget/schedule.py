@@ -80,6 +80,25 @@ def targets(dense, limits, progress, power):
     return {kind: limit + (dense[kind] - limit) * (1.0 - progress) ** power for kind, limit in limits.items()}
 
 
+def closing(goals, sizes, limits, progress, step):
+    """Goals that also close what is left of the way to the budget evenly over the checks left.
+
+    A check at ``progress`` with the next one ``step`` later takes ``step / (1 - progress)`` of each size's
+    distance to its limit: ``min(goal, limit + (size - limit) * (1 - step / (1 - progress)))``; the last check
+    before the schedule's end (``progress + step >= 1``) goes to the limit. A model the penalties took ahead of
+    the schedule still meets its budget a little at each check rather than all at once at the end.
+
+    Example:
+        >>> closing({"flops": 300.0}, {"flops": 240.0}, {"flops": 200.0}, 0.75, 0.05)
+        {'flops': 232.0}
+        >>> closing({"flops": 300.0}, {"flops": 240.0}, {"flops": 200.0}, 0.95, 0.05)
+        {'flops': 200.0}
+    """
+    keep = max(0.0, 1.0 - step / (1.0 - progress)) if progress < 1.0 else 0.0
+    return {kind: min(goal, limits[kind] + max(0.0, sizes[kind] - limits[kind]) * keep)
+            for kind, goal in goals.items()}
+
+
 def _ratio(size, target):
     return size / target if target > 0 else (math.inf if size > 0 else 0.0)
 
