@@ -22,9 +22,9 @@ import numpy as np
 
 from keras_group_lasso import analysis
 from keras_group_lasso._validation import check_non_negative, check_positive_int, fail
-from keras_group_lasso.budget import cut, latency_check, renewal, rounding, schedule
+from keras_group_lasso.budget import cut, latency_check, messages, renewal, rounding, schedule
 from keras_group_lasso.budget.state import CUT, SEARCH, WITHIN, BudgetState
-from keras_group_lasso.budget.latency_limit import LatencyLimit, milliseconds
+from keras_group_lasso.budget.latency_limit import LatencyLimit
 from keras_group_lasso.costs import unit_costs
 from keras_group_lasso.declared import BUDGET_STATE_SIZE, declare_group_penalties, group_sparse_penalties
 from keras_group_lasso.graph import model_graph, registry
@@ -362,20 +362,10 @@ class SparsityBudget(keras.callbacks.Callback):
         return LEAST_WIDTH * schedule.even_share(self.dense, narrowest, half, self.limits)
 
     def _sizes_narrowed(self, share):
-        """The budgeted sizes of the model with every prunable layer at ``share`` of its width (one group at
-        least): every trainable penalised kernel set to ones and all but its first ``max(1, ceil(share * groups))``
-        groups to zero (input groups too: a parameter or FLOP budget cuts features as well), as values the analysis
-        weighed, not written). Its shape alone counts, not its training: a resumed ``fit`` finds the same
-        sizes."""
-        values = {}
-        for variable in cut.penalised_kernels(self.model):
-            if variable.trainable:
-                penalty, shape = variable.regularizer, tuple(variable.shape)
-                narrowed = np.ones(shape, dtype=keras.backend.standardize_dtype(variable.dtype))
-                groups = penalty.group_shape(shape)[-2]
-                cut.zero_rows(narrowed, penalty, slice(max(1, math.ceil(share * groups)), None))
-                values[variable.path] = narrowed
-        found = analysis.analyze(self.model, self.threshold, owner=_OWNER, values=values)
+        """The budgeted sizes of the model with every prunable layer at ``share`` of its width
+        (:func:`.cut.narrowed`: weighed, not written). Its shape alone counts, not its training: a resumed ``fit``
+        finds the same sizes."""
+        found = analysis.analyze(self.model, self.threshold, owner=_OWNER, values=cut.narrowed(self.model, share))
         return self._sizes(found.report, found)
 
     @property
@@ -590,16 +580,9 @@ class SparsityBudget(keras.callbacks.Callback):
 
     def _warn_far_below(self, sizes, epoch):
         """Say so when settling begins below half a budget: the penalties took more than was asked."""
-        far = [f"{kind} {_size(kind, sizes[kind])} (budget {_size(kind, limit)})" for kind, limit in self.limits.items()
-               if sizes[kind] < 0.5 * limit and sizes[kind] < self.dense[kind]]
-        if far:
-            warnings.warn(
-                f"{_OWNER}: at the end of epoch {epoch + 1} the model was far below its budget: {', '.join(far)}. "
-                "The penalties removed more than the budget asks before they could be eased (with Proximal a "
-                "group at zero stays there); a smaller penalty factor lets the search land closer.",
-                RuntimeWarning,
-                stacklevel=3,
-            )
+        message = messages.far_below(_OWNER, sizes, self.limits, self.dense, epoch)
+        if message:
+            warnings.warn(message, RuntimeWarning, stacklevel=3)
 
     def on_train_end(self, logs=None):
         # A training stopped before its settling part (EarlyStopping, a KeyboardInterrupt handled by the
@@ -766,20 +749,11 @@ class SparsityBudget(keras.callbacks.Callback):
             return newly, best
         if self._over(best) > 1.0 and not self._unmeetable:
             self._unmeetable = True  # said once per fit
-            details = ", ".join(f"{kind} {_size(kind, best[kind])} (budget {_size(kind, limit)})"
-                                for kind, limit in self.limits.items())
             frozen = sorted({layer.name for _, layer, _ in self._declared.penalties() if not layer.trainable})
-            frozen = (f", and so do frozen layers (trainable=False: {', '.join(frozen)}), whose weights the budget "
-                      "never changes" if frozen else "")
             unread = model_graph(self.model).unread_kernels()
-            frozen += f", and the kernels of {registry.unread_text(unread)}" if unread else ""
-            warnings.warn(
-                f"{_OWNER}: the budget cannot be met: with every group it may cut set to zero ({newly} newly) the "
-                f"model has {details}. The strongest group of every layer stays, and layers without a group "
-                f"penalty keep their size{frozen}; ask for a larger budget.",
-                RuntimeWarning,
-                stacklevel=3,
-            )
+            warnings.warn(messages.unmeetable(_OWNER, newly, best, self.limits, frozen,
+                                              registry.unread_text(unread) if unread else ""),
+                          RuntimeWarning, stacklevel=3)
         elif newly and self.pace == "gradual" and newly <= SMALL_CUT * self._groups:
             _LOG.info("%s: %d groups set to zero to meet the budget when settling began.", _OWNER, newly)
         elif newly and self._over(best) <= 1.0:
@@ -806,21 +780,10 @@ class SparsityBudget(keras.callbacks.Callback):
         if self._warned:
             return
         self._warned = True
-        details = ", ".join(f"{kind} {_size(kind, sizes[kind])} (budget {_size(kind, limit)})"
-                            for kind, limit in self.limits.items())
-        when = "at the end of training" if epoch is None else f"at the end of epoch {epoch + 1}"
         last = epoch is None or epoch + 1 >= self._epochs()
-        stale = (" Its BatchNormalization statistics were gathered before the cut, and no training step was left "
-                 "to renew them: run the model over training data in training mode before inference, or let "
-                 "settling begin an epoch or more before the end (settle)."
-                 if last and renewal.moving_statistics_layers(self.model) else "")
-        warnings.warn(
-            f"{_OWNER}: {when} the model was still over its budget; {what} to meet it: {details} "
-            "(logs['budget_cut'] counts them at the epoch they went). A larger penalty factor or more epochs let "
-            f"the training get closer by itself.{stale}",
-            RuntimeWarning,
-            stacklevel=3,
-        )
+        stale = last and bool(renewal.moving_statistics_layers(self.model))
+        warnings.warn(messages.cut_to_meet(_OWNER, what, sizes, self.limits, epoch, stale), RuntimeWarning,
+                      stacklevel=3)
 
     def _round_widths(self, epoch, grow):
         """Give each roundable layer a multiple of ``round_to`` live units, within the budget (see :mod:`.rounding`).
@@ -847,8 +810,3 @@ class SparsityBudget(keras.callbacks.Callback):
             self._warn_cut(f"{removed} live units went, in blocks of {self.round_to} (round_to)", self._measure(),
                            epoch)
         return changed, removed
-
-
-def _size(kind, value):
-    """A budgeted size in words: a count, or milliseconds for the latency."""
-    return milliseconds(value) if kind == "latency" else str(value)

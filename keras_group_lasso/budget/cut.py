@@ -4,6 +4,8 @@ A group is a row along axis -2 of a penalty's group view (a unit that the
 layer reads); the rows of one coupled group count as one.
 """
 
+import math
+
 import keras
 import numpy as np
 
@@ -11,7 +13,7 @@ from keras_group_lasso import prox
 from keras_group_lasso.graph import registry
 from keras_group_lasso.regularizers import CoupledGroupLasso, GroupSparseRegularizer
 
-__all__ = ["FrozenGroups", "strength", "ranked_groups", "fewest", "fixed_units", "group_loads", "zeroed", "zero_rows", "penalised_kernels", "dead_groups",
+__all__ = ["FrozenGroups", "strength", "ranked_groups", "fewest", "fixed_units", "narrowed", "group_loads", "zeroed", "zero_rows", "penalised_kernels", "dead_groups",
            "zero_dead_groups", "freeze_groups", "hold_live", "zero_groups", "release_frozen_groups"]
 
 
@@ -361,6 +363,30 @@ def zero_rows(value, penalty, rows):
     where = [slice(None)] * view.ndim
     where[-2] = rows
     view[tuple(where)] = 0.0
+
+
+def narrowed(model, share):
+    """``{kernel path: numpy array}``: every trainable penalised kernel of ``model`` as ones with all but its first
+    ``max(1, ceil(share * groups))`` groups at zero (input groups too: a parameter or FLOP budget cuts features as
+    well), the values of the model narrowed alike to ``share`` of every prunable layer's width; for
+    :func:`~keras_group_lasso.analysis.analyze`'s ``values`` (the model's own weights are not read).
+
+    Example:
+        >>> model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(3, name="hidden"),
+        ...                           keras.layers.Dense(2, name="out")])
+        >>> from keras_group_lasso import add_group_sparsity
+        >>> values = narrowed(add_group_sparsity(model), 0.5)
+        >>> [(path, value.sum(axis=-1).tolist()) for path, value in sorted(values.items())]
+        [('hidden/kernel', [3.0, 3.0, 0.0, 0.0]), ('out/kernel', [2.0, 2.0, 0.0])]
+    """
+    values = {}
+    for variable in penalised_kernels(model):
+        if variable.trainable:
+            penalty, shape = variable.regularizer, tuple(variable.shape)
+            value = np.ones(shape, dtype=keras.backend.standardize_dtype(variable.dtype))
+            zero_rows(value, penalty, slice(max(1, math.ceil(share * penalty.group_shape(shape)[-2])), None))
+            values[variable.path] = value
+    return values
 
 
 def zeroed(values, groups, variables):
