@@ -541,7 +541,9 @@ def write_results_md(body):
 
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--seeds", type=common.positive_int, default=3, help="seeds 0..N-1 (default 3)")
+    parser.add_argument("--seeds", type=common.positive_int, default=3, help="N seeds from --first-seed (default 3)")
+    parser.add_argument("--first-seed", type=common.non_negative_int, default=0,
+                        help="the first seed (default 0); with --seeds 1, one seed of a run split over processes")
     parser.add_argument("--train", type=common.positive_int, default=12000, help="training images (default 12000)")
     parser.add_argument("--test", type=common.positive_int, default=10000, help="test images (default 10000)")
     parser.add_argument("--epochs", type=common.positive_int, default=8, help="total epochs of every row (default 8)")
@@ -583,7 +585,7 @@ def main(argv=None):
     from keras_group_lasso import sparsity_report
 
     started, clock = common.now(), time.perf_counter()
-    seeds = list(range(args.seeds))
+    seeds = list(range(args.first_seed, args.first_seed + args.seeds))
     data = load_data(args.train, args.test)
     worker = torch_worker(data)
     lib = {"keras": keras.__version__, **worker.submit(_worker_info).result()}

@@ -17,7 +17,6 @@ import pytest
 from keras_group_lasso import (
     InvalidParameterError,
     LatencyTable,
-    SparsityBudget,
     add_group_sparsity,
     prune_model,
     sparsity_report,

@@ -453,7 +453,7 @@ def test_download_failure_becomes_clear_error(tmp_path, monkeypatch):
     url = UCI + "00325/Sensorless_drive_diagnosis.txt"
     assert calls == [(url, 10.0)]
     message = str(info.value)
-    assert f"Could not download Sensorless_drive_diagnosis.txt for dataset 'sdd'" in message
+    assert "Could not download Sensorless_drive_diagnosis.txt for dataset 'sdd'" in message
     assert f"from {url}: <urlopen error [Errno -3] Temporary failure in name resolution>" in message
     assert f"put it in {tmp_path / 'sdd'}." in message
     assert list((tmp_path / "sdd").iterdir()) == []  # no partial file left behind
