@@ -16,6 +16,7 @@ from keras_group_lasso import (
     set_penalty_multiplier,
     sparsity_report,
 )
+from keras_group_lasso.budget import schedule
 
 
 #: The budget's earlier pace: the steered penalties remove the groups, a cut when settling begins (the last fifth)
@@ -129,8 +130,11 @@ def test_a_model_far_below_its_budget_when_settling_begins_is_said(rng):
 def test_the_schedule_follows_its_power(power):
     budget = penalty_paced(max_features=10, schedule_power=power)
     budget.dense, budget.limits = {"features": 50}, {"features": 10}
+    plan = budget.plan
+    assert (plan.dense, plan.limits, plan.power, plan.gradual) == ({"features": 50}, {"features": 10}, power, False)
     for progress in (0.0, 0.25, 0.5, 1.0):
-        assert budget._targets(progress)["features"] == pytest.approx(10 + 40 * (1 - progress) ** power)
+        way = schedule.targets(plan.dense, plan.limits, progress, plan.power)
+        assert way["features"] == pytest.approx(10 + 40 * (1 - progress) ** power)
 
 
 def test_the_cut_removes_the_fewest_groups_and_lands_on_the_budget(rng):

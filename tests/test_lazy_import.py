@@ -84,6 +84,15 @@ def test_star_import_and_unknown_names():
         keras_group_lasso.no_such_name
 
 
+
+@pytest.mark.parametrize("package", ["budget", "costs", "graph", "sklearn", "surgery"])
+def test_every_subpackage_star_import_gives_its_public_names(package):
+    namespace = {}
+    exec(f"from keras_group_lasso.{package} import *", namespace)
+    module = importlib.import_module(f"keras_group_lasso.{package}")
+    assert module.__all__ and set(module.__all__) <= set(namespace)
+
+
 _LOAD = r"""
 import json, sys
 

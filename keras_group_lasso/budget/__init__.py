@@ -3,4 +3,4 @@
 from keras_group_lasso.budget.callback import SparsityBudget
 from keras_group_lasso.budget.state import CUT, SEARCH, WITHIN, BudgetState
 
-__all__ = ["SparsityBudget", "LatencyTable", "BudgetState", "SEARCH", "WITHIN", "CUT"]
+__all__ = ["SparsityBudget", "BudgetState", "SEARCH", "WITHIN", "CUT"]

@@ -1,7 +1,8 @@
 """Ask for a size, get it: a callback that steers the penalty strength until the model fits a budget.
 
-The callback decides when; the parts it calls decide what: :mod:`.schedule`
-steers (pure functions of sizes), :mod:`.cut` ranks the groups, finds the
+The callback measures and applies; the parts it calls decide: :mod:`.controller`
+what to do at a check (state and sizes in, a decision out) with the pure
+functions of :mod:`.schedule`, :mod:`.cut` ranks the groups, finds the
 fewest that meet a goal on copies of the kernels' values and holds the groups
 set to zero, :mod:`.rounding` picks widths in whole blocks,
 :mod:`.latency_limit` keeps a latency budget's table and limit,
@@ -22,7 +23,7 @@ import numpy as np
 
 from keras_group_lasso import analysis
 from keras_group_lasso._validation import check_non_negative, check_positive_int, fail
-from keras_group_lasso.budget import cut, latency_check, messages, renewal, rounding, schedule
+from keras_group_lasso.budget import controller, cut, latency_check, messages, renewal, rounding, schedule
 from keras_group_lasso.budget.state import CUT, SEARCH, WITHIN, BudgetState
 from keras_group_lasso.budget.latency_limit import LatencyLimit
 from keras_group_lasso.costs import unit_costs
@@ -320,10 +321,6 @@ class SparsityBudget(keras.callbacks.Callback):
     def _over(self, sizes):
         return schedule.over(sizes, self.limits)
 
-    def _targets(self, progress):
-        """Sizes on the way to the budget (:func:`~keras_group_lasso.budget.schedule.targets`)."""
-        return schedule.targets(self.dense, self.limits, progress, self.schedule_power)
-
     def _epochs(self):
         return int(self.params.get("epochs", self._epoch + 1) if self.params else self._epoch + 1)
 
@@ -475,33 +472,38 @@ class SparsityBudget(keras.callbacks.Callback):
         if self.model is None or self._settling:
             return
         sizes = self._measure()
-        elapsed = self._epoch + self._done / self._steps
-        progress = self._progress(elapsed)
-        self._steer(sizes, progress, (self._done - self._checked) / self._steps)
-        if self.pace == "gradual":
-            sizes = self._follow_schedule(sizes, elapsed, self._epoch)
+        decision = self._ask(sizes, self._epoch + self._done / self._steps, (self._done - self._checked) / self._steps,
+                             epoch_end=False)
+        sizes = self._follow(decision, sizes, self._epoch)
         self._checked = self._done
         self._update(last_sizes=sizes)
 
-    def _steer(self, sizes, progress, fraction):
-        state = self.state
-        multiplier = schedule.steer(self.multiplier, state.initial, sizes, state.last_sizes or self.dense,
-                                    self.dense, self.limits, self._targets(progress), self.max_strength, fraction)
-        self._declared.set_multiplier(*multiplier)
+    @property
+    def plan(self):
+        """What this ``fit`` aims at (:class:`~keras_group_lasso.budget.controller.Plan`): the dense sizes, the limits,
+        the schedule's power, the strength's cap and the pace (``None`` before training began)."""
+        if self.limits is None:
+            return None
+        return controller.Plan(self.dense, self.limits, self.schedule_power, self.max_strength, self.pace == "gradual")
 
-    def _follow_schedule(self, sizes, elapsed, epoch):
-        """The gradual pace: cut the weakest groups until every size is within its schedule (and, once the warm-up
-        is over, has come its share of the rest of the way: :func:`.schedule.closing`), and hold every group at
-        zero from then on; the sizes after."""
-        progress = self._progress(elapsed)
-        goals = self._targets(progress)
-        if progress > 0.0:
+    def _ask(self, sizes, elapsed, fraction, epoch_end):
+        """The controller's decision (:func:`.controller.decide`) at a check ``elapsed`` epochs into ``fit``, a
+        ``fraction`` of an epoch after the last one."""
+        progress, step = self._progress(elapsed), 0.0
+        if self.pace == "gradual":  # the progress to the next check: the share of the rest this one closes
             gap = self._every / self._steps if self._every and self._steps else 1.0
             later = elapsed + gap if elapsed == int(elapsed) else min(elapsed + gap, math.floor(elapsed) + 1.0)
-            goals = schedule.closing(goals, sizes, self.limits, progress, self._progress(later) - progress)
-        if schedule.over(sizes, goals) <= 1.0:
+            step = self._progress(later) - progress
+        check = controller.Check(progress, step, fraction, epoch_end, epoch_end and elapsed >= self._search_end())
+        return controller.decide(self.state, self.multiplier, sizes, self.plan, check)
+
+    def _follow(self, decision, sizes, epoch):
+        """A decision that does not settle: train with its multiplier, and cut the weakest groups down to its goals
+        (the gradual pace) and hold every group at zero from then on; the sizes after."""
+        self._declared.set_multiplier(*decision.multiplier)
+        if decision.goals is None:
             return sizes
-        removed, sizes = self._cut_weakest_groups(epoch, sizes, goals)
+        removed, sizes = self._cut_weakest_groups(epoch, sizes, decision.goals)
         if removed:
             _LOG.info("%s: %d groups set to zero in epoch %d to follow the schedule.", _OWNER, removed, epoch + 1)
             self._update(cut=self.state.cut + removed)
@@ -536,10 +538,10 @@ class SparsityBudget(keras.callbacks.Callback):
         """
         sizes = self._measure()
         over = self._over(sizes)
-        progress = self._progress(epoch + 1)
+        decision = self._ask(sizes, float(epoch + 1), schedule.last_fraction(self._every or "epoch", self._steps),
+                             epoch_end=True)
         state, removed = self.state, 0
-        if state.settling or epoch + 1 >= self._search_end() or (
-                over <= 1.0 and schedule.near_budget(self.dense, self.limits, progress, self.schedule_power)):
+        if decision.settle:
             # Settling: the structure is fixed (by the cut if the model is over its budget) and the
             # survivors train within it.
             phase = state.phase
@@ -570,9 +572,8 @@ class SparsityBudget(keras.callbacks.Callback):
                 self._renew_statistics()
             self._freeze()
         else:
-            self._steer(sizes, progress, schedule.last_fraction(self._every or "epoch", self._steps))
+            sizes = self._follow(decision, sizes, epoch)
             if self.pace == "gradual":
-                sizes = self._follow_schedule(sizes, float(epoch + 1), epoch)
                 self._freeze()  # every group at zero now stays there (what a resumed training holds again)
             self._update(phase=SEARCH if self._over(sizes) > 1.0 else WITHIN)
         self._update(last_sizes=sizes, decided=epoch + 1)

@@ -1,0 +1,116 @@
+"""What a budget does at a check, as a pure function: its state and the sizes in, a :class:`Decision` out.
+
+No model and no Keras: :class:`~keras_group_lasso.SparsityBudget` measures the sizes, asks :func:`decide` and
+applies the answer (writes the multiplier into the model's declared penalties, cuts the weakest groups down to
+the goals on copies of the kernels and writes the cut once, fixes the structure when settling begins).
+"""
+
+import dataclasses
+
+from keras_group_lasso.budget import schedule
+
+__all__ = ["Plan", "Check", "Decision", "decide"]
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    """What a ``fit`` under a budget aims at (fixed when training begins).
+
+    Attributes:
+        dense: ``{kind: size}`` of the dense model.
+        limits: ``{kind: limit}`` of the budgeted kinds.
+        power: the schedule's power (:func:`~.schedule.targets`).
+        max_strength: how far the multiplier may grow beyond its start.
+        gradual: the gradual pace (cut the weakest groups along the schedule), or the penalties alone.
+    """
+
+    dense: dict
+    limits: dict
+    power: float = 1.0
+    max_strength: float = 20.0
+    gradual: bool = True
+
+
+@dataclasses.dataclass(frozen=True)
+class Check:
+    """Where a check is in training.
+
+    Attributes:
+        progress: the schedule's progress now (:func:`~.schedule.progress`): 0 at its start, 1 when settling must
+            begin.
+        step: the progress to the next check (the share of what is left that the gradual pace closes now).
+        fraction: the part of an epoch since the last check (the steering's rates are taken to that power).
+        epoch_end: a check at the end of an epoch, which may begin settling; one inside an epoch never does.
+        search_over: the epochs before settling are over (settling begins now whatever the sizes).
+    """
+
+    progress: float
+    step: float = 0.0
+    fraction: float = 1.0
+    epoch_end: bool = True
+    search_over: bool = False
+
+
+@dataclasses.dataclass(frozen=True)
+class Decision:
+    """What to do at a check.
+
+    Attributes:
+        multiplier: ``(input groups, other groups)``: the strength multiplier to train with from here.
+        goals: ``{kind: size}`` to cut the weakest groups down to now, or ``None`` (no cut).
+        settle: the structure is fixed from here (round the widths, cut down to the limits if over them, hold
+            every group at zero, train the survivors without the penalties).
+    """
+
+    multiplier: tuple
+    goals: dict = None
+    settle: bool = False
+
+
+def decide(state, multiplier, sizes, plan, check):
+    """The decision at ``check`` for a model of ``sizes`` training with ``multiplier`` in ``state``.
+
+    At the end of an epoch the budget settles (a cut down to the limits when over them) once the search is over,
+    or once the model is within its budget and the schedule within 5 % of it (:func:`~.schedule.near_budget`).
+    Otherwise the multiplier is steered toward the schedule's sizes (:func:`~.schedule.steer`), and with the
+    gradual pace the weakest groups are cut down to them when the model is over: after the warm-up, to goals that
+    also close the check's share of what is left of the way (:func:`~.schedule.closing`).
+
+    Args:
+        state: the :class:`~keras_group_lasso.budget.state.BudgetState` (its start, the sizes at the last check,
+            whether it settled).
+        multiplier: ``[input groups, other groups]`` now.
+        sizes: ``{kind: size}`` now.
+        plan: the :class:`Plan`.
+        check: the :class:`Check`.
+
+    Returns:
+        A :class:`Decision`.
+
+    Example:
+        >>> from keras_group_lasso.budget.state import BudgetState
+        >>> import dataclasses
+        >>> from keras_group_lasso.budget.state import BudgetState
+        >>> plan = Plan(dense={"units": 100}, limits={"units": 25}, gradual=False)
+        >>> state = BudgetState().started_from([1.0, 1.0])
+        >>> decide(state, [1.0, 1.0], {"units": 100}, plan, Check(progress=0.5))  # nothing gone yet: stronger
+        Decision(multiplier=(1.0, 1.6), goals=None, settle=False)
+        >>> gradual = dataclasses.replace(plan, gradual=True)  # and behind the schedule: cut on the way
+        >>> decide(state, [1.0, 2.0], {"units": 70}, gradual, Check(progress=0.5, step=0.25))
+        Decision(multiplier=(1.0, 2.2...), goals={'units': 47.5}, settle=False)
+        >>> decide(state, [1.0, 2.0], {"units": 30}, gradual, Check(progress=1.0, search_over=True))
+        Decision(multiplier=(1.0, 2.0), goals={'units': 25}, settle=True)
+    """
+    limits = plan.limits
+    over = schedule.over(sizes, limits)
+    if check.epoch_end and (state.settling or check.search_over or (
+            over <= 1.0 and schedule.near_budget(plan.dense, limits, check.progress, plan.power))):
+        return Decision(tuple(multiplier), dict(limits) if over > 1.0 else None, settle=True)
+    goals = schedule.targets(plan.dense, limits, check.progress, plan.power)
+    steered = schedule.steer(multiplier, state.initial, sizes, state.last_sizes or plan.dense, plan.dense, limits,
+                             goals, plan.max_strength, check.fraction)
+    if not plan.gradual:
+        return Decision(tuple(steered))
+    if check.progress > 0.0:
+        goals = schedule.closing(goals, sizes, limits, check.progress, check.step)
+    return Decision(tuple(steered), goals if schedule.over(sizes, goals) > 1.0 else None)

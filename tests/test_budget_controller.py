@@ -1,0 +1,117 @@
+"""The budget's controller as a pure function: properties over random states, sizes and checks (no model)."""
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from keras_group_lasso.budget import schedule
+from keras_group_lasso.budget.controller import Check, Decision, Plan, decide
+from keras_group_lasso.budget.state import BudgetState
+
+KINDS = ("features", "units", "params", "flops")
+
+
+@st.composite
+def cases(draw):
+    """A plan, a state, a multiplier, sizes (between the limit's half and the dense size) and a check."""
+    kinds = draw(st.lists(st.sampled_from(KINDS), min_size=1, max_size=4, unique=True))
+    dense = {kind: draw(st.integers(20, 10_000)) for kind in KINDS}
+    dense["latency"] = 1.0
+    limits = {kind: draw(st.integers(1, dense[kind] - 1)) for kind in kinds}
+    sizes = dict(dense)
+    for kind in kinds:
+        sizes[kind] = draw(st.integers(max(1, limits[kind] // 2), dense[kind]))
+    plan = Plan(dense, limits, power=draw(st.sampled_from([0.5, 1.0, 3.0])), max_strength=20.0,
+                gradual=draw(st.booleans()))
+    initial = (draw(st.floats(0.1, 10.0)), draw(st.floats(0.1, 10.0)))
+    state = BudgetState().started_from(initial)
+    if draw(st.booleans()):
+        state = state.replace(last_sizes={kind: draw(st.integers(sizes[kind], dense[kind])) if kind != "latency"
+                                          else 1.0 for kind in dense})
+    state = state.replace(settling=draw(st.booleans()) and draw(st.booleans()))
+    multiplier = [m * draw(st.floats(0.5, 2.0)) for m in initial]
+    progress = draw(st.floats(0.0, 1.0))
+    check = Check(progress=progress, step=draw(st.floats(0.0, 1.0 - progress)), fraction=draw(st.floats(0.01, 1.0)),
+                  epoch_end=draw(st.booleans()), search_over=draw(st.booleans()) and draw(st.booleans()))
+    return plan, state, multiplier, sizes, check
+
+
+def _over(sizes, goals):
+    return schedule.over(sizes, goals) > 1.0
+
+
+@settings(max_examples=300, deadline=None)
+@given(cases())
+def test_a_decision_settles_only_at_an_epochs_end_and_always_once_the_search_is_over(case):
+    plan, state, multiplier, sizes, check = case
+    decision = decide(state, multiplier, sizes, plan, check)
+    assert isinstance(decision, Decision)
+    if not check.epoch_end:
+        assert not decision.settle
+    elif check.search_over or state.settling:
+        assert decision.settle
+    if decision.settle:  # the structure is fixed at the strength reached; a cut only when over the budget itself
+        assert decision.multiplier == tuple(multiplier)
+        assert decision.goals == (dict(plan.limits) if _over(sizes, plan.limits) else None)
+    elif check.epoch_end:  # settling early needs the model within its budget and the schedule near it
+        assert _over(sizes, plan.limits) or not schedule.near_budget(plan.dense, plan.limits, check.progress,
+                                                                     plan.power)
+
+
+@settings(max_examples=300, deadline=None)
+@given(cases())
+def test_a_cut_on_the_way_goes_no_lower_than_the_budget_nor_higher_than_the_schedule_and_only_when_over(case):
+    plan, state, multiplier, sizes, check = case
+    decision = decide(state, multiplier, sizes, plan, check)
+    if decision.settle:
+        return
+    if not plan.gradual:
+        assert decision.goals is None  # the penalties alone remove groups
+        return
+    way = schedule.targets(plan.dense, plan.limits, check.progress, plan.power)
+    if decision.goals is None:
+        assert not _over(sizes, schedule.closing(way, sizes, plan.limits, check.progress, check.step)
+                         if check.progress > 0 else way)
+        return
+    assert set(decision.goals) == set(plan.limits)
+    assert _over(sizes, decision.goals)
+    for kind, goal in decision.goals.items():
+        assert plan.limits[kind] - 1e-9 <= goal <= way[kind] + 1e-9
+
+
+@settings(max_examples=300, deadline=None)
+@given(cases())
+def test_the_multiplier_grows_behind_the_schedule_eases_ahead_of_it_and_stays_under_its_cap(case):
+    plan, state, multiplier, sizes, check = case
+    decision = decide(state, multiplier, sizes, plan, check)
+    if decision.settle:
+        return
+    way = schedule.targets(plan.dense, plan.limits, check.progress, plan.power)
+    for entry, ratio in enumerate(schedule.entry_overs(sizes, way)):
+        before, after = multiplier[entry], decision.multiplier[entry]
+        if ratio is None or 0.98 <= ratio <= 1.02:
+            assert after == before
+        elif ratio > 1.02:
+            assert after >= min(before, state.initial[entry] * plan.max_strength) - 1e-12
+            assert after <= max(before, state.initial[entry] * plan.max_strength) + 1e-9
+        else:
+            assert after < before
+
+
+def test_a_model_far_behind_in_the_last_check_before_settling_is_cut_to_its_budget():
+    """The gradual pace's last check before the schedule's end goes the whole way (nothing left to settling)."""
+    plan = Plan({"flops": 1000, "units": 100}, {"flops": 250}, gradual=True)
+    state = BudgetState().started_from([1.0, 1.0])
+    decision = decide(state, [1.0, 1.0], {"flops": 900, "units": 100}, plan,
+                      Check(progress=0.9, step=0.1, epoch_end=False))
+    assert decision.goals == {"flops": pytest.approx(250.0)}
+    # Ahead of the schedule (600 below its 625), a check still closes its share (0.1 of the 0.5 left) of the rest:
+    ahead = decide(state, [1.0, 1.0], {"flops": 600, "units": 100}, plan, Check(progress=0.5, step=0.1))
+    assert ahead.goals == {"flops": pytest.approx(250.0 + 350.0 * 0.8)}
+
+def test_a_decision_is_a_function_of_its_arguments_alone():
+    plan = Plan({"units": 100}, {"units": 25})
+    state = BudgetState().started_from([1.0, 1.0])
+    args = (state, [1.0, 1.0], {"units": 80}, plan, Check(progress=0.4, step=0.1))
+    first = decide(*args)
+    assert decide(*args) == first and args[1] == [1.0, 1.0] and args[2] == {"units": 80}
