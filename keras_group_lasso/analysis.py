@@ -793,13 +793,13 @@ def _kept_whole(graph, masks):
     output units keeps nothing that would otherwise go)."""
     if not graph.supported:
         return ()
-    outputs = {int(i) for name in graph.outputs for i in graph.tensor(name).ids}
+    outputs = graph.output_ids
+    whole = dict(graph.whole_readers())
     needed = None
     found = []
     for node in graph.nodes:
-        ids = graph.tensor(node.inputs[0]).ids if node.inputs else ()
-        if node.kind in ("tail", "mix") and node.name not in masks.detached and not {int(i) for i in ids} <= outputs:
-            found.append((f"{node.name} ({class_name(graph.layers[node.name])})", int(len(ids))))
+        if node in whole and node.name not in masks.detached and not {int(i) for i in whole[node]} <= outputs:
+            found.append((f"{node.name} ({class_name(graph.layers[node.name])})", int(len(whole[node]))))
         elif node.kind == "per_unit" and node.name not in masks.detached and registry.rule_of(
                 graph.layers[node.name]).unit_groups(graph.layers[node.name]):
             # A GroupNormalization keeps the whole groups of the channels that are read.

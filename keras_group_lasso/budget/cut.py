@@ -315,10 +315,9 @@ def _relative_loads(loads, path, rows):
 def fixed_units(graph):
     """The unit ids of ``graph`` that no cut removes: the model's outputs and every unit a layer that mixes its
     units reads (a ``LayerNormalization`` over the channels of a residual stream, a channels-first pooling)."""
-    fixed = {int(unit) for name in graph.outputs for unit in graph.tensor(name).ids}
-    for node in graph.nodes:
-        if node.kind in ("tail", "mix") and node.inputs:
-            fixed |= {int(unit) for unit in graph.tensor(node.inputs[0]).ids}
+    fixed = graph.output_ids
+    for _, ids in graph.whole_readers():
+        fixed |= {int(unit) for unit in ids}
     return fixed
 
 

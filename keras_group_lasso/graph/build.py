@@ -285,6 +285,18 @@ class ModelGraph:
         raise KeyError(name)
 
     @property
+    def output_ids(self):
+        """The unit ids of the model's outputs (a set of ints)."""
+        return {int(unit) for name in self.outputs for unit in self.tensor(name).ids}
+
+    def whole_readers(self):
+        """``((node, ids), ...)``: the layers that mix the units they read (a ``LayerNormalization`` over the
+        channels of a residual stream, a channels-first pooling), each with the unit ids of its input: every one
+        of them stays while the layer does."""
+        return tuple((node, self.tensor(node.inputs[0]).ids) for node in self.nodes
+                     if node.kind in ("tail", "mix") and node.inputs)
+
+    @property
     def first(self):
         """The first units layer that reads the model input (``None`` when there is none)."""
         for node in self.units:
