@@ -27,6 +27,9 @@ else
   echo "[test] PyTorch is not installed (SETUP_TORCH=0): testing TensorFlow and JAX only"
   backends=(tensorflow jax)
 fi
+# Tests marked `turns` (many cases alike: model families, documentation blocks) deal their cases out over these
+# backends, each case on one of them (tests/conftest.py); TEST_TURNS="" runs every case on every backend.
+export TEST_TURNS="${TEST_TURNS-${backends[*]}}"
 status=0
 if [[ "${TEST_SERIAL:-0}" == "1" ]]; then
   for backend in "${backends[@]}"; do

@@ -2,7 +2,9 @@
 
 Each block runs as written, in a fresh Python process under the current ``KERAS_BACKEND``, in an
 empty temporary directory (files a block writes land there). A block whose first line is
-``# backends: <name> [<name> ...]`` (followed by the reason) runs under those backends only.
+``# backends: <name> [<name> ...]`` (followed by the reason) runs under those backends only; the others take
+turns over the backends of a ``scripts/test.sh`` run (each on one of them: the features they show are tested on
+every backend by the rest of the suite; pytest called alone runs each on its backend).
 """
 
 import importlib.util
@@ -49,12 +51,20 @@ def test_the_docs_have_python_blocks():
     assert any(page.name == "README.md" for page, _, _ in BLOCKS)
 
 
-@pytest.mark.parametrize(
-    "page, line, code", BLOCKS, ids=[f"{page.relative_to(ROOT)}:{line}" for page, line, _ in BLOCKS]
-)
+def _block_params():
+    """The blocks as parameters; those that name no backends take turns over the run's backends (``turns``)."""
+    return [pytest.param(page, line, code, id=f"{page.relative_to(ROOT)}:{line}",
+                         marks=() if _PINNED.match(code) else (pytest.mark.turns,))
+            for page, line, code in BLOCKS]
+
+
+_PINNED = re.compile(r"#\s*backends:\s*([\w ]+)(.*)")
+
+
+@pytest.mark.parametrize("page, line, code", _block_params())
 def test_python_block_runs_as_written(page, line, code, tmp_path, jax_cache):
     backend = os.environ.get("KERAS_BACKEND", "tensorflow")
-    wanted = re.match(r"#\s*backends:\s*([\w ]+)(.*)", code)
+    wanted = _PINNED.match(code)
     if wanted and backend not in wanted.group(1).split():
         pytest.skip(f"the block runs on {wanted.group(1).strip()} only {wanted.group(2).strip()}".rstrip())
     env = dict(os.environ, KERAS_BACKEND=backend, TF_CPP_MIN_LOG_LEVEL="2", PYTHONPATH=str(ROOT))

@@ -65,40 +65,25 @@ class SparsityBudget(keras.callbacks.Callback):
 
         target(progress) = budget + (dense - budget) * (1 - progress) ** schedule_power
 
-    At every check (``update_freq``: by default eight per epoch) the penalties' strength multipliers
-    (:func:`keras_group_lasso.set_penalty_multiplier`; input groups for ``max_features``, the others for
-    ``max_units``, both for the rest) grow when the model is behind its schedule and ease when it is ahead,
-    within ``max_strength`` times the starting strength. With ``pace="gradual"`` (default), after a warm-up of
-    a third of the searching epochs, a model over its target has its weakest groups set to zero, the fewest
-    that meet it, and every group at zero stays there until ``fit`` ends: the budget is reached when settling
-    begins, whatever the starting strength (``cuts`` lists ``(epochs elapsed, groups)``). With
-    ``pace="penalty"`` the penalties alone remove groups during the search. When settling begins a model
-    still over its budget is cut to it (a warning says how many groups went, unless they are few after a
-    gradual search), every zero group is held at zero and the survivors train without the penalties, so
-    ``fit`` ends within the budget.
-
-    A group's weakness is its strength among its own kernel's groups per share of the budget its unit frees,
-    and a layer's last units count as stronger (``n / (n - j)`` for the ``j``-th weakest of ``n``). No cut and
-    no penalty takes a layer below its least width (``min_width``; ``"auto"``: 90 % of the share of its units at
-    which all prunable layers, narrowed alike, meet the budget, measured on the model's graph when training
-    begins: ``sqrt(f)`` for a FLOP budget of a fraction ``f`` where every layer can narrow, less where some
-    cannot) while the budget can be met without it, and the strongest group of every kernel stays. After a cut the
-    ``BatchNormalization`` layers average with a lower momentum for the rest of ``fit``, so that statistics
-    from before it weigh at most 1 % at the end. With ``round_to`` > 1 the settled layers' widths are
-    multiples of it (``rounded``: ``{layer: (live before, after)}``; ``spare_block`` keeps the penalties off a
-    block of each such layer, ``spared``).
+    At every check (``update_freq``: by default eight per epoch) :func:`.controller.decide` says what to do: the
+    penalties' strength multipliers (:func:`keras_group_lasso.set_penalty_multiplier`; input groups for
+    ``max_features``, the others for ``max_units``, both for the rest) grow behind the schedule and ease ahead of
+    it, within ``max_strength`` times the starting strength; with ``pace="gradual"`` (default), after a warm-up of
+    a third of the searching epochs, a model over its target has its weakest groups set to zero, the fewest that
+    meet it (``cuts`` lists ``(epochs elapsed, groups)``), and with ``pace="penalty"`` the penalties alone remove
+    groups. When settling begins a model still over its budget is cut to it, every zero group is held at zero
+    and the survivors train without the penalties, so ``fit`` ends within the budget. A group's weakness is
+    counted per share of the budget its unit frees, no layer goes below its least width (``min_width``) while the
+    budget can be met without, and after a cut ``BatchNormalization`` statistics renew; with ``round_to`` > 1
+    the settled widths are multiples of it (``rounded``, ``spared``). The guide says how each part works.
 
     The epoch's ``logs`` get ``budget_multiplier_input``, ``budget_multiplier_hidden``, ``budget_phase`` (0
     searching, 1 within the budget, 2 groups were cut), ``budget_over`` (the largest size / budget),
     ``budget_cut`` (groups set to zero in the epoch) and each budgeted size (``budget_flops``, ...,
-    ``budget_latency`` in predicted seconds).
-
-    The multipliers and the budget's progress are model state (:mod:`keras_group_lasso.declared`), saved
-    with the weights, so a training resumed by ``BackupAndRestore`` or from a ``ModelCheckpoint`` with
-    ``fit(initial_epoch=...)`` ends as the uninterrupted one does, in any order of the callbacks. A latency
-    table the budget measured is kept there too. A callback after this one that gives the model other
-    weights when ``fit`` ends (``EarlyStopping(restore_best_weights=True)``) is caught: the budget is
-    enforced once more after every callback, with a warning.
+    ``budget_latency`` in predicted seconds). The multipliers and the budget's progress are model state
+    (:mod:`keras_group_lasso.declared`), saved with the weights: a training resumed by ``BackupAndRestore`` or from
+    a ``ModelCheckpoint`` ends as the uninterrupted one does. A callback after this one that gives the model other
+    weights when ``fit`` ends (``EarlyStopping(restore_best_weights=True)``) is caught, with a warning.
 
     Args:
         max_features: selected input features.
