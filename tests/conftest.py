@@ -1,12 +1,12 @@
-import collections
 import os
-import zlib
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import keras
 import numpy as np
 import pytest
+
+import _turns
 
 
 @pytest.fixture(autouse=True)
@@ -33,22 +33,15 @@ def pytest_configure(config):
 
 def pytest_collection_modifyitems(config, items):
     """The cases of a test marked ``turns`` (many alike: model families, documentation blocks) take turns over the
-    backends of a run of ``scripts/test.sh`` (``TEST_TURNS``, the backends it runs): each case runs on one of them,
-    each backend runs a third of them. Without ``TEST_TURNS`` (pytest called alone) every case runs."""
+    backends of a run of ``scripts/test.sh`` (``TEST_TURNS``, the backends it runs): each case runs on one of them
+    (:func:`_turns.backend_of`). Without ``TEST_TURNS`` (pytest called alone) every case runs."""
     backends = os.environ.get("TEST_TURNS", "").split()
-    backend = keras.backend.backend()
-    if len(backends) < 2 or backend not in backends:
+    if len(backends) < 2 or keras.backend.backend() not in backends:
         return
-    dealt = collections.Counter()
-    keep, drop = [], []
-    for item in items:
-        if item.get_closest_marker("turns") is None:
-            keep.append(item)
-            continue
-        test = f"{item.path.name}::{getattr(item, 'originalname', item.name)}"
-        turn = dealt[test] + zlib.crc32(test.encode())  # the first case of each test starts at another backend
-        dealt[test] += 1
-        (keep if backends[turn % len(backends)] == backend else drop).append(item)
+    marked = [item for item in items if item.get_closest_marker("turns") is not None]
+    tests = [f"{item.path.name}::{getattr(item, 'originalname', item.name)}" for item in marked]
+    drop = {id(item) for item, backend in zip(marked, _turns.deal(tests, backends))
+            if backend != keras.backend.backend()}
     if drop:
-        config.hook.pytest_deselected(items=drop)
-        items[:] = keep
+        config.hook.pytest_deselected(items=[item for item in items if id(item) in drop])
+        items[:] = [item for item in items if id(item) not in drop]
