@@ -456,21 +456,28 @@ OPTIMIZERS = {
 }
 
 
+#: On torch, jit_compile=True is torch.compile, about 35 s per optimizer here: SGD (one graph) and Adam (a graph
+#: split before the proximal step) are compiled there, the others train eagerly (and compiled on TF and JAX).
+TORCH_COMPILED = ("sgd", "adam")
+
+
 @pytest.mark.parametrize("name", sorted(OPTIMIZERS))
 def test_training_gives_exact_zero_groups_that_stay_zero(name):
     x, y = toy_data()
     make, factor = OPTIMIZERS[name]
     model = toy_model(factor)
-    model.compile(Proximal(make()), "sparse_categorical_crossentropy", jit_compile=True)
+    compiled = keras.backend.backend() != "torch" or name in TORCH_COMPILED
+    model.compile(Proximal(make()), "sparse_categorical_crossentropy", jit_compile=compiled)
     history = model.fit(x, y, epochs=4, batch_size=8, shuffle=False, verbose=0)
     # The compiled step is the eager one (on torch, jit_compile=True is torch.compile: the penalties and
     # the proximal step are traced, in one graph for SGD and split before the proximal step for the
     # others, whose slot updates next to it crashed the compiler's C++ code generation).
-    eager = toy_model(factor)
-    eager.compile(Proximal(make()), "sparse_categorical_crossentropy", jit_compile=False)
-    eager.fit(x, y, epochs=4, batch_size=8, shuffle=False, verbose=0)
-    for compiled_weight, eager_weight in zip(model.get_weights(), eager.get_weights()):
-        np.testing.assert_allclose(compiled_weight, eager_weight, atol=1e-5)
+    if compiled:
+        eager = toy_model(factor)
+        eager.compile(Proximal(make()), "sparse_categorical_crossentropy", jit_compile=False)
+        eager.fit(x, y, epochs=4, batch_size=8, shuffle=False, verbose=0)
+        for compiled_weight, eager_weight in zip(model.get_weights(), eager.get_weights()):
+            np.testing.assert_allclose(compiled_weight, eager_weight, atol=1e-5)
     kernel = model.layers[0].kernel.numpy()
     assert np.all(np.isfinite(history.history["loss"]))
     assert all(np.all(np.isfinite(w.numpy())) for w in model.trainable_weights)
