@@ -56,6 +56,7 @@ print(json.dumps(report))
 """
 
 
+@pytest.mark.turns  # a fresh process that imports no backend: the same on every one
 def test_import_needs_no_keras_backend_or_numpy_and_names_resolve_on_first_access():
     report = _python(_IMPORT_THEN_USE, json.dumps(HEAVY))
     assert report["after_import"] == []
@@ -120,6 +121,7 @@ def saved_with_group_lasso(tmp_path_factory):
     return path
 
 
+@pytest.mark.turns  # the import orders take turns over the backends (a fresh process each)
 @pytest.mark.parametrize(
     "imports",
     [

@@ -25,6 +25,7 @@ from keras_group_lasso import (
 )
 from keras_group_lasso.graph import registry
 from keras_group_lasso.graph.build import model_graph
+from _examples import examples
 from test_cnn import thresholded_copy
 
 T = 1e-3
@@ -118,7 +119,7 @@ def random_sequence_model(rng):
     return keras.Model(inp, out), data, not tokens
 
 
-@pytest.mark.parametrize("seed", range(10))
+@pytest.mark.parametrize("seed", range(examples(10)))  # JAX: half of them (each compiles its shapes op by op)
 def test_random_recurrent_models_prune_exactly_and_reload(seed, tmp_path):
     rng = np.random.default_rng(100 + seed)
     model, x, float_input = random_sequence_model(rng)
