@@ -19,6 +19,10 @@ set -- ${args[@]+"${args[@]}"}
 source scripts/setup.sh
 
 export TF_CPP_MIN_LOG_LEVEL=2
+# JAX runs most test models op by op, compiling each op for each new shape (the random architectures draw many):
+# XLA's CPU code built without LLVM's optimizations compiles in about two thirds of the time (the tests check
+# values, not speed; benchmarks/ do not use this). A value the caller set is kept.
+jax_flags="${XLA_FLAGS:---xla_backend_optimization_level=0}"
 if [[ -n "${TEST_BACKENDS:-}" ]]; then
   read -r -a backends <<<"$TEST_BACKENDS"
 elif .venv/bin/python -c "import torch" >/dev/null 2>&1; then
@@ -34,7 +38,8 @@ status=0
 if [[ "${TEST_SERIAL:-0}" == "1" ]]; then
   for backend in "${backends[@]}"; do
     echo "[test] KERAS_BACKEND=$backend"
-    KERAS_BACKEND=$backend .venv/bin/python -m pytest -q "$@" || status=1
+    flags="${XLA_FLAGS:-}"; [[ "$backend" == "jax" ]] && flags="$jax_flags"
+    XLA_FLAGS="$flags" KERAS_BACKEND=$backend .venv/bin/python -m pytest -q "$@" || status=1
   done
   exit $status
 fi
@@ -43,7 +48,9 @@ logs=$(mktemp -d)
 trap 'rm -rf "$logs"' EXIT
 declare -A pids
 for backend in "${backends[@]}"; do
-  KERAS_BACKEND=$backend .venv/bin/python -m pytest -q -p no:cacheprovider --durations=12 "$@" >"$logs/$backend.log" 2>&1 &
+  flags="${XLA_FLAGS:-}"; [[ "$backend" == "jax" ]] && flags="$jax_flags"
+  XLA_FLAGS="$flags" KERAS_BACKEND=$backend .venv/bin/python -m pytest -q -p no:cacheprovider --durations=12 "$@" \
+    >"$logs/$backend.log" 2>&1 &
   pids[$backend]=$!
 done
 for backend in "${backends[@]}"; do
