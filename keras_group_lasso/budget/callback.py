@@ -706,29 +706,10 @@ class SparsityBudget(keras.callbacks.Callback):
         roles = {"input"} if (input_over or 0.0) > 1.0 else set()
         if (hidden_over or 0.0) > 1.0:
             roles.add("hidden")
-        dead, loads = cut.dead_groups(self.model, self.threshold, exact=True), self._group_loads(sizes, goals)
-        below = cut.dead_groups(self.model, self.threshold)
-        groups, variables = cut.ranked_groups(self.model, roles, dead, loads, self.floors)
-        values = [np.array(keras.ops.convert_to_numpy(v)) for v in variables]
-
-        def sizes_at(count):  # the sizes with the weakest ``count`` groups at zero: weighed, not written
-            zeroed = cut.zeroed(values, groups[:count], variables)
-            return self._measure({variable.path: value for variable, value in zip(variables, zeroed)})
-
-        def within(measured):
-            return schedule.over(measured, goals) <= 1.0
-
-        count, met = cut.fewest(groups, sizes_at, within)
-        if not met and self.floors and final:  # the layers' floors cannot meet the budget: it comes first
-            groups, variables = cut.ranked_groups(self.model, roles, dead, loads)
-            count, met = cut.fewest(groups, sizes_at, within)
-        for variable, value in zip(variables, cut.zeroed(values, groups[:count], variables)):
-            variable.assign(value)  # the cut, written once
+        newly = cut.cut_weakest(self.model, self.threshold, roles, self._group_loads(sizes, goals), self.floors,
+                                self._measure, lambda measured: schedule.over(measured, goals) <= 1.0,
+                                floors_yield=final)
         best = self._measure()
-        # Groups at or below the threshold count as gone already (the sizes do not count them): the ones a cut
-        # takes are those that were alive.
-        newly = sum(1 for _, rows, _ in groups[:count]
-                    if any((variables[index].path, row) not in below for index, row in rows))
         if newly:
             self.cuts.append((self._elapsed(epoch), newly))
         if not final:  # a step along the schedule: the final cut says what it could not meet

@@ -286,6 +286,35 @@ def fewest(ranked, sizes_at, within):
     return high, True
 
 
+def cut_weakest(model, threshold, roles, loads, floors, measure, within, floors_yield=True):
+    """Set to zero the fewest of the weakest groups of ``roles`` (:func:`ranked_groups`) that make the model's sizes
+    ``within`` (a predicate on sizes); returns how many of them were above ``threshold`` (the ones that went now).
+
+    Each candidate count is weighed on copies of the kernels' values: ``measure(values)`` gives the sizes as if the
+    kernels held ``values`` (``{kernel path: array}``), the model unchanged; the chosen cut is written once. No
+    group under a layer's ``floors`` goes while the goal can be met without; with ``floors_yield`` it goes when
+    it cannot (a budget comes before the floors; a step along the schedule leaves them).
+    """
+    dead, below = dead_groups(model, threshold, exact=True), dead_groups(model, threshold)
+    groups, variables = ranked_groups(model, roles, dead, loads, floors)
+    values = [np.array(keras.ops.convert_to_numpy(v)) for v in variables]
+
+    def sizes_at(count):
+        zeroed_values = zeroed(values, groups[:count], variables)
+        return measure({variable.path: value for variable, value in zip(variables, zeroed_values)})
+
+    count, met = fewest(groups, sizes_at, within)
+    if not met and floors and floors_yield:
+        groups, variables = ranked_groups(model, roles, dead, loads)
+        values = [np.array(keras.ops.convert_to_numpy(v)) for v in variables]
+        count, met = fewest(groups, sizes_at, within)
+    for variable, value in zip(variables, zeroed(values, groups[:count], variables)):
+        variable.assign(value)
+    # Groups at or below the threshold count as gone already (the sizes do not count them).
+    return sum(1 for _, rows, _ in groups[:count] if any((variables[index].path, row) not in below
+                                                           for index, row in rows))
+
+
 def _depletion(scores):
     """``n / (n - j)`` for the ``j``-th weakest of a kernel's ``n`` groups (``j`` from 0): what cutting it leaves.
 
