@@ -23,6 +23,7 @@ export TF_CPP_MIN_LOG_LEVEL=2
 # XLA's CPU code built without LLVM's optimizations compiles in about two thirds of the time (the tests check
 # values, not speed; benchmarks/ do not use this). A value the caller set is kept.
 jax_flags="${XLA_FLAGS:---xla_backend_optimization_level=0}"
+xla_flags_for() { if [[ "$1" == "jax" ]]; then echo "$jax_flags"; else echo "${XLA_FLAGS:-}"; fi; }
 if [[ -n "${TEST_BACKENDS:-}" ]]; then
   read -r -a backends <<<"$TEST_BACKENDS"
 elif .venv/bin/python -c "import torch" >/dev/null 2>&1; then
@@ -38,8 +39,7 @@ status=0
 if [[ "${TEST_SERIAL:-0}" == "1" ]]; then
   for backend in "${backends[@]}"; do
     echo "[test] KERAS_BACKEND=$backend"
-    flags="${XLA_FLAGS:-}"; [[ "$backend" == "jax" ]] && flags="$jax_flags"
-    XLA_FLAGS="$flags" KERAS_BACKEND=$backend .venv/bin/python -m pytest -q "$@" || status=1
+    XLA_FLAGS="$(xla_flags_for "$backend")" KERAS_BACKEND=$backend .venv/bin/python -m pytest -q "$@" || status=1
   done
   exit $status
 fi
@@ -48,8 +48,7 @@ logs=$(mktemp -d)
 trap 'rm -rf "$logs"' EXIT
 declare -A pids
 for backend in "${backends[@]}"; do
-  flags="${XLA_FLAGS:-}"; [[ "$backend" == "jax" ]] && flags="$jax_flags"
-  XLA_FLAGS="$flags" KERAS_BACKEND=$backend .venv/bin/python -m pytest -q -p no:cacheprovider --durations=12 "$@" \
+  XLA_FLAGS="$(xla_flags_for "$backend")" KERAS_BACKEND=$backend .venv/bin/python -m pytest -q -p no:cacheprovider --durations=12 "$@" \
     >"$logs/$backend.log" 2>&1 &
   pids[$backend]=$!
 done

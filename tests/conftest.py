@@ -34,7 +34,7 @@ def pytest_configure(config):
 def pytest_collection_modifyitems(config, items):
     """The cases of a test marked ``turns`` (many alike: model families, documentation blocks) take turns over the
     backends of a run of ``scripts/test.sh`` (``TEST_TURNS``, the backends it runs): each case runs on one of them
-    (:func:`_turns.backend_of`). Without ``TEST_TURNS`` (pytest called alone) every case runs."""
+    (:func:`_turns.deal`). Without ``TEST_TURNS`` (pytest called alone) every case runs."""
     backends = os.environ.get("TEST_TURNS", "").split()
     if len(backends) < 2 or keras.backend.backend() not in backends:
         return
