@@ -240,11 +240,13 @@ def test_dense_widths_predict_the_dense_model(table):
     assert table.predict(sparsity_report(model)) == pytest.approx(dense)
     assert table.predict(analyze(model)) == pytest.approx(dense)
     smaller = {"conv1": (1, 2), "conv2": (2, 4), "dense": (4, 4), "logits": (4, 3)}
-    assert table.predict(smaller) < dense
-    assert table.speedup(smaller) > 1.0
-    # Narrowing any one layer never predicts more.
+    # Measured on a busy machine, a narrow grid point may time no faster than the dense one (the grid is then
+    # flat there): narrower never predicts more. Strictly less where the times grow with the widths.
+    assert table.predict(smaller) <= dense and table.speedup(smaller) >= 1.0
     for name, (i, o) in table.layers.items():
         assert table.predict({name: (max(1, i // 2), max(1, o // 2))}) <= dense
+    made = bilinear_table(model, batch_size=16)
+    assert made.predict(smaller) < made.predict() and made.speedup(smaller) > 1.0
 
 
 def test_rest_shrinks_with_the_activations(table):
