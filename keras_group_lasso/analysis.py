@@ -131,7 +131,7 @@ def dense_roles(model):
     :func:`~keras_group_lasso.add_group_sparsity` and surgery share.
 
     Layers inside a nested Sequential or functional block, or a block of
-    layers whose call is traced (used once, on one input), are included,
+    layers whose call is traced (on any number of tensors), are included,
     named ``"<block>/<layer>"`` (see :func:`get_layer`); a Dense layer inside
     a nested model the graph cannot see through (shared, several inputs, a
     call that does not trace) is not.

@@ -270,7 +270,7 @@ def _roles_by_layer(owner, model):
             fail(
                 owner,
                 "model",
-                "a model whose nested models and blocks are called once, on one input (the Dense layer "
+                "a model whose nested models are called once, on one input, and whose blocks trace (the Dense layer "
                 f"'{name}' is inside {inside}, whose graph cannot be read)",
                 model,
             )

@@ -329,8 +329,8 @@ def test_nested_model_that_cannot_be_read_is_refused_naming_it():
         with pytest.raises(InvalidParameterError) as info:
             add_group_sparsity(model)
         assert str(info.value) == (
-            "add_group_sparsity: argument `model` must be a model whose nested models and blocks are called once, "
-            f"on one input (the Dense layer {inside}, whose graph cannot be read); received {model!r}."
+            "add_group_sparsity: argument `model` must be a model whose nested models are called once, on one input, "
+            f"and whose blocks trace (the Dense layer {inside}, whose graph cannot be read); received {model!r}."
         )
         for a, b in zip(before, model.get_weights()):
             np.testing.assert_array_equal(a, b)

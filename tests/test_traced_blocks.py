@@ -402,3 +402,107 @@ def test_the_graph_of_a_model_that_does_not_serialize_is_read_from_its_nodes(rng
     np.testing.assert_allclose(keras.ops.convert_to_numpy(small(x)), keras.ops.convert_to_numpy(model(x)),
                                rtol=1e-5, atol=1e-5)
     assert small.count_params() < model.count_params()
+
+
+# ----------------------------------------------------------------------------- blocks called on several tensors
+
+
+class UpBlock(L.Layer):
+    """A U-Net decoder block as a Layer called on two tensors, ``block(x, skip)``: upsample ``x``, lay the skip
+    connection's channels beside it, two convolutions."""
+
+    def __init__(self, filters, **kwargs):
+        super().__init__(**kwargs)
+        self.filters = filters
+        self.up = L.UpSampling2D()
+        self.join = L.Concatenate()
+        self.conv1 = L.Conv2D(filters, 3, padding="same", activation="relu", name="conv1")
+        self.conv2 = L.Conv2D(filters, 3, padding="same", activation="relu", name="conv2")
+
+    def call(self, x, skip):
+        return self.conv2(self.conv1(self.join([self.up(x), skip])))
+
+    def get_config(self):
+        return dict(super().get_config(), filters=self.filters)
+
+
+class Conditioned(L.Layer):
+    """Feature-wise modulation (FiLM) of a hidden layer by a second input, called ``block(x, condition=c)``:
+    ``x + out(relu(hidden(x)) * scale(c) + shift(c))``."""
+
+    def __init__(self, units, hidden, **kwargs):
+        super().__init__(**kwargs)
+        self.units, self.hidden_units = units, hidden
+        self.hidden = L.Dense(hidden, activation="relu", name="hidden")
+        self.scale = L.Dense(hidden, activation="sigmoid", name="scale")
+        self.shift = L.Dense(hidden, name="shift")
+        self.out = L.Dense(units, name="out")
+
+    def call(self, x, condition=None):
+        return x + self.out(self.hidden(x) * self.scale(condition) + self.shift(condition))
+
+    def get_config(self):
+        return dict(super().get_config(), units=self.units, hidden=self.hidden_units)
+
+
+def unet_model():
+    inputs = keras.Input((8, 8, 2))
+    skip = L.Conv2D(6, 3, padding="same", activation="relu", name="down1")(inputs)
+    x = L.MaxPooling2D(name="pool")(skip)
+    x = L.Conv2D(10, 3, padding="same", activation="relu", name="bottom")(x)
+    x = UpBlock(7, name="up")(x, skip)
+    return keras.Model(inputs, L.Conv2D(3, 1, name="head")(x))
+
+
+def conditioned_model():
+    # named inputs (a dict); the block called with a keyword tensor, twice (shared), and once on one tensor twice
+    inputs = {"x": keras.Input((5,), name="x"), "c": keras.Input((3,), name="c")}
+    h = L.Dense(8, activation="tanh", name="first")(inputs["x"])
+    c = L.Dense(4, activation="relu", name="embed_c")(inputs["c"])
+    block = Conditioned(8, 12, name="film")
+    h = block(h, condition=c)
+    h = block(h, condition=c)
+    h = Conditioned(8, 6, name="self_film")(h, h)
+    return keras.Model(inputs, {"y": L.Dense(2, name="head")(h)})
+
+
+@pytest.mark.quick
+def test_a_block_called_on_two_tensors_is_traced_with_each_read_where_the_call_put_it(rng, tmp_path):
+    model = unet_model()
+    graph = model_graph(model)
+    assert graph.supported and graph.problems == ()
+    assert [node.name for node in graph.units] == ["down1", "bottom", "up/conv1", "up/conv2", "head"]
+    # conv1 reads the upsampled bottom (10 channels) then the skip connection (6), in the order of the call
+    assert graph.node("up/conv1").in_units == 16
+    sparse, said = penalty_warnings(model)
+    assert said == []
+    assert all(v.regularizer is not None for v in sparse.trainable_weights if len(v.shape) == 4)
+    sparsify(model, rng)
+    small = assert_prunes_exactly_and_reloads(model, rng.normal(size=(3, 8, 8, 2)).astype("float32"), tmp_path)
+    assert not any(isinstance(layer, UpBlock) for layer in small.layers)
+    widths = small.pruning_report.layer_sizes
+    assert widths == sparsity_report(model, T).layer_sizes
+
+
+def test_a_block_with_a_keyword_tensor_shared_and_fed_one_tensor_twice_prunes_exactly(rng, tmp_path):
+    model = conditioned_model()
+    graph = model_graph(model)
+    assert graph.supported, graph.problems
+    names = [node.name for node in graph.units]
+    assert {"film/hidden", "film/scale", "film/shift", "film/out", "self_film/scale"} <= set(names)
+    # the shared block's second call is a node of each of its layers: a unit goes only when both calls leave it
+    assert {"film#1/hidden", "film#1/scale"} <= {node.name for node in graph.nodes}
+    sparse, said = penalty_warnings(model)
+    assert said == []
+    assert all(v.regularizer is not None for v in sparse.trainable_weights if len(v.shape) == 2)
+    sparsify(model, rng)
+    x = {"x": rng.normal(size=(6, 5)).astype("float32"), "c": rng.normal(size=(6, 3)).astype("float32")}
+    small = prune_model(model, T)
+    apply_threshold(model, T)
+    np.testing.assert_allclose(keras.ops.convert_to_numpy(small(x)["y"]), keras.ops.convert_to_numpy(model(x)["y"]),
+                               rtol=1e-5, atol=1e-5)
+    assert small.count_params() < model.count_params()
+    small.save(tmp_path / "small.keras")
+    again = keras.saving.load_model(tmp_path / "small.keras")
+    np.testing.assert_allclose(keras.ops.convert_to_numpy(again(x)["y"]), keras.ops.convert_to_numpy(small(x)["y"]),
+                               rtol=0, atol=1e-6)

@@ -439,8 +439,9 @@ def flat_graph(model):
     Built from ``Sequential.layers`` and the functional config's calls
     (:func:`graph_config`: Keras's serialization, or the model's own nodes). A
     nested Sequential or functional model, or a block of layers whose call is
-    traced (:func:`traced_block`), used once on one input (any number of
-    outputs) is inlined: its layers join the graph as ``"<block>/<layer>"`` (Keras forbids
+    traced (:func:`traced_block`, called on any number of tensors, each input of
+    the block reading the tensor its call put there), a nested model used on one
+    input (any number of outputs), is inlined: its layers join the graph as ``"<block>/<layer>"`` (Keras forbids
     ``/`` in layer names, so these never clash), so the Dense layers inside it
     are seen, penalised and pruned like any other. A nested model that cannot
     be inlined stays one opaque node with the reason in ``problems``.
@@ -470,7 +471,8 @@ def flat_graph(model):
                     problems.append((block, "a nested subclassed model (no layer graph)"))
                 continue
             inner = flat_graph(traced)
-        reason = _inline_refusal(layer, inner, producers.get(block, []))
+        reason = _inline_refusal(layer, inner, producers.get(block, []), traced=not isinstance(layer, keras.Model)
+                                 or not is_graph_model(layer))
         if reason:
             problems.append((block, reason))
             continue
@@ -487,14 +489,17 @@ def traced_block(layer):
     """A functional model of the layers and keras.ops that ``layer``'s ``call`` is made of, or ``None``.
 
     A layer (or subclassed model) that the registry does not know, built from
-    sublayers, is called once on a symbolic input of its input's shape
-    through its own ``call``: every sublayer and keras.ops call inside it
+    sublayers, is called once through its own ``call`` on the arguments of
+    its first call in the graph, each tensor among them (positional or
+    keyword: ``block(x, skip)``, ``block(x, condition=c)``) a symbolic input
+    of its shape, the other arguments as given (a subclassed model built on
+    data: one input of the shape it was built for): every sublayer and keras.ops call inside it
     becomes a node, so the Dense layers and convolutions inside are seen,
     penalised and pruned like any other. The result is kept per layer (the
     sublayers record that one call); a block called several times is the
     same traced graph at each call, its sublayers shared between the calls. ``None`` where that tells nothing:
     a layer the registry knows (or recognizes by what it computes), one
-    called on several tensors, one whose ``call`` fails on a symbolic input
+    whose ``call`` fails on a symbolic input
     or returns its input, or one with weights of its own (a variable its sublayers do not hold: its math is its own and
     needs a rule, see :func:`~keras_group_lasso.graph.register_layer`).
 
@@ -612,20 +617,56 @@ def _catching(cls):
         return _CATCHING[cls]
 
 
-def _trace(layer):
-    spec = _input_spec(layer)
-    if spec is None:
+def _symbolic_call(layer):
+    """``(args, kwargs, inputs)``: the arguments of ``layer``'s first call in a functional graph with each tensor
+    (and each constant array) a new ``keras.Input`` of its shape, and those inputs in the order the graph lists
+    the call's operands (:func:`_operands`: the positional arguments, then the keyword ones as given; ``mask``
+    left out, as the graph leaves it); ``None`` where the layer has no such call."""
+    try:
+        node = layer._inbound_nodes[0]  # noqa: SLF001 - the call Keras recorded, as it runs the graph itself
+        args, kwargs = list(node.arguments.args), dict(node.arguments.kwargs)
+    except (AttributeError, IndexError):
         return None
-    x = keras.Input(batch_shape=spec[0], dtype=spec[1], name=f"{layer.name}_input")
+    if not node.arguments.keras_tensors:
+        return None
+    kwargs.pop("mask", None)
+    inputs = []
+
+    def symbolic(value):
+        if isinstance(value, keras.KerasTensor) or registry.is_constant_array(value):
+            shape = tuple(value.shape)
+            dtype = keras.backend.standardize_dtype(value.dtype)
+            inputs.append(keras.Input(batch_shape=shape, dtype=dtype, name=f"{layer.name}_input{len(inputs)}"))
+            return inputs[-1]
+        if isinstance(value, dict):
+            return {key: symbolic(item) for key, item in value.items()}
+        if isinstance(value, (list, tuple)):
+            return type(value)(symbolic(item) for item in value)
+        return value
+
+    args, kwargs = symbolic(args), symbolic(kwargs)
+    return args, kwargs, inputs
+
+
+def _trace(layer):
+    call = _symbolic_call(layer)
+    if call is None:  # a subclassed model built on data: one input of the shape it was built for
+        spec = _input_spec(layer)
+        if spec is None:
+            return None
+        x = keras.Input(batch_shape=spec[0], dtype=spec[1], name=f"{layer.name}_input")
+        call = [x], {}, [x]
+    args, kwargs, inputs = call
     try:
         with _ConstantCatcher(layer) as catcher:
-            y = layer.call(x)
+            y = layer.call(*args, **kwargs)
         constants = [tensor for tensor, _ in catcher.found]
-        traced = keras.Model([x] + constants if constants else x, y, name=layer.name)
+        ins = inputs + constants
+        traced = keras.Model(ins if len(ins) > 1 else ins[0], y, name=layer.name)
     except Exception:  # noqa: BLE001 - a call that does not trace symbolically stays one node
         return None
     held = {id(v) for sub in traced.layers for v in sub.weights}
-    if any(id(v) not in held for v in layer.weights) or y is x:
+    if any(id(v) not in held for v in layer.weights) or any(y is x for x in inputs):
         return None
     if constants:
         _CONSTANT_INPUTS[traced] = {tensor._keras_history[0].name: value for tensor, value in catcher.found}
@@ -636,11 +677,12 @@ def is_graph_model(model):
     return isinstance(model, keras.Sequential) or any(cls.__name__ == "Functional" for cls in type(model).__mro__)
 
 
-def _inline_refusal(model, inner, producers):
+def _inline_refusal(model, inner, producers, traced):
     if inner is None:
         return "a nested subclassed model (no layer graph)"
     _, _, _, _, inputs, outputs, _, _ = inner
-    if len(inputs) != 1 or len(producers) != 1:
+    # a traced block's inputs are its call's operands in the graph's order (_symbolic_call)
+    if len(inputs) != len(producers) or (not traced and len(inputs) != 1):
         return f"a nested model with {len(inputs)} inputs"
     if all(output in inputs for output in outputs):
         return "a nested model without layers"
@@ -649,17 +691,17 @@ def _inline_refusal(model, inner, producers):
 
 def _inline(block, inner, order, layers, producers, consumers, output_names, problems):
     """Replace the node ``block`` by the nodes of its own graph ``inner``, in place."""
-    i_order, i_layers, i_producers, i_consumers, (i_input,), i_outputs, i_problems, _ = inner
-    (source,) = producers[block]
+    i_order, i_layers, i_producers, i_consumers, i_inputs, i_outputs, i_problems, _ = inner
+    sources = dict(zip(i_inputs, producers[block]))  # input k of the block reads operand k of its call
 
     def qualified(name):
-        return source if name == i_input else f"{block}/{name}"
+        return sources.get(name, f"{block}/{name}")
 
-    names = [qualified(n) for n in i_order if n != i_input]
+    names = [qualified(n) for n in i_order if n not in sources]
     at = order.index(block)
     order[at : at + 1] = names
     for name in i_order:
-        if name == i_input:
+        if name in sources:
             continue
         layers[qualified(name)] = i_layers[name]
         producers[qualified(name)] = [qualified(p) for p in i_producers.get(name, [])]
@@ -672,9 +714,10 @@ def _inline(block, inner, order, layers, producers, consumers, output_names, pro
         consumers[node] = consumers.get(node, []) + outer_consumers
         for consumer in outer_consumers:
             producers[consumer] = [last if p == end else p for p in producers[consumer]]
-    entry = consumers[source]
-    at = entry.index(block)
-    entry[at : at + 1] = [qualified(c) for c in i_consumers.get(i_input, [])]
+    for i_input, source in sources.items():
+        entry = consumers[source]
+        at = entry.index(block)
+        entry[at : at + 1] = [qualified(c) for c in i_consumers.get(i_input, [])]
     output_names[:] = [ends.get(o, o) for o in output_names]
     problems.extend((qualified(name), reason) for name, reason in i_problems)
     del layers[block], producers[block]
