@@ -475,6 +475,10 @@ def add_group_sparsity(model, factor=1e-3, *, l1=None, input_factor=None, penalt
                     if key.endswith("_regularizer") and value is not getattr(original, key, None):
                         setattr(made, key, keras.regularizers.get(value))
             return new
+        if id(layer) not in roles and registry.rule_of(layer) is None:
+            new = _from_config(layer)  # a layer the graph cannot read, copied as it is (said below)
+            new.name = layer.name
+            return new
         return type(layer).from_config(penalised(layer))
 
     def penalised(layer):

@@ -14,6 +14,7 @@ import pytest
 from test_model_families import T, assert_prunes_exactly_and_reloads
 
 from keras_group_lasso import (
+    UnsupportedModelError,
     add_group_sparsity,
     apply_threshold,
     prune_model,
@@ -506,3 +507,40 @@ def test_a_block_with_a_keyword_tensor_shared_and_fed_one_tensor_twice_prunes_ex
     again = keras.saving.load_model(tmp_path / "small.keras")
     np.testing.assert_allclose(keras.ops.convert_to_numpy(again(x)["y"]), keras.ops.convert_to_numpy(small(x)["y"]),
                                rtol=0, atol=1e-6)
+
+
+class MaskedEncoder(L.Layer):
+    """An encoder block that builds its attention mask from the mask Keras passes it (keras.io's translation
+    Transformer does so)."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.supports_masking = True
+        self.att = L.MultiHeadAttention(2, 4)
+        self.dense = L.Dense(8)
+
+    def call(self, inputs, mask=None):
+        padding = None if mask is None else keras.ops.cast(mask[:, None, :], "int32")
+        return self.dense(inputs + self.att(inputs, inputs, attention_mask=padding))
+
+
+@pytest.mark.parametrize("block", [MaskedEncoder, lambda: TransformerBlock(8, 2, 12)], ids=["uses", "drops"])
+def test_a_block_called_on_a_masked_tensor_is_named_not_traced_without_its_mask(block):
+    # Traced, the block would compute without the mask (its own attention mask, or Keras's mask it drops and its
+    # layers called one by one would pass on): the pruned model would differ. It stays one node, named.
+    inputs = keras.Input((6,), dtype="int32")
+    h = block()(L.Embedding(20, 8, mask_zero=True, name="embed")(inputs))
+    model = keras.Model(inputs, L.Dense(2, name="out")(L.GlobalAveragePooling1D(name="pool")(h)))
+    name = model.layers[2].name
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        sparse = add_group_sparsity(model, 1e-3)
+    said = [str(w.message) for w in caught if "get no group penalty" in str(w.message)]
+    assert len(said) == 1 and f"'{name}' ({type(model.layers[2]).__name__}, " in said[0]
+    assert "a block called on a tensor that carries a Keras mask" in said[0]
+    x = np.array([[1, 2, 3, 0, 0, 0], [4, 5, 6, 7, 8, 9]], "int32")
+    np.testing.assert_allclose(keras.ops.convert_to_numpy(sparse(x)), keras.ops.convert_to_numpy(model(x)),
+                               rtol=1e-6, atol=1e-6)
+    with pytest.raises(UnsupportedModelError, match=rf"^prune_model: cannot prune layer '{name}' \(\w+\): a block "
+                                                    "called on a tensor that carries a Keras mask"):
+        prune_model(model, T)

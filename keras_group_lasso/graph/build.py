@@ -620,8 +620,13 @@ def _catching(cls):
 def _symbolic_call(layer):
     """``(args, kwargs, inputs)``: the arguments of ``layer``'s first call in a functional graph with each tensor
     (and each constant array) a new ``keras.Input`` of its shape, and those inputs in the order the graph lists
-    the call's operands (:func:`_operands`: the positional arguments, then the keyword ones as given; ``mask``
-    left out, as the graph leaves it); ``None`` where the layer has no such call."""
+    the call's operands (:func:`_operands`: the positional arguments, then the keyword ones as given); ``None``
+    where the layer has no such call.
+
+    A call on a tensor that carries a Keras mask (after ``Embedding(mask_zero=True)`` or ``Masking``) is not
+    traced (:data:`MASKED`): the block may build an attention mask from it, or drop it where its layers would
+    pass it on, so its layers called one by one need not compute what it computed; it stays one node, named with
+    that reason."""
     try:
         node = layer._inbound_nodes[0]  # noqa: SLF001 - the call Keras recorded, as it runs the graph itself
         args, kwargs = list(node.arguments.args), dict(node.arguments.kwargs)
@@ -629,7 +634,10 @@ def _symbolic_call(layer):
         return None
     if not node.arguments.keras_tensors:
         return None
-    kwargs.pop("mask", None)
+    mask = kwargs.pop("mask", None)
+    if mask is not None or any(getattr(t, "_keras_mask", None) is not None for t in node.arguments.keras_tensors):
+        _UNTRACED[layer] = MASKED
+        return None
     inputs = []
 
     def symbolic(value):
@@ -648,8 +656,16 @@ def _symbolic_call(layer):
     return args, kwargs, inputs
 
 
+#: Why a block called on a masked tensor stays one node (see :func:`_symbolic_call`).
+MASKED = ("a block called on a tensor that carries a Keras mask (Embedding(mask_zero=True), Masking): its call is "
+          "not traced, since its layers called one by one may pass or use the mask differently")
+_UNTRACED = weakref.WeakKeyDictionary()  # block -> why it is not traced, where that is worth saying
+
+
 def _trace(layer):
     call = _symbolic_call(layer)
+    if call is None and layer in _UNTRACED:
+        return None
     if call is None:  # a subclassed model built on data: one input of the shape it was built for
         spec = _input_spec(layer)
         if spec is None:
@@ -1054,8 +1070,8 @@ def _classify(name, layer, input_names):
     rule = registry.rule_of(layer)
     if rule is None:
         if isinstance(layer, keras.Model):
-            return "other", "a nested model"
-        return "other", "a layer that surgery cannot interpret"
+            return "other", _UNTRACED.get(layer, "a nested model")
+        return "other", _UNTRACED.get(layer, "a layer that surgery cannot interpret")
     return rule.classify(layer)
 
 
