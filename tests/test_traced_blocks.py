@@ -544,3 +544,37 @@ def test_a_block_called_on_a_masked_tensor_is_named_not_traced_without_its_mask(
     with pytest.raises(UnsupportedModelError, match=rf"^prune_model: cannot prune layer '{name}' \(\w+\): a block "
                                                     "called on a tensor that carries a Keras mask"):
         prune_model(model, T)
+
+
+class CausalBlock(L.Layer):
+    """A decoder's self-attention block: each position attends to those before it (``use_causal_mask=True``)."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.att = L.MultiHeadAttention(4, 3, name="att")
+        self.ffn = L.Dense(12, activation="relu", name="ffn")
+        self.back = L.Dense(8, name="back")
+
+    def call(self, x):
+        x = x + self.att(x, x, use_causal_mask=True)
+        return x + self.back(self.ffn(x))
+
+
+def test_the_options_of_the_calls_inside_a_block_stay_in_the_pruned_model(rng, tmp_path):
+    # The pruned model calls each attention layer with the causal mask the block's call gave it (before, the
+    # options of calls inside a traced block were lost: the pruned model attended to every position)
+    inputs = keras.Input((6, 5))
+    h = L.Dense(8, name="first")(inputs)
+    block = CausalBlock(name="causal")
+    h = block(block(h))  # shared: its second call's layers are "causal#1/..."
+    model = keras.Model(inputs, L.Dense(2, name="out")(h))
+    sparsify(model, rng)
+    small = assert_prunes_exactly_and_reloads(model, rng.normal(size=(3, 6, 5)).astype("float32"), tmp_path)
+    heads = [layer for layer in small.layers if isinstance(layer, L.MultiHeadAttention)]
+    assert len(heads) == 1 and heads[0].num_heads < 4
+    # the last position attends to every other one: changing the first input changes only what comes after it
+    x = rng.normal(size=(1, 6, 5)).astype("float32")
+    y = x.copy()
+    y[:, -1] += 1.0
+    a, b = (keras.ops.convert_to_numpy(small(v)) for v in (x, y))
+    np.testing.assert_allclose(a[:, :-1], b[:, :-1], rtol=0, atol=1e-6)

@@ -7,7 +7,7 @@ import numpy as np
 
 from keras_group_lasso._validation import check_choice, check_positive_int, fail
 from keras_group_lasso.graph import registry
-from keras_group_lasso.graph.build import graph_config, graph_model
+from keras_group_lasso.graph.build import graph_config, graph_model, is_graph_model, traced_block
 from keras_group_lasso.graph.masks import threshold_array
 from keras_group_lasso.surgery import plan as planning
 from keras_group_lasso.surgery import steps
@@ -481,7 +481,8 @@ def _call_options(model, prefix=""):
         return found
     for layer_config in configs:
         name = layer_config["name"]
-        for index, node in enumerate(layer_config.get("inbound_nodes") or []):
+        nodes = layer_config.get("inbound_nodes") or []
+        for index, node in enumerate(nodes):
             kwargs = node.get("kwargs", {}) if isinstance(node, dict) else {}
             plain = {key: value for key, value in kwargs.items()
                      if key not in ("mask", "training") and isinstance(value, (bool, int, float, str))}
@@ -491,8 +492,12 @@ def _call_options(model, prefix=""):
             inner = model.get_layer(name)
         except ValueError:
             continue
+        if not isinstance(inner, keras.Model) or not is_graph_model(inner):
+            inner = traced_block(inner)  # a block traced into the graph: its layers' options (a causal mask)
         if isinstance(inner, keras.Model):
-            found.update(_call_options(inner, f"{prefix}{name}/"))
+            # the graph names the layers of a block's call k > 0 "<block>#k/<layer>"
+            for index in range(max(1, len(nodes))):
+                found.update(_call_options(inner, f"{prefix}{name}" + (f"#{index}" if index else "") + "/"))
     return found
 
 
