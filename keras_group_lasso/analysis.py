@@ -347,17 +347,21 @@ class InputSparsity:
         selected_features: indices, within this input, of the features that survive.
         first: index of its first feature among all the model's features
             (:attr:`SparsityReport.selected_features` numbers the inputs' features one after the other).
+        mask: it is read as a mask (an attention layer's ``attention_mask`` is computed from it), not as
+            features: a pruned model takes it whole.
     """
 
     name: str
     n_features: int
     selected_features: tuple
     first: int
+    mask: bool = False
 
     @property
     def kept(self):
-        """Some feature of this input survives (a model pruned with ``inputs="selected"`` takes it)."""
-        return bool(self.selected_features)
+        """Some feature of this input survives, or it is read as a mask (a model pruned with
+        ``inputs="selected"`` takes it)."""
+        return bool(self.selected_features) or self.mask
 
 
 @dataclasses.dataclass(frozen=True)
@@ -519,8 +523,10 @@ class SparsityReport:
                          f"{self.latency_speedup:.2f}x faster)")
         if len(self.inputs) > 1:
             for found in self.inputs:
-                lines.append(f"  input {found.name}: {len(found.selected_features)}/{found.n_features} features"
-                             + ("" if found.kept else " (nothing reads it)"))
+                lines.append(f"  input {found.name}: "
+                             + ("read as a mask" if found.mask else
+                                f"{len(found.selected_features)}/{found.n_features} features"
+                                + ("" if found.kept else " (nothing reads it)")))
         for layer in self.layers:
             if layer.heads:
                 lines.append(f"  heads of {layer.name}: {layer.heads_alive}/{layer.heads} alive")
@@ -781,7 +787,7 @@ def _report_from(graph, weights, masks, threshold):
         inputs=tuple(
             InputSparsity(found.name, found.count,
                           tuple(int(i) for i in np.flatnonzero(masks.features[found.start : found.start + found.count])),
-                          found.start)
+                          found.start, found.name in graph.side_inputs())
             for found in graph.inputs
         ),
         kept_whole=_kept_whole(graph, masks),

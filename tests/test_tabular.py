@@ -115,7 +115,8 @@ def test_the_report_names_the_inputs_and_columns_that_survive():
     assert report.selected_features == (0, 2, 5)
     text = str(report)
     assert "input numeric: 2/4 features" in text and "input cat0: 0/1 features (nothing reads it)" in text
-    assert report.to_dict()["inputs"][2] == {"name": "cat1", "n_features": 1, "selected_features": [0], "first": 5}
+    assert report.to_dict()["inputs"][2] == {"name": "cat1", "n_features": 1, "selected_features": [0], "first": 5,
+                                             "mask": False}
 
 
 def test_group_penalties_and_proximal_training_drop_noise_columns_and_categories():

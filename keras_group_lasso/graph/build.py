@@ -188,6 +188,9 @@ class ModelGraph:
         problems: ``((name, class name, reason), ...)`` of what is not understood.
         supported: the masks and surgery can treat the model exactly.
         streams: one :class:`Stream` per set of units coupled by merges.
+        side_tensors: ``{node: {keyword: SideTensor}}``: tensors a call is given that carry no units (a
+            ``MultiHeadAttention``'s ``attention_mask``), computed from the model's inputs by keras.ops calls
+            that the pruned model makes again.
     """
 
     model_name: str
@@ -211,6 +214,12 @@ class ModelGraph:
     inputs: tuple = ()
     calls: types.MappingProxyType = dataclasses.field(default_factory=lambda: types.MappingProxyType({}))
     call_shapes: types.MappingProxyType = dataclasses.field(default_factory=lambda: types.MappingProxyType({}))
+    side_tensors: types.MappingProxyType = dataclasses.field(default_factory=lambda: types.MappingProxyType({}))
+
+    def side_inputs(self):
+        """Names of the model inputs that side tensors read (a padding mask): taken whole by a pruned model."""
+        return tuple(dict.fromkeys(read for found in self.side_tensors.values() for side in found.values()
+                                   for read in side.reads()))
 
     def unread_kernels(self):
         """``((name, class name, reason, kernels), ...)``: the layers it cannot read that hold trainable kernels.
@@ -456,7 +465,7 @@ def flat_graph(model):
     graph = _flat_graph(model)
     if graph is None:
         return None
-    order, layers, producers, consumers, input_names, output_names, problems, shapes = graph
+    order, layers, producers, consumers, input_names, output_names, problems, shapes, sides = graph
     shared = {name for name, _ in problems}
     for block in list(order):
         layer = layers.get(block)
@@ -476,10 +485,13 @@ def flat_graph(model):
         if reason:
             problems.append((block, reason))
             continue
-        _inline(block, inner, order, layers, producers, consumers, output_names, problems)
+        _inline(block, inner, order, layers, producers, consumers, output_names, problems, sides)
         shapes.update({f"{block}/{name}": shape for name, shape in inner[7].items()})
     _multi_output_reads(order, layers, producers, consumers, output_names, problems)
-    return order, layers, producers, consumers, input_names, output_names, problems, shapes
+    if sides:  # what an inlined block's side tensors read, computed here; then nothing else reads it
+        _complete_sides(sides, layers, producers, input_names, problems)
+        _drop_mask_operations(order, layers, producers, consumers, output_names)
+    return order, layers, producers, consumers, input_names, output_names, problems, shapes, sides
 
 
 _TRACED = weakref.WeakKeyDictionary()
@@ -653,6 +665,8 @@ def _symbolic_call(layer):
         return value
 
     args, kwargs = symbolic(args), symbolic(kwargs)
+    if len(inputs) > 1 and type(layer).__module__.split(".")[0] == "keras":
+        return None  # a layer of Keras's own on several tensors (Dot): its math is its own, named as it is
     return args, kwargs, inputs
 
 
@@ -696,7 +710,7 @@ def is_graph_model(model):
 def _inline_refusal(model, inner, producers, traced):
     if inner is None:
         return "a nested subclassed model (no layer graph)"
-    _, _, _, _, inputs, outputs, _, _ = inner
+    _, _, _, _, inputs, outputs, _, _, _ = inner
     # a traced block's inputs are its call's operands in the graph's order (_symbolic_call)
     if len(inputs) != len(producers) or (not traced and len(inputs) != 1):
         return f"a nested model with {len(inputs)} inputs"
@@ -705,9 +719,9 @@ def _inline_refusal(model, inner, producers, traced):
     return None
 
 
-def _inline(block, inner, order, layers, producers, consumers, output_names, problems):
+def _inline(block, inner, order, layers, producers, consumers, output_names, problems, sides):
     """Replace the node ``block`` by the nodes of its own graph ``inner``, in place."""
-    i_order, i_layers, i_producers, i_consumers, i_inputs, i_outputs, i_problems, _ = inner
+    i_order, i_layers, i_producers, i_consumers, i_inputs, i_outputs, i_problems, _, i_sides = inner
     sources = dict(zip(i_inputs, producers[block]))  # input k of the block reads operand k of its call
 
     def qualified(name):
@@ -736,6 +750,8 @@ def _inline(block, inner, order, layers, producers, consumers, output_names, pro
         entry[at : at + 1] = [qualified(c) for c in i_consumers.get(i_input, [])]
     output_names[:] = [ends.get(o, o) for o in output_names]
     problems.extend((qualified(name), reason) for name, reason in i_problems)
+    sides.update({qualified(name): {key: side.renamed(qualified) for key, side in found.items()}
+                  for name, found in i_sides.items()})
     del layers[block], producers[block]
 
 
@@ -749,7 +765,7 @@ def _flat_graph(model):
         consumers = {name: ([order[i + 1]] if i + 1 < len(order) else []) for i, name in enumerate(order)}
         consumers["<input>"] = order[:1]
         layers["<input>"] = None
-        return ["<input>"] + order, layers, producers, consumers, ["<input>"], order[-1:], problems, {}
+        return ["<input>"] + order, layers, producers, consumers, ["<input>"], order[-1:], problems, {}, {}
 
     try:
         config = graph_config(model)
@@ -772,6 +788,7 @@ def _flat_graph(model):
         return node
 
     calls, shapes, arguments = {}, {}, {}  # shapes: the input shapes of every call of a shared layer
+    side_ends = {}  # node -> {keyword: the node whose output the call gave it as a side tensor}
     operations = {}  # name -> the keras.ops operation of a node that is one
     order, producers, consumers = [], {}, {}
     for layer_config in layer_configs:
@@ -791,7 +808,10 @@ def _flat_graph(model):
             node_name = call_name(name, index)
             layers[node_name] = layers[name]
             producers[node_name] = []
-            for k, (what, found) in enumerate(_operands(_without_mask(node))):
+            node, side = _without_side(_without_mask(node), layers[name])
+            if side:  # an attention mask: not units, computed again in the pruned model (side_tensors below)
+                side_ends[node_name] = {key: _output_of(call_name(h[0], h[1]), h[2]) for key, h in side.items()}
+            for k, (what, found) in enumerate(_operands(node)):
                 if what == "tensor":
                     # output k > 0 of a layer: resolved when that layer is a block inlined below, flagged otherwise
                     producers[node_name].append(_output_of(call_name(found[0], found[1]), found[2]))
@@ -813,7 +833,7 @@ def _flat_graph(model):
                 continue
             order.append(node_name)
             consumers.setdefault(node_name, [])
-            arguments[node_name] = _without_mask(node)
+            arguments[node_name] = node
             if len(nodes) > 1:
                 shapes[node_name] = _tensor_shapes(node)
             for producer in producers[node_name]:
@@ -827,12 +847,116 @@ def _flat_graph(model):
         layers[name] = registry.ConstantValue(name, value)
         input_names.remove(name)
     _fold_constant_operations(order, layers, producers, consumers, arguments, operations)
+    sides = _side_tensors(side_ends, operations, producers, input_names, problems)
     _drop_mask_operations(order, layers, producers, consumers, output_names)
     if calls and any(isinstance(layers.get(name), keras.Model) for name in calls.values()):
         for node_name, name in calls.items():
             if isinstance(layers.get(name), keras.Model):
                 problems.append((name, "a nested model called several times (shared)"))
-    return order, layers, producers, consumers, input_names, output_names, problems, shapes
+    return order, layers, producers, consumers, input_names, output_names, problems, shapes, sides
+
+
+def _without_side(node, layer):
+    """``(call, {keyword: keras_history})``: a serialized call without the side tensors its layer's rule names
+    (a ``MultiHeadAttention``'s ``attention_mask``), and where each of those came from."""
+    rule = registry.rule_of(layer) if layer is not None and not is_operation(layer) else None
+    keys = getattr(rule, "side_arguments", ())
+    kwargs = node.get("kwargs") if isinstance(node, dict) else None
+    if not keys or not isinstance(kwargs, dict):
+        return node, {}
+    side = {}
+    for key in keys:
+        value = kwargs.get(key)
+        if isinstance(value, dict) and value.get("class_name") == "__keras_tensor__":
+            side[key] = tuple(value["config"]["keras_history"])
+    if not side:
+        return node, {}
+    return dict(node, kwargs={k: v for k, v in kwargs.items() if k not in side}), side
+
+
+@dataclasses.dataclass(frozen=True)
+class SideTensor:
+    """A tensor a layer is called with that carries no units (an attention mask), as the keras.ops calls that
+    compute it from the model's inputs: ``steps`` ``((node name, operation, names of what it reads), ...)`` in
+    call order, ``end`` the name of the tensor (the last step, or an input itself). The pruned model computes it
+    again from its own inputs."""
+
+    end: str
+    steps: tuple = ()
+
+    def renamed(self, rename):
+        return SideTensor(rename(self.end), tuple((rename(name), operation, tuple(rename(p) for p in reads))
+                                                  for name, operation, reads in self.steps))
+
+    def reads(self):
+        """The names it reads that are not its own steps (the model inputs)."""
+        own = {name for name, _, _ in self.steps}
+        found = [p for _, _, reads in self.steps for p in reads if p not in own]
+        return tuple(dict.fromkeys(found or ([] if self.end in own else [self.end])))
+
+    def after(self, steps):
+        """The same tensor with ``steps`` computed first (what it reads, computed in an enclosing graph)."""
+        own = {name for name, _, _ in self.steps}
+        return SideTensor(self.end, tuple(step for step in steps if step[0] not in own) + self.steps)
+
+
+def _side_steps(end, operation_of, producers, input_names):
+    """The steps that compute ``end`` from ``input_names`` (see :class:`SideTensor`), or ``None`` where something
+    else than a keras.ops call of one node (``operation_of(name)``) is on the way."""
+    steps, seen, stack = [], set(), [(end, False)]
+    while stack:
+        name, done = stack.pop()
+        if done:
+            steps.append((name, operation_of(name), tuple(producers.get(name, []))))
+            continue
+        if name in seen or name in input_names:
+            continue
+        seen.add(name)
+        operation = operation_of(name)
+        if operation is None or len(getattr(operation, "_inbound_nodes", ())) != 1:
+            return None
+        stack.append((name, True))
+        stack.extend((p, False) for p in reversed(producers.get(name, [])))
+    return tuple(steps)
+
+
+def _side_refusal(key):
+    return (f"its {key} is computed from the layers' outputs (only keras.ops calls on the model's inputs are "
+            "computed again in the pruned model)")
+
+
+def _side_tensors(side_ends, operations, producers, input_names, problems):
+    """``{node: {keyword: SideTensor}}`` of the side tensors of this graph's calls, computed back to its inputs
+    (an enclosing graph carries on from there: :func:`_complete_sides`); one computed otherwise is a problem of
+    its node."""
+    found = {}
+    for node_name, ends in side_ends.items():
+        for key, end in ends.items():
+            steps = _side_steps(end, operations.get, producers, input_names)
+            if steps is None:
+                problems.append((node_name, _side_refusal(key)))
+            else:
+                found.setdefault(node_name, {})[key] = SideTensor(end, steps)
+    return found
+
+
+def _complete_sides(sides, layers, producers, input_names, problems):
+    """Carry (in place) each side tensor that reads an inlined block's input back to this graph's inputs."""
+    def operation_of(name):
+        layer = layers.get(name)
+        return layer if isinstance(layer, keras.Operation) and not isinstance(layer, keras.layers.Layer) else None
+
+    for node_name, found in sides.items():
+        for key, side in list(found.items()):
+            for read in side.reads():
+                if read in input_names:
+                    continue
+                steps = _side_steps(read, operation_of, producers, input_names)
+                if steps is None:
+                    problems.append((node_name, _side_refusal(key)))
+                    break
+                side = side.after(steps)
+            found[key] = side
 
 
 def _split_parts(name, layer, call):
@@ -1093,7 +1217,7 @@ def _model_graph(model, flat):
                  if registry.rule_of(layer) is not None and registry.rule_of(layer).kind == "units"}
         problems = ((model.name, type(model).__name__, "a subclassed model (no layer graph)"),)
         return _unsupported(model, sequential, None, input_shape, found, tuple(found), (), problems)
-    order, layers, producers, consumers, input_names, output_names, flat_problems, shapes = flat
+    order, layers, producers, consumers, input_names, output_names, flat_problems, shapes, sides = flat
     flagged = {}
     for name, reason in flat_problems:
         flagged.setdefault(name, reason)
@@ -1153,6 +1277,7 @@ def _model_graph(model, flat):
         inputs=inputs,
         calls=types.MappingProxyType(calls),
         call_shapes=types.MappingProxyType(shapes),
+        side_tensors=types.MappingProxyType(sides),
     )
 
 

@@ -209,6 +209,9 @@ class LayerRule:
     inference_identity = False
     #: A BatchNormalization on the last axis: ``prune_model(fold_batchnorm=True)`` may merge it into a units layer.
     batchnorm = False
+    #: Keyword arguments that take a tensor carrying no units (an attention mask): not read as units, and
+    #: computed again from the model's inputs in the pruned model (``ModelGraph.side_tensors``).
+    side_arguments = ()
 
     def __init__(self, cls, description=None, *, slicer=None, constants=_UNSET, refusal=None):
         self.cls = cls
@@ -1659,6 +1662,7 @@ class AttentionRule(SequenceRule):
     width_key = "output_shape"
     #: Group view of its head kernel (the output kernel).
     head_view = GroupView(axis=0)
+    side_arguments = ("query_mask", "value_mask", "key_mask", "attention_mask")
 
     def refusal(self, layer):
         reason = _adapted(layer)

@@ -202,6 +202,7 @@ class _Builder:
                                  reserved=reserved)
         self.taken = {*self.names.values(), *reserved}
         self.options = _call_options(model)
+        self.side = graph.side_tensors
         self.tensors = {}  # tensor name -> the new model's tensor (None: it has none)
         self.inputs = []
         self.built = []  # (new layer, weights), in call order
@@ -268,7 +269,21 @@ class _Builder:
     def call_shared(self, step):
         rule = registry.rule_of(self.layers[step.name])
         self.tensors[step.name] = rule.call(self.made[step.layer], self.tensors[step.source],
-                                            self.options.get(step.name))
+                                            self.call_options(step.name))
+
+    def call_options(self, name):
+        """The keyword arguments node ``name`` is called with: its options, and its side tensors (an attention
+        mask) computed again from the new model's inputs."""
+        options = dict(self.options.get(name) or {})
+        for key, side in self.side.get(name, {}).items():
+            options[key] = self.side_tensor(side)
+        return options or None
+
+    def side_tensor(self, side):
+        made = {}
+        for name, operation, reads in side.steps:
+            made[name] = _call_again(operation, [made[p] if p in made else self.tensors[p] for p in reads])
+        return made[side.end] if side.end in made else self.tensors[side.end]
 
     def make(self, step, config, new):
         """Build the new layer of node ``step.name`` from ``(config, weights)`` and call it on ``step.source``."""
@@ -286,7 +301,7 @@ class _Builder:
         if name is None:
             return layer(x)
         rule = registry.rule_of(self.layers[name])
-        return rule.call(layer, x, self.options.get(name)) if rule is not None else layer(x)
+        return rule.call(layer, x, self.call_options(name)) if rule is not None else layer(x)
 
     def model(self):
         """The new model, its weights set."""
@@ -312,6 +327,29 @@ class _Builder:
                 _set_weights(layer, new)
             _restore_initializers(layer, self.initializers)
         return small
+
+
+def _call_again(operation, tensors):
+    """A new copy of the keras.ops ``operation`` called as it was, on ``tensors`` in place of the tensors it
+    read (in the order the graph lists them)."""
+    arguments = operation._inbound_nodes[0].arguments  # noqa: SLF001 - the call Keras recorded
+    given = iter(tensors)
+
+    def swap(value):
+        if isinstance(value, keras.KerasTensor):
+            return next(given)
+        if isinstance(value, dict):
+            return {key: swap(item) for key, item in value.items()}
+        if isinstance(value, (list, tuple)):
+            return type(value)(swap(item) for item in value)
+        return value
+
+    args, kwargs = swap(list(arguments.args)), swap(dict(arguments.kwargs))
+    try:
+        operation = type(operation).from_config(operation.get_config())
+    except Exception:  # noqa: BLE001 - an operation that does not rebuild from its config: called again itself
+        pass
+    return operation(*args, **kwargs)
 
 
 def _constant_tensor(value, anchor):

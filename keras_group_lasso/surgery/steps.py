@@ -319,6 +319,7 @@ class _Planner:
         for node in graph.nodes:
             for name in node.inputs:
                 self.readers.setdefault(name, []).append(node.name)
+        self.side_inputs = set(graph.side_inputs())
 
     def run(self, model, selected, owner):
         graph = self.graph
@@ -334,7 +335,8 @@ class _Planner:
 
     def new_input(self, found, dtype, selected):
         keep = self.needed[found.start : found.start + found.count].copy()
-        self.sliced[found.name] = selected and (found.flat or found.sequence)
+        # an input read as a mask (a side tensor of an attention layer) is taken whole
+        self.sliced[found.name] = selected and (found.flat or found.sequence) and found.name not in self.side_inputs
         if self.sliced[found.name] and not keep.any():  # nothing reads this input: the new model does not take it
             self.drop(found.name, found.count, UNUSED_INPUT)
             return
