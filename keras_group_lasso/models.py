@@ -94,6 +94,21 @@ def _attach_head_penalties(model, penalties):
     return attached
 
 
+def _attach_block_penalties(model, penalties):
+    """Put each penalty of ``{variable path: penalty}`` on the model's variable of that path; returns ``{path:
+    that variable}``."""
+    variables = {variable.path: variable for variable in model.weights}
+    attached = {}
+    for path, penalty in penalties.items():
+        if not isinstance(penalty, GroupSparseRegularizer):
+            penalty = keras.saving.deserialize_keras_object(penalty)
+        if path not in variables:
+            fail("GroupSparseModel", "block_penalties", "penalties of the model's own weights (by path)", repr(path))
+        variables[path].regularizer = penalty
+        attached[path] = variables[path]
+    return attached
+
+
 @keras.saving.register_keras_serializable(package="keras_group_lasso", name="GroupSparseModel")
 class GroupSparseModel(_MultiplierState, keras.Model):
     """A functional model whose group penalties share a strength multiplier and see each other
@@ -124,19 +139,26 @@ class GroupSparseModel(_MultiplierState, keras.Model):
     def __init__(self, inputs, outputs, name=None, **kwargs):
         # ``head_penalties``: ``{layer name: penalty}`` on attention heads (a keyword, so that Keras still reads
         # the constructor as a functional model's).
+        # ``block_penalties``: ``{variable path: penalty}`` on the weights of the sublayers of blocks written as
+        # layers (a block's config does not hold its sublayers' penalties).
         head_penalties = kwargs.pop("head_penalties", None) or {}
+        block_penalties = kwargs.pop("block_penalties", None) or {}
         super().__init__(inputs=inputs, outputs=outputs, name=name, **kwargs)
         heads = _attach_head_penalties(self, head_penalties)
+        inside = _attach_block_penalties(self, block_penalties)
         self.head_penalties = {name: variable.regularizer for name, variable in heads.items()}  # read by get_config
+        self.block_penalties = {path: variable.regularizer for path, variable in inside.items()}
         _declare(self)
         # The declaration gives every weight a penalty object of its own: these are the ones on the kernels now.
         self.head_penalties = {name: variable.regularizer for name, variable in heads.items()}
+        self.block_penalties = {path: variable.regularizer for path, variable in inside.items()}
 
     def get_config(self):
         config = super().get_config()
-        if self.head_penalties:
-            config["head_penalties"] = {name: keras.saving.serialize_keras_object(penalty)
-                                        for name, penalty in self.head_penalties.items()}
+        for key in ("head_penalties", "block_penalties"):
+            if getattr(self, key):
+                config[key] = {name: keras.saving.serialize_keras_object(penalty)
+                               for name, penalty in getattr(self, key).items()}
         return config
 
 
@@ -289,6 +311,28 @@ def _from_config(layer):
         if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values()):
             raise
         return type(layer).from_config({key: value for key, value in config.items() if key in parameters})
+
+
+def _penalise_sublayers(block, new, penalised, found=None):
+    """Give the sublayers of ``new`` (a copy of the traced ``block``) their names and the group penalties of their
+    counterparts in ``block``: as attributes, read when a sublayer is built, and on the variables of a sublayer
+    built already (``found``: ``{variable path: penalty}`` of those, which the model's config keeps, since the
+    block's config does not hold its sublayers' penalties)."""
+    for original, made in _paired_sublayers(block, new):
+        made.name = original.name
+        for key, value in penalised(original).items():
+            if not key.endswith("_regularizer") or value is getattr(original, key, None):
+                continue
+            penalty = keras.regularizers.get(value)
+            setattr(made, key, penalty)
+            stem = key[: -len("_regularizer")]
+            variable = getattr(made, stem, None)
+            if not isinstance(variable, keras.Variable):
+                variable = getattr(made, f"{stem}_kernel", None)
+            if isinstance(variable, keras.Variable):
+                variable.regularizer = penalty
+                if found is not None:
+                    found[variable.path] = penalty
 
 
 def _paired_sublayers(original, made):
@@ -469,11 +513,8 @@ def add_group_sparsity(model, factor=1e-3, *, l1=None, input_factor=None, penalt
             # A config without the layer's name (a block whose constructor takes no ``name``) gives a new one;
             # the copy keeps the user's, which the graph's names and the penalties are keyed by.
             new.name = layer.name
-            for original, made in _paired_sublayers(layer, new):
-                made.name = original.name
-                for key, value in penalised(original).items():
-                    if key.endswith("_regularizer") and value is not getattr(original, key, None):
-                        setattr(made, key, keras.regularizers.get(value))
+            _penalise_sublayers(layer, new, penalised)
+            blocks_made.append((layer, new))
             return new
         if id(layer) not in roles and registry.rule_of(layer) is None:
             new = _from_config(layer)  # a layer the graph cannot read, copied as it is (said below)
@@ -530,7 +571,11 @@ def add_group_sparsity(model, factor=1e-3, *, l1=None, input_factor=None, penalt
                     config[key] = dict(config[key], config=inner)
         return config
 
+    blocks_made = []
     copy = keras.models.clone_model(model, clone_function=clone, recursive=True)
+    inside = {}  # {variable path: penalty} of the sublayers of blocks
+    for layer, new in blocks_made:  # a block that makes its sublayers in build() (KerasHub's) has them now
+        _penalise_sublayers(layer, new, penalised, inside)
     unread = graph.unread_kernels()
     if unread:  # said now, before any training: never a model penalised in part without a word
         warnings.warn(
@@ -581,9 +626,9 @@ def add_group_sparsity(model, factor=1e-3, *, l1=None, input_factor=None, penalt
         outputs = inputs
         for layer in copy.layers:
             outputs = layer(outputs)
-        copy = GroupSparseModel(inputs, outputs, name=name, head_penalties=heads)
+        copy = GroupSparseModel(inputs, outputs, name=name, head_penalties=heads, block_penalties=inside)
     else:  # the functional copy's own input and output structures (a dict stays a dict)
-        copy = GroupSparseModel(copy.input, copy.output, name=name, head_penalties=heads)
+        copy = GroupSparseModel(copy.input, copy.output, name=name, head_penalties=heads, block_penalties=inside)
     copy.set_weights([keras.ops.convert_to_numpy(v) for v in layer_weights(model)])
     _refresh_normalization(copy)
     return copy

@@ -169,3 +169,80 @@ def test_pruned_keras_hub_backbones_load_in_a_process_without_this_package(rng, 
                             cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-2000:]
     assert "loaded" in result.stdout
+
+
+# ----------------------------------------------------------------------------- Transformer encoders
+
+# Each encoder block (TransformerEncoder, called with the padding mask) is traced into the graph: its attention
+# heads and feed-forward neurons are groups; the attention mask it builds from the padding mask is computed again
+# in the pruned model; the token and position embeddings (ReversibleEmbedding, PositionEmbedding) slice their
+# tables by channel; the pooler reads the first token (``x[:, 0, :]``).
+ENCODERS = {
+    "BERT": lambda: M.BertBackbone(vocabulary_size=50, num_layers=2, num_heads=2, hidden_dim=16,
+                                   intermediate_dim=32, max_sequence_length=12),
+    "BertTextClassifier": lambda: M.BertTextClassifier(
+        M.BertBackbone(vocabulary_size=50, num_layers=1, num_heads=2, hidden_dim=16, intermediate_dim=32,
+                       max_sequence_length=12), num_classes=3, preprocessor=None, activation=None),
+    "DistilBERT": lambda: M.DistilBertBackbone(vocabulary_size=50, num_layers=1, num_heads=2, hidden_dim=16,
+                                               intermediate_dim=32, max_sequence_length=12),
+    "RoBERTa": lambda: M.RobertaBackbone(vocabulary_size=50, num_layers=1, num_heads=2, hidden_dim=16,
+                                         intermediate_dim=32, max_sequence_length=12),
+    # one encoder layer called twice: a unit goes only when both calls leave it
+    "ALBERT": lambda: M.AlbertBackbone(vocabulary_size=50, num_layers=2, num_heads=2, embedding_dim=8,
+                                       hidden_dim=16, intermediate_dim=32, num_groups=1, num_inner_repetitions=1,
+                                       max_sequence_length=12),
+    "ELECTRA": lambda: M.ElectraBackbone(vocab_size=50, num_layers=1, num_heads=2, embedding_dim=8, hidden_dim=16,
+                                         intermediate_dim=32, max_sequence_length=12),
+}
+# BERT and its classifier on every backend; the others on one each (their parts are BERT's)
+ENCODER_BACKENDS = {"DistilBERT": "tensorflow", "RoBERTa": "torch", "ALBERT": "jax", "ELECTRA": "tensorflow"}
+
+
+def _encoder_params():
+    params = []
+    for family in ENCODERS:
+        only = ENCODER_BACKENDS.get(family)
+        skip = pytest.mark.skipif(only is not None and keras.backend.backend() != only,
+                                  reason=f"tested on {only} (the parts are BERT's, tested everywhere)")
+        params.append(pytest.param(family, marks=(skip,)))
+    return params
+
+
+def _token_batch(model, rng, length=12):
+    names = {tensor.name if hasattr(tensor, "name") else key for key, tensor in model.input.items()}
+    x = {"token_ids": rng.integers(1, 50, size=(3, length)).astype("int32"),
+         "padding_mask": (np.arange(length)[None] < np.array([length, 7, 3])[:, None]).astype("int32")}
+    if "segment_ids" in names or "segment_ids" in model.input:
+        x["segment_ids"] = rng.integers(0, 2, size=(3, length)).astype("int32")
+    return x
+
+
+@pytest.mark.parametrize("family", _encoder_params())
+def test_a_keras_hub_transformer_encoder_prunes_heads_and_neurons_exactly(family, rng, tmp_path):
+    from test_traced_blocks import sparsify as sparsify_blocks
+
+    model = ENCODERS[family]()
+    graph = model_graph(model)
+    assert graph.supported, graph.problems
+    assert "padding_mask" in graph.side_inputs()
+    sparse, said = _bare_kernel_warnings(model)
+    assert said == []
+    dense = [v for v in sparse.trainable_weights if v.path.endswith("_dense/kernel") and "pooled" not in v.path]
+    assert dense and all(v.regularizer is not None for v in dense)
+    if family == "BERT":  # the copy reloads with every penalty, those inside KerasHub's blocks too
+        sparse.save(tmp_path / "sparse.keras")
+        again = keras.saving.load_model(tmp_path / "sparse.keras")
+        assert ({v.path for v in again.trainable_weights if v.regularizer is not None}
+                == {v.path for v in sparse.trainable_weights if v.regularizer is not None})
+    sparsify_blocks(model, rng)
+    x = _token_batch(model, rng)
+    small = assert_prunes_exactly_and_reloads(model, x, tmp_path)
+    assert small.pruning_report.uninterpreted_layers == ()
+    # the pruned model still masks: tokens the padding mask leaves out change nothing that is read
+    y = dict(x, token_ids=np.where(x["padding_mask"] == 1, x["token_ids"], 49 - x["token_ids"]).astype("int32"))
+    for got, want in zip(keras.tree.flatten(small(x)), keras.tree.flatten(small(y))):
+        got, want = keras.ops.convert_to_numpy(got), keras.ops.convert_to_numpy(want)
+        if got.ndim == 3:  # the sequence: the kept positions
+            kept = x["padding_mask"][..., None] == 1
+            got, want = np.where(kept, got, 0), np.where(kept, want, 0)
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)

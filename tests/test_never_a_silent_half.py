@@ -16,6 +16,7 @@ from keras_group_lasso import (
     SparsityBudget,
     UnsupportedModelError,
     add_group_sparsity,
+    apply_threshold,
     prune_model,
 )
 from keras_group_lasso.graph import registry
@@ -133,11 +134,27 @@ def test_a_model_surgery_cannot_rebuild_is_said_when_the_penalties_go_on_not_aft
         prune_model(model)
 
 
-def test_a_slice_of_the_positions_in_the_graph_is_named_not_a_crash():
-    # a slice of the channels is a node of the graph (tests/test_branching.py); one of the positions is not
+def test_a_slice_of_the_positions_prunes_and_a_strided_slice_of_the_channels_is_named():
+    # a slice of the positions (BERT's pooler reads x[:, 0, :]) passes every unit; one that takes every other
+    # channel is named before any training
     inputs = keras.Input((6, 8))
     h = L.Dense(8, name="hidden")(inputs)
-    model = keras.Model(inputs, L.Dense(1, name="out")(h[:, :4]))
-    with pytest.warns(UserWarning, match=r"prune_model cannot rebuild this model: 'get_item' \(keras.ops.GetItem\)"):
-        sparse = add_group_sparsity(model, 1e-3)
+    model = keras.Model(inputs, [L.Dense(1, name="out")(h[:, :4]), L.Dense(2, name="first")(h[:, 0, :])])
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        add_group_sparsity(model, 1e-3)
+    assert not [w for w in caught if "add_group_sparsity" in str(w.message)]
+    kernel = model.get_layer("hidden").kernel
+    kernel.assign(keras.ops.convert_to_numpy(kernel) * np.array([1, 0, 1, 1, 0, 1, 1, 1], "float32"))
+    small = prune_model(model, 1e-3)
+    assert small.get_layer("hidden").units == 6
+    apply_threshold(model, 1e-3)  # the reference: the thresholded original
+    x = np.random.default_rng(0).normal(size=(3, 6, 8)).astype("float32")
+    for got, want in zip(small(x), model(x)):
+        np.testing.assert_allclose(keras.ops.convert_to_numpy(got), keras.ops.convert_to_numpy(want), rtol=1e-5,
+                                   atol=1e-6)
+    strided = keras.Model(inputs, L.Dense(1, name="out")(h[:, :4, ::2]))
+    with pytest.warns(UserWarning, match=r"prune_model cannot rebuild this model: 'get_item_\d+' \(keras.ops.GetItem\): "
+                                         r"a slice x\[\.\.\.\] that is not of the positions alone"):
+        sparse = add_group_sparsity(strided, 1e-3)
     assert all(v.regularizer is not None for v in sparse.trainable_weights if len(v.shape) == 2)

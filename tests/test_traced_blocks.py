@@ -578,3 +578,22 @@ def test_the_options_of_the_calls_inside_a_block_stay_in_the_pruned_model(rng, t
     y[:, -1] += 1.0
     a, b = (keras.ops.convert_to_numpy(small(v)) for v in (x, y))
     np.testing.assert_allclose(a[:, :-1], b[:, :-1], rtol=0, atol=1e-6)
+
+
+def test_the_penalised_copy_of_a_model_with_blocks_reloads_with_every_penalty(tmp_path):
+    # a block's config does not hold its sublayers' penalties: the copy's config does (block_penalties), so the
+    # saved copy trains on with the same penalties, coupled ones linked again
+    import keras_group_lasso
+
+    model = residual_model()
+    sparse = add_group_sparsity(model, 1e-3)
+    penalised = {v.path: v.regularizer for v in sparse.trainable_weights if v.regularizer is not None}
+    assert {"block0/inner/kernel", "block1/outer/kernel"} <= set(penalised)
+    sparse.save(tmp_path / "sparse.keras")
+    again = keras.saving.load_model(tmp_path / "sparse.keras", custom_objects={"ResidualBlock": ResidualBlock})
+    assert type(again) is keras_group_lasso.GroupSparseModel
+    found = {v.path: v.regularizer for v in again.trainable_weights if v.regularizer is not None}
+    assert set(found) == set(penalised)
+    assert all(type(found[path]) is type(penalty) for path, penalty in penalised.items())
+    np.testing.assert_allclose(float(sum(keras.ops.convert_to_numpy(loss) for loss in again.losses)),
+                               float(sum(keras.ops.convert_to_numpy(loss) for loss in sparse.losses)), rtol=1e-6)

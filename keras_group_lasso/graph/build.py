@@ -711,8 +711,9 @@ def _inline_refusal(model, inner, producers, traced):
     if inner is None:
         return "a nested subclassed model (no layer graph)"
     _, _, _, _, inputs, outputs, _, _, _ = inner
-    # a traced block's inputs are its call's operands in the graph's order (_symbolic_call)
-    if len(inputs) != len(producers) or (not traced and len(inputs) != 1):
+    # a traced block's inputs are its call's operands in the graph's order (_symbolic_call); a nested model's,
+    # the entries of the list or dict it is called on, in keras.tree's order (_sorted_dicts)
+    if len(inputs) != len(producers):
         return f"a nested model with {len(inputs)} inputs"
     if all(output in inputs for output in outputs):
         return "a nested model without layers"
@@ -809,6 +810,8 @@ def _flat_graph(model):
             layers[node_name] = layers[name]
             producers[node_name] = []
             node, side = _without_side(_without_mask(node), layers[name])
+            if _is_functional(layers[name]):  # a nested model's inputs are its dict's entries in sorted order
+                node = _sorted_dicts(node)
             if side:  # an attention mask: not units, computed again in the pruned model (side_tensors below)
                 side_ends[node_name] = {key: _output_of(call_name(h[0], h[1]), h[2]) for key, h in side.items()}
             for k, (what, found) in enumerate(_operands(node)):
@@ -854,6 +857,16 @@ def _flat_graph(model):
             if isinstance(layers.get(name), keras.Model):
                 problems.append((name, "a nested model called several times (shared)"))
     return order, layers, producers, consumers, input_names, output_names, problems, shapes, sides
+
+
+def _sorted_dicts(value):
+    """A serialized call with every plain dict (named inputs) in sorted key order, as ``keras.tree`` flattens a
+    functional model's inputs."""
+    if isinstance(value, dict) and "class_name" not in value:
+        return {key: _sorted_dicts(value[key]) for key in sorted(value)}
+    if isinstance(value, list):
+        return [_sorted_dicts(item) for item in value]
+    return value
 
 
 def _without_side(node, layer):
@@ -1418,6 +1431,12 @@ def _units_graph(order, layers, producers, consumers, kinds, input_names, output
         flagged.setdefault(input_names[0], "a model whose inputs could not be matched to its graph")
         return None
     for name, shape, dtype in specs:
+        if tuple(shape) == (None,) and all(getattr(registry.units_rule(layers[c]), "represents_input", False)
+                                           for c in consumers.get(name, [])):
+            # token ids of any length, read by embeddings only (or a mask read aside): one feature, always kept
+            inputs.append(InputFeatures(name, tuple(shape), dtype, len(ids.parent), 1, False))
+            info[name] = dict(ids=ids.new(1), positions=1, elements=False)
+            continue
         if not shape or shape[-1] is None:
             flagged[name] = "a model input of unknown size"
             return None

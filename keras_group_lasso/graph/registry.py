@@ -108,7 +108,13 @@ def activation_is_elementwise(function):
         name = keras.activations.serialize(function)
     except Exception:  # noqa: BLE001 - an unserializable function is simply unknown
         return False
+    if isinstance(name, dict):  # a function registered for serialization by another package
+        return name.get("config") in _ELEMENTWISE_REGISTERED
     return isinstance(name, str) and name in ELEMENTWISE_ACTIVATIONS
+
+
+#: Elementwise activations other packages register for serialization (KerasHub's BERT uses the first).
+_ELEMENTWISE_REGISTERED = frozenset({"keras_hub>gelu_approximate"})
 
 
 def _numpy(variable):
@@ -1351,6 +1357,31 @@ class EmbeddingRule(UnitsRule):
         return positions * out_units
 
 
+class ReversibleEmbeddingRule(EmbeddingRule):
+    """``ReversibleEmbedding`` called forward (indices to vectors), as an ``Embedding``: its output dimensions are
+    units. Its table is also the output projection when the layer is called with ``reverse=True`` (a language
+    model's logits): that use is refused by name. Without tied weights, the rows of the reverse projection go
+    with the columns of the table."""
+
+    def refusal(self, layer):
+        reason = _adapted(layer)
+        if reason:
+            return reason
+        for node in getattr(layer, "_inbound_nodes", ()):
+            args, kwargs = node.arguments.args, node.arguments.kwargs
+            if kwargs.get("reverse") is True or (len(args) > 1 and args[1] is True):
+                return ("a ReversibleEmbedding also called with reverse=True (its table is the output projection "
+                        "too)")
+        return None
+
+    def slice_units(self, layer, weights, in_units, kept_in, kept_out):
+        config, new = super().slice_units(layer, weights, in_units, kept_in, kept_out)
+        reverse = getattr(layer, "reverse_embeddings", None)
+        if reverse is not None:
+            new.append(np.ascontiguousarray(_numpy(reverse)[np.asarray(kept_out, dtype=int), :]))
+        return config, new
+
+
 class SequenceRule(UnitsRule):
     """The base of the recurrent and attention rules: layers whose units carry state over a sequence.
 
@@ -2055,6 +2086,55 @@ class PadRule(LayerRule):
 _RECOGNIZED = weakref.WeakKeyDictionary()
 
 
+class PositionSliceRule(LayerRule):
+    """``x[key]`` (a keras.ops ``GetItem``) that takes positions and keeps every channel (``x[:, 0, :]``, the first
+    token that BERT's pooler reads): units pass as they are; surgery takes the same positions."""
+
+    def __init__(self, cls, description=None, key=None):
+        super().__init__(cls, description, constants="identity")
+        self.key = key
+
+    def variant(self, layer):
+        try:
+            key = layer._inbound_nodes[0].arguments.args[1]  # noqa: SLF001 - the key the model was built with
+        except (AttributeError, IndexError):
+            key = None
+        return PositionSliceRule(self.cls, self.description, key=key)
+
+    def refusal(self, layer):
+        try:
+            shape = tuple(layer._inbound_nodes[0].arguments.args[0].shape)  # noqa: SLF001
+        except (AttributeError, IndexError):
+            shape = ()
+        if not positions_only(self.key, shape):
+            return ("a slice x[...] that is not of the positions alone (it takes from the batch or the channels, or "
+                    "the channels are a split of their own: x[..., a:b])")
+        return None
+
+    def slice(self, layer, kept):
+        return layer.get_config(), []
+
+    def call(self, layer, x, options=None):
+        return layer(x, self.key)
+
+
+def positions_only(key, shape):
+    """``key`` indexes or slices the positions of a tensor of ``shape`` (batch axis included) and takes every
+    entry of the batch axis and the last (channels): ``x[:, 0]``, ``x[:, 0, :]``, ``x[:, 1:4, ...]``."""
+    items = list(key) if isinstance(key, tuple) else [key]
+    if len(shape) < 3 or any(not (isinstance(i, (slice, int, np.integer)) or i is Ellipsis) for i in items):
+        return False
+    if items.count(Ellipsis) > 1:
+        return False
+    if Ellipsis in items:
+        at = items.index(Ellipsis)
+        items = items[:at] + [slice(None)] * (len(shape) - len(items) + 1) + items[at + 1:]
+    items += [slice(None)] * (len(shape) - len(items))
+    whole = slice(None)
+    return (len(items) == len(shape) and items[0] == whole and items[-1] == whole
+            and any(i != whole for i in items[1:-1]))
+
+
 class IdentityRule(LayerRule):
     """A layer of a class not in the table that is the identity at inference (stochastic depth, drop path)."""
 
@@ -2285,6 +2365,28 @@ def unregister_layer(cls):
     _CHANGES[0] += 1
 
 
+def _position_table(layer, kept):
+    """KerasHub's ``PositionEmbedding``: its table ``(positions, channels)`` sliced by channel."""
+    return layer.get_config(), [w[:, kept] for w in layer.get_weights()]
+
+
+def _position_refusal(layer):
+    for node in getattr(layer, "_inbound_nodes", ()):
+        kwargs = node.arguments.kwargs
+        if kwargs.get("positions") is not None or not isinstance(kwargs.get("start_index", 0), int):
+            return "a PositionEmbedding called with positions or a start index given as tensors"
+    return None
+
+
+#: Layer classes of other packages, by module and name (the package is not imported here): a rule for each
+#: is added the first time a layer of the class is met.
+_BY_NAME = {
+    "keras_hub.src.layers.modeling.position_embedding.PositionEmbedding": lambda cls: LayerRule(
+        cls, "PositionEmbedding (KerasHub; its output is its table, sliced by channel)", slicer=_position_table,
+        constants=None, refusal=_position_refusal),
+}
+
+
 def rule_of(layer):
     """The :class:`LayerRule` of ``layer``'s exact class; for a class not in the table, a rule recognized from
     what the layer computes (:func:`recognize`); else ``None``."""
@@ -2293,6 +2395,8 @@ def rule_of(layer):
     if isinstance(layer, ChannelSlice):
         return _SLICE_RULE
     rule = _RULES.get(type(layer))
+    if rule is None and f"{type(layer).__module__}.{type(layer).__qualname__}" in _BY_NAME:
+        rule = _add(_BY_NAME[f"{type(layer).__module__}.{type(layer).__qualname__}"](type(layer)))
     if rule is None and isinstance(layer, keras.layers.Layer):
         rule = recognize(layer)
     return rule.variant(layer) if rule is not None else None
@@ -2634,6 +2738,8 @@ def _register_builtin():
     for name in ("Conv1DTranspose", "Conv2DTranspose", "Conv3DTranspose"):
         register_layer(ConvTransposeRule(getattr(L, name)))
     register_layer(EmbeddingRule(L.Embedding))
+    if hasattr(L, "ReversibleEmbedding"):
+        register_layer(ReversibleEmbeddingRule(L.ReversibleEmbedding, "ReversibleEmbedding (called forward)"))
     register_layer(RecurrentRule(L.SimpleRNN, 1))
     register_layer(RecurrentRule(L.GRU, 3))
     register_layer(RecurrentRule(L.LSTM, 4))
@@ -2679,6 +2785,8 @@ def _register_builtin():
     x = keras.Input((2, 2, 1))
     pad = keras.Model(x, keras.ops.pad(x, [[0, 0], [1, 1], [1, 1], [0, 0]])).operations[-1]
     _add(PadRule(type(pad), "keras.ops.pad (zeros or -inf, positions only)"))
+    item = keras.Model(x, x[:, 0]).operations[-1]
+    _add(PositionSliceRule(type(item), "x[:, i] and other slices of the positions alone (keras.ops)"))
 
 
 _register_builtin()

@@ -345,8 +345,9 @@ def _call_again(operation, tensors):
         return value
 
     args, kwargs = swap(list(arguments.args)), swap(dict(arguments.kwargs))
-    try:
-        operation = type(operation).from_config(operation.get_config())
+    try:  # a name of its own: a block called several times computes its mask once per call
+        config = {key: value for key, value in operation.get_config().items() if key != "name"}
+        operation = type(operation).from_config(config)
     except Exception:  # noqa: BLE001 - an operation that does not rebuild from its config: called again itself
         pass
     return operation(*args, **kwargs)
