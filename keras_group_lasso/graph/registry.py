@@ -2380,10 +2380,11 @@ def _position_refusal(layer):
 
 #: Layer classes of other packages, by module and name (the package is not imported here): a rule for each
 #: is added the first time a layer of the class is met.
-_BY_NAME = {
-    "keras_hub.src.layers.modeling.position_embedding.PositionEmbedding": lambda cls: LayerRule(
-        cls, "PositionEmbedding (KerasHub; its output is its table, sliced by channel)", slicer=_position_table,
-        constants=None, refusal=_position_refusal),
+_BY_NAME = {  # module.name: (kind, description, rule of the class)
+    "keras_hub.src.layers.modeling.position_embedding.PositionEmbedding": (
+        "per_unit", "PositionEmbedding (KerasHub; its output is its table, sliced by channel)",
+        lambda cls, description: LayerRule(cls, description, slicer=_position_table, constants=None,
+                                           refusal=_position_refusal)),
 }
 
 
@@ -2396,7 +2397,8 @@ def rule_of(layer):
         return _SLICE_RULE
     rule = _RULES.get(type(layer))
     if rule is None and f"{type(layer).__module__}.{type(layer).__qualname__}" in _BY_NAME:
-        rule = _add(_BY_NAME[f"{type(layer).__module__}.{type(layer).__qualname__}"](type(layer)))
+        _, description, make = _BY_NAME[f"{type(layer).__module__}.{type(layer).__qualname__}"]
+        rule = _add(make(type(layer), description))
     if rule is None and isinstance(layer, keras.layers.Layer):
         rule = recognize(layer)
     return rule.variant(layer) if rule is not None else None
@@ -2427,7 +2429,9 @@ def supported_of(kind):
         >>> "Dense" in supported_of("units")
         True
     """
-    return tuple(rule.description for rule in _RULES.values() if rule.kind == kind)
+    named = {description: rule_kind for rule_kind, description, _ in _BY_NAME.values()}
+    return tuple(rule.description for rule in _RULES.values() if rule.kind == kind and rule.description not in named
+                 ) + tuple(description for description, rule_kind in named.items() if rule_kind == kind)
 
 
 #: What a refusal says to do (the list of supported layers is long: it is in the README, not in a message).
@@ -2448,9 +2452,7 @@ def unread_text(unread, shown=3):
 
 def supported_text():
     """The supported layers, by kind, in words (for errors and the README)."""
-    groups = {}
-    for rule in _RULES.values():
-        groups.setdefault(rule.kind, []).append(rule.description)
+    groups = {kind: supported_of(kind) for kind in KINDS if supported_of(kind)}
     titles = {
         "units": "layers that make units",
         "per_unit": "per-unit layers between them",
@@ -2485,9 +2487,7 @@ def supported_markdown():
         "concat": "concatenate on the last axis: the operands' channels side by side",
         "tail": "mix the units they read: every one of them stays",
     }
-    groups = {}
-    for rule in _RULES.values():
-        groups.setdefault(rule.kind, []).append(rule.description)
+    groups = {kind: supported_of(kind) for kind in KINDS if supported_of(kind)}
     lines = ["| kind | what the analysis and surgery do | layers |", "|---|---|---|"]
     lines += [f"| {kind} | {what[kind]} | {', '.join(groups[kind])} |" for kind in KINDS if kind in groups
               and kind in what]
