@@ -21,8 +21,14 @@ Recorded: test accuracy (dense, budget-trained, pruned), FLOPs after / before (`
 widths (heads, feed-forward neurons, embedding channels, Dense(20) neurons), the largest |output| gap between the
 pruned model and the trained model after ``apply_threshold``, wall seconds.
 
+``--model bert``: the same task and runs with KerasHub's ``BertTextClassifier`` around a ``BertBackbone`` (one
+``TransformerEncoder`` of the same sizes, built from its constructor: random initial weights, no download), its
+inputs the token ids, segment ids of 0 and a padding mask of ones; the encoder block is traced into the graph and
+its heads and feed-forward neurons are pruned.
+
 Usage:
     KERAS_BACKEND=tensorflow python benchmarks/text_transformer.py             # -> benchmarks/results/text_transformer.{md,json}, RESULTS.md
+    KERAS_BACKEND=tensorflow python benchmarks/text_transformer.py --model bert  # -> benchmarks/results/text_transformer_bert.{md,json}, RESULTS.md
     KERAS_BACKEND=tensorflow python benchmarks/text_transformer.py --quick     # 2,000 sequences, 1 epoch, 1 seed -> benchmarks/out/
 """
 
@@ -102,6 +108,23 @@ def keras_io_model(seed):
     return keras.Model(inputs=inputs, outputs=outputs)
 
 
+def bert_model(seed):
+    import keras_hub
+
+    keras.utils.set_random_seed(seed)
+    backbone = keras_hub.models.BertBackbone(vocabulary_size=VOCAB, num_layers=1, num_heads=HEADS, hidden_dim=EMBED,
+                                             intermediate_dim=FF, max_sequence_length=MAXLEN, dropout=0.1)
+    return keras_hub.models.BertTextClassifier(backbone, num_classes=2, preprocessor=None, activation="softmax")
+
+
+MODELS = {"keras_io": keras_io_model, "bert": bert_model}
+
+
+def bert_inputs(x):
+    tokens = x.astype("int32")
+    return {"token_ids": tokens, "segment_ids": np.zeros_like(tokens), "padding_mask": np.ones_like(tokens)}
+
+
 def make_data(n_train, n_test, seed=0):
     """Uniform tokens; label 1 when class B (tokens COUNTED/2..COUNTED-1) outnumbers class A (0..COUNTED/2-1) among
     the first WINDOW positions."""
@@ -127,22 +150,23 @@ def widths(model):
             "dense": [layer.units for layer in layers if isinstance(layer, L.Dense)]}
 
 
-def run_seed(seed, data, epochs):
-    dense = compiled(keras_io_model(seed), keras.optimizers.Adam(LR))
+def run_seed(seed, data, epochs, build=keras_io_model):
+    dense = compiled(build(seed), keras.optimizers.Adam(LR))
     _, dense_s, _ = common.fit_recording_warnings(dense, data, BATCH, epochs)
     dense_acc = common.accuracy(dense, data["x_test"], data["y_test"])
     common.say(f"seed {seed} dense: {100 * dense_acc:.2f} % in {dense_s:.0f} s")
 
-    sparse = compiled(add_group_sparsity(keras_io_model(seed)), Proximal(keras.optimizers.Adam(LR)))
-    _, budget_s, warned = common.fit_recording_warnings(sparse, data, BATCH, epochs,
-                                                        [SparsityBudget(max_flops=BUDGET)])
+    sparse = compiled(add_group_sparsity(build(seed)), Proximal(keras.optimizers.Adam(LR)))
+    # BERT takes sequences of any length: its multiply-adds are counted per position, so its budget is in parameters
+    limit = {"max_params": BUDGET} if build is bert_model else {"max_flops": BUDGET}
+    _, budget_s, warned = common.fit_recording_warnings(sparse, data, BATCH, epochs, [SparsityBudget(**limit)])
     trained_acc = common.accuracy(sparse, data["x_test"], data["y_test"])
     report = sparsity_report(sparse, T)
     started = time.perf_counter()
     small = prune_model(sparse, T)
     prune_s = time.perf_counter() - started
     apply_threshold(sparse, T)
-    probe = data["x_test"][:1000]
+    probe = keras.tree.map_structure(lambda v: v[:1000], data["x_test"])
     gap = float(np.max(np.abs(ops.convert_to_numpy(small(probe, training=False))
                               - ops.convert_to_numpy(sparse(probe, training=False)))))
     record = {"seed": seed, "dense_accuracy": dense_acc, "trained_accuracy": trained_acc,
@@ -150,20 +174,21 @@ def run_seed(seed, data, epochs):
               "thresholded_accuracy": common.accuracy(sparse, data["x_test"], data["y_test"]),
               "flops_before": report.flops_before, "flops_after": report.flops_after,
               "flops_ratio": report.flops_after / report.flops_before, "gap": gap,
+              "params_ratio": report.params_after / report.params_before,
               "uninterpreted_layers": [str(name) for name in report.uninterpreted_layers],
               "params_before": int(sparse.count_params()), "params_after": int(small.count_params()),
-              "widths_before": widths(keras_io_model(seed)), "widths_after": widths(small),
+              "widths_before": widths(build(seed)), "widths_after": widths(small),
               "dense_s": dense_s, "budget_s": budget_s, "prune_s": prune_s, "warnings": warned}
     common.say(f"seed {seed} budget: {record}")
     return record
 
 
 def width_text(w):
-    """Heads / feed-forward neurons / embedding channels / Dense(20) neurons."""
+    """Heads / feed-forward neurons / embedding channels / Dense(20) neurons (BERT: pooler neurons)."""
     return f"{w['heads'][0]} / {w['dense'][0]} / {w['embedding'][0]} / {w['dense'][2]}"
 
 
-def table(records):
+def table(records, bert=False):
     def cell(key, digits=2, scale=100.0):
         return common.mean_std([r[key] for r in records], digits, scale)
 
@@ -171,15 +196,18 @@ def table(records):
     w = records[0]["widths_before"]
     rows = [["dense", cell("dense_accuracy"), "-", "-", "1.000", width_text(w), f"{records[0]['params_before']:,}",
              "-", common.mean_std([r["dense_s"] for r in records], 0)]]
-    rows.append([f"`SparsityBudget(max_flops={BUDGET})`, `prune_model`, no fine-tuning",
+    kind = "max_params" if bert else "max_flops"
+    rows.append([f"`SparsityBudget({kind}={BUDGET})`, `prune_model`, no fine-tuning",
                  cell("trained_accuracy"), cell("pruned_accuracy"), common.mean_std(points, 2),
-                 common.mean_std([r["flops_ratio"] for r in records], 3),
+                 common.mean_std([r["params_ratio" if bert else "flops_ratio"] for r in records], 3),
                  ", ".join(width_text(r["widths_after"]) for r in records),
                  ", ".join(f"{r['params_after']:,}" for r in records), f"{max(r['gap'] for r in records):.1e}",
                  common.mean_std([r["budget_s"] + r["prune_s"] for r in records], 0)])
     return common.markdown_table(
-        ["run", "test acc. trained (%)", "test acc. pruned (%)", "pruned vs dense (points)", "FLOPs after / before",
-         "heads / FF neurons / embedding channels / Dense(20) (per seed)", "parameters (per seed)",
+        ["run", "test acc. trained (%)", "test acc. pruned (%)", "pruned vs dense (points)",
+         "parameters of the units layers after / before" if bert else "FLOPs after / before",
+         "heads / FF neurons / embedding channels / " + ("pooler" if bert else "Dense(20)") + " (per seed)",
+         "parameters (per seed)",
          "max |output gap| vs thresholded", "wall (s)"], rows)
 
 
@@ -188,38 +216,54 @@ def main(argv=None):
     parser.add_argument("--seeds", type=common.positive_int, default=3)
     parser.add_argument("--epochs", type=common.positive_int, default=EPOCHS)
     parser.add_argument("--quick", action="store_true", help="2,000 sequences, 1 epoch, 1 seed; to benchmarks/out/")
+    parser.add_argument("--model", choices=sorted(MODELS), default="keras_io",
+                        help="keras.io's Transformer (default) or KerasHub's BertTextClassifier")
     args = parser.parse_args(argv)
+    bert = args.model == "bert"
+    name = f"{NAME}_bert" if bert else NAME
     n_train, n_test = (2000, 1000) if args.quick else (TRAIN, TEST)
     seeds = [0] if args.quick else list(range(args.seeds))
     epochs = 1 if args.quick else args.epochs
     data = make_data(n_train, n_test)
+    if bert:
+        data = dict(data, x_train=bert_inputs(data["x_train"]), x_test=bert_inputs(data["x_test"]))
     started, clock = common.now(), time.perf_counter()
-    records = [run_seed(seed, data, epochs) for seed in seeds]
+    records = [run_seed(seed, data, epochs, MODELS[args.model]) for seed in seeds]
     elapsed = time.perf_counter() - clock
     flops = records[0]["flops_before"]
+    model_note = (
+        f"Model: KerasHub's `BertTextClassifier` around a `BertBackbone` (one `TransformerEncoder`, hidden {EMBED}, "
+        f"{HEADS} heads, intermediate {FF}, dropout 0.1, token + position + segment embeddings, pooler on the first "
+        f"token; inputs: the token ids, segment ids 0, padding mask 1), built from its constructor with random "
+        f"initial weights; {flops:,} multiply-adds per sample (`sparsity_report`)" if bert else
+        f"Model: keras.io's text-classification Transformer as keras.io writes it (subclassed "
+        f"`TokenAndPositionEmbedding` with `keras.ops.arange` positions, subclassed `TransformerBlock`), embed_dim "
+        f"{EMBED}, {HEADS} heads, ff_dim {FF}; {flops:,} multiply-adds per sample (`sparsity_report`)")
     notes = [
-        (f"Model: keras.io's text-classification Transformer as keras.io writes it (subclassed "
-         f"`TokenAndPositionEmbedding` with `keras.ops.arange` positions, subclassed `TransformerBlock`), embed_dim "
-         f"{EMBED}, {HEADS} heads, ff_dim {FF}; {flops:,} multiply-adds per sample (`sparsity_report`)"),
+        model_note,
         (f"Data (seeded, no download): {n_train:,} / {n_test:,} sequences of {MAXLEN} tokens uniform over {VOCAB}; "
          f"label: tokens {COUNTED // 2}-{COUNTED - 1} outnumber tokens 0-{COUNTED // 2 - 1} among the first {WINDOW} "
          f"positions (ties: no); {100 * np.mean(data['y_test']):.1f} % of test labels are 1"),
         (f"E = {epochs} epoch(s) in both runs, batch {BATCH}, Adam lr {LR:g}; budget run: `add_group_sparsity(model)` "
-         f"(default strength), `Proximal(Adam({LR:g}))`, `SparsityBudget(max_flops={BUDGET})` with no other "
-         "argument, `prune_model(model)`, no fine-tuning"),
+         f"(default strength), `Proximal(Adam({LR:g}))`, `SparsityBudget({'max_params' if bert else 'max_flops'}="
+         f"{BUDGET})` with no other argument, `prune_model(model)`, no fine-tuning"
+         + (" (BERT takes sequences of any length, so its multiply-adds are counted per position and the budget "
+            "is in parameters)" if bert else "")),
         ("Output gap: pruned model vs the budget-trained model after `apply_threshold` (|w| <= 1e-3 set to 0), "
          "softmax outputs on 1,000 test sequences, max over seeds; wall: training (+ pruning) on 2 shared cores"),
     ]
-    text = common.header(common.command_line(), seeds, started, elapsed, notes) + "\n\n" + table(records) + "\n"
-    out = Path(common.default_output(NAME, args.quick))
+    text = (common.header(common.command_line(), seeds, started, elapsed, notes) + "\n\n"
+            + table(records, bert) + "\n")
+    title = ("KerasHub's BERT classifier under a FLOP budget" if bert else
+             "keras.io's text Transformer under a FLOP budget")
+    out = Path(common.default_output(name, args.quick))
     out.parent.mkdir(parents=True, exist_ok=True)
-    common.write_text_atomically(out.with_suffix(".md"), "# keras.io's text Transformer under a FLOP budget\n\n"
-                                 + text)
+    common.write_text_atomically(out.with_suffix(".md"), f"# {title}\n\n" + text)
     payload = {"command": common.command_line(), "date": f"{started:%Y-%m-%d %H:%M} UTC", "wall_seconds": elapsed,
                "machine": common.machine_info(), "args": vars(args), "records": records}
     common.write_text_atomically(out.with_suffix(".json"), json.dumps(payload, indent=1, default=float))
     if not args.quick:
-        common.write_section(NAME, "keras.io's text Transformer under a FLOP budget", text)
+        common.write_section(name, title, text)
     print(text)
     common.say(f"wrote {out.with_suffix('.md')} and .json in {elapsed / 60:.1f} min")
     return 0

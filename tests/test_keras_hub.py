@@ -20,9 +20,9 @@ import keras
 import numpy as np
 import pytest
 from test_applications import sparsify
-from test_model_families import assert_prunes_exactly_and_reloads
+from test_model_families import T, assert_prunes_exactly_and_reloads
 
-from keras_group_lasso import add_group_sparsity, prune_model
+from keras_group_lasso import add_group_sparsity, apply_threshold, prune_model
 from keras_group_lasso.graph import registry
 from keras_group_lasso.graph.build import model_graph
 
@@ -229,6 +229,14 @@ def test_a_keras_hub_transformer_encoder_prunes_heads_and_neurons_exactly(family
     assert said == []
     dense = [v for v in sparse.trainable_weights if v.path.endswith("_dense/kernel") and "pooled" not in v.path]
     assert dense and all(v.regularizer is not None for v in dense)
+    # the penalised copy (a functional model of the same layers: a Task's Backbone called on a dict) prunes exactly
+    # too, each input read where the original reads it
+    copy_small = prune_model(sparse, T)
+    x = _token_batch(model, rng)
+    apply_threshold(sparse, T)
+    for got, want in zip(keras.tree.flatten(copy_small(x)), keras.tree.flatten(sparse(x))):
+        np.testing.assert_allclose(keras.ops.convert_to_numpy(got), keras.ops.convert_to_numpy(want), rtol=1e-5,
+                                   atol=1e-5)
     if family == "BERT":  # the copy reloads with every penalty, those inside KerasHub's blocks too
         sparse.save(tmp_path / "sparse.keras")
         again = keras.saving.load_model(tmp_path / "sparse.keras")

@@ -862,10 +862,11 @@ def _flat_graph(model):
 def _sorted_dicts(value):
     """A serialized call with every plain dict (named inputs) in sorted key order, as ``keras.tree`` flattens a
     functional model's inputs."""
-    if isinstance(value, dict) and "class_name" not in value:
-        return {key: _sorted_dicts(value[key]) for key in sorted(value)}
-    if isinstance(value, list):
-        return [_sorted_dicts(item) for item in value]
+    if isinstance(value, dict):
+        keys = list(value) if "class_name" in value else sorted(value)  # a serialized object keeps its own order
+        return {key: _sorted_dicts(value[key]) for key in keys}
+    if isinstance(value, (list, tuple)):
+        return type(value)(_sorted_dicts(item) for item in value)
     return value
 
 
