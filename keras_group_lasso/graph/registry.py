@@ -383,17 +383,24 @@ def channel_slice(name, key, shape):
     items = [entry(item) for item in (key if isinstance(key, (list, tuple)) else [key])]
     if not shape or shape[-1] is None or not all(isinstance(i, slice) or i is Ellipsis for i in items):
         return None
-    if items.count(Ellipsis) > 1:
-        return None
-    if Ellipsis in items:
-        at = items.index(Ellipsis)
-        items = items[:at] + [slice(None)] * (len(shape) - len(items) + 1) + items[at + 1:]
-    if len(items) != len(shape) or any(i != slice(None) for i in items[:-1]):
+    items = _every_axis(items, len(shape), pad=False)
+    if items is None or len(items) != len(shape) or any(i != slice(None) for i in items[:-1]):
         return None
     start, stop, step = items[-1].indices(int(shape[-1]))
     if step != 1 or stop <= start:
         return None
     return ChannelSlice(name, start, stop, int(shape[-1]))
+
+
+def _every_axis(items, rank, pad):
+    """The entries of a key ``x[items]`` with its ``...`` written out as whole slices (and, with ``pad``, whole
+    slices for the axes after the last entry), or ``None`` for a key with several ``...``."""
+    if items.count(Ellipsis) > 1:
+        return None
+    if Ellipsis in items:
+        at = items.index(Ellipsis)
+        items = items[:at] + [slice(None)] * (rank - len(items) + 1) + items[at + 1:]
+    return items + [slice(None)] * (rank - len(items)) if pad else items
 
 
 def split_slices(name, operation, shape):
@@ -2124,14 +2131,9 @@ def positions_only(key, shape):
     items = list(key) if isinstance(key, tuple) else [key]
     if len(shape) < 3 or any(not (isinstance(i, (slice, int, np.integer)) or i is Ellipsis) for i in items):
         return False
-    if items.count(Ellipsis) > 1:
-        return False
-    if Ellipsis in items:
-        at = items.index(Ellipsis)
-        items = items[:at] + [slice(None)] * (len(shape) - len(items) + 1) + items[at + 1:]
-    items += [slice(None)] * (len(shape) - len(items))
+    items = _every_axis(items, len(shape), pad=True)
     whole = slice(None)
-    return (len(items) == len(shape) and items[0] == whole and items[-1] == whole
+    return (items is not None and len(items) == len(shape) and items[0] == whole and items[-1] == whole
             and any(i != whole for i in items[1:-1]))
 
 
