@@ -3,7 +3,9 @@
 keras.io writes residual and Transformer blocks as a ``keras.layers.Layer`` whose ``call`` chains Keras layers and
 keras.ops. The graph calls such a block once on a symbolic input: its sublayers and ops become nodes named
 ``"<block>/<layer>"``, so the Dense layers and attention heads inside get group penalties, are reported and are
-pruned exactly like any other. The pruned model holds plain Keras layers in place of the block.
+pruned exactly like any other. The pruned model holds the block's own class again, built from its config with the
+widths its layers kept, where Keras can make it from its config and it computes what those layers compute; else
+plain Keras layers in place of the block.
 """
 
 import warnings
@@ -14,6 +16,7 @@ import pytest
 from test_model_families import T, assert_prunes_exactly_and_reloads
 
 from keras_group_lasso import (
+    InvalidParameterError,
     UnsupportedModelError,
     add_group_sparsity,
     apply_threshold,
@@ -203,6 +206,9 @@ def test_a_keras_io_transformer_block_gets_head_penalties_and_prunes_heads_exact
     np.testing.assert_allclose(keras.ops.convert_to_numpy(again(x)), expected, rtol=1e-5, atol=1e-5)
     attention = [layer for layer in small.layers if isinstance(layer, L.MultiHeadAttention)]
     assert len(attention) == 1 and attention[0].num_heads < 4
+    # Keras cannot load this class from its config (no **kwargs): the pruned model keeps its layers, and says why
+    (found,) = small.rebuilt_blocks.values()
+    assert found.layer is None and "cannot make its class again from its config" in found.reason
 
 
 def timeseries_transformer(steps=16, blocks=2):
@@ -503,8 +509,13 @@ def test_a_block_with_a_keyword_tensor_shared_and_fed_one_tensor_twice_prunes_ex
     np.testing.assert_allclose(keras.ops.convert_to_numpy(small(x)["y"]), keras.ops.convert_to_numpy(model(x)["y"]),
                                rtol=1e-5, atol=1e-5)
     assert small.count_params() < model.count_params()
+    # the shared block is one Conditioned again, called twice; the one fed h twice stays its layers
+    assert isinstance(small.get_layer("film"), Conditioned) and len(small.get_layer("film")._inbound_nodes) == 2
+    assert small.get_layer("film").hidden_units == small.rebuilt_blocks["film"].changed.get("hidden", (12, 12))[1]
+    assert small.rebuilt_blocks["self_film"].layer is None
+    assert not any(isinstance(layer, Conditioned) and layer.name != "film" for layer in small.layers)
     small.save(tmp_path / "small.keras")
-    again = keras.saving.load_model(tmp_path / "small.keras")
+    again = keras.saving.load_model(tmp_path / "small.keras", custom_objects={"Conditioned": Conditioned})
     np.testing.assert_allclose(keras.ops.convert_to_numpy(again(x)["y"]), keras.ops.convert_to_numpy(small(x)["y"]),
                                rtol=0, atol=1e-6)
 
@@ -597,3 +608,127 @@ def test_the_penalised_copy_of_a_model_with_blocks_reloads_with_every_penalty(tm
     assert all(type(found[path]) is type(penalty) for path, penalty in penalised.items())
     np.testing.assert_allclose(float(sum(keras.ops.convert_to_numpy(loss) for loss in again.losses)),
                                float(sum(keras.ops.convert_to_numpy(loss) for loss in sparse.losses)), rtol=1e-6)
+
+
+# ----------------------------------------------------------------------------- the user's classes, built again
+
+
+@keras.saving.register_keras_serializable("test_traced_blocks")
+class EncoderBlock(L.Layer):
+    """keras.io's Transformer block written to be saved: ``**kwargs`` and a ``get_config`` of its arguments."""
+
+    def __init__(self, embed_dim, num_heads, ff_dim, **kwargs):
+        super().__init__(**kwargs)
+        self.embed_dim, self.num_heads, self.ff_dim = embed_dim, num_heads, ff_dim
+        self.att = L.MultiHeadAttention(num_heads=num_heads, key_dim=embed_dim)
+        self.ffn = keras.Sequential([L.Dense(ff_dim, activation="relu"), L.Dense(embed_dim)])
+        self.norm1 = L.LayerNormalization(epsilon=1e-6)
+        self.norm2 = L.LayerNormalization(epsilon=1e-6)
+
+    def call(self, x):
+        x = self.norm1(x + self.att(x, x))
+        return self.norm2(x + self.ffn(x))
+
+    def get_config(self):
+        return dict(super().get_config(), embed_dim=self.embed_dim, num_heads=self.num_heads, ff_dim=self.ff_dim)
+
+
+@keras.saving.register_keras_serializable("test_traced_blocks")
+class Bottleneck(L.Layer):
+    """``x + outer(inner(x))`` with the residual width and the inner width as two arguments; ``scaled`` divides the
+    inner layer's output by its width (a block whose math reads its own arguments)."""
+
+    def __init__(self, units, hidden, scaled=False, **kwargs):
+        super().__init__(**kwargs)
+        self.units, self.hidden, self.scaled = units, hidden, scaled
+        self.inner = L.Dense(hidden, activation="relu", name="inner")
+        self.outer = L.Dense(units, name="outer")
+
+    def call(self, x):
+        h = self.inner(x)
+        return x + self.outer(h / self.hidden if self.scaled else h)
+
+    def get_config(self):
+        return dict(super().get_config(), units=self.units, hidden=self.hidden, scaled=self.scaled)
+
+
+def test_a_block_is_built_again_as_its_class_with_the_heads_and_neurons_it_kept(rng, tmp_path):
+    inputs = keras.Input((10,))
+    x = L.Embedding(40, 16, name="embed")(inputs)
+    x = EncoderBlock(16, 4, 24, name="encoder0")(x)
+    x = EncoderBlock(16, 4, 24, name="encoder1")(x)
+    model = keras.Model(inputs, L.Dense(2, name="out")(L.GlobalAveragePooling1D(name="pool")(x)))
+    sparsify(model, rng, dead=0.5)
+    x = rng.integers(0, 40, size=(4, 10))
+    small = assert_prunes_exactly_and_reloads(model, x, tmp_path)  # registered: plain load_model finds the class
+    for name in ("encoder0", "encoder1"):
+        block, found = small.get_layer(name), small.rebuilt_blocks[name]
+        assert type(block) is EncoderBlock and found.layer is not None and found.reason == ""
+        # each instance with its own widths, as its config says
+        assert block.att.num_heads == block.num_heads and block.ffn.layers[0].units == block.ff_dim
+        assert (block.num_heads, block.ff_dim) != (4, 24)
+        assert found.changed == {key: (old, getattr(block, key)) for key, old in (("num_heads", 4), ("ff_dim", 24))
+                                 if getattr(block, key) != old}
+    assert small.count_params() == prune_model(model, T, blocks="flatten").count_params()
+    assert not any(isinstance(layer, (L.MultiHeadAttention, L.Dense)) and layer.name != "out" for layer in small.layers)
+
+
+def test_a_block_whose_stream_and_inner_widths_both_change_gets_both_arguments(rng, tmp_path):
+    inputs = keras.Input((6,))
+    h = L.Dense(12, name="first")(inputs)
+    h = Bottleneck(12, 20, name="neck")(h)
+    model = keras.Model(inputs, L.Dense(3, name="out")(h))
+    weights = model.get_weights()
+    weights[0][:, [1, 4, 7]] = 0.0   # three channels of the stream: 'first' makes them ...
+    weights[4][:, [1, 4, 7]] = 0.0   # ... and so does the block's outer layer
+    weights[2][:, 3:11] = 0.0        # eight of the inner layer's units
+    model.set_weights(weights)
+    small = assert_prunes_exactly_and_reloads(model, rng.normal(size=(5, 6)).astype("float32"), tmp_path)
+    block = small.get_layer("neck")
+    assert type(block) is Bottleneck and (block.units, block.hidden) == (9, 12)
+    assert small.rebuilt_blocks["neck"].changed == {"units": (12, 9), "hidden": (20, 12)}
+
+
+def test_a_block_whose_math_reads_its_arguments_stays_its_layers(rng, tmp_path):
+    # built again with hidden=12 it would divide by 12, where its pruned layers divide by 20: checked, refused
+    inputs = keras.Input((6,))
+    h = L.Dense(12, name="first")(inputs)
+    h = Bottleneck(12, 20, scaled=True, name="neck")(h)
+    model = keras.Model(inputs, L.Dense(3, name="out")(h))
+    weights = model.get_weights()
+    weights[2][:, 3:11] = 0.0
+    model.set_weights(weights)
+    small = assert_prunes_exactly_and_reloads(model, rng.normal(size=(5, 6)).astype("float32"), tmp_path)
+    assert not any(isinstance(layer, Bottleneck) for layer in small.layers)
+    assert small.rebuilt_blocks["neck"].reason == "built again with the new widths, it computes something else"
+
+
+def test_blocks_flatten_and_a_bad_blocks_argument(rng):
+    model = conditioned_model()
+    sparsify(model, rng)
+    flat = prune_model(model, T, blocks="flatten")
+    assert not any(isinstance(layer, Conditioned) for layer in flat.layers)
+    with pytest.raises(InvalidParameterError, match=r"^prune_model: argument `blocks` must be one of "
+                                                    r"'rebuild', 'flatten'; received 'keep'\.$"):
+        prune_model(model, T, blocks="keep")
+
+
+@pytest.mark.quick
+@pytest.mark.parametrize("seed", range(6))
+def test_random_stacks_of_blocks_come_back_as_their_class_exactly(seed, tmp_path):
+    # a random stack of Bottleneck blocks on a random stream, random units dead in the stream and inside each block
+    rng = np.random.default_rng(seed)
+    width = int(rng.integers(4, 10))
+    inputs = keras.Input((5,))
+    h = L.Dense(width, name="first")(inputs)
+    hidden = [int(rng.integers(3, 9)) for _ in range(int(rng.integers(1, 4)))]
+    for k, units in enumerate(hidden):
+        h = Bottleneck(width, units, name=f"neck{k}")(h)
+    model = keras.Model(inputs, L.Dense(2, name="out")(h))
+    sparsify(model, rng, dead=float(rng.uniform(0.2, 0.5)))
+    small = assert_prunes_exactly_and_reloads(model, rng.normal(size=(6, 5)).astype("float32"), tmp_path)
+    sizes = {found.name: found.units_alive for found in small.pruning_report.layers}
+    for k in range(len(hidden)):
+        block = small.get_layer(f"neck{k}")
+        assert type(block) is Bottleneck, small.rebuilt_blocks[f"neck{k}"].reason
+        assert (block.units, block.hidden) == (sizes[f"neck{k}/outer"], sizes[f"neck{k}/inner"])

@@ -32,7 +32,7 @@ import numpy as np
 from keras_group_lasso.graph import registry
 
 __all__ = ["Node", "UnitsNode", "Stream", "ModelGraph", "model_graph", "flat_graph", "is_graph_model", "graph_model",
-           "traced_block"]
+           "traced_block", "BlockCall", "block_arguments", "block_operands"]
 
 
 def _frozen(values):
@@ -191,6 +191,8 @@ class ModelGraph:
         side_tensors: ``{node: {keyword: SideTensor}}``: tensors a call is given that carry no units (a
             ``MultiHeadAttention``'s ``attention_mask``), computed from the model's inputs by keras.ops calls
             that the pruned model makes again.
+        blocks: ``{call name: BlockCall}``: each call of a block traced into the graph (a block of a block too):
+            the nodes it reads and those of its outputs, so that surgery can build the block's class again.
     """
 
     model_name: str
@@ -215,6 +217,7 @@ class ModelGraph:
     calls: types.MappingProxyType = dataclasses.field(default_factory=lambda: types.MappingProxyType({}))
     call_shapes: types.MappingProxyType = dataclasses.field(default_factory=lambda: types.MappingProxyType({}))
     side_tensors: types.MappingProxyType = dataclasses.field(default_factory=lambda: types.MappingProxyType({}))
+    blocks: types.MappingProxyType = dataclasses.field(default_factory=lambda: types.MappingProxyType({}))
 
     def side_inputs(self):
         """Names of the model inputs that side tensors read (a padding mask): taken whole by a pruned model."""
@@ -465,7 +468,7 @@ def flat_graph(model):
     graph = _flat_graph(model)
     if graph is None:
         return None
-    order, layers, producers, consumers, input_names, output_names, problems, shapes, sides = graph
+    order, layers, producers, consumers, input_names, output_names, problems, shapes, sides, blocks = graph
     shared = {name for name, _ in problems}
     for block in list(order):
         layer = layers.get(block)
@@ -485,13 +488,16 @@ def flat_graph(model):
         if reason:
             problems.append((block, reason))
             continue
-        _inline(block, inner, order, layers, producers, consumers, output_names, problems, sides)
+        operands = tuple(producers[block])
+        ends = _inline(block, inner, order, layers, producers, consumers, output_names, problems, sides, blocks)
+        if not isinstance(layer, keras.Model) or not is_graph_model(layer):
+            blocks[block] = BlockCall(layer, operands, ends)
         shapes.update({f"{block}/{name}": shape for name, shape in inner[7].items()})
     _multi_output_reads(order, layers, producers, consumers, output_names, problems)
     if sides:  # what an inlined block's side tensors read, computed here; then nothing else reads it
         _complete_sides(sides, layers, producers, input_names, problems)
         _drop_mask_operations(order, layers, producers, consumers, output_names)
-    return order, layers, producers, consumers, input_names, output_names, problems, shapes, sides
+    return order, layers, producers, consumers, input_names, output_names, problems, shapes, sides, blocks
 
 
 _TRACED = weakref.WeakKeyDictionary()
@@ -700,7 +706,34 @@ def _trace(layer):
         return None
     if constants:
         _CONSTANT_INPUTS[traced] = {tensor._keras_history[0].name: value for tensor, value in catcher.found}
+    _CALLS[layer] = (args, kwargs, inputs)
     return traced
+
+
+_CALLS = weakref.WeakKeyDictionary()  # traced block -> (args, kwargs, inputs) of the call it was traced on
+
+
+def block_operands(layer):
+    """The symbolic inputs the traced block ``layer`` was called on, one per operand of its calls."""
+    return tuple(_CALLS[layer][2])
+
+
+def block_arguments(layer, tensors):
+    """``(args, kwargs)`` to call the traced block ``layer`` as the graph calls it, with ``tensors`` in place of
+    its operands (in the order of :attr:`BlockCall.operands`)."""
+    args, kwargs, inputs = _CALLS[layer]
+    given = {id(x): tensor for x, tensor in zip(inputs, tensors, strict=True)}
+
+    def swap(value):
+        if id(value) in given:
+            return given[id(value)]
+        if isinstance(value, dict):
+            return {key: swap(item) for key, item in value.items()}
+        if isinstance(value, (list, tuple)):
+            return type(value)(swap(item) for item in value)
+        return value
+
+    return swap(args), swap(kwargs)
 
 
 def is_graph_model(model):
@@ -710,7 +743,7 @@ def is_graph_model(model):
 def _inline_refusal(model, inner, producers, traced):
     if inner is None:
         return "a nested subclassed model (no layer graph)"
-    _, _, _, _, inputs, outputs, _, _, _ = inner
+    _, _, _, _, inputs, outputs, _, _, _, _ = inner
     # a traced block's inputs are its call's operands in the graph's order (_symbolic_call); a nested model's,
     # the entries of the list or dict it is called on, in keras.tree's order (_sorted_dicts)
     if len(inputs) != len(producers):
@@ -720,9 +753,10 @@ def _inline_refusal(model, inner, producers, traced):
     return None
 
 
-def _inline(block, inner, order, layers, producers, consumers, output_names, problems, sides):
-    """Replace the node ``block`` by the nodes of its own graph ``inner``, in place."""
-    i_order, i_layers, i_producers, i_consumers, i_inputs, i_outputs, i_problems, _, i_sides = inner
+def _inline(block, inner, order, layers, producers, consumers, output_names, problems, sides, blocks):
+    """Replace the node ``block`` by the nodes of its own graph ``inner``, in place; the names of the nodes of its
+    outputs, in order."""
+    i_order, i_layers, i_producers, i_consumers, i_inputs, i_outputs, i_problems, _, i_sides, i_blocks = inner
     sources = dict(zip(i_inputs, producers[block]))  # input k of the block reads operand k of its call
 
     def qualified(name):
@@ -753,7 +787,11 @@ def _inline(block, inner, order, layers, producers, consumers, output_names, pro
     problems.extend((qualified(name), reason) for name, reason in i_problems)
     sides.update({qualified(name): {key: side.renamed(qualified) for key, side in found.items()}
                   for name, found in i_sides.items()})
+    blocks.update({qualified(name): call.renamed(qualified) for name, call in i_blocks.items()})
+    for name, call in blocks.items():  # a block called on this one's outputs reads their nodes now
+        blocks[name] = call.renamed(lambda p: ends.get(p, p))
     del layers[block], producers[block]
+    return tuple(ends.values())
 
 
 def _flat_graph(model):
@@ -766,7 +804,7 @@ def _flat_graph(model):
         consumers = {name: ([order[i + 1]] if i + 1 < len(order) else []) for i, name in enumerate(order)}
         consumers["<input>"] = order[:1]
         layers["<input>"] = None
-        return ["<input>"] + order, layers, producers, consumers, ["<input>"], order[-1:], problems, {}, {}
+        return ["<input>"] + order, layers, producers, consumers, ["<input>"], order[-1:], problems, {}, {}, {}
 
     try:
         config = graph_config(model)
@@ -856,7 +894,7 @@ def _flat_graph(model):
         for node_name, name in calls.items():
             if isinstance(layers.get(name), keras.Model):
                 problems.append((name, "a nested model called several times (shared)"))
-    return order, layers, producers, consumers, input_names, output_names, problems, shapes, sides
+    return order, layers, producers, consumers, input_names, output_names, problems, shapes, sides, {}
 
 
 def _sorted_dicts(value):
@@ -912,6 +950,20 @@ class SideTensor:
         """The same tensor with ``steps`` computed first (what it reads, computed in an enclosing graph)."""
         own = {name for name, _, _ in self.steps}
         return SideTensor(self.end, tuple(step for step in steps if step[0] not in own) + self.steps)
+
+
+@dataclasses.dataclass(frozen=True)
+class BlockCall:
+    """A call of a block traced into the graph (:func:`traced_block`): ``layer`` called on the tensors of the
+    nodes ``operands`` (in the order of its traced inputs, :func:`block_arguments`), its outputs the tensors of
+    the nodes ``ends`` (in ``keras.tree``'s order of what its call returns)."""
+
+    layer: object
+    operands: tuple
+    ends: tuple
+
+    def renamed(self, rename):
+        return BlockCall(self.layer, tuple(rename(p) for p in self.operands), tuple(rename(e) for e in self.ends))
 
 
 def _side_steps(end, operation_of, producers, input_names):
@@ -1231,7 +1283,7 @@ def _model_graph(model, flat):
                  if registry.rule_of(layer) is not None and registry.rule_of(layer).kind == "units"}
         problems = ((model.name, type(model).__name__, "a subclassed model (no layer graph)"),)
         return _unsupported(model, sequential, None, input_shape, found, tuple(found), (), problems)
-    order, layers, producers, consumers, input_names, output_names, flat_problems, shapes, sides = flat
+    order, layers, producers, consumers, input_names, output_names, flat_problems, shapes, sides, blocks = flat
     flagged = {}
     for name, reason in flat_problems:
         flagged.setdefault(name, reason)
@@ -1292,6 +1344,7 @@ def _model_graph(model, flat):
         calls=types.MappingProxyType(calls),
         call_shapes=types.MappingProxyType(shapes),
         side_tensors=types.MappingProxyType(sides),
+        blocks=types.MappingProxyType(blocks),
     )
 
 

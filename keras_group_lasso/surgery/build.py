@@ -7,15 +7,19 @@ import numpy as np
 
 from keras_group_lasso._validation import check_choice, check_positive_int, fail
 from keras_group_lasso.graph import registry
-from keras_group_lasso.graph.build import graph_config, graph_model, is_graph_model, traced_block
+from keras_group_lasso.graph.build import block_arguments, graph_config, graph_model, is_graph_model, traced_block
 from keras_group_lasso.graph.masks import threshold_array
+from keras_group_lasso.surgery import blocks as blocks_module
 from keras_group_lasso.surgery import plan as planning
 from keras_group_lasso.surgery import steps
 
 __all__ = ["prune_model"]
 
+#: What a block traced into the graph becomes (``prune_model(blocks=)``).
+BLOCKS = ("rebuild", "flatten")
 
-def prune_model(model, threshold=1e-3, inputs="original", round_to=1, fold_batchnorm=False):
+
+def prune_model(model, threshold=1e-3, inputs="original", round_to=1, fold_batchnorm=False, blocks="rebuild"):
     """A new, physically smaller model that computes what ``model`` computes after thresholding.
 
     On any input, ``prune_model(model, t)(x)`` equals the output of ``model``
@@ -61,21 +65,42 @@ def prune_model(model, threshold=1e-3, inputs="original", round_to=1, fold_batch
     attributes ``kept_features`` (tuple of input indices), ``pruning_report``
     (the :class:`~keras_group_lasso.SparsityReport` of ``model`` at
     ``threshold``), ``pruning_plan`` (the :class:`PruningPlan`; its
-    ``steps`` say what was built, node by node) and ``folded_batchnorms``
+    ``steps`` say what was built, node by node), ``folded_batchnorms``
     (``{BatchNormalization name: the layer it was merged into}``, see
-    ``fold_batchnorm``). Those attributes are not saved
+    ``fold_batchnorm``) and ``rebuilt_blocks`` (``{block name: Rebuilt}``
+    with ``blocks="rebuild"``: ``.layer``, the block built again, or
+    ``None`` and ``.reason``; ``.changed``, ``{argument: (old, new)}``).
+    Those attributes are not saved
     in a ``.keras`` file. The report and plan count parameters of the
     compact layers; with ``inputs="original"`` the first Dense may hold zero
     rows or be preceded by a selection layer (see ``inputs``).
 
-    The result is built from Keras's own layers only, so it saves to a
-    ``.keras`` file that plain Keras loads without this package: the
+    The result is built from Keras's own layers (and the model's own block
+    classes, below), so it saves to a ``.keras`` file that plain Keras loads
+    without this package: the
     penalties of this package (``GroupLasso``, ``InputGroupLasso``, ...) are
     not carried over (pass the result to
     :func:`~keras_group_lasso.add_group_sparsity` to train it further with
     them); other regularizers are kept. A nested Sequential or functional
     block is flattened into the graph: its layers keep their own names when
     those are unique in the result, else they are named ``<block>_<layer>``.
+
+    A block written as a ``keras.layers.Layer`` (a residual or Transformer
+    block, its call traced into the graph) is pruned through its layers. With ``blocks="rebuild"`` the result holds the
+    block's own class again, built from its config with the widths its
+    layers kept (keras.io's ``TransformerBlock(embed_dim, num_heads,
+    ff_dim)`` with fewer ``num_heads`` and a smaller ``ff_dim``, each instance
+    its own), when three things hold: Keras can make the class from its
+    config (its constructor takes ``**kwargs`` and ``get_config`` returns its
+    arguments, as Keras needs to load it), integer arguments of that config
+    give exactly the pruned weights' shapes, and the block so built computes
+    what its pruned layers compute (checked on random inputs). Otherwise,
+    and always with ``blocks="flatten"``, the block's pruned layers stand in
+    its place as plain Keras layers. A result holding the user's class loads
+    where that class is known to Keras (registered with
+    ``keras.saving.register_keras_serializable``, or passed in
+    ``custom_objects``; a KerasHub class with keras_hub installed); plain
+    layers load anywhere.
 
     Args:
         model: a built ``keras.Model`` (Sequential or functional, one input);
@@ -111,6 +136,10 @@ def prune_model(model, threshold=1e-3, inputs="original", round_to=1, fold_batch
             pass over the data fewer, for a model meant for inference (its
             outputs equal the original's up to float rounding; training it
             further no longer normalizes batches). Default ``False``.
+        blocks: ``"rebuild"`` (default): a block traced into the graph is
+            its own class again where its config can say its new widths (see
+            above); ``"flatten"``: its layers, plain Keras, which load
+            without the block's code.
 
     Returns:
         The new ``keras.Model``.
@@ -142,7 +171,8 @@ def prune_model(model, threshold=1e-3, inputs="original", round_to=1, fold_batch
     round_to = check_positive_int(owner, "round_to", round_to)
     if not isinstance(fold_batchnorm, bool):
         fail(owner, "fold_batchnorm", "a bool", fold_batchnorm)
-    return _pruned(owner, model, threshold, round_to, inputs, fold_batchnorm)
+    blocks = check_choice(owner, "blocks", blocks, BLOCKS)
+    return _pruned(owner, model, threshold, round_to, inputs, fold_batchnorm, blocks=blocks)
 
 
 def prune_as_if(model, values, threshold=0.0, owner="prune_as_if"):
@@ -163,14 +193,16 @@ def prune_as_if(model, values, threshold=0.0, owner="prune_as_if"):
     return _pruned(owner, model, threshold, 1, "original", False, values)
 
 
-def _pruned(owner, model, threshold, round_to, inputs, fold_batchnorm, values=None):
+def _pruned(owner, model, threshold, round_to, inputs, fold_batchnorm, values=None, blocks="flatten"):
     model = graph_model(model)  # a subclassed model: the functional model of the layers its call runs
     plan = planning.build_plan(owner, model, threshold, round_to, inputs=inputs, fold_batchnorm=fold_batchnorm,
                                values=values)
-    builder = _Builder(plan, model)
-    for step in plan.steps:
-        getattr(builder, step.kind)(step)
-    small = builder.model()
+    small, builder = _built(plan, model)
+    rebuilt = _rebuilt_blocks(builder) if blocks == "rebuild" and plan.analysis.graph.blocks else {}
+    replace = {call: found.layer for call, found in rebuilt.items() if found.layer is not None}
+    if replace:  # built again, each of those blocks called in place of its layers
+        small, builder = _built(plan, model, replace)
+    small.rebuilt_blocks = {plan.analysis.graph.blocks[call].layer.name: found for call, found in rebuilt.items()}
     small.kept_features = plan.kept_features
     small.kept_inputs = tuple(step.name for step in plan.steps if isinstance(step, steps.NewInput))
     small.folded_batchnorms = {
@@ -180,6 +212,69 @@ def _pruned(owner, model, threshold, round_to, inputs, fold_batchnorm, values=No
     small.pruning_report = plan.report
     small.pruning_plan = plan
     return small
+
+
+def _built(plan, model, replace=None):
+    """``(new model, builder)``: the steps of ``plan`` applied; the calls of blocks in ``replace`` (``{call: new
+    layer}``) made by calling the new layer on the block's operands once they are final, its own steps skipped."""
+    builder = _Builder(plan, model)
+    blocks = plan.analysis.graph.blocks
+    pending = dict(replace or {})
+    last = {step.name: i for i, step in enumerate(plan.steps)}  # a merge's constants are folded by a second step
+    for i, step in enumerate(plan.steps):
+        if not any(step.name.startswith(f"{call}/") for call in replace or ()):
+            getattr(builder, step.kind)(step)
+        for call in [call for call in pending if all(last[p] <= i for p in blocks[call].operands)]:
+            builder.call_block(blocks[call], pending.pop(call))
+    return builder.model(), builder
+
+
+def _rebuilt_blocks(builder):
+    """``{call: Rebuilt}`` for the calls of blocks traced into the graph, outermost first: the block's class built
+    again with the widths of its pruned layers, where that computes what they compute (see
+    :mod:`keras_group_lasso.surgery.blocks`)."""
+    graph_blocks = builder.graph.blocks
+    found, by_layer = {}, {}
+    depth = {call: sum(call.startswith(f"{other}/") for other in graph_blocks) for call in graph_blocks}
+    for call in sorted(graph_blocks, key=depth.get):
+        if any(call.startswith(f"{other}/") and found[other].layer is not None for other in found):
+            continue  # inside a block built again
+        block = graph_blocks[call]
+        if id(block.layer) in by_layer:  # a shared block: decided at its first call
+            found[call] = by_layer[id(block.layer)]
+            continue
+        found[call] = by_layer[id(block.layer)] = _rebuilt_block(builder, call, block)
+    return found
+
+
+def _rebuilt_block(builder, call, block):
+    tensors = [builder.tensors.get(name) for name in block.operands]
+    ends = [builder.tensors.get(name) for name in block.ends]
+    if any(x is None for x in tensors + ends) or len({id(x) for x in tensors}) != len(tensors):
+        return blocks_module.Rebuilt(None, {}, "an input or output of the block is dropped or repeated")
+    made = {}
+    for name, new in builder.made.items():
+        if name.startswith(f"{call}/"):
+            made[id(builder.layers[name])] = new
+    values = {}
+    for layer in builder.graph.layers.values():
+        new = made.get(id(layer))
+        if new is not None:
+            for j, variable in enumerate(layer.weights):
+                values[id(variable)] = keras.ops.convert_to_numpy(new.weights[j])
+    if any(id(variable) not in values for variable in block.layer.weights):
+        return blocks_module.Rebuilt(None, {}, "a weight of the block is not held by a pruned layer of it")
+    weights = [values[id(variable)] for variable in block.layer.weights]
+    rebuilt = blocks_module.rebuilt_block(block.layer, weights, tensors, _unique(block.layer.name, builder.taken))
+    if rebuilt.layer is None:
+        return rebuilt
+    try:
+        reference = keras.Model(tensors if len(tensors) > 1 else tensors[0], ends if len(ends) > 1 else ends[0])
+    except Exception:  # noqa: BLE001 - its layers read more than the block's operands
+        return blocks_module.Rebuilt(None, {}, "its pruned layers read more than the block's inputs")
+    if not blocks_module.same_outputs(reference, block.layer, rebuilt.layer, tensors):
+        return blocks_module.Rebuilt(None, {}, "built again with the new widths, it computes something else")
+    return rebuilt
 
 
 class _Builder:
@@ -194,6 +289,7 @@ class _Builder:
         self.input_named = not graph.sequential  # a Sequential's input node is "<input>", not a name to keep
         # Named inputs and outputs (dicts) stay named: the new model takes and returns the same structures.
         self.structures = (None, None) if graph.sequential else (model.input, model.output)
+        self.graph = graph
         self.layers, self.node, self.outputs = graph.layers, graph.node, graph.outputs
         self.weights = _folded(result)
         input_names = [found.name for found in graph.inputs]
@@ -208,6 +304,7 @@ class _Builder:
         self.built = []  # (new layer, weights), in call order
         self.initializers = {}  # id(new layer) -> the user's initializers, put back once it is built
         self.made = {}  # node name -> its new layer (the later calls of a shared layer call it again)
+        self.blocks = {}  # id(block built again) -> its copy in this model
 
     def new_input(self, step):
         inp = keras.Input(shape=step.shape, dtype=step.dtype, name=step.name if self.input_named else None)
@@ -270,6 +367,22 @@ class _Builder:
         rule = registry.rule_of(self.layers[step.name])
         self.tensors[step.name] = rule.call(self.made[step.layer], self.tensors[step.source],
                                             self.call_options(step.name))
+
+    def call_block(self, block, layer):
+        """Call ``layer`` (the block's class built again) on the block's operands; its outputs are the tensors of
+        the block's ends."""
+        args, kwargs = block_arguments(block.layer, [self.tensors[name] for name in block.operands])
+        new = self.blocks.get(id(layer))
+        if new is None:  # a fresh copy: the checked one was also called on inputs of its own
+            new = self.blocks[id(layer)] = type(layer).from_config(layer.get_config())
+            with blocks_module.zero_initializers(new):
+                outputs = keras.tree.flatten(new(*args, **kwargs))
+            self.built.append((new, layer.get_weights()))
+            new.set_weights(layer.get_weights())
+        else:
+            outputs = keras.tree.flatten(new(*args, **kwargs))
+        for end, tensor in zip(block.ends, outputs, strict=True):
+            self.tensors[end] = tensor
 
     def call_options(self, name):
         """The keyword arguments node ``name`` is called with: its options, and its side tensors (an attention

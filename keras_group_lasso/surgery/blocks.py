@@ -1,0 +1,185 @@
+"""A block traced into the graph, built again as its own class with the widths that surgery left it.
+
+A block written as a ``keras.layers.Layer`` (keras.io's ``TransformerBlock(embed_dim, num_heads, ff_dim)``, a
+residual block ``ResidualBlock(filters)``) is seen through: its sublayers are nodes of the graph and are pruned one
+by one. The pruned model can hold the block's own class again when its config says the new widths: each integer
+argument of the config is tried once with another value to see which dimensions of which weights it sets
+(:func:`widths`), the values that give the pruned weights' shapes are solved for, and the block built from that
+config must compute what its pruned layers compute (checked on random inputs by the caller); otherwise its
+layers stay plain Keras layers.
+"""
+
+import contextlib
+import dataclasses
+import warnings
+
+import keras
+import numpy as np
+
+from keras_group_lasso.graph import registry
+from keras_group_lasso.graph.build import block_arguments, block_operands
+
+__all__ = ["Rebuilt", "rebuilt_block", "same_outputs", "zero_initializers"]
+
+#: How far each integer argument is moved to see what it sets (prime, so that its multiples stand out).
+_PROBE = 7
+
+
+@dataclasses.dataclass(frozen=True)
+class Rebuilt:
+    """What became of a block: ``layer``, its class built again with ``changed`` (``{argument: (old, new)}``), or
+    ``None`` with ``reason`` (its layers stay plain Keras layers)."""
+
+    layer: object
+    changed: dict
+    reason: str = ""
+
+
+def rebuilt_block(block, weights, tensors, name):
+    """A :class:`Rebuilt` for the traced ``block``: its class from its config, the integer arguments changed so
+    that its weights have the shapes of ``weights`` (numpy arrays in ``block.weights``' order) when it is called
+    on ``tensors`` (its operands in the pruned model), named ``name``, those weights set."""
+    try:
+        config = dict(registry.layer_config(block), name=name)
+        type(block).from_config(config)  # as Keras loads it: what it cannot load stays plain layers
+    except Exception as error:  # noqa: BLE001 - a config that cannot make the block again
+        return Rebuilt(None, {}, f"Keras cannot make its class again from its config ({type(error).__name__}: "
+                                 "give its constructor **kwargs and a get_config that returns its arguments)")
+    targets = [tuple(w.shape) for w in weights]
+    shapes = [tuple(x.shape) for x in tensors]
+    dtypes = [x.dtype for x in tensors]
+    changed = widths(block, config, targets, shapes, dtypes)
+    if changed is None:
+        return Rebuilt(None, {}, "no integer argument of its config gives the pruned widths")
+    new = _built(block, dict(config, **{key: value for key, (_, value) in changed.items()}), shapes, dtypes)
+    if new is None or [tuple(w.shape) for w in new.weights] != targets:
+        return Rebuilt(None, {}, "no integer argument of its config gives the pruned widths")
+    new.set_weights(weights)
+    return Rebuilt(new, changed)
+
+
+def widths(block, config, targets, shapes, dtypes):
+    """``{argument: (old, new)}``: the integer arguments of ``config`` to change so that the block's weights have
+    the shapes ``targets`` on inputs of ``shapes``, or ``None`` where no such change is found.
+
+    Each argument ``k`` of value ``v`` is probed once: the block built with ``v + 7`` (on inputs whose channels
+    equal ``v`` widened alike, for an argument the input's width must match) tells which dimensions it sets and
+    by how much per step; a dimension set by one argument alone gives that argument's new value. The others
+    follow the inputs' widths, or nothing: the caller builds the block on the new inputs and compares.
+    """
+    base = [tuple(w.shape) for w in block.weights]
+    original = [tuple(x.shape) for x in block_operands(block)]
+    changed = {}
+    if targets == base and shapes == original:
+        return changed
+    slopes = {}  # (weight, axis) -> {argument: its dimension's change per unit of the argument}
+    seen = {d for shape in base + original for d in shape}
+    for key, value in config.items():
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1 or value not in seen:
+            continue  # an integer that is no width (a seed, a length the weights do not have)
+        probe = dict(config, **{key: value + _PROBE})
+        built = _built(block, probe, original, dtypes)
+        if built is None:  # an argument the input's width must equal (a residual block's channels)
+            built = _built(block, probe, [_widened(s, value) for s in original], dtypes)
+        if built is None or len(built.weights) != len(base):
+            continue
+        for i, (old, new) in enumerate(zip(base, [tuple(w.shape) for w in built.weights], strict=True)):
+            if len(old) != len(new):
+                continue
+            for axis, (a, b) in enumerate(zip(old, new, strict=True)):
+                if a != b:
+                    slopes.setdefault((i, axis), {})[key] = (b - a) / _PROBE
+    solved = {}
+    for (i, axis), found in slopes.items():
+        if len(found) != 1:
+            continue
+        (key, slope), = found.items()
+        step = (targets[i][axis] - base[i][axis]) / slope
+        value = config[key] + step
+        if abs(value - round(value)) > 1e-9 or round(value) < 1 or solved.get(key, round(value)) != round(value):
+            return None
+        solved[key] = round(value)
+    # a dimension no argument sets follows the inputs (a Dense's rows): the block built on the new inputs says
+    return {key: (config[key], value) for key, value in solved.items() if value != config[key]}
+
+
+def same_outputs(reference, block, new, tensors, seed=0):
+    """Whether ``new`` (built again from the traced ``block``) computes what the model ``reference`` (the pruned
+    layers it stands for, from the same operands) computes, on random operands shaped as ``tensors`` (to 1e-5 of
+    the output's scale, inference mode)."""
+    rng = np.random.default_rng(seed)
+    values = [_random(tuple(x.shape), x.dtype, rng) for x in tensors]
+    try:
+        want = keras.tree.flatten(reference(values if len(values) > 1 else values[0], training=False))
+        args, kwargs = block_arguments(block, [keras.ops.convert_to_tensor(v) for v in values])
+        got = keras.tree.flatten(new(*args, **kwargs))  # called outside fit: inference, as the reference
+    except Exception:  # noqa: BLE001 - what does not run does not stand in for the layers
+        return False
+    if len(want) != len(got):
+        return False
+    for a, b in zip(want, got, strict=True):
+        a, b = keras.ops.convert_to_numpy(a), keras.ops.convert_to_numpy(b)
+        if a.shape != b.shape:
+            return False
+        scale = max(1.0, float(np.max(np.abs(a))) if a.size else 1.0)
+        if not np.allclose(a, b, rtol=0.0, atol=1e-5 * scale):
+            return False
+    return True
+
+
+def _widened(shape, value):
+    return shape[:-1] + (shape[-1] + _PROBE,) if shape and shape[-1] == value else shape
+
+
+def _built(block, config, shapes, dtypes):
+    """A layer of ``block``'s class from ``config``, called as the graph calls ``block`` on inputs of ``shapes``
+    (its variables zeros); ``None`` where that fails."""
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # a probe that does not fit together may say so before it fails
+            layer = type(block).from_config(config)
+            inputs = [keras.Input(batch_shape=shape, dtype=dtype) for shape, dtype in zip(shapes, dtypes, strict=True)]
+            args, kwargs = block_arguments(block, inputs)
+            with zero_initializers(layer):
+                layer(*args, **kwargs)
+    except Exception:  # noqa: BLE001 - a config the class refuses, or widths that do not fit together
+        return None
+    return layer
+
+
+@contextlib.contextmanager
+def zero_initializers(layer):
+    """Build ``layer`` (and the sublayers it holds or makes) with variables of zeros inside this context, its
+    initializers put back after: its weights are set right after, so a random draw is wasted work (on JAX a
+    compilation per shape)."""
+    saved, stack, seen = [], [layer], set()
+    while stack:
+        found = stack.pop()
+        if id(found) in seen:
+            continue
+        seen.add(id(found))
+        for key, value in list(vars(found).items()):
+            if key.endswith("_initializer") and isinstance(value, keras.initializers.Initializer):
+                saved.append((found, key, value))
+            elif isinstance(value, keras.layers.Layer):
+                stack.append(value)
+            elif isinstance(value, (list, tuple)):
+                stack.extend(item for item in value if isinstance(item, keras.layers.Layer))
+    zeros = keras.initializers.Zeros()
+    try:
+        for found, key, _ in saved:
+            object.__setattr__(found, key, zeros)
+        yield layer
+    finally:
+        for found, key, value in saved:
+            object.__setattr__(found, key, value)
+
+
+def _random(shape, dtype, rng):
+    shape = tuple(2 if i == 0 and s is None else (3 if s is None else s) for i, s in enumerate(shape))
+    dtype = keras.backend.standardize_dtype(dtype)
+    if dtype == "bool":
+        return np.ones(shape, dtype=bool)
+    if "int" in dtype:
+        return rng.integers(0, 2, size=shape).astype(dtype)
+    return rng.normal(size=shape).astype(dtype)
