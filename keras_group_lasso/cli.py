@@ -94,6 +94,9 @@ def _add_prune(subparsers):
                    "8 often runs faster on CPUs and GPUs)")
     p.add_argument("--fold-batchnorm", action="store_true",
                    help="merge each BatchNormalization that follows a Dense or convolution layer into it")
+    p.add_argument("--blocks", choices=("rebuild", "flatten"), default="rebuild",
+                   help="a block of the model's own class: 'rebuild' (default) makes it again with its new widths "
+                   "where its config can say them; 'flatten' writes its layers as plain Keras layers")
     p.add_argument("--overwrite", action="store_true",
                    help="replace an earlier export in OUT_DIR: only saved_model/, model.keras, model.tflite, model.onnx, "
                    "model_int8.tflite and manifest.json are replaced or removed, other files stay")
@@ -144,6 +147,7 @@ def _run_prune(args):
             round_to=args.round_to,
             fold_batchnorm=args.fold_batchnorm,
             representative_data=representative,
+            blocks=args.blocks,
         )
     except (ValueError, TypeError, ImportError, OSError, RuntimeError) as e:
         return error(str(e))

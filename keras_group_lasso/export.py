@@ -977,10 +977,11 @@ def export_pruned(
     round_to=1,
     fold_batchnorm=False,
     representative_data=None,
+    blocks="rebuild",
 ):
     """Prune ``model`` and write the smaller model plus a manifest to ``directory``.
 
-    The pruned model is ``prune_model(model, threshold, inputs, round_to, fold_batchnorm)``: on any
+    The pruned model is ``prune_model(model, threshold, inputs, round_to, fold_batchnorm, blocks)``: on any
     input ``x`` it gives the outputs of ``model`` with every ``|w| <= threshold``
     set to 0, with dead input features, dead hidden units and constant units
     removed. ``model`` itself is never changed.
@@ -1080,6 +1081,10 @@ def export_pruned(
             a dict of them by input name, or an iterable of such batches (without targets);
             a few hundred rows are enough. Needed for ``"tflite-int8"`` (calibration and its
             error), used for ``"onnx"`` (its check), refused otherwise.
+        blocks: ``"rebuild"`` (default): a block of the model's own class comes back as that class with its
+            new widths where its config can say them, so ``model.keras`` loads where the class is registered;
+            ``"flatten"``: its layers, plain Keras, loading anywhere (see
+            :func:`~keras_group_lasso.surgery.prune_model`).
 
     Returns:
         :class:`ExportResult` with the absolute paths, the manifest, the report
@@ -1120,6 +1125,7 @@ def export_pruned(
     round_to = check_positive_int(_OWNER, "round_to", round_to)
     if not isinstance(fold_batchnorm, bool):
         fail(_OWNER, "fold_batchnorm", "a bool", fold_batchnorm)
+    blocks = check_choice(_OWNER, "blocks", blocks, surgery.BLOCKS)
     if "tflite-int8" in formats and representative_data is None:
         fail(_OWNER, "representative_data", "given for the 'tflite-int8' format: a NumPy array of the exported "
              "model's inputs, a list or dict of arrays (one per input) or an iterable of such batches", None)
@@ -1135,7 +1141,7 @@ def export_pruned(
     # Every process prunes (on JAX over several processes the model's arrays span them all, so the
     # surgery's computations are collective); only the chief writes.
     small = surgery.prune_model(model, threshold=threshold, inputs=inputs, round_to=round_to,
-                                fold_batchnorm=fold_batchnorm)
+                                fold_batchnorm=fold_batchnorm, blocks=blocks)
     report = small.pruning_report
     representative = None
     if representative_data is not None:

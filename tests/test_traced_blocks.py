@@ -732,3 +732,23 @@ def test_random_stacks_of_blocks_come_back_as_their_class_exactly(seed, tmp_path
         block = small.get_layer(f"neck{k}")
         assert type(block) is Bottleneck, small.rebuilt_blocks[f"neck{k}"].reason
         assert (block.units, block.hidden) == (sizes[f"neck{k}/outer"], sizes[f"neck{k}/inner"])
+
+
+def test_export_pruned_writes_the_block_as_its_class_or_as_its_layers(rng, tmp_path):
+    from keras_group_lasso import export_pruned
+
+    inputs = keras.Input((6,))
+    h = L.Dense(12, name="first")(inputs)
+    model = keras.Model(inputs, L.Dense(3, name="out")(Bottleneck(12, 20, name="neck")(h)))
+    weights = model.get_weights()
+    weights[2][:, 3:11] = 0.0
+    model.set_weights(weights)
+    x = rng.normal(size=(5, 6)).astype("float32")
+    for blocks, held in (("rebuild", Bottleneck), ("flatten", L.Dense)):
+        result = export_pruned(model, tmp_path / blocks, formats=("keras",), blocks=blocks)
+        again = keras.saving.load_model(result.paths["keras"])
+        assert type(again.get_layer("neck" if blocks == "rebuild" else "inner")) is held
+        np.testing.assert_allclose(keras.ops.convert_to_numpy(again(x)),
+                                   keras.ops.convert_to_numpy(prune_model(model, T)(x)), rtol=0, atol=1e-6)
+    with pytest.raises(InvalidParameterError, match=r"^export_pruned: argument `blocks` must be one of"):
+        export_pruned(model, tmp_path / "bad", formats=("keras",), blocks=True)

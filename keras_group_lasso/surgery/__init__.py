@@ -5,10 +5,12 @@ what is dead (one place), :mod:`.plan` plans what to cut across coupled layers
 and refuses what it cannot plan, with the typed steps of :mod:`.steps` (one or
 a few per node, decided before anything is built), the one registry
 (:mod:`keras_group_lasso.graph.registry`) knows how to slice each layer type,
-and :mod:`.build` applies the steps in a short loop.
+and :mod:`.build` applies the steps in a short loop; :mod:`.blocks` makes a block
+of the user's own class again with the widths its layers kept.
 """
 
-from keras_group_lasso.surgery.build import prune_model
+from keras_group_lasso.surgery.blocks import Rebuilt
+from keras_group_lasso.surgery.build import BLOCKS, prune_model
 from keras_group_lasso.surgery.layers import SelectFeatures
 from keras_group_lasso.surgery.plan import DensePlan, LayerPlan, PruningPlan, UnsupportedModelError, plan_pruning
 
@@ -20,4 +22,6 @@ __all__ = [
     "LayerPlan",
     "UnsupportedModelError",
     "SelectFeatures",
+    "Rebuilt",
+    "BLOCKS",
 ]
