@@ -752,3 +752,38 @@ def test_export_pruned_writes_the_block_as_its_class_or_as_its_layers(rng, tmp_p
                                    keras.ops.convert_to_numpy(prune_model(model, T)(x)), rtol=0, atol=1e-6)
     with pytest.raises(InvalidParameterError, match=r"^export_pruned: argument `blocks` must be one of"):
         export_pruned(model, tmp_path / "bad", formats=("keras",), blocks=True)
+
+
+@keras.saving.register_keras_serializable("test_traced_blocks")
+class SharedDropoutMLP(L.Layer):
+    """KerasHub's ViT MLP: one Dropout called after each of two Dense layers of different widths."""
+
+    def __init__(self, hidden, units, **kwargs):
+        super().__init__(**kwargs)
+        self.hidden_units, self.units = hidden, units
+        self.dense_1 = L.Dense(hidden, activation="gelu", name="dense_1")
+        self.dense_2 = L.Dense(units, name="dense_2")
+        self.dropout = L.Dropout(0.1, name="dropout")
+
+    def call(self, x):
+        return self.dropout(self.dense_2(self.dropout(self.dense_1(x))))
+
+    def get_config(self):
+        return dict(super().get_config(), hidden=self.hidden_units, units=self.units)
+
+
+def test_a_weightless_layer_shared_between_widths_prunes_each_call_on_its_own(rng, tmp_path):
+    inputs = keras.Input((6,))
+    h = SharedDropoutMLP(12, 7, name="mlp")(L.Dense(8, name="first")(inputs))
+    model = keras.Model(inputs, L.Dense(2, name="out")(h))
+    graph = model_graph(model)
+    assert graph.supported, graph.problems
+    assert {"mlp/dropout", "mlp/dropout#1"} <= {node.name for node in graph.nodes}
+    sparsify(model, rng)
+    small = prune_model(model, T, blocks="flatten")
+    sizes = {found.name: found.units_alive for found in small.pruning_report.layers}
+    assert sizes["mlp/dense_1"] < 12 and sizes["mlp/dense_2"] < 7
+    # built again as its class (registered, so plain load_model finds it) with the widths its layers kept
+    again = assert_prunes_exactly_and_reloads(model, rng.normal(size=(5, 6)).astype("float32"), tmp_path)
+    assert (again.get_layer("mlp").hidden_units, again.get_layer("mlp").units) == (sizes["mlp/dense_1"],
+                                                                                   sizes["mlp/dense_2"])

@@ -1603,6 +1603,8 @@ def _units_graph(order, layers, producers, consumers, kinds, input_names, output
     # The calls of a shared layer share its kernel rows, columns and per-channel weights: row r (column j) of
     # every call is one unit, kept or removed together.
     for name, first in calls.items():
+        if kinds[name] in ("per_unit", "activation_tail", "global_pool") and not getattr(layers[name], "weights", ()):
+            continue  # nothing per channel to share (a Dropout called after two layers of different widths)
         pairs = [(info[first]["ids"], info[name]["ids"])]
         if first in units_info:
             pairs = [(units_info[first]["in_ids"], units_info[name]["in_ids"]),
