@@ -20,6 +20,7 @@ L = keras.layers
 ops = keras.ops
 
 
+@keras.saving.register_keras_serializable("test_attention_masks")  # a pruned model may hold it again
 class PaddedEncoder(L.Layer):
     """An encoder block called ``block(x, padding_mask)``: a position attends only to the positions the mask
     keeps (``attention_mask = padding_mask[:, None, :]``), as KerasHub's TransformerEncoder does."""

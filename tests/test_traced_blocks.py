@@ -29,6 +29,7 @@ from keras_group_lasso.graph.build import graph_model, model_graph
 L = keras.layers
 
 
+@keras.saving.register_keras_serializable("test_traced_blocks")  # a pruned model may hold it again
 class ResidualBlock(L.Layer):
     """A residual block as keras.io writes one: a Layer made of layers, ``x + outer(inner(x))``."""
 
@@ -45,6 +46,7 @@ class ResidualBlock(L.Layer):
         return dict(super().get_config(), units=self.units)
 
 
+@keras.saving.register_keras_serializable("test_traced_blocks")  # a pruned model may hold it again
 class FeedForward(L.Layer):
     """A block holding a Sequential and another block: traced at every depth."""
 
@@ -167,7 +169,11 @@ def test_a_block_prunes_exactly_into_plain_keras_layers_that_reload(rng, tmp_pat
     sparsify(model, rng)
     x = rng.normal(size=(8, 6)).astype("float32")
     small = assert_prunes_exactly_and_reloads(model, x, tmp_path)
+    # its one ``units`` sets both its inner width and the stream's, pruned apart here: its layers stand in its place
     assert not any(isinstance(layer, ResidualBlock) for layer in small.layers)
+    assert {call: found.reason for call, found in small.rebuilt_blocks.items()} == {
+        "block0": "no integer argument of its config gives the pruned widths",
+        "block1": "no integer argument of its config gives the pruned widths"}
     report = sparsity_report(model, T)
     assert report.layer_sizes == small.pruning_report.layer_sizes
     assert "block0/inner" in small.pruning_plan.masks.units
@@ -182,7 +188,9 @@ def test_blocks_inside_blocks_and_sequentials_inside_blocks_are_traced(rng, tmp_
     _, said = penalty_warnings(model)
     assert said == []
     sparsify(model, rng)
-    assert_prunes_exactly_and_reloads(model, rng.normal(size=(8, 6)).astype("float32"), tmp_path)
+    small = assert_prunes_exactly_and_reloads(model, rng.normal(size=(8, 6)).astype("float32"), tmp_path)
+    # the outer block is tried first, then (not built again) the one inside it, named by its path
+    assert set(small.rebuilt_blocks) == {"ff", "ff/residual_block"}
 
 
 def test_a_keras_io_transformer_block_gets_head_penalties_and_prunes_heads_exactly(rng, tmp_path):
@@ -251,6 +259,7 @@ def test_keras_io_timeseries_transformer_prunes_heads_and_feed_forward_units_exa
     assert small.pruning_report.uninterpreted_layers == ()
 
 
+@keras.saving.register_keras_serializable("test_traced_blocks")  # a pruned model may hold it again
 class Chain(L.Layer):
     """A block of two Dense layers in a row, no merge."""
 
@@ -277,6 +286,7 @@ def test_blocks_in_a_sequential_get_their_penalties_and_prune_exactly(rng, tmp_p
     assert_prunes_exactly_and_reloads(model, x, tmp_path)
 
 
+@keras.saving.register_keras_serializable("test_traced_blocks")  # a pruned model may hold it again
 class Subclassed(keras.Model):
     """A subclassed model (no functional graph) used as a block of a functional one."""
 
@@ -297,6 +307,7 @@ def test_a_subclassed_model_inside_a_functional_one_is_traced_too(rng, tmp_path)
     assert_prunes_exactly_and_reloads(model, rng.normal(size=(8, 6)).astype("float32"), tmp_path)
 
 
+@keras.saving.register_keras_serializable("test_traced_blocks")  # a pruned model may hold it again
 class KerasIoModel(keras.Model):
     """A fully subclassed model, as keras.io writes one: layers made in ``__init__``, chained in ``call``."""
 
@@ -347,6 +358,7 @@ def test_tracing_leaves_the_model_and_its_blocks_as_they_were():
         np.testing.assert_array_equal(old, keras.ops.convert_to_numpy(new))
 
 
+@keras.saving.register_keras_serializable("test_traced_blocks")  # a pruned model may hold it again
 class TwoWays(L.Layer):
     """A block with two outputs: its input through one Dense layer, and through two."""
 
@@ -379,6 +391,7 @@ def test_a_block_with_several_outputs_is_inlined_output_by_output(rng, tmp_path)
     keras.saving.load_model(tmp_path / "small.keras")
 
 
+@keras.saving.register_keras_serializable("test_traced_blocks")  # a pruned model may hold it again
 class Scaled(L.Layer):
     """A layer made with a value its config cannot hold (a function): the model holding it does not serialize."""
 
@@ -414,6 +427,7 @@ def test_the_graph_of_a_model_that_does_not_serialize_is_read_from_its_nodes(rng
 # ----------------------------------------------------------------------------- blocks called on several tensors
 
 
+@keras.saving.register_keras_serializable("test_traced_blocks")  # a pruned model may hold it again
 class UpBlock(L.Layer):
     """A U-Net decoder block as a Layer called on two tensors, ``block(x, skip)``: upsample ``x``, lay the skip
     connection's channels beside it, two convolutions."""
@@ -433,6 +447,7 @@ class UpBlock(L.Layer):
         return dict(super().get_config(), filters=self.filters)
 
 
+@keras.saving.register_keras_serializable("test_traced_blocks")  # a pruned model may hold it again
 class Conditioned(L.Layer):
     """Feature-wise modulation (FiLM) of a hidden layer by a second input, called ``block(x, condition=c)``:
     ``x + out(relu(hidden(x)) * scale(c) + shift(c))``."""
@@ -557,6 +572,7 @@ def test_a_block_called_on_a_masked_tensor_is_named_not_traced_without_its_mask(
         prune_model(model, T)
 
 
+@keras.saving.register_keras_serializable("test_traced_blocks")  # a pruned model may hold it again
 class CausalBlock(L.Layer):
     """A decoder's self-attention block: each position attends to those before it (``use_causal_mask=True``)."""
 

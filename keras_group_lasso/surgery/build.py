@@ -67,9 +67,10 @@ def prune_model(model, threshold=1e-3, inputs="original", round_to=1, fold_batch
     ``threshold``), ``pruning_plan`` (the :class:`PruningPlan`; its
     ``steps`` say what was built, node by node), ``folded_batchnorms``
     (``{BatchNormalization name: the layer it was merged into}``, see
-    ``fold_batchnorm``) and ``rebuilt_blocks`` (``{block name: Rebuilt}``
-    with ``blocks="rebuild"``: ``.layer``, the block built again, or
-    ``None`` and ``.reason``; ``.changed``, ``{argument: (old, new)}``).
+    ``fold_batchnorm``) and ``rebuilt_blocks`` (``{block: Rebuilt}``, by
+    the block's path in the graph, ``"block"`` or ``"outer/inner"``, with
+    ``blocks="rebuild"``: ``.layer``, the block built again, or ``None``
+    and ``.reason``; ``.changed``, ``{argument: (old, new)}``).
     Those attributes are not saved
     in a ``.keras`` file. The report and plan count parameters of the
     compact layers; with ``inputs="original"`` the first Dense may hold zero
@@ -202,7 +203,8 @@ def _pruned(owner, model, threshold, round_to, inputs, fold_batchnorm, values=No
     replace = {call: found.layer for call, found in rebuilt.items() if found.layer is not None}
     if replace:  # built again, each of those blocks called in place of its layers
         small, builder = _built(plan, model, replace)
-    small.rebuilt_blocks = {plan.analysis.graph.blocks[call].layer.name: found for call, found in rebuilt.items()}
+    # one entry per block, by its path in the graph ("block", "outer/inner"): a shared block's later calls share it
+    small.rebuilt_blocks = {call: found for call, found in rebuilt.items() if "#" not in call}
     small.kept_features = plan.kept_features
     small.kept_inputs = tuple(step.name for step in plan.steps if isinstance(step, steps.NewInput))
     small.folded_batchnorms = {
@@ -375,6 +377,7 @@ class _Builder:
         new = self.blocks.get(id(layer))
         if new is None:  # a fresh copy: the checked one was also called on inputs of its own
             new = self.blocks[id(layer)] = type(layer).from_config(layer.get_config())
+            self.taken.add(new.name)
             with blocks_module.zero_initializers(new):
                 outputs = keras.tree.flatten(new(*args, **kwargs))
             self.built.append((new, layer.get_weights()))
