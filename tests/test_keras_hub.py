@@ -254,3 +254,21 @@ def test_a_keras_hub_transformer_encoder_prunes_heads_and_neurons_exactly(family
             kept = x["padding_mask"][..., None] == 1
             got, want = np.where(kept, got, 0), np.where(kept, want, 0)
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.skipif(keras.backend.backend() == "jax", reason="40 s on JAX; blocks built again are tested there in "
+                                                             "tests/test_traced_blocks.py")
+def test_an_encoder_that_lost_feed_forward_neurons_only_is_a_keras_hub_transformer_encoder_again(rng, tmp_path):
+    model = ENCODERS["BERT"]()
+    for variable in model.weights:  # each encoder loses its own neurons; the heads all stay
+        if variable.path.endswith("intermediate_dense/kernel"):
+            kernel = keras.ops.convert_to_numpy(variable).copy()
+            kernel[:, rng.permutation(kernel.shape[1])[: int(rng.integers(4, 20))]] = 0.0
+            variable.assign(kernel)
+    small = assert_prunes_exactly_and_reloads(model, _token_batch(model, rng), tmp_path)
+    for call, found in small.rebuilt_blocks.items():
+        block = small.get_layer(call)
+        assert type(block).__name__ == "TransformerEncoder" and type(block).__module__.startswith("keras_hub")
+        old, new = found.changed["intermediate_dim"]
+        assert old == 32 > new == block.intermediate_dim and set(found.changed) == {"intermediate_dim"}
+    assert len(small.rebuilt_blocks) == 2
