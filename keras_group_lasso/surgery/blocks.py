@@ -35,10 +35,11 @@ class Rebuilt:
     reason: str = ""
 
 
-def rebuilt_block(block, weights, tensors, name):
+def rebuilt_block(block, weights, tensors, name, probes=None):
     """A :class:`Rebuilt` for the traced ``block``: its class from its config, the integer arguments changed so
     that its weights have the shapes of ``weights`` (numpy arrays in ``block.weights``' order) when it is called
-    on ``tensors`` (its operands in the pruned model), named ``name``, those weights set."""
+    on ``tensors`` (its operands in the pruned model), named ``name``, those weights set. ``probes``: a dict that
+    keeps what each argument sets for blocks of the same class and config (a network's repeated blocks)."""
     try:
         config = dict(registry.layer_config(block), name=name)
         type(block).from_config(config)  # as Keras loads it: what it cannot load stays plain layers
@@ -48,7 +49,7 @@ def rebuilt_block(block, weights, tensors, name):
     targets = [tuple(w.shape) for w in weights]
     shapes = [tuple(x.shape) for x in tensors]
     dtypes = [x.dtype for x in tensors]
-    changed = widths(block, config, targets, shapes, dtypes)
+    changed = widths(block, config, targets, shapes, dtypes, probes)
     if changed is None:
         return Rebuilt(None, {}, "no integer argument of its config gives the pruned widths")
     new = _built(block, dict(config, **{key: value for key, (_, value) in changed.items()}), shapes, dtypes)
@@ -58,7 +59,7 @@ def rebuilt_block(block, weights, tensors, name):
     return Rebuilt(new, changed)
 
 
-def widths(block, config, targets, shapes, dtypes):
+def widths(block, config, targets, shapes, dtypes, probes=None):
     """``{argument: (old, new)}``: the integer arguments of ``config`` to change so that the block's weights have
     the shapes ``targets`` on inputs of ``shapes``, or ``None`` where no such change is found.
 
@@ -72,23 +73,21 @@ def widths(block, config, targets, shapes, dtypes):
     changed = {}
     if targets == base and shapes == original:
         return changed
-    slopes = {}  # (weight, axis) -> {argument: its dimension's change per unit of the argument}
-    seen = {d for shape in base + original for d in shape}
-    for key, value in config.items():
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1 or value not in seen:
-            continue  # an integer that is no width (a seed, a length the weights do not have)
-        probe = dict(config, **{key: value + _PROBE})
-        built = _built(block, probe, original, dtypes)
-        if built is None:  # an argument the input's width must equal (a residual block's channels)
-            built = _built(block, probe, [_widened(s, value) for s in original], dtypes)
-        if built is None or len(built.weights) != len(base):
-            continue
-        for i, (old, new) in enumerate(zip(base, [tuple(w.shape) for w in built.weights], strict=True)):
-            if len(old) != len(new):
-                continue
-            for axis, (a, b) in enumerate(zip(old, new, strict=True)):
-                if a != b:
-                    slopes.setdefault((i, axis), {})[key] = (b - a) / _PROBE
+    # an argument can set a changed dimension only as a multiple or a part of it (not a kernel size of 3 among
+    # widths of 16 and 32): the others stay as they are, unprobed
+    changed_dims = {a for old, new in zip(base + original, targets + shapes, strict=True)
+                    for a, b in zip(old, new, strict=True) if a != b and a}
+    keys = [key for key, value in config.items()
+            if not isinstance(value, bool) and isinstance(value, int) and value > 1
+            and any(d % value == 0 or value % d == 0 for d in changed_dims)]
+    same = (type(block), repr(sorted((k, v) for k, v in config.items() if k != "name")), tuple(original))
+    probes = {} if probes is None else probes
+    slopes = {}
+    for key in keys:
+        if (same, key) not in probes:
+            probes[same, key] = _slopes(block, config, key, base, original, dtypes)
+        for at, slope in probes[same, key].items():
+            slopes.setdefault(at, {})[key] = slope
     solved = {}
     for (i, axis), found in slopes.items():
         if len(found) != 1:
@@ -125,6 +124,24 @@ def same_outputs(reference, block, new, tensors, seed=0):
         if not np.allclose(a, b, rtol=0.0, atol=1e-5 * scale):
             return False
     return True
+
+
+def _slopes(block, config, key, base, original, dtypes):
+    """``{(weight, axis): change of that dimension per unit of argument ``key``}``, from one probe (see
+    :func:`widths`)."""
+    value = config[key]
+    probe = dict(config, **{key: value + _PROBE})
+    built = _built(block, probe, original, dtypes)
+    if built is None:  # an argument the input's width must equal (a residual block's channels)
+        built = _built(block, probe, [_widened(s, value) for s in original], dtypes)
+    if built is None or len(built.weights) != len(base):
+        return {}
+    slopes = {}
+    for i, (old, new) in enumerate(zip(base, [tuple(w.shape) for w in built.weights], strict=True)):
+        if len(old) == len(new):
+            slopes.update({(i, axis): (b - a) / _PROBE for axis, (a, b) in enumerate(zip(old, new, strict=True))
+                           if a != b})
+    return slopes
 
 
 def _widened(shape, value):

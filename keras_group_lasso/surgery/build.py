@@ -236,7 +236,7 @@ def _rebuilt_blocks(builder):
     again with the widths of its pruned layers, where that computes what they compute (see
     :mod:`keras_group_lasso.surgery.blocks`)."""
     graph_blocks = builder.graph.blocks
-    found, by_layer = {}, {}
+    found, by_layer, probes = {}, {}, {}
     depth = {call: sum(call.startswith(f"{other}/") for other in graph_blocks) for call in graph_blocks}
     for call in sorted(graph_blocks, key=depth.get):
         if any(call.startswith(f"{other}/") and found[other].layer is not None for other in found):
@@ -245,11 +245,11 @@ def _rebuilt_blocks(builder):
         if id(block.layer) in by_layer:  # a shared block: decided at its first call
             found[call] = by_layer[id(block.layer)]
             continue
-        found[call] = by_layer[id(block.layer)] = _rebuilt_block(builder, call, block)
+        found[call] = by_layer[id(block.layer)] = _rebuilt_block(builder, call, block, probes)
     return found
 
 
-def _rebuilt_block(builder, call, block):
+def _rebuilt_block(builder, call, block, probes):
     tensors = [builder.tensors.get(name) for name in block.operands]
     ends = [builder.tensors.get(name) for name in block.ends]
     if any(x is None for x in tensors + ends) or len({id(x) for x in tensors}) != len(tensors):
@@ -267,7 +267,8 @@ def _rebuilt_block(builder, call, block):
     if any(id(variable) not in values for variable in block.layer.weights):
         return blocks_module.Rebuilt(None, {}, "a weight of the block is not held by a pruned layer of it")
     weights = [values[id(variable)] for variable in block.layer.weights]
-    rebuilt = blocks_module.rebuilt_block(block.layer, weights, tensors, _unique(block.layer.name, builder.taken))
+    rebuilt = blocks_module.rebuilt_block(block.layer, weights, tensors, _unique(block.layer.name, builder.taken),
+                                          probes)
     if rebuilt.layer is None:
         return rebuilt
     try:
