@@ -803,3 +803,33 @@ def test_a_weightless_layer_shared_between_widths_prunes_each_call_on_its_own(rn
     again = assert_prunes_exactly_and_reloads(model, rng.normal(size=(5, 6)).astype("float32"), tmp_path)
     assert (again.get_layer("mlp").hidden_units, again.get_layer("mlp").units) == (sizes["mlp/dense_1"],
                                                                                    sizes["mlp/dense_2"])
+
+
+def test_a_sequential_holding_a_block_built_again_is_functional_and_exact(rng, tmp_path):
+    model = keras.Sequential([keras.Input((6,)), L.Dense(8, name="first"), SharedDropoutMLP(12, 7, name="mlp"),
+                              L.Dense(2, name="out")])
+    sparsify(model, rng)
+    small = assert_prunes_exactly_and_reloads(model, rng.normal(size=(5, 6)).astype("float32"), tmp_path)
+    assert type(small.get_layer("mlp")) is SharedDropoutMLP and not isinstance(small, keras.Sequential)
+    assert type(prune_model(model, T, blocks="flatten")) is keras.Sequential
+
+
+def test_a_model_whose_blocks_built_again_compute_otherwise_is_returned_with_their_layers(rng, monkeypatch):
+    # the last check: the whole model with its blocks built again against the one with their layers
+    from keras_group_lasso.surgery import blocks
+
+    real = blocks.same_outputs
+    monkeypatch.setattr(blocks, "same_outputs", lambda reference, block, *args: block is not None and real(
+        reference, block, *args))
+    inputs = keras.Input((6,))
+    model = keras.Model(inputs, L.Dense(3, name="out")(Bottleneck(12, 20, name="neck")(L.Dense(12)(inputs))))
+    weights = model.get_weights()
+    weights[2][:, 3:11] = 0.0
+    model.set_weights(weights)
+    small = prune_model(model, T)
+    assert not any(isinstance(layer, Bottleneck) for layer in small.layers)
+    assert small.rebuilt_blocks["neck"].reason == "the model holding it computed something else"
+    x = rng.normal(size=(4, 6)).astype("float32")
+    apply_threshold(model, T)
+    np.testing.assert_allclose(keras.ops.convert_to_numpy(small(x)), keras.ops.convert_to_numpy(model(x)),
+                               rtol=1e-5, atol=1e-5)

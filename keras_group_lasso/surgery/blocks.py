@@ -105,13 +105,20 @@ def widths(block, config, targets, shapes, dtypes, probes=None):
 def same_outputs(reference, block, new, tensors, seed=0):
     """Whether ``new`` (built again from the traced ``block``) computes what the model ``reference`` (the pruned
     layers it stands for, from the same operands) computes, on random operands shaped as ``tensors`` (to 1e-5 of
-    the output's scale, inference mode)."""
+    the output's scale, inference mode). With ``block`` ``None``: whether the model ``new`` computes what the model
+    ``reference`` computes, on random inputs of ``reference``'s."""
     rng = np.random.default_rng(seed)
-    values = [_random(tuple(x.shape), x.dtype, rng) for x in tensors]
     try:
-        want = keras.tree.flatten(reference(values if len(values) > 1 else values[0], training=False))
-        args, kwargs = block_arguments(block, [keras.ops.convert_to_tensor(v) for v in values])
-        got = keras.tree.flatten(new(*args, **kwargs))  # called outside fit: inference, as the reference
+        if block is None:
+            inputs = reference.inputs[0] if isinstance(reference, keras.Sequential) else reference.input
+            values = keras.tree.map_structure(lambda x: _random(tuple(x.shape), x.dtype, rng), inputs)
+            want = keras.tree.flatten(reference(values, training=False))
+            got = keras.tree.flatten(new(values, training=False))
+        else:
+            values = [_random(tuple(x.shape), x.dtype, rng) for x in tensors]
+            want = keras.tree.flatten(reference(values if len(values) > 1 else values[0], training=False))
+            args, kwargs = block_arguments(block, [keras.ops.convert_to_tensor(v) for v in values])
+            got = keras.tree.flatten(new(*args, **kwargs))  # called outside fit: inference, as the reference
     except Exception:  # noqa: BLE001 - what does not run does not stand in for the layers
         return False
     if len(want) != len(got):

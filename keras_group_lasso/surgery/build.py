@@ -61,7 +61,8 @@ def prune_model(model, threshold=1e-3, inputs="original", round_to=1, fold_batch
     the new model, sliced, and train further.
 
     Output units are never removed. The result is a ``keras.Sequential`` when
-    ``model`` is one, else a functional ``keras.Model``, uncompiled, with the
+    ``model`` is one (functional when a block in it merges tensors or is
+    built again, below), else a functional ``keras.Model``, uncompiled, with the
     attributes ``kept_features`` (tuple of input indices), ``pruning_report``
     (the :class:`~keras_group_lasso.SparsityReport` of ``model`` at
     ``threshold``), ``pruning_plan`` (the :class:`PruningPlan`; its
@@ -202,7 +203,12 @@ def _pruned(owner, model, threshold, round_to, inputs, fold_batchnorm, values=No
     rebuilt = _rebuilt_blocks(builder) if blocks == "rebuild" and plan.analysis.graph.blocks else {}
     replace = {call: found.layer for call, found in rebuilt.items() if found.layer is not None}
     if replace:  # built again, each of those blocks called in place of its layers
+        plain = small
         small, builder = _built(plan, model, replace)
+        if not blocks_module.same_outputs(plain, None, small, None):  # checked whole too: never a silent change
+            small = plain
+            rebuilt = {call: blocks_module.Rebuilt(None, {}, "the model holding it computed something else")
+                       if found.layer is not None else found for call, found in rebuilt.items()}
     # one entry per block, by its path in the graph ("block", "outer/inner"): a shared block's later calls share it
     small.rebuilt_blocks = {call: found for call, found in rebuilt.items() if "#" not in call}
     small.kept_features = plan.kept_features
@@ -219,7 +225,7 @@ def _pruned(owner, model, threshold, round_to, inputs, fold_batchnorm, values=No
 def _built(plan, model, replace=None):
     """``(new model, builder)``: the steps of ``plan`` applied; the calls of blocks in ``replace`` (``{call: new
     layer}``) made by calling the new layer on the block's operands once they are final, its own steps skipped."""
-    builder = _Builder(plan, model)
+    builder = _Builder(plan, model, replace)
     blocks = plan.analysis.graph.blocks
     pending = dict(replace or {})
     last = {step.name: i for i, step in enumerate(plan.steps)}  # a merge's constants are folded by a second step
@@ -236,6 +242,9 @@ def _rebuilt_blocks(builder):
     again with the widths of its pruned layers, where that computes what they compute (see
     :mod:`keras_group_lasso.surgery.blocks`)."""
     graph_blocks = builder.graph.blocks
+    for layer, new in builder.built:  # a Sequential's model holds copies: the layers the tensors came from, too
+        if new:
+            _set_weights(layer, new)
     found, by_layer, probes = {}, {}, {}
     depth = {call: sum(call.startswith(f"{other}/") for other in graph_blocks) for call in graph_blocks}
     for call in sorted(graph_blocks, key=depth.get):
@@ -283,12 +292,15 @@ def _rebuilt_block(builder, call, block, probes):
 class _Builder:
     """Applies the steps of a :class:`PruningPlan`: one method per kind of step, each writes one tensor."""
 
-    def __init__(self, plan, model):
+    def __init__(self, plan, model, replace=None):
         result = plan.analysis
         graph = result.graph
         # A Sequential stays one unless a block traced into it merges tensors (a residual block): then functional.
         chain = not any(node.kind in ("merge", "concat") for node in graph.nodes)
-        self.model_name, self.sequential, self.dtype = model.name, graph.sequential and chain, model.inputs[0].dtype
+        self.model_name, self.dtype = model.name, model.inputs[0].dtype
+        # ... and a block built again (whose own build may not build its layers, as keras.io writes blocks) is
+        # called on a tensor, so that its layers are built: functional too
+        self.sequential = graph.sequential and chain and not replace
         self.input_named = not graph.sequential  # a Sequential's input node is "<input>", not a name to keep
         # Named inputs and outputs (dicts) stay named: the new model takes and returns the same structures.
         self.structures = (None, None) if graph.sequential else (model.input, model.output)
