@@ -199,12 +199,12 @@ def _pruned(owner, model, threshold, round_to, inputs, fold_batchnorm, values=No
     model = graph_model(model)  # a subclassed model: the functional model of the layers its call runs
     plan = planning.build_plan(owner, model, threshold, round_to, inputs=inputs, fold_batchnorm=fold_batchnorm,
                                values=values)
-    small, builder = _built(plan, model)
+    small, builder = _apply_steps(plan, model)
     rebuilt = _rebuilt_blocks(builder) if blocks == "rebuild" and plan.analysis.graph.blocks else {}
     replace = {call: found.layer for call, found in rebuilt.items() if found.layer is not None}
     if replace:  # built again, each of those blocks called in place of its layers
         plain = small
-        small, builder = _built(plan, model, replace)
+        small, builder = _apply_steps(plan, model, replace)
         if not blocks_module.same_outputs(plain, None, small, None):  # checked whole too: never a silent change
             small = plain
             rebuilt = {call: blocks_module.Rebuilt(None, {}, "the model holding it computed something else")
@@ -222,7 +222,7 @@ def _pruned(owner, model, threshold, round_to, inputs, fold_batchnorm, values=No
     return small
 
 
-def _built(plan, model, replace=None):
+def _apply_steps(plan, model, replace=None):
     """``(new model, builder)``: the steps of ``plan`` applied; the calls of blocks in ``replace`` (``{call: new
     layer}``) made by calling the new layer on the block's operands once they are final, its own steps skipped."""
     builder = _Builder(plan, model, replace)
