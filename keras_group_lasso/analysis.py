@@ -691,8 +691,9 @@ def analyze(model, threshold=1e-3, owner="analyze", round_to=1, values=None):
     return Analysis(graph, weights, masks, report)
 
 
-def _kernel_size(weights):
-    return sum(w.size for kind, w in weights.items() if not kind.endswith("bias") and w is not None)
+def _kernels(layer, weights):
+    """The layer's kernels among its ``weights`` (not its biases)."""
+    return [weights[role] for role in registry.units_rule(layer).kernels(layer)]
 
 
 def _report_from(graph, weights, masks, threshold):
@@ -718,8 +719,8 @@ def _report_from(graph, weights, masks, threshold):
             continue
         layer = graph.layers[name]
         w = weights[name]
-        size = _kernel_size(w)
-        nz = sum(int(np.count_nonzero(v)) for kind, v in w.items() if not kind.endswith("bias") and v is not None)
+        size = sum(v.size for v in _kernels(layer, w))
+        nz = sum(int(np.count_nonzero(v)) for v in _kernels(layer, w))
         kept_in = int(masks.inputs[name].sum())
         kept_out = int(masks.units[name].sum())
         has_bias = w["bias"] is not None

@@ -65,6 +65,7 @@ from keras_group_lasso.groups import GroupView
 __all__ = [
     "LayerRule",
     "UnitsRule",
+    "KernelUnitsRule",
     "register_layer",
     "unregister_layer",
     "rule_of",
@@ -1003,6 +1004,123 @@ class DenseRule(UnitsRule):
         if kernel_in != channels * positions:
             return None
         return channels, positions
+
+
+class KernelUnitsRule(UnitsRule):
+    """A layer of your own that makes units from kernels ``(inputs, units)``: what
+    ``register_layer(cls, "units", kernels=..., width=...)`` puts in the table.
+
+    The rule is exact for a layer that computes this way: each kernel ``K``
+    multiplies the input's last axis (``x @ K``), and unit ``j`` of its output
+    reads the input only through column ``j`` of every kernel and entry ``j``
+    of each of its ``biases`` (whatever elementwise math follows: a gate, an
+    activation). Its config's ``width`` entry is its number of units, and every
+    weight it holds is one of those kernels or biases. Input unit ``i``'s group
+    is row ``i`` of every kernel; each kernel takes the group penalty through
+    its regularizer argument (a config key). A unit it makes is never taken for
+    a constant (its math is the layer's own): a unit goes when nothing reads it,
+    an input unit when every kernel's row of it is zero.
+
+    Args:
+        cls: the layer class.
+        kernels: ``{attribute: regularizer config key}`` of its kernels, the
+            first one the layer's main kernel.
+        width: the config key of its number of units.
+        biases: attributes of its weights with one entry per unit.
+        description: words for the list of supported layers.
+        refusal: optional ``layer -> reason or None``.
+    """
+
+    selects_rows = False
+    merges_batchnorm = False
+    rounds = False
+    constant_outputs = False
+
+    def __init__(self, cls, kernels, width, biases=(), description=None, refusal=None):
+        super().__init__(cls, description, refusal=refusal)
+        self.kernel_keys = dict(kernels)
+        self.width_key = width
+        self.biases = tuple(biases)
+        attributes = list(self.kernel_keys)
+        self.roles = {"kernel": attributes[0], **{attribute: attribute for attribute in attributes[1:]}}
+
+    def refusal(self, layer):
+        config = layer_config(layer)
+        missing = [key for key in (self.width_key, *self.kernel_keys.values()) if key not in config]
+        if missing:
+            return (f"its config has no {', '.join(repr(key) for key in missing)} (the width and the kernels' "
+                    "regularizer arguments given to register_layer)")
+        found = {attribute: getattr(layer, attribute, None) for attribute in (*self.kernel_keys, *self.biases)}
+        absent = [attribute for attribute, variable in found.items() if not isinstance(variable, keras.Variable)]
+        if absent:
+            return f"it has no weight {', '.join(repr(a) for a in absent)} (named in register_layer)"
+        shapes = {tuple(int(d) for d in found[attribute].shape) for attribute in self.kernel_keys}
+        if len(shapes) != 1 or len(next(iter(shapes))) != 2:
+            return f"its kernels are not all of one shape (inputs, units): {sorted(shapes)}"
+        units = next(iter(shapes))[1]
+        if config[self.width_key] != units:
+            return f"its config's {self.width_key!r} is {config[self.width_key]!r}, its kernels make {units} units"
+        wrong = [a for a in self.biases if tuple(int(d) for d in found[a].shape) != (units,)]
+        if wrong:
+            return f"its biases {', '.join(repr(a) for a in wrong)} are not one entry per unit ({units},)"
+        declared = {id(variable) for variable in found.values()}
+        other = [variable.name for variable in layer.weights if id(variable) not in declared]
+        if other:
+            return f"it holds weights that register_layer does not name: {', '.join(repr(n) for n in other)}"
+        return super(UnitsRule, self).refusal(layer)
+
+    def mixes_units(self, layer):
+        return False
+
+    def kernels(self, layer):
+        return {role: getattr(layer, attribute) for role, attribute in self.roles.items()}
+
+    def regularizer_attributes(self, layer):
+        return tuple(self.kernel_keys.values())
+
+    def bias(self, layer):
+        return None
+
+    def weights(self, layer, read=_numpy):
+        out = {role: read(variable) for role, variable in self.kernels(layer).items()}
+        out.update({f"per_unit/{attribute}": read(getattr(layer, attribute)) for attribute in self.biases})
+        out["bias"] = None
+        return out
+
+    def thresholded_variables(self, layer):
+        return list(self.kernels(layer).values()) + [getattr(layer, attribute) for attribute in self.biases]
+
+    def kernel_shape(self, layer):
+        rows, units = (int(d) for d in self.kernels(layer)["kernel"].shape)
+        return 1, rows, units
+
+    def group_norms(self, layer, in_units):
+        """The L2 norm of each input unit's group: its rows in every kernel together."""
+        weights = self.weights(layer)
+        return np.sqrt(sum(np.square(self.view.norms(weights[role], in_units)) for role in self.roles))
+
+    def connections(self, layer, weights, in_units):
+        return np.any([weights[role].reshape(int(in_units), -1) != 0 for role in self.roles], axis=0)
+
+    def slice_units(self, layer, weights, in_units, kept_in, kept_out):
+        kept_in = np.asarray(kept_in, dtype=int)
+        kept_out = np.asarray(kept_out, dtype=int)
+        config = layer_config(layer)
+        config[self.width_key] = int(kept_out.size)
+        by_variable = {id(getattr(layer, attribute)): weights[role] for role, attribute in self.roles.items()}
+        by_variable.update({id(getattr(layer, attribute)): weights[f"per_unit/{attribute}"] for attribute in self.biases})
+        new = []
+        for variable in layer.weights:  # the order the layer builds them in
+            value = by_variable[id(variable)]
+            value = value[kept_in][:, kept_out] if value.ndim == 2 else value[kept_out]
+            new.append(np.ascontiguousarray(value))
+        return config, new
+
+    def flops(self, layer, positions, in_units, out_units, output_shape):
+        return _spatial(output_shape) * positions * in_units * out_units * len(self.roles)
+
+    def params(self, layer, positions, in_units, out_units, has_bias):
+        return (positions * in_units * len(self.roles) + len(self.biases)) * out_units
 
 
 def dense_equation(equation):
@@ -2303,29 +2421,39 @@ def table_version():
     return _CHANGES[0]
 
 
-def register_layer(cls, kind="per_unit", *, slicer=None, constants="call", description=None, refusal=None):
+def register_layer(cls, kind="per_unit", *, slicer=None, constants="call", description=None, refusal=None,
+                   kernels=None, width=None, biases=()):
     """Teach the analysis and surgery a layer class of your own.
 
-    Either a class that acts on each channel on its own (``kind="per_unit"``,
-    with a ``slicer`` when it has per-channel weights), or a rule object: an
-    instance of a :class:`LayerRule` subclass (for example a
-    :class:`UnitsRule` subclass for a layer that makes units), whose methods
-    say everything.
+    A class that acts on each channel on its own (``kind="per_unit"``, with a
+    ``slicer`` when it has per-channel weights); a class that makes units from
+    kernels of its own (``kind="units"``, with ``kernels`` and ``width``: see
+    :class:`KernelUnitsRule` for what it must compute); or a rule object, an
+    instance of a :class:`LayerRule` subclass, whose methods say everything.
 
     Args:
         cls: a ``keras.layers.Layer`` subclass (matched exactly, not its
             subclasses), or a :class:`LayerRule` instance (the other
             arguments are then not used).
-        kind: ``"per_unit"`` (default), ``"per_element"``, ``"flatten"``,
-            ``"global_pool"`` or ``"tail"``.
+        kind: ``"per_unit"`` (default), ``"units"``, ``"per_element"``,
+            ``"flatten"``, ``"global_pool"`` or ``"tail"``.
         slicer: ``(layer, kept) -> (config, weights)``: the config and weights
             of the layer restricted to the channels ``kept`` (an int array);
             ``None`` if it has no per-channel weights (its config is copied).
+            Not with ``kind="units"``.
         constants: ``"call"`` (a constant channel stays constant: surgery
             evaluates the layer on it), ``"identity"``, ``"zero_only"``, or
             ``None`` (a constant channel is treated as varying after it).
+            Not used with ``kind="units"``.
         description: words for the list of supported layers (default: the class name).
         refusal: optional ``layer -> reason or None``.
+        kernels: with ``kind="units"``, the attributes of its kernels
+            ``(inputs, units)``, each taking its group penalty through the
+            config key ``"<attribute>_regularizer"``; or ``{attribute: config
+            key}``. The first is its main kernel.
+        width: with ``kind="units"``, the config key of its number of units.
+        biases: with ``kind="units"``, the attributes of its weights with one
+            entry per unit (sliced with the units).
 
     Returns:
         The :class:`LayerRule` now in the table.
@@ -2345,6 +2473,11 @@ def register_layer(cls, kind="per_unit", *, slicer=None, constants="call", descr
         return _add(rule)
     if not (isinstance(cls, type) and issubclass(cls, keras.layers.Layer)):
         fail("register_layer", "cls", "a keras.layers.Layer subclass or a LayerRule instance", cls)
+    if kind == "units":
+        return _add(_kernel_units_rule(cls, kernels, width, biases, slicer, description, refusal))
+    for name, value, unset in (("kernels", kernels, None), ("width", width, None), ("biases", biases, ())):
+        if value != unset:
+            fail("register_layer", name, 'given only with kind="units"', value)
     if kind not in _USER_KINDS:
         fail("register_layer", "kind", "one of " + ", ".join(repr(k) for k in _USER_KINDS)
              + " (a layer of another kind is registered as a LayerRule subclass instance)", kind)
@@ -2353,6 +2486,36 @@ def register_layer(cls, kind="per_unit", *, slicer=None, constants="call", descr
     if slicer is not None and not callable(slicer):
         fail("register_layer", "slicer", "a callable (layer, kept) -> (config, weights) or None", slicer)
     return _add(_USER_KINDS[kind](cls, description, slicer=slicer, constants=constants, refusal=refusal))
+
+
+def _kernel_units_rule(cls, kernels, width, biases, slicer, description, refusal):
+    """The :class:`KernelUnitsRule` of ``register_layer(cls, "units", ...)``, its arguments checked."""
+    def names(value):
+        return isinstance(value, str) or (isinstance(value, (tuple, list)) and all(isinstance(v, str) for v in value))
+
+    if isinstance(kernels, dict) and kernels and all(isinstance(k, str) and isinstance(v, str)
+                                                     for k, v in kernels.items()):
+        keys = dict(kernels)
+    elif names(kernels) and kernels:
+        keys = {attribute: f"{attribute}_regularizer" for attribute in ([kernels] if isinstance(kernels, str)
+                                                                          else kernels)}
+    else:
+        fail("register_layer", "kernels", 'with kind="units", the attribute names of its kernels (a str, a list '
+             "of str, or a dict of attribute to regularizer config key)", kernels)
+    if not isinstance(width, str):
+        fail("register_layer", "width", 'with kind="units", the config key of its number of units (a str)', width)
+    if not names(biases):
+        fail("register_layer", "biases", "the attribute names of its per-unit weights (a str or a list of str)",
+             biases)
+    biases = (biases,) if isinstance(biases, str) else tuple(biases)
+    if "bias" in keys or "kernel" in list(keys)[1:]:
+        fail("register_layer", "kernels", "kernel attributes other than 'bias' (a bias goes in `biases`), one "
+             "named 'kernel' given first", kernels)
+    if len(set(biases)) != len(biases) or set(biases) & set(keys):
+        fail("register_layer", "biases", "distinct attribute names that are not kernels", biases)
+    if slicer is not None:
+        fail("register_layer", "slicer", 'None with kind="units" (its kernels say how to slice it)', slicer)
+    return KernelUnitsRule(cls, keys, width, biases, description=description, refusal=refusal)
 
 
 def _add(rule):
