@@ -1031,7 +1031,7 @@ class KernelUnitsRule(UnitsRule):
         refusal: optional ``layer -> reason or None``.
     """
 
-    selects_rows = False
+    selects_rows = True  # x @ K on the last axis: a selection of its input rows may go before it
     merges_batchnorm = False
     rounds = False
     constant_outputs = False
@@ -1048,25 +1048,26 @@ class KernelUnitsRule(UnitsRule):
         config = layer_config(layer)
         missing = [key for key in (self.width_key, *self.kernel_keys.values()) if key not in config]
         if missing:
-            return (f"its config has no {', '.join(repr(key) for key in missing)} (the width and the kernels' "
-                    "regularizer arguments given to register_layer)")
+            return (f"a layer whose config has no {', '.join(repr(key) for key in missing)} (the width and the "
+                    "kernels' regularizer arguments named in register_layer)")
         found = {attribute: getattr(layer, attribute, None) for attribute in (*self.kernel_keys, *self.biases)}
         absent = [attribute for attribute, variable in found.items() if not isinstance(variable, keras.Variable)]
         if absent:
-            return f"it has no weight {', '.join(repr(a) for a in absent)} (named in register_layer)"
+            return f"a layer without the weights {', '.join(repr(a) for a in absent)} named in register_layer"
         shapes = {tuple(int(d) for d in found[attribute].shape) for attribute in self.kernel_keys}
         if len(shapes) != 1 or len(next(iter(shapes))) != 2:
-            return f"its kernels are not all of one shape (inputs, units): {sorted(shapes)}"
+            return f"a layer whose kernels are not all of one shape (inputs, units): {sorted(shapes)}"
         units = next(iter(shapes))[1]
         if config[self.width_key] != units:
-            return f"its config's {self.width_key!r} is {config[self.width_key]!r}, its kernels make {units} units"
+            return (f"a layer whose config's {self.width_key!r} is {config[self.width_key]!r} while its kernels "
+                    f"make {units} units")
         wrong = [a for a in self.biases if tuple(int(d) for d in found[a].shape) != (units,)]
         if wrong:
-            return f"its biases {', '.join(repr(a) for a in wrong)} are not one entry per unit ({units},)"
+            return f"a layer whose biases {', '.join(repr(a) for a in wrong)} are not one entry per unit ({units},)"
         declared = {id(variable) for variable in found.values()}
         other = [variable.name for variable in layer.weights if id(variable) not in declared]
         if other:
-            return f"it holds weights that register_layer does not name: {', '.join(repr(n) for n in other)}"
+            return f"a layer holding weights that register_layer does not name: {', '.join(repr(n) for n in other)}"
         return super(UnitsRule, self).refusal(layer)
 
     def mixes_units(self, layer):
