@@ -1,10 +1,20 @@
 """The Keras model as a graph of layers and the units (channels) that flow between them."""
 
 from keras_group_lasso.graph.build import ModelGraph, UnitsNode, model_graph
-from keras_group_lasso.graph.registry import LayerRule, register_layer, rule_of, supported_text, unregister_layer
+from keras_group_lasso.graph.registry import (
+    KernelUnitsRule,
+    LayerRule,
+    UnitsRule,
+    register_layer,
+    rule_of,
+    supported_text,
+    unregister_layer,
+)
 
 __all__ = [
+    "KernelUnitsRule",
     "LayerRule",
+    "UnitsRule",
     "ModelGraph",
     "UnitsNode",
     "model_graph",
