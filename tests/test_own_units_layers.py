@@ -86,13 +86,22 @@ class ScaledGatedDense(GatedDense):
         return super().call(x) * self.scale
 
 
+@keras.saving.register_keras_serializable("test_own_units_layers")
+class SoftmaxDense(GatedDense):
+    """``softmax(x W)`` over its units: declared as units, which it is not (a unit's output reads every column)."""
+
+    def call(self, x):
+        return ops.softmax(ops.matmul(x, self.kernel) + self.gate[0] * 0.0 + self.bias)
+
+
 @pytest.fixture(autouse=True)
 def declared():
     rules = [register_layer(GatedDense, "units", kernels=("kernel", "gate"), width="units", biases="bias"),
              register_layer(Unregularizable, "units", kernels=["kernel", "gate"], width="units"),
              register_layer(ScaledGatedDense, "units", kernels={"kernel": "kernel_regularizer",
                                                                "gate": "gate_regularizer"},
-                            width="units", biases=["bias"])]
+                            width="units", biases=["bias"]),
+             register_layer(SoftmaxDense, "units", kernels=("kernel", "gate"), width="units", biases="bias")]
     yield rules
     for rule in rules:
         unregister_layer(rule.cls)
@@ -253,3 +262,20 @@ def test_kernels_and_width_are_for_units_layers_only():
                                                     r"received \('kernel',\)\."):
         register_layer(GatedDense, kernels=("kernel",))
     assert registry.rule_of(GatedDense(3)).kind == "units"  # the failed call left the table as it was
+
+
+@pytest.mark.quick
+def test_a_declaration_the_layer_does_not_keep_is_caught_when_its_copy_is_made():
+    model = _chain(SoftmaxDense)
+    kernel, bias = model.get_layer("out").get_weights()
+    kernel[[1, 5]] = 0.0  # nothing reads units 1 and 5: a copy of 6 units, whose softmax is over 6
+    model.get_layer("out").set_weights([kernel, bias])
+    with pytest.raises(UnsupportedModelError) as info:
+        prune_model(model, T)
+    assert info.value.layer_name == "gated" and info.value.layer_class == "SoftmaxDense"
+    assert info.value.reason.startswith('declared with register_layer(..., "units"), but its copy keeping 6 of 8 '
+                                        "units computes something else (largest difference ")
+    assert info.value.reason.endswith("a kernel must enter its call only as x @ K, and unit j read only column j "
+                                      "of each kernel and entry j of each bias")
+    model.get_layer("out").set_weights([np.where(kernel == 0, 1.0, kernel), bias])
+    assert prune_model(model, T).get_layer("gated").units == 8  # every unit read: the copy is the layer

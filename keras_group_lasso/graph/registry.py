@@ -808,6 +808,8 @@ class UnitsRule(LayerRule):
     represents_input = False
     #: A unit whose incoming weights are all zero outputs a constant (not so for a recurrent layer).
     constant_outputs = True
+    #: Surgery checks each copy it makes on random inputs (a layer declared with ``register_layer``).
+    checks_copies = False
 
     def refusal(self, layer):
         reason = _adapted(layer)
@@ -1032,6 +1034,8 @@ class KernelUnitsRule(UnitsRule):
     """
 
     selects_rows = True  # x @ K on the last axis: a selection of its input rows may go before it
+    #: Surgery checks each copy it makes against the layer (the math is the user's, declared, not known).
+    checks_copies = True
     merges_batchnorm = False
     rounds = False
     constant_outputs = False

@@ -111,11 +111,11 @@ def same_outputs(reference, block, new, tensors, seed=0):
     try:
         if block is None:
             inputs = reference.inputs[0] if isinstance(reference, keras.Sequential) else reference.input
-            values = keras.tree.map_structure(lambda x: _random(tuple(x.shape), x.dtype, rng), inputs)
+            values = keras.tree.map_structure(lambda x: random_values(tuple(x.shape), x.dtype, rng), inputs)
             want = keras.tree.flatten(reference(values, training=False))
             got = keras.tree.flatten(new(values, training=False))
         else:
-            values = [_random(tuple(x.shape), x.dtype, rng) for x in tensors]
+            values = [random_values(tuple(x.shape), x.dtype, rng) for x in tensors]
             want = keras.tree.flatten(reference(values if len(values) > 1 else values[0], training=False))
             args, kwargs = block_arguments(block, [keras.ops.convert_to_tensor(v) for v in values])
             got = keras.tree.flatten(new(*args, **kwargs))  # called outside fit: inference, as the reference
@@ -199,7 +199,9 @@ def zero_initializers(layer):
             object.__setattr__(found, key, value)
 
 
-def _random(shape, dtype, rng):
+def random_values(shape, dtype, rng):
+    """Random operands of ``shape`` (``None``: 2 for the batch, 3 elsewhere): N(0, 1) floats, integers in {0, 1},
+    booleans all True (a mask)."""
     shape = tuple(2 if i == 0 and s is None else (3 if s is None else s) for i, s in enumerate(shape))
     dtype = keras.backend.standardize_dtype(dtype)
     if dtype == "bool":

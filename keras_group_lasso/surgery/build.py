@@ -343,8 +343,11 @@ class _Builder:
     def slice_units(self, step):
         layer = self.layers[step.name]
         units = np.asarray(step.units, dtype=np.intp)
-        config, new = registry.units_rule(layer).slice_units(
-            layer, self.weights[step.name], self.node(step.name).in_units, np.asarray(step.rows, dtype=np.intp), units)
+        rule, rows = registry.units_rule(layer), np.asarray(step.rows, dtype=np.intp)
+        config, new = rule.slice_units(layer, self.weights[step.name], self.node(step.name).in_units, rows, units)
+        if rule.checks_copies:
+            _check_copy(step.name, layer, self.weights[step.name], self.node(step.name).in_units, rows, units,
+                        (config, new), self.tensors[step.source])
         if step.batchnorm is not None:
             config, new = _merge_batchnorm(config, new, self.layers[step.batchnorm], units)
         self.make(step, config, new)
@@ -667,6 +670,36 @@ def _call_options(model, prefix=""):
             for index in range(max(1, len(nodes))):
                 found.update(_call_options(inner, f"{prefix}{name}" + (f"#{index}" if index else "") + "/"))
     return found
+
+
+def _check_copy(name, layer, weights, in_units, rows, units, copy, source):
+    """A layer declared by its kernels (``register_layer(cls, "units", ...)``): its copy keeping input units ``rows``
+    and units ``units`` must compute what the layer computes with its thresholded ``weights`` on inputs that are 0
+    off ``rows`` (random, shaped as ``source``, the copy's input), to 1e-5 of the output's scale; else
+    :class:`UnsupportedModelError`."""
+    rule = registry.units_rule(layer)
+    every = rule.slice_units(layer, weights, in_units, np.arange(in_units), np.arange(rule.out_units(layer)))
+    x = blocks_module.random_values(tuple(source.shape), source.dtype, np.random.default_rng(0))
+    whole = np.zeros(x.shape[:-1] + (in_units,), dtype=x.dtype)
+    whole[..., rows] = x
+    outputs = []
+    for (config, values), inputs in ((every, whole), (copy, x)):
+        config = dict(config)
+        _drop_package_penalties(layer, config)
+        made = type(layer).from_config(config)
+        made(inputs, training=False)
+        registry.rule_of(layer).set_weights(made, values)
+        outputs.append(np.asarray(keras.ops.convert_to_numpy(made(inputs, training=False)), np.float64))
+    want, got = outputs[0][..., units], outputs[1]
+    scale = max(1.0, float(np.max(np.abs(want))) if want.size else 1.0)
+    tolerance = 1e-5 if keras.backend.standardize_dtype(layer.compute_dtype) in ("float32", "float64") else 1e-2
+    if want.shape != got.shape or not np.allclose(want, got, rtol=0.0, atol=tolerance * scale):
+        gap = f"{float(np.max(np.abs(want - got))):.3g}" if want.shape == got.shape else "shapes differ"
+        raise planning.UnsupportedModelError(
+            "prune_model", name, type(layer).__name__,
+            f"declared with register_layer(..., \"units\"), but its copy keeping {len(units)} of "
+            f"{rule.out_units(layer)} units computes something else (largest difference {gap}): a kernel must "
+            "enter its call only as x @ K, and unit j read only column j of each kernel and entry j of each bias")
 
 
 def _drop_package_penalties(layer, config):
