@@ -57,6 +57,32 @@ class GatedDense(L.Layer):
                     gate_regularizer=keras.regularizers.serialize(self.gate_regularizer))
 
 
+@keras.saving.register_keras_serializable("test_own_units_layers")
+class GatedConv2D(L.Layer):
+    """``conv(x, K) * sigmoid(conv(x, G)) + b``: kernels ``(3, 3, inputs, filters)``, ``padding="same"``."""
+
+    def __init__(self, filters, kernel_regularizer=None, gate_regularizer=None, **kwargs):
+        super().__init__(**kwargs)
+        self.filters = filters
+        self.kernel_regularizer = keras.regularizers.get(kernel_regularizer)
+        self.gate_regularizer = keras.regularizers.get(gate_regularizer)
+
+    def build(self, input_shape):
+        shape = (3, 3, input_shape[-1], self.filters)
+        self.kernel = self.add_weight(shape=shape, name="kernel", regularizer=self.kernel_regularizer)
+        self.gate = self.add_weight(shape=shape, name="gate", regularizer=self.gate_regularizer)
+        self.bias = self.add_weight(shape=(self.filters,), name="bias", initializer="random_normal")
+
+    def call(self, x):
+        gate = ops.sigmoid(ops.conv(x, self.gate, padding="same"))
+        return ops.conv(x, self.kernel, padding="same") * gate + self.bias
+
+    def get_config(self):
+        return dict(super().get_config(), filters=self.filters,
+                    kernel_regularizer=keras.regularizers.serialize(self.kernel_regularizer),
+                    gate_regularizer=keras.regularizers.serialize(self.gate_regularizer))
+
+
 class Unregularizable(L.Layer):
     """The same math, without regularizer arguments: no group penalty can reach its kernels."""
 
@@ -101,7 +127,8 @@ def declared():
              register_layer(ScaledGatedDense, "units", kernels={"kernel": "kernel_regularizer",
                                                                "gate": "gate_regularizer"},
                             width="units", biases=["bias"]),
-             register_layer(SoftmaxDense, "units", kernels=("kernel", "gate"), width="units", biases="bias")]
+             register_layer(SoftmaxDense, "units", kernels=("kernel", "gate"), width="units", biases="bias"),
+             register_layer(GatedConv2D, "units", kernels=("kernel", "gate"), width="filters", biases="bias")]
     yield rules
     for rule in rules:
         unregister_layer(rule.cls)
@@ -134,13 +161,15 @@ def _sparsify(model, rng):
         if not layer.weights or isinstance(layer, L.InputLayer):
             continue
         weights = layer.get_weights()
-        kernels = [w for w in weights if w.ndim == 2]
-        rows, columns = kernels[0].shape
+        kernels = [w for w in weights if w.ndim >= 2]
+        if not kernels:
+            continue
+        rows, columns = kernels[0].shape[-2:]
         dead_rows = rng.random(rows) < 0.35
         dead_columns = rng.random(columns) < 0.2
         for k, kernel in enumerate(kernels):
-            kernel[dead_rows if k == 0 or rng.random() < 0.7 else np.zeros(rows, bool)] = 0.0
-            kernel[:, dead_columns] = 0.0
+            kernel[..., dead_rows if k == 0 or rng.random() < 0.7 else np.zeros(rows, bool), :] = 0.0
+            kernel[..., dead_columns] = 0.0
             kernel[rng.random(kernel.shape) < 0.1] = 0.5 * T
         layer.set_weights(weights)
 
@@ -279,3 +308,27 @@ def test_a_declaration_the_layer_does_not_keep_is_caught_when_its_copy_is_made()
                                       "of each kernel and entry j of each bias")
     model.get_layer("out").set_weights([np.where(kernel == 0, 1.0, kernel), bias])
     assert prune_model(model, T).get_layer("gated").units == 8  # every unit read: the copy is the layer
+
+
+@pytest.mark.parametrize("seed", [pytest.param(0, marks=pytest.mark.quick), 1])
+def test_a_convolution_of_ones_own_prunes_exactly(seed, tmp_path):
+    rng = np.random.default_rng(seed)
+    keras.utils.set_random_seed(seed)
+    inputs = keras.Input((6, 6, 3))
+    x = GatedConv2D(8, name="gconv1")(inputs)
+    x = L.BatchNormalization(name="bn")(x)
+    x = L.Conv2D(6, 3, activation="relu", name="conv")(x)
+    x = GatedConv2D(5, name="gconv2")(x)
+    model = keras.Model(inputs, L.Dense(2, name="out")(L.GlobalAveragePooling2D()(x)))
+    _sparsify(model, rng)
+    x = rng.normal(size=(4, 6, 6, 3)).astype("float32")
+    small = prune_model(model, T)
+    assert_same_outputs(small, model, x, rtol=1e-5)
+    report = sparsity_report(model, T)
+    widths = {row.name: row.units_alive for row in report.layers}
+    assert small.get_layer("gconv1").filters == widths["gconv1"]
+    assert tuple(small.get_layer("gconv2").gate.shape) == (3, 3, widths["conv"], widths["gconv2"])
+    assert report.flops_after < report.flops_before
+    path = tmp_path / "small.keras"
+    small.save(path)
+    np.testing.assert_allclose(outputs(keras.saving.load_model(path), x)[0], outputs(small, x)[0], rtol=0, atol=1e-6)

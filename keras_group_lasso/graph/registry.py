@@ -1009,19 +1009,23 @@ class DenseRule(UnitsRule):
 
 
 class KernelUnitsRule(UnitsRule):
-    """A layer of your own that makes units from kernels ``(inputs, units)``: what
+    """A layer of your own that makes units from kernels ``(..., inputs, units)``: what
     ``register_layer(cls, "units", kernels=..., width=...)`` puts in the table.
 
-    The rule is exact for a layer that computes this way: each kernel ``K``
-    multiplies the input's last axis (``x @ K``), and unit ``j`` of its output
-    reads the input only through column ``j`` of every kernel and entry ``j``
-    of each of its ``biases`` (whatever elementwise math follows: a gate, an
-    activation). Its config's ``width`` entry is its number of units, and every
-    weight it holds is one of those kernels or biases. Input unit ``i``'s group
-    is row ``i`` of every kernel; each kernel takes the group penalty through
-    its regularizer argument (a config key). A unit it makes is never taken for
-    a constant (its math is the layer's own): a unit goes when nothing reads it,
-    an input unit when every kernel's row of it is zero.
+    The rule is exact for a layer that computes this way: each kernel ``K`` (a
+    Dense's ``(inputs, units)``, a convolution's ``(window..., inputs,
+    units)``) enters its call only as a contraction of the input's channels (its
+    last axis) with ``K``'s ``inputs`` axis (``x @ K``, ``conv(x, K)``), and unit
+    ``j`` of its output reads the input only through ``K[..., j]`` of every
+    kernel and entry ``j`` of each of its ``biases`` (whatever elementwise math
+    follows: a gate, an activation). Its config's ``width`` entry is its number
+    of units, and every weight it holds is one of those kernels or biases. Input
+    unit ``i``'s group is ``K[..., i, :]`` of every kernel; each kernel takes the
+    group penalty through its regularizer argument (a config key). A unit it
+    makes is never taken for a constant (its math is the layer's own): a unit
+    goes when nothing reads it, an input unit when its rows of every kernel are
+    zero. Surgery checks each copy it makes against the layer on random inputs
+    (:attr:`checks_copies`).
 
     Args:
         cls: the layer class.
@@ -1059,9 +1063,9 @@ class KernelUnitsRule(UnitsRule):
         if absent:
             return f"a layer without the weights {', '.join(repr(a) for a in absent)} named in register_layer"
         shapes = {tuple(int(d) for d in found[attribute].shape) for attribute in self.kernel_keys}
-        if len(shapes) != 1 or len(next(iter(shapes))) != 2:
-            return f"a layer whose kernels are not all of one shape (inputs, units): {sorted(shapes)}"
-        units = next(iter(shapes))[1]
+        if len(shapes) != 1 or len(next(iter(shapes))) < 2:
+            return f"a layer whose kernels are not all of one shape (..., inputs, units): {sorted(shapes)}"
+        units = next(iter(shapes))[-1]
         if config[self.width_key] != units:
             return (f"a layer whose config's {self.width_key!r} is {config[self.width_key]!r} while its kernels "
                     f"make {units} units")
@@ -1096,8 +1100,8 @@ class KernelUnitsRule(UnitsRule):
         return list(self.kernels(layer).values()) + [getattr(layer, attribute) for attribute in self.biases]
 
     def kernel_shape(self, layer):
-        rows, units = (int(d) for d in self.kernels(layer)["kernel"].shape)
-        return 1, rows, units
+        shape = tuple(int(d) for d in self.kernels(layer)["kernel"].shape)
+        return math.prod(shape[:-2]), shape[-2], shape[-1]
 
     def group_norms(self, layer, in_units):
         """The L2 norm of each input unit's group: its rows in every kernel together."""
@@ -1105,7 +1109,7 @@ class KernelUnitsRule(UnitsRule):
         return np.sqrt(sum(np.square(self.view.norms(weights[role], in_units)) for role in self.roles))
 
     def connections(self, layer, weights, in_units):
-        return np.any([weights[role].reshape(int(in_units), -1) != 0 for role in self.roles], axis=0)
+        return np.any([self.view.units(weights[role], in_units) != 0 for role in self.roles], axis=(0, 1))
 
     def slice_units(self, layer, weights, in_units, kept_in, kept_out):
         kept_in = np.asarray(kept_in, dtype=int)
@@ -1117,7 +1121,7 @@ class KernelUnitsRule(UnitsRule):
         new = []
         for variable in layer.weights:  # the order the layer builds them in
             value = by_variable[id(variable)]
-            value = value[kept_in][:, kept_out] if value.ndim == 2 else value[kept_out]
+            value = value[..., kept_in, :][..., kept_out] if value.ndim >= 2 else value[kept_out]
             new.append(np.ascontiguousarray(value))
         return config, new
 
@@ -2453,7 +2457,7 @@ def register_layer(cls, kind="per_unit", *, slicer=None, constants="call", descr
         description: words for the list of supported layers (default: the class name).
         refusal: optional ``layer -> reason or None``.
         kernels: with ``kind="units"``, the attributes of its kernels
-            ``(inputs, units)``, each taking its group penalty through the
+            ``(..., inputs, units)``, each taking its group penalty through the
             config key ``"<attribute>_regularizer"``; or ``{attribute: config
             key}``. The first is its main kernel.
         width: with ``kind="units"``, the config key of its number of units.
