@@ -12,6 +12,7 @@ import keras
 import numpy as np
 import pytest
 from test_model_families import T, assert_same_outputs, outputs
+from test_never_a_silent_half import GatedDense as Unregularizable  # the same math, no regularizer arguments
 
 from keras_group_lasso import (
     HiddenGroupLasso,
@@ -81,24 +82,6 @@ class GatedConv2D(L.Layer):
         return dict(super().get_config(), filters=self.filters,
                     kernel_regularizer=keras.regularizers.serialize(self.kernel_regularizer),
                     gate_regularizer=keras.regularizers.serialize(self.gate_regularizer))
-
-
-class Unregularizable(L.Layer):
-    """The same math, without regularizer arguments: no group penalty can reach its kernels."""
-
-    def __init__(self, units, **kwargs):
-        super().__init__(**kwargs)
-        self.units = units
-
-    def build(self, input_shape):
-        self.kernel = self.add_weight(shape=(input_shape[-1], self.units), name="kernel")
-        self.gate = self.add_weight(shape=(input_shape[-1], self.units), name="gate")
-
-    def call(self, x):
-        return ops.matmul(x, self.kernel) * ops.sigmoid(ops.matmul(x, self.gate))
-
-    def get_config(self):
-        return dict(super().get_config(), units=self.units)
 
 
 class ScaledGatedDense(GatedDense):
@@ -254,7 +237,7 @@ def test_a_budget_steers_a_model_of_gated_dense_layers_and_prunes_it_exactly():
 def test_a_declared_layer_that_cannot_take_penalties_or_holds_other_weights_is_named_before_training():
     with pytest.raises(InvalidParameterError) as info:
         add_group_sparsity(_chain(Unregularizable), 1e-3)
-    assert ("layer 'gated' (Unregularizable) is a layer whose config has no 'kernel_regularizer', "
+    assert ("layer 'gated' (GatedDense) is a layer whose config has no 'kernel_regularizer', "
             "'gate_regularizer' (the width and the kernels' regularizer arguments named in register_layer)"
             in str(info.value))
     model = _chain(ScaledGatedDense)
