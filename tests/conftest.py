@@ -18,7 +18,7 @@ def _seed_everything():
 def _fresh_session_per_module():
     # clear_session is slow on JAX (~0.3 s): once per module, not per test.
     yield
-    keras.backend.clear_session()
+    keras.backend.clear_session(free_memory=False)
 
 
 @pytest.fixture

@@ -514,6 +514,13 @@ def test_input_group_strengths_against_finite_differences(seed, task):
 # ----------------------------------------------------------------------------- the path
 
 
+# The paths train tens of epochs per point of small batches: eager PyTorch takes ~10x the time of compiled TensorFlow
+# or JAX for them; the estimators' fits above run on PyTorch too, the path's arithmetic is the same numpy everywhere.
+COMPILED_BACKENDS = pytest.mark.skipif(keras.backend.backend() == "torch",
+                                       reason="long paths: on TensorFlow and JAX (eager PyTorch is ~10x slower on "
+                                              "them; the estimators train on PyTorch in the other tests)")
+
+
 @pytest.fixture(scope="module")
 def path_result(selection_problem):
     x, y = selection_problem
@@ -525,6 +532,7 @@ def path_result(selection_problem):
     return est, est.path(x, y, path_multiplier=1.6, epochs_per_alpha=8)
 
 
+@COMPILED_BACKENDS
 def test_path_runs_from_dense_to_empty(path_result):
     est, path = path_result
     assert isinstance(path, RegularizationPath) and all(isinstance(p, PathPoint) for p in path)
@@ -536,6 +544,7 @@ def test_path_runs_from_dense_to_empty(path_result):
     assert not hasattr(est, "coefs_")  # the estimator is not fitted by path()
 
 
+@COMPILED_BACKENDS
 def test_path_keeps_informative_features_longest(path_result):
     _, path = path_result
     importance = path.feature_importances_
@@ -543,6 +552,7 @@ def test_path_keeps_informative_features_longest(path_result):
     assert path.best(max_features=3).score > 0.9
 
 
+@COMPILED_BACKENDS
 def test_feature_importances_are_exit_strengths(path_result):
     _, path = path_result
     importance = path.feature_importances_
@@ -553,6 +563,7 @@ def test_feature_importances_are_exit_strengths(path_result):
         assert all(inside[:first_out])
 
 
+@COMPILED_BACKENDS
 def test_path_points_rebuild_estimators(path_result, selection_problem):
     x, y = selection_problem
     _, path = path_result
@@ -639,6 +650,7 @@ def test_path_with_given_alphas_and_validation_data_is_reproducible(selection_pr
         assert path_score(first, p, x[300:], y[300:]) == pytest.approx(p.score)
 
 
+@COMPILED_BACKENDS
 def test_proximal_path(selection_problem):
     x, y = selection_problem
     est = GroupSparseMLPClassifier(
@@ -655,6 +667,7 @@ def path_score(path, point, x, y):
     return path.estimator(point).score(x, y)
 
 
+@COMPILED_BACKENDS
 def test_path_plot(path_result):
     matplotlib = pytest.importorskip("matplotlib")
     matplotlib.use("Agg")
@@ -684,6 +697,7 @@ def test_path_argument_errors(kwargs, message, selection_problem):
     assert str(info.value) == message
 
 
+@COMPILED_BACKENDS
 def test_best_with_tolerance_prefers_fewer_features(path_result):
     _, path = path_result
     top = path.best()
@@ -693,6 +707,7 @@ def test_best_with_tolerance_prefers_fewer_features(path_result):
     assert path.best(tolerance=1.0).n_features == path.n_selected.min()
 
 
+@COMPILED_BACKENDS
 def test_estimator_of_a_point_that_is_not_on_the_path(path_result):
     _, path = path_result
     n = len(path)
@@ -706,6 +721,7 @@ def test_estimator_of_a_point_that_is_not_on_the_path(path_result):
     assert path.estimator(np.int64(-1)).get_support().sum() == path[-1].n_features
 
 
+@COMPILED_BACKENDS
 def test_best_errors(path_result):
     _, path = path_result
     with pytest.raises(InvalidParameterError, match="argument `max_features` must be an integer >= 0 or None; received -1."):
