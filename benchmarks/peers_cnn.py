@@ -78,6 +78,7 @@ Usage:
 
 import argparse
 import json
+import re
 import statistics
 import sys
 import time
@@ -532,6 +533,57 @@ def table(records, dense_macs):
     return common.markdown_table(head, rows)
 
 
+_LOGGED = re.compile(r"seed (\d+) (\w+): test acc ([\d.]+), widths .*?, MACs ([\d,]+) ")
+
+
+def read_records(paths):
+    """The records of earlier runs: a run's ``.json``, or the result lines of its ``.log`` (a run stopped before it
+    wrote its JSON)."""
+    records = []
+    for path in map(Path, paths):
+        if path.suffix == ".json":
+            records += json.loads(path.read_text())["records"]
+        else:
+            records += [{"method": m[2], "seed": int(m[1]), "test_accuracy": float(m[3]),
+                         "macs_after": int(m[4].replace(",", ""))} for m in _LOGGED.finditer(path.read_text())]
+    return records
+
+
+def plot(records, dense_macs, path):
+    """Test accuracy against the share of the dense multiply-adds: every seed (small) and the mean of each row
+    (large, with the seeds' standard deviation)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    styles = {"keras_dense": ("dense (Keras)", "black", "o"),
+              "keras_budget": ("SparsityBudget(max_flops=0.25), defaults", "tab:blue", "o"),
+              "keras_budget_ft": ("SparsityBudget, then 2 epochs of fine-tuning", "tab:cyan", "s"),
+              "tp_l1": ("Torch-Pruning L1 (magnitude), prune + 2 epochs", "tab:red", "v"),
+              "tp_group_sl": ("Torch-Pruning group-norm sparse training, prune + 2", "tab:orange", "^")}
+    fig, ax = plt.subplots(figsize=(6.4, 4.2))
+    for method, (label, color, marker) in styles.items():
+        group = [r for r in records if r["method"] == method]
+        if not group:
+            continue
+        share = [r["macs_after"] / dense_macs for r in group]
+        acc = [100 * r["test_accuracy"] for r in group]
+        ax.scatter(share, acc, color=color, marker=marker, s=18, alpha=0.45)
+        spread = statistics.stdev(acc) if len(acc) > 1 else 0.0
+        ax.errorbar([statistics.fmean(share)], [statistics.fmean(acc)], yerr=[spread], color=color, marker=marker,
+                    markersize=9, capsize=4, label=f"{label} ({len(group)} seeds)")
+    ax.set_xlabel("multiply-adds per image, share of the dense network")
+    ax.set_ylabel("test accuracy (%)")
+    ax.set_title(f"VGG-style CNN ({'-'.join(map(str, CHANNELS))}) on Fashion-MNIST, 8 epochs in every row")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7, loc="lower right")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
 def write_results_md(body):
     """This benchmark's section of benchmarks/RESULTS.md (only with ``--results-md``)."""
     path = common.write_section("peers_cnn", f"Peers on the {'-'.join(map(str, CHANNELS))} VGG: SparsityBudget vs Torch-Pruning", body)
@@ -561,6 +613,10 @@ def parse_args(argv=None):
                         help="path prefix of the .md and .json (default benchmarks/results/peers_cnn, "
                              "benchmarks/out/peers_cnn with --quick)")
     parser.add_argument("--results-md", action="store_true", help="also write this section of benchmarks/RESULTS.md")
+    parser.add_argument("--plot", nargs="+", metavar="RESULT", default=None,
+                        help="train nothing: draw the .json (or .log) results of earlier runs into --plot-output")
+    parser.add_argument("--plot-output", default="benchmarks/results/peers_cnn.png",
+                        help="the picture --plot writes (default benchmarks/results/peers_cnn.png)")
     args = parser.parse_args(argv)
     if args.quick:
         args.seeds, args.train, args.test, args.epochs = 1, 2000, 1000, 2
@@ -578,6 +634,10 @@ def main(argv=None):
     global CHANNELS
     args = parse_args(argv)
     CHANNELS = tuple(args.channels)
+    if args.plot:
+        path = plot(read_records(args.plot), macs(filter_counts(), [UNITS]), args.plot_output)
+        common.say(f"wrote {path}")
+        return
     import keras
     import numpy as np
 

@@ -3,9 +3,11 @@
 import sys
 from pathlib import Path
 
+import pytest
+
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # benchmarks/ is not installed
 
-from benchmarks import common, overhead, run_all  # noqa: E402
+from benchmarks import common, overhead, peers_cnn, run_all  # noqa: E402
 
 
 def test_write_section_appends_then_replaces_in_place(tmp_path):
@@ -192,3 +194,15 @@ def test_deploy_keeps_the_vgg_by_default_and_writes_a_modern_network_apart():
     modern = deploy.parse_args(["--network", "mobilenetv2", "--quick"])
     assert modern.settle is None and (modern.train, modern.epochs) == (2000, 1)  # None: the library's default
     assert Path(modern.output).parts[-2:] == ("out", "deploy_mobilenetv2.md")
+
+
+def test_the_peers_picture_reads_a_log_and_a_json_and_draws_every_seed(tmp_path):
+    pytest.importorskip("matplotlib")
+    results = Path(__file__).resolve().parent.parent / "benchmarks" / "results"
+    records = peers_cnn.read_records([results / "peers_cnn_16-32-64.log", results / "peers_cnn_16-32-64_s2.json"])
+    methods = {"keras_dense", "keras_budget", "keras_budget_ft", "tp_l1", "tp_group_sl"}
+    assert sorted((r["method"], r["seed"]) for r in records) == sorted((m, s) for m in methods for s in range(3))
+    budget = {r["seed"]: r["test_accuracy"] for r in records if r["method"] == "keras_budget"}
+    assert budget == {0: 0.8586, 1: 0.8626, 2: 0.857}  # RESULTS.md's row: 85.86 / 86.26 / 85.70
+    path = peers_cnn.plot(records, peers_cnn.macs(peers_cnn.filter_counts(), [peers_cnn.UNITS]), tmp_path / "p.png")
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
