@@ -315,3 +315,33 @@ def test_a_convolution_of_ones_own_prunes_exactly(seed, tmp_path):
     path = tmp_path / "small.keras"
     small.save(path)
     np.testing.assert_allclose(outputs(keras.saving.load_model(path), x)[0], outputs(small, x)[0], rtol=0, atol=1e-6)
+
+
+class RMSNorm(L.Layer):
+    """An RMS normalization of one's own: it mixes the channels it reads (``register_layer(cls, "tail")``)."""
+
+    def build(self, input_shape):
+        self.scale = self.add_weight(shape=(input_shape[-1],), initializer="ones", name="scale")
+
+    def call(self, x):
+        return x * ops.rsqrt(ops.mean(x * x, axis=-1, keepdims=True) + 1e-6) * self.scale
+
+
+def test_a_normalization_of_ones_own_declared_as_tail_keeps_its_channels_and_the_rest_prunes():
+    register_layer(RMSNorm, "tail")
+    try:
+        keras.utils.set_random_seed(0)
+        inputs = keras.Input((6,))
+        hidden = L.Dense(8, activation="relu", name="a")(inputs)
+        hidden = L.Dense(5, activation="relu", name="b")(RMSNorm(name="norm")(hidden))
+        model = add_group_sparsity(keras.Model(inputs, L.Dense(2, name="c")(hidden)), 1e-3)
+        kernel, bias = model.get_layer("c").get_weights()
+        kernel[[1, 3]] = 0.0  # units 1 and 3 of b go; the norm's channels all stay
+        model.get_layer("c").set_weights([kernel, bias])
+        small = prune_model(model, T)
+        assert small.get_layer("a").units == 8 and small.get_layer("b").units == 3
+        assert tuple(small.get_layer("norm").scale.shape) == (8,)
+        x = np.random.default_rng(0).normal(size=(8, 6)).astype("float32")
+        assert_same_outputs(small, model, x, rtol=1e-5)
+    finally:
+        unregister_layer(RMSNorm)
