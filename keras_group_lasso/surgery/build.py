@@ -678,6 +678,8 @@ def _check_copy(name, layer, weights, in_units, rows, units, copy, source):
     off ``rows`` (random, shaped as ``source``, the copy's input), to 1e-5 of the output's scale; else
     :class:`UnsupportedModelError`."""
     rule = registry.units_rule(layer)
+    if len(rows) == in_units and len(units) == rule.out_units(layer):
+        return  # the copy keeps every row and unit: it is the layer
     every = rule.slice_units(layer, weights, in_units, np.arange(in_units), np.arange(rule.out_units(layer)))
     x = blocks_module.random_values(tuple(source.shape), source.dtype, np.random.default_rng(0))
     whole = np.zeros(x.shape[:-1] + (in_units,), dtype=x.dtype)
