@@ -1,0 +1,217 @@
+"""The rule of MultiHeadAttention: a head is a unit."""
+
+import math
+
+import keras
+import numpy as np
+
+from keras_group_lasso.graph.rules.base import adapted, to_numpy
+from keras_group_lasso.graph.rules.recurrent import SequenceRule
+from keras_group_lasso.groups import GroupView
+
+_ATTENTION_PARTS = ("query", "key", "value", "attention_output")
+
+
+def _attention_variables(layer):
+    """``{role: variable}`` of a MultiHeadAttention: ``query``, ``key``, ``value``, ``output`` and their biases."""
+    found = {}
+    for variable in layer.weights:
+        part, kind = variable.path.split("/")[-2:]
+        if part in _ATTENTION_PARTS:
+            role = "output" if part == "attention_output" else part
+            found[role if kind == "kernel" else f"{role}_bias"] = variable
+    return found
+
+
+class AttentionRule(SequenceRule):
+    """``MultiHeadAttention`` (self-attention: query, key and value read one tensor): heads are its inner units.
+
+    The group of head ``h`` is its slice ``[h, :, :]`` of the output kernel
+    ``(heads, value_dim, out)`` (``GroupView(axis=0)``): a head whose slice is
+    zero adds nothing to the output (each head's softmax is its own), so its
+    query, key, value and output slices go and the layer is built with fewer
+    heads. Input unit ``i`` reaches the output through its rows of the query,
+    key and value kernels ``(in, heads, dim)`` into live heads; an output unit
+    whose output-kernel column is zero is never a constant to fold (only a
+    constant 0 of its input is removed). Inside the kept heads, key and value
+    dimensions that add nothing go too (:meth:`kept_shape`).
+    """
+
+    width_key = "output_shape"
+    #: Group view of its head kernel (the output kernel).
+    head_view = GroupView(axis=0)
+    side_arguments = ("query_mask", "value_mask", "key_mask", "attention_mask")
+
+    def refusal(self, layer):
+        reason = adapted(layer)
+        if reason:
+            return reason
+        if getattr(layer, "_use_gate", False) or layer.get_config().get("use_gate"):
+            return "a MultiHeadAttention with use_gate=True"
+        config = layer.get_config()
+        if tuple(config.get("attention_axes") or (1,)) != (1,):
+            return "a MultiHeadAttention over axes other than the sequence (attention_axes=(1,))"
+        output_shape = config.get("output_shape")
+        if output_shape is not None and len(tuple(np.atleast_1d(output_shape))) != 1:
+            return "a MultiHeadAttention whose output_shape has several axes"
+        try:
+            variables = _attention_variables(layer)
+        except Exception:  # noqa: BLE001 - not built
+            variables = {}
+        if not {"query", "key", "value", "output"} <= set(variables):
+            return "a MultiHeadAttention that is not built"
+        return None
+
+    def kernels(self, layer):
+        variables = _attention_variables(layer)
+        return {role: variables[role] for role in ("query", "key", "value", "output")}
+
+    def regularizer_attributes(self, layer):
+        return ()
+
+    def head_kernel(self, layer):
+        """The variable whose groups are its heads (the output kernel)."""
+        return _attention_variables(layer)["output"]
+
+    def bias(self, layer):
+        return _attention_variables(layer).get("output_bias")
+
+    def weights(self, layer, read=to_numpy):
+        return {role: read(variable) for role, variable in _attention_variables(layer).items()} | {
+            "bias": None if self.bias(layer) is None else read(self.bias(layer))}
+
+    def thresholded_variables(self, layer):
+        return list(_attention_variables(layer).values())
+
+    def kernel_shape(self, layer):
+        variables = _attention_variables(layer)
+        return 1, int(variables["query"].shape[0]), int(variables["output"].shape[-1])
+
+    def live_heads(self, weights, kept_out=None):
+        """bool ``(heads,)``: heads with a non-zero output weight (into the units ``kept_out``, default all)."""
+        output = weights["output"]
+        if kept_out is not None:
+            output = output[..., np.asarray(kept_out, dtype=int)]
+        return np.any(output.reshape(output.shape[0], -1) != 0, axis=1)
+
+    def units_view(self, weights, in_units, layer=None):
+        """``(3, in_units, heads)``: input ``i``'s query, key and value weights into each head (any non-zero)."""
+        return np.stack([np.any(weights[role] != 0, axis=-1) for role in ("query", "key", "value")]).astype(float)
+
+    def connections(self, layer, weights, in_units):
+        reads = np.any(self.units_view(weights, in_units) != 0, axis=0)  # (in, heads)
+        writes = np.any(weights["output"] != 0, axis=1)  # (heads, out)
+        return (reads.astype(np.int64) @ writes.astype(np.int64)) > 0
+
+    def group_norms(self, layer, in_units):
+        weights = self.weights(layer)
+        squares = sum(np.sum(np.square(weights[role].astype(np.float32)), axis=(1, 2))
+                      for role in ("query", "key", "value"))
+        return np.sqrt(squares)
+
+    def kept_shape(self, weights, kept_out):
+        """``(heads, key dims, value dims)`` that stay: the live heads, and for each the key and value
+        dimensions it keeps (as many in every head: Keras gives all heads one ``key_dim`` and one ``value_dim``).
+
+        Value dimension ``j`` of head ``h`` adds nothing when its output rows ``[h, j, :]`` are zero; key
+        dimension ``j`` adds nothing to the scores when its query column (and bias) or its key column (and
+        bias) is zero. A head keeps its live dimensions and, where another head keeps more, some dead ones.
+        Where ``key_dim == value_dim`` (Keras on JAX needs it) both stay equal.
+        """
+        kept_out = np.asarray(kept_out, dtype=int)
+        heads = np.flatnonzero(self.live_heads(weights, kept_out))
+        if heads.size == 0:  # a layer has at least one head: one whose output weights are zero adds nothing
+            heads = np.arange(1)
+
+        def live(role):
+            column = np.any(weights[role] != 0, axis=0)  # (heads, dim)
+            bias = weights.get(f"{role}_bias")
+            return column if bias is None else column | (bias != 0)
+
+        key_live = live("query") & live("key")
+        value_live = np.any(weights["output"][..., kept_out] != 0, axis=-1)  # (heads, value_dim)
+        key_dim, value_dim = key_live.shape[1], value_live.shape[1]
+        new_key = max(1, int(key_live[heads].sum(axis=1).max()))
+        new_value = max(1, int(value_live[heads].sum(axis=1).max()))
+        if key_dim == value_dim:
+            new_key = new_value = max(new_key, new_value)
+
+        def dims(mask, count):  # live dimensions first, then dead ones, in index order
+            return [np.sort(np.argsort(~mask[h], kind="stable")[:count]) for h in heads]
+
+        return heads, dims(key_live, new_key), dims(value_live, new_value)
+
+    def slice_units(self, layer, weights, in_units, kept_in, kept_out):
+        kept_in = np.asarray(kept_in, dtype=int)
+        kept_out = np.asarray(kept_out, dtype=int)
+        heads, key_dims, value_dims = self.kept_shape(weights, kept_out)
+        # Keras scales the query by 1 / sqrt(key_dim): fewer key dimensions need the query scaled back.
+        scale = math.sqrt(key_dims[0].size / weights["query"].shape[-1])
+
+        def pick(array, dims):  # array (..., heads, dim) -> the kept heads and their dims
+            return np.stack([array[..., h, d] for h, d in zip(heads, dims)], axis=-2)
+
+        new = []
+        for role, dims, factor in (("query", key_dims, scale), ("key", key_dims, 1.0), ("value", value_dims, 1.0)):
+            kernel = pick(weights[role][kept_in], dims)
+            new.append(np.ascontiguousarray(kernel * np.asarray(factor, kernel.dtype) if factor != 1.0 else kernel))
+            bias = weights.get(f"{role}_bias")
+            if bias is not None:
+                bias = pick(bias, dims)
+                new.append(np.ascontiguousarray(bias * np.asarray(factor, bias.dtype) if factor != 1.0 else bias))
+        output = np.stack([weights["output"][h][d] for h, d in zip(heads, value_dims)])
+        new.append(np.ascontiguousarray(output[..., kept_out]))
+        if weights["bias"] is not None:
+            new.append(np.ascontiguousarray(weights["bias"][kept_out]))
+        config = dict(layer.get_config(), num_heads=int(heads.size), key_dim=int(key_dims[0].size),
+                      value_dim=int(value_dims[0].size), output_shape=int(kept_out.size))
+        return config, new
+
+    def call(self, layer, x, options=None):
+        """Call ``layer`` as the model did: on ``x`` as query and value, with the same keyword options."""
+        return layer(x, x, **(options or {}))
+
+    def _sizes(self, layer):
+        variables = _attention_variables(layer)
+        heads, key_dim = (int(d) for d in variables["query"].shape[1:])
+        value_dim = int(variables["value"].shape[-1])
+        try:
+            steps = layer.input[0].shape[1] if isinstance(layer.input, (list, tuple)) else layer.input.shape[1]
+        except Exception:  # noqa: BLE001 - a layer with several calls or none
+            steps = None
+        return heads, key_dim, value_dim, 1 if steps is None else int(steps)
+
+    def flops(self, layer, positions, in_units, out_units, output_shape, heads=None, key_dim=None, value_dim=None):
+        """``T * in * H * (2 kd + vd)`` (projections) ``+ T^2 * H * (kd + vd)`` (scores, weighted values)
+        ``+ T * H * vd * out`` (output) multiply-adds per sample, ``T`` its sequence length."""
+        total, full_key, full_value, steps = self._sizes(layer)
+        heads = total if heads is None else heads
+        key_dim = full_key if key_dim is None else key_dim
+        value_dim = full_value if value_dim is None else value_dim
+        return (steps * in_units * heads * (2 * key_dim + value_dim) + steps * steps * heads * (key_dim + value_dim)
+                + steps * heads * value_dim * out_units)
+
+    def params(self, layer, positions, in_units, out_units, has_bias, heads=None, key_dim=None, value_dim=None):
+        total, full_key, full_value, _ = self._sizes(layer)
+        heads = total if heads is None else heads
+        key_dim = full_key if key_dim is None else key_dim
+        value_dim = full_value if value_dim is None else value_dim
+        biases = _attention_variables(layer).get("query_bias") is not None
+        return (in_units * heads * (2 * key_dim + value_dim) + (heads * (2 * key_dim + value_dim) if biases else 0)
+                + heads * value_dim * out_units + (out_units if has_bias else 0))
+
+    def inner_units(self, layer, weights, kept_out):
+        """``(live heads, heads)`` with the units ``kept_out`` kept."""
+        heads, _, _ = self.kept_shape(weights, kept_out)
+        return int(heads.size), int(weights["output"].shape[0])
+
+    def kept_cost(self, layer, positions, kept_in, kept_out, output_shape, has_bias, weights, kept_mask):
+        heads, key_dims, value_dims = self.kept_shape(weights, np.flatnonzero(kept_mask))
+        shape = dict(heads=int(heads.size), key_dim=int(key_dims[0].size), value_dim=int(value_dims[0].size))
+        return (self.flops(layer, positions, kept_in, kept_out, output_shape, **shape),
+                self.params(layer, positions, kept_in, kept_out, has_bias, **shape))
+
+
+def builtin_rules():
+    """The rule of Keras's MultiHeadAttention."""
+    return [AttentionRule(keras.layers.MultiHeadAttention, "MultiHeadAttention (self-attention; heads pruned)")]

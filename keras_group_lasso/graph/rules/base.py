@@ -1,0 +1,286 @@
+"""The rule every layer class has: its kind, its refusal, how constants pass it, how surgery slices it."""
+
+import inspect
+import weakref
+
+import keras
+import numpy as np
+
+KINDS = ("units", "per_unit", "per_element", "flatten", "global_pool", "merge", "concat", "tail", "input",
+         "constant")
+CONSTANTS = ("call", "identity", "zero_only", None)
+
+# Keras activations that act on each scalar on its own (softmax, log_softmax,
+# sparsemax and glu mix units; a custom function is not trusted).
+ELEMENTWISE_ACTIVATIONS = frozenset(
+    {
+        "linear", "relu", "relu6", "leaky_relu", "elu", "selu", "celu", "gelu", "sigmoid",
+        "hard_sigmoid", "log_sigmoid", "sparse_sigmoid", "tanh", "hard_tanh", "tanh_shrink",
+        "softplus", "softsign", "sparse_plus", "squareplus", "silu", "swish", "hard_silu",
+        "hard_swish", "mish", "exponential", "hard_shrink", "soft_shrink",
+    }
+)
+MIXES_UNITS = "a layer whose activation mixes units"
+_UNSET = object()
+
+
+def activation_is_elementwise(function):
+    """``True`` for a Keras activation that acts on each scalar on its own."""
+    try:
+        name = keras.activations.serialize(function)
+    except Exception:  # noqa: BLE001 - an unserializable function is simply unknown
+        return False
+    if isinstance(name, dict):  # a function registered for serialization by another package
+        return name.get("config") in _ELEMENTWISE_REGISTERED
+    return isinstance(name, str) and name in ELEMENTWISE_ACTIVATIONS
+
+
+#: Elementwise activations other packages register for serialization (KerasHub's BERT uses the first).
+_ELEMENTWISE_REGISTERED = frozenset({"keras_hub>gelu_approximate"})
+
+
+def to_numpy(variable):
+    return np.asarray(keras.ops.convert_to_numpy(getattr(variable, "value", variable)))
+
+
+def call_arguments(layer):
+    try:
+        return inspect.signature(layer.call).parameters
+    except (TypeError, ValueError):
+        return {}
+
+
+def layer_dtype(layer):
+    """The dtype ``layer`` reads in the model: its input's, else its compute dtype (a float64 model stays float64)."""
+    try:
+        dtype = keras.backend.standardize_dtype(layer.input.dtype)
+    except Exception:  # noqa: BLE001 - a layer with no single input: its policy says
+        dtype = getattr(layer, "compute_dtype", None) or keras.config.floatx()
+    return dtype if "float" in str(dtype) else keras.config.floatx()
+
+
+def call_on_constants(layer, values):
+    """``layer`` (inference mode) on a one-position tensor holding ``values`` on its last axis.
+
+    In the dtype the layer reads in the model, so that a constant folded from a
+    float64 model is as exact as the model itself.
+    """
+    try:
+        rank = len(layer.input.shape)
+    except Exception:  # noqa: BLE001 - a layer seen on a flat vector
+        rank = 2
+    x = np.zeros((1,) * (rank - 1) + (values.size,), dtype=layer_dtype(layer))
+    x.reshape(-1)[:] = values
+    kwargs = {"training": False} if "training" in call_arguments(layer) else {}
+    out = layer(keras.ops.convert_to_tensor(x), **kwargs)
+    return np.asarray(keras.ops.convert_to_numpy(out), dtype=np.float64).reshape(-1)[-values.size:]
+
+
+def call_activation(layer, values):
+    """``layer``'s own activation on pre-activations ``values`` (NaN stays NaN), in its compute dtype."""
+    activation = getattr(layer, "activation", None)
+    if activation is None:
+        return values
+    finite = np.where(np.isnan(values), 0.0, values)
+    dtype = getattr(layer, "compute_dtype", None) or keras.config.floatx()
+    out = np.asarray(keras.ops.convert_to_numpy(activation(keras.ops.convert_to_tensor(finite[None, :], dtype=dtype))),
+                     dtype=np.float64)[0]
+    return np.where(np.isnan(values), np.nan, out)
+
+
+def threshold_array(values, threshold):
+    """``values`` with every ``|w| <= threshold`` set to an exact 0 (a new array)."""
+    values = np.asarray(values)
+    return np.where(np.abs(values) <= threshold, np.zeros((), values.dtype), values)
+
+
+# ----------------------------------------------------------------------------- the rule classes
+
+
+def layer_config(layer):
+    """``layer.get_config()``; for a layer whose constructor takes nothing of its own (``Identity``) but that was
+    made with a value its automatic config cannot hold (a dtype policy object, as KerasHub passes), the config
+    every layer has: its name, whether it trains, its dtype policy."""
+    try:
+        return layer.get_config()
+    except NotImplementedError:
+        own = set(inspect.signature(type(layer).__init__).parameters) - {"self", "name", "dtype", "trainable", "kwargs"}
+        if own or not isinstance(layer, keras.layers.Layer):
+            raise
+        return {"name": layer.name, "trainable": layer.trainable,
+                "dtype": keras.dtype_policies.serialize(layer.dtype_policy)}
+
+
+class LayerRule:
+    """How the package treats one layer class: the base of every rule, a per-unit layer by default.
+
+    Args:
+        cls: the layer class (matched exactly: a subclass may do anything).
+        description: a few words for the list of supported layers (default: the class name).
+        slicer: ``(layer, kept) -> (config, weights)`` for a layer with
+            per-unit weights or config (``kept``: the channel indices that
+            stay); ``None`` when it has none (its config is copied).
+        constants: how a constant channel passes (see the module docstring);
+            default: the class's.
+        refusal: ``layer -> reason or None``, for configurations of the class
+            that cannot be handled exactly (``None``: all are fine).
+
+    Subclasses override the methods below; the attributes say what the
+    layer is to the rest of the package.
+    """
+
+    kind = "per_unit"
+    constants = "call"
+    #: ``apply_threshold`` and surgery threshold its weights (its kernels and bias).
+    thresholded = False
+    #: The identity at inference (Dropout, noise): serving formats leave it out.
+    inference_identity = False
+    #: A BatchNormalization on the last axis: ``prune_model(fold_batchnorm=True)`` may merge it into a units layer.
+    batchnorm = False
+    #: Keyword arguments that take a tensor carrying no units (an attention mask): not read as units, and
+    #: computed again from the model's inputs in the pruned model (``ModelGraph.side_tensors``).
+    side_arguments = ()
+
+    def __init__(self, cls, description=None, *, slicer=None, constants=_UNSET, refusal=None):
+        self.cls = cls
+        self.description = description or cls.__name__
+        self.slicer = slicer
+        if constants is not _UNSET:
+            self.constants = constants
+        self._refusal = refusal
+
+    def __repr__(self):
+        return f"{type(self).__name__}({self.cls.__name__})"
+
+    def refusal(self, layer):
+        """Why this configuration of the layer cannot be handled exactly, or ``None``."""
+        return self._refusal(layer) if self._refusal is not None else None
+
+    def variant(self, layer):
+        """The rule of this configuration of the layer: itself, or another rule of the same class (a grouped
+        convolution's)."""
+        return self
+
+    def classify(self, layer):
+        """``(kind, reason)``: the graph kind of ``layer`` (``"other"`` with a reason when refused)."""
+        reason = self.refusal(layer)
+        return ("other", reason) if reason else (self.kind, None)
+
+    @property
+    def slices(self):
+        """It has weights or config per unit, so surgery slices it (not a plain copy)."""
+        return self.slicer is not None
+
+    def slice(self, layer, kept):
+        """``(config, weights)`` of ``layer`` restricted to the units ``kept`` (int indices)."""
+        if self.slicer is None:
+            return layer_config(layer), layer.get_weights()
+        return self.slicer(layer, np.asarray(kept, dtype=int))
+
+    def pass_constants(self, layer, values, threshold=0.0):
+        """Constants ``values`` (NaN: not constant) after ``layer``; NaN where a constant stops being one."""
+        how = self.constants
+        if how == "identity":
+            return values.copy()
+        if how == "zero_only":
+            return np.where(values == 0, 0.0, np.nan)
+        if how is None:
+            return np.full_like(values, np.nan)
+        if callable(how):
+            return np.asarray(how(layer, values, threshold), np.float64)
+        if np.all(np.isnan(values)):
+            return values.copy()
+        out = call_on_constants(layer, np.where(np.isnan(values), 0.0, values))
+        return np.where(np.isnan(values), np.nan, out)
+
+    def thresholded_variables(self, layer):
+        """The variables ``apply_threshold`` thresholds (none for most layers)."""
+        return []
+
+    def checked_weights(self, layer):
+        """``{label: numpy}`` of the weights whose finiteness every report checks (thresholded layers)."""
+        return {}
+
+    def set_weights(self, layer, weights):
+        """Put ``weights`` into a freshly built ``layer``."""
+        layer.set_weights(weights)
+
+    def call(self, layer, x, options=None):
+        """Call ``layer`` on ``x`` as the model did (``options``: the call's keyword arguments that are not tensors)."""
+        return layer(x, **(options or {}))
+
+    def unit_groups(self, layer):
+        """Index arrays of channels that are kept or removed together (a GroupNormalization's groups); ``[]``."""
+        return []
+
+    def serving_config(self, layer):
+        """The config a serving export builds the layer from instead, or ``None`` (the layer as it is)."""
+        return None
+
+
+class InputRule(LayerRule):
+    """The model's input."""
+
+    kind = "input"
+
+def output_shape(layer, out_units):
+    """The layer's output shape, ``(None, out_units)`` for a layer inside a model the graph cannot see into."""
+    try:
+        return tuple(layer.output.shape)
+    except Exception:  # noqa: BLE001 - Keras raises several types for a layer with no single output
+        return (None, out_units)
+
+
+def variable_axes(output_shape):
+    """The axes of a units layer's output, between batch and units, whose size is not known (``None``).
+
+    A model built on ``keras.Input((None, 8))`` or ``(None, None, 3)`` takes
+    sequences or images of any size: a layer before global pooling then has
+    output positions that depend on the input, and its multiply-adds are
+    counted per position of those axes (:meth:`UnitsRule.flops`).
+
+    Example:
+        >>> variable_axes((None, None, 12, 4)), variable_axes((None, 5, 4)), variable_axes((None, 4))
+        ((1,), (), ())
+    """
+    shape = tuple(output_shape)
+    return tuple(axis for axis in range(1, len(shape) - 1) if shape[axis] is None)
+
+
+def adapted(layer, noun="layer"):
+    """Why a LoRA-enabled or quantized layer is refused (its kernel is not the weights it computes with)."""
+    if getattr(layer, "lora_enabled", False):
+        return f"a LoRA-enabled {noun}"
+    if getattr(layer, "quantization_mode", None):
+        return f"a quantized {noun}"
+    return None
+
+
+def pads(layer):
+    """The layer pads its input with zeros (a constant is not constant at the border).
+
+    A window of size 1 on every axis (a 1x1 convolution) pads nothing,
+    whatever its ``padding`` and strides: ``"same"`` pads ``(ceil(n / s) - 1)
+    * s + 1 - n <= 0`` entries, ``"causal"`` ``dilation * (1 - 1) = 0``.
+    """
+    if getattr(layer, "padding", "valid") not in ("same", "causal"):
+        return False
+    window = getattr(layer, "kernel_size", None)
+    return not (window and all(int(k) == 1 for k in window))
+
+
+_OPERATION_CALLS = weakref.WeakKeyDictionary()
+
+
+def note_operation_call(operation, kwargs):
+    """Keep the keyword arguments ``operation`` (a keras.ops operation of a functional graph) was called with."""
+    try:
+        _OPERATION_CALLS[operation] = dict(kwargs or {})
+    except TypeError:  # pragma: no cover - not weak-referenceable
+        pass
+
+
+def operation_call(operation):
+    """The keyword arguments (not tensors) a keras.ops operation of the model was called with (``{}``)."""
+    return _OPERATION_CALLS.get(operation, {})
+
