@@ -28,7 +28,7 @@ import keras
 import numpy as np
 
 from keras_group_lasso._validation import NonFiniteError, check_non_negative, check_positive_int, fail
-from keras_group_lasso.graph import registry
+from keras_group_lasso.graph import Kind, registry
 from keras_group_lasso.graph.build import class_name, graph_model, is_graph_model, model_graph, traced_block
 from keras_group_lasso.graph.masks import UnitMasks, compute_masks, needed_units, threshold_array
 
@@ -213,7 +213,7 @@ def _read_weights(graph, owner, values=None):
                 broken.append((f"{name}/{kind}", values))
     for node in graph.nodes:  # thresholded per-unit layers (DepthwiseConv)
         layer = graph.layers[node.name]
-        rule = registry.rule_of(layer) if node.kind != "units" else None
+        rule = registry.rule_of(layer) if node.kind != Kind.UNITS else None
         for kind, values in (rule.checked_weights(layer) if rule is not None else {}).items():
             if not np.all(np.isfinite(values)):
                 broken.append((f"{node.name}/{kind}", values))
@@ -807,7 +807,7 @@ def _kept_whole(graph, masks):
     for node in graph.nodes:
         if node in whole and node.name not in masks.detached and not {int(i) for i in whole[node]} <= outputs:
             found.append((f"{node.name} ({class_name(graph.layers[node.name])})", int(len(whole[node]))))
-        elif node.kind == "per_unit" and node.name not in masks.detached and registry.rule_of(
+        elif node.kind == Kind.PER_UNIT and node.name not in masks.detached and registry.rule_of(
                 graph.layers[node.name]).unit_groups(graph.layers[node.name]):
             # A GroupNormalization keeps the whole groups of the channels that are read.
             needed = needed_units(graph, masks) if needed is None else needed

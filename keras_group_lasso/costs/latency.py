@@ -32,7 +32,7 @@ import numpy as np
 
 from keras_group_lasso import analysis
 from keras_group_lasso._validation import Described, check_non_negative, check_positive_int, fail
-from keras_group_lasso.graph import model_graph, registry
+from keras_group_lasso.graph import Kind, model_graph, registry
 from keras_group_lasso.surgery.build import prune_as_if
 
 __all__ = ["LatencyTable", "DEFAULT_GRID", "current_device"]
@@ -1206,7 +1206,7 @@ def _segments(graph):
         chain, current = [], node.name
         while current not in graph.outputs and len(consumers.get(current, ())) == 1:
             following = graph.tensor(consumers[current][0])
-            if following.kind != "per_unit" or tuple(following.inputs) != (current,):
+            if following.kind != Kind.PER_UNIT or tuple(following.inputs) != (current,):
                 break
             chain.append(following.name)
             current = following.name

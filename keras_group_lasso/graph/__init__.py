@@ -3,6 +3,7 @@
 from keras_group_lasso.graph.build import ModelGraph, UnitsNode, model_graph
 from keras_group_lasso.graph.registry import (
     KernelUnitsRule,
+    Kind,
     LayerRule,
     UnitsRule,
     register_layer,
@@ -12,6 +13,7 @@ from keras_group_lasso.graph.registry import (
 )
 
 __all__ = [
+    "Kind",
     "KernelUnitsRule",
     "LayerRule",
     "UnitsRule",

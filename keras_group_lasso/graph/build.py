@@ -30,6 +30,7 @@ import keras
 import numpy as np
 
 from keras_group_lasso.graph import registry
+from keras_group_lasso.graph.rules.base import Kind
 
 __all__ = ["Node", "UnitsNode", "Stream", "ModelGraph", "model_graph", "flat_graph", "is_graph_model", "graph_model",
            "traced_block", "BlockCall", "block_arguments", "block_operands"]
@@ -306,7 +307,7 @@ class ModelGraph:
         channels of a residual stream, a channels-first pooling), each with the unit ids of its input: every one
         of them stays while the layer does."""
         return tuple((node, self.tensor(node.inputs[0]).ids) for node in self.nodes
-                     if node.kind in ("tail", "mix") and node.inputs)
+                     if node.kind in (Kind.TAIL, Kind.MIX) and node.inputs)
 
     @property
     def first(self):
@@ -1074,7 +1075,7 @@ def _constant_value(operation, call, sources):
 
 def _is_constant(layer):
     rule = registry.rule_of(layer) if layer is not None else None
-    return rule is not None and rule.kind == "constant"
+    return rule is not None and rule.kind == Kind.CONSTANT
 
 
 def _argument_shapes(call):
@@ -1251,17 +1252,17 @@ def _classify(name, layer, input_names):
     if name in input_names:
         return "input", None
     if layer is None:
-        return "other", "a layer that could not be found"
+        return Kind.OTHER, "a layer that could not be found"
     if is_operation(layer) and registry.rule_of(layer) is not None:
         return registry.rule_of(layer).classify(layer)
     if is_operation(layer):
-        return "other", ("a keras.ops operation called on a tensor inside the model, not a layer (surgery "
+        return Kind.OTHER, ("a keras.ops operation called on a tensor inside the model, not a layer (surgery "
                          "rebuilds layers only; write it as a layer, e.g. Rescaling or Activation)")
     rule = registry.rule_of(layer)
     if rule is None:
         if isinstance(layer, keras.Model):
-            return "other", _UNTRACED.get(layer, "a nested model")
-        return "other", _UNTRACED.get(layer, "a layer that surgery cannot interpret")
+            return Kind.OTHER, _UNTRACED.get(layer, "a nested model")
+        return Kind.OTHER, _UNTRACED.get(layer, "a layer that surgery cannot interpret")
     return rule.classify(layer)
 
 
@@ -1280,7 +1281,7 @@ def _model_graph(model, flat):
     if flat is None:
         # A subclassed model: its units layers are known, their links are not.
         found = {layer.name: layer for layer in model.layers
-                 if registry.rule_of(layer) is not None and registry.rule_of(layer).kind == "units"}
+                 if registry.rule_of(layer) is not None and registry.rule_of(layer).kind == Kind.UNITS}
         problems = ((model.name, type(model).__name__, "a subclassed model (no layer graph)"),)
         return _unsupported(model, sequential, None, input_shape, found, tuple(found), (), problems)
     order, layers, producers, consumers, input_names, output_names, flat_problems, shapes, sides, blocks = flat
@@ -1291,7 +1292,7 @@ def _model_graph(model, flat):
     for name in order:
         kind, reason = _classify(name, layers.get(name), input_names)
         kinds[name] = kind
-        if kind == "other":
+        if kind == Kind.OTHER:
             flagged.setdefault(name, reason)
     calls = _shared_calls(order, layers, input_names)
     all_units = tuple(n for n in order if kinds[n] in ("units", "units_mixing"))
@@ -1424,9 +1425,9 @@ class _Ids:
 
 # Layers that pass each element of the input on unchanged in meaning, before the Flatten that makes them features.
 def _passes_elements(kind, layer):
-    if kind == "per_element":
+    if kind == Kind.PER_ELEMENT:
         return True
-    if kind != "per_unit" or registry.rule_of(layer).slices:
+    if kind != Kind.PER_UNIT or registry.rule_of(layer).slices:
         return False
     try:  # an activation or dropout: same shape, each element on its own (pooling and padding change the shape)
         return tuple(layer.input.shape) == tuple(layer.output.shape)
@@ -1446,7 +1447,7 @@ def _elements_mode(input_name, consumers, kinds, layers, input_shape):
                 continue
             seen.add(consumer)
             kind = kinds[consumer]
-            if kind == "flatten":
+            if kind == Kind.FLATTEN:
                 continue
             if not _passes_elements(kind, layers[consumer]):
                 return False
@@ -1507,7 +1508,7 @@ def _units_graph(order, layers, producers, consumers, kinds, input_names, output
         kind = kinds[name]
         layer = layers[name]
         sources = producers.get(name, [])
-        if kind == "constant":  # a tensor no input reaches: the units on its last axis are its own
+        if kind == Kind.CONSTANT:  # a tensor no input reaches: the units on its last axis are its own
             shape = layer.value.shape
             if not shape:
                 flagged.setdefault(name, "a constant scalar read by a layer (a constant has units on its last axis)")
@@ -1517,14 +1518,15 @@ def _units_graph(order, layers, producers, consumers, kinds, input_names, output
         if not sources or any(s not in info for s in sources):
             flagged.setdefault(name, "a layer that does not read the model input")
             return None
-        if kind in ("units", "units_mixing") and len(set(sources)) == 1:  # self-attention reads x as query and value
+        # self-attention reads x as query and value
+        if kind in (Kind.UNITS, Kind.UNITS_MIXING) and len(set(sources)) == 1:
             sources = sources[:1]
         src = [info[s] for s in sources]
-        if kind not in ("merge", "concat") and len(src) != 1:
+        if kind not in (Kind.MERGE, Kind.CONCAT) and len(src) != 1:
             flagged.setdefault(name, f"a layer reading {len(src)} tensors")
             return None
         first = src[0]
-        if kind in ("units", "units_mixing"):
+        if kind in (Kind.UNITS, Kind.UNITS_MIXING):
             if first["elements"]:
                 flagged.setdefault(name, "a layer that reads the input's elements before Flatten")
                 return None
@@ -1539,17 +1541,17 @@ def _units_graph(order, layers, producers, consumers, kinds, input_names, output
             if first["positions"] > 1:
                 flatten_channels[name] = in_units
             info[name] = dict(ids=out, positions=1, elements=False)
-        elif kind in ("per_unit", "per_element", "tail", "activation_tail", "global_pool"):
-            if kind == "per_element" and not first["elements"] and not registry.rule_of(layer).between_units(layer):
+        elif kind in (Kind.PER_UNIT, Kind.PER_ELEMENT, Kind.TAIL, Kind.ACTIVATION_TAIL, Kind.GLOBAL_POOL):
+            if kind == Kind.PER_ELEMENT and not first["elements"] and not registry.rule_of(layer).between_units(layer):
                 flagged.setdefault(name, "a Normalization, or a Rescaling with one value per element of a feature "
                                          "map (not one value per channel)")
                 return None
-            if kind == "per_unit" and first["positions"] > 1 and registry.rule_of(layer).slices:
+            if kind == Kind.PER_UNIT and first["positions"] > 1 and registry.rule_of(layer).slices:
                 flagged.setdefault(name, "a per-unit layer with weights on a flattened map (one weight per element, "
                                          "not per channel)")
                 return None
-            info[name] = dict(first, positions=1 if kind == "global_pool" else first["positions"])
-        elif kind == "flatten":
+            info[name] = dict(first, positions=1 if kind == Kind.GLOBAL_POOL else first["positions"])
+        elif kind == Kind.FLATTEN:
             if first["elements"]:
                 info[name] = dict(ids=first["ids"], positions=1, elements=False)
             else:
@@ -1562,7 +1564,7 @@ def _units_graph(order, layers, producers, consumers, kinds, input_names, output
                     return None
                 spatial = math.prod(int(d) for d in shape[:-1]) if shape and len(shape) > 1 else 1
                 info[name] = dict(ids=first["ids"], positions=first["positions"] * spatial, elements=False)
-        elif kind == "merge":
+        elif kind == Kind.MERGE:
             if any(s["elements"] or s["positions"] != first["positions"] or s["ids"].size != first["ids"].size
                    for s in src):
                 flagged.setdefault(name, "a merge of tensors whose units do not line up")
@@ -1571,19 +1573,19 @@ def _units_graph(order, layers, producers, consumers, kinds, input_names, output
                 for a, b in zip(first["ids"], s["ids"]):
                     ids.union(a, b)
             info[name] = dict(first)
-        elif kind == "mix":  # reads every channel; its outputs are new units (a channels-first pooling)
+        elif kind == Kind.MIX:  # reads every channel; its outputs are new units (a channels-first pooling)
             shape = _input_shape(layer)
             if first["elements"] or first["positions"] != 1 or not shape or shape[0] is None:
                 flagged.setdefault(name, "a channels-first pooling of a flattened map, of the input's elements or "
                                          "of a map whose first axis has a variable size")
                 return None
             info[name] = dict(ids=ids.new(int(shape[0])), positions=1, elements=False)
-        elif kind == "slice":
+        elif kind == Kind.SLICE:
             if first["elements"] or first["positions"] != 1 or first["ids"].size != layer.width:
                 flagged.setdefault(name, "a slice of the channels of a flattened map or of the input's elements")
                 return None
             info[name] = dict(ids=first["ids"][layer.start:layer.stop], positions=1, elements=False)
-        elif kind == "concat":
+        elif kind == Kind.CONCAT:
             if any(s["elements"] or s["positions"] != 1 for s in src):
                 flagged.setdefault(name, "a Concatenate of flattened maps or of the input's elements")
                 return None
@@ -1647,7 +1649,7 @@ def _streams(nodes, units, n_features):
     """The :class:`Stream` of every set of units that merges couple, in call order."""
     found = {}
     for node in nodes:
-        if node.kind != "merge":
+        if node.kind != Kind.MERGE:
             continue
         key = tuple(int(i) for i in node.ids)
         if key in found:

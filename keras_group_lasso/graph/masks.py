@@ -40,6 +40,7 @@ import numpy as np
 
 from keras_group_lasso.graph import registry
 from keras_group_lasso.graph.registry import threshold_array
+from keras_group_lasso.graph.rules.base import Kind
 
 __all__ = ["UnitMasks", "MergeFold", "compute_masks", "pass_constants", "needed_units", "threshold_array"]
 
@@ -150,44 +151,45 @@ def compute_masks(graph, weights, threshold, round_to=1):
     # Forward: the constant on every channel of every tensor (NaN: it varies), and whether it depends on the input.
     const, depends = {}, {}
     for node in graph.nodes:
-        if node.kind == "input":
+        if node.kind == Kind.INPUT:
             depends[node.name] = np.ones(node.ids.size, dtype=bool)
-        elif node.kind == "constant":  # no input reaches it (positions)
+        elif node.kind == Kind.CONSTANT:  # no input reaches it (positions)
             depends[node.name] = np.zeros(node.ids.size, dtype=bool)
-        elif node.kind == "units":
+        elif node.kind == Kind.UNITS:
             depends[node.name] = conn[node.name][depends[node.inputs[0]]].any(axis=0)
             while node.name in recur:  # what a unit that depends feeds through the recurrence depends too
                 more = depends[node.name] | recur[node.name][depends[node.name]].any(axis=0)
                 if np.array_equal(more, depends[node.name]):
                     break
                 depends[node.name] = more
-        elif node.kind == "merge":
+        elif node.kind == Kind.MERGE:
             depends[node.name] = np.any([depends[i] for i in node.inputs], axis=0)
-        elif node.kind == "concat":
+        elif node.kind == Kind.CONCAT:
             depends[node.name] = np.concatenate([depends[i] for i in node.inputs])
-        elif node.kind in ("tail", "mix"):
+        elif node.kind in (Kind.TAIL, Kind.MIX):
             depends[node.name] = np.full(node.ids.size, depends[node.inputs[0]].any())
-        elif node.kind == "slice":
+        elif node.kind == Kind.SLICE:
             depends[node.name] = depends[node.inputs[0]][_entries_of(layers[node.name])]
         else:
             depends[node.name] = depends[node.inputs[0]].copy()
-        if node.kind in ("input", "constant", "mix"):  # a constant varies along its positions: not one per channel
+        # a constant varies along its positions: not one per channel
+        if node.kind in (Kind.INPUT, Kind.CONSTANT, Kind.MIX):
             const[node.name] = np.full(node.ids.size, np.nan)
-        elif node.kind == "units":
+        elif node.kind == Kind.UNITS:
             const[node.name] = _units_constants(layers[node.name], units[node.name], weights[node.name],
                                                 const[node.inputs[0]], conn[node.name])
-        elif node.kind == "merge":
+        elif node.kind == Kind.MERGE:
             layer = layers[node.name]
             const[node.name] = registry.rule_of(layer).merge_constants(layer, [const[i] for i in node.inputs])
-        elif node.kind == "concat":
+        elif node.kind == Kind.CONCAT:
             const[node.name] = np.concatenate([const[i] for i in node.inputs])
-        elif node.kind == "slice":
+        elif node.kind == Kind.SLICE:
             const[node.name] = const[node.inputs[0]][_entries_of(layers[node.name])]
-        elif node.kind == "tail":  # mixes units: constant only when everything it reads is
+        elif node.kind == Kind.TAIL:  # mixes units: constant only when everything it reads is
             values = const[node.inputs[0]]
             const[node.name] = (np.full(values.size, np.nan) if np.isnan(values).any()
                                 else registry.call_on_constants(layers[node.name], values))
-        elif node.kind in ("flatten", "global_pool") or node.elements:
+        elif node.kind in (Kind.FLATTEN, Kind.GLOBAL_POOL) or node.elements:
             const[node.name] = const[node.inputs[0]].copy()
         else:
             const[node.name] = pass_constants(layers[node.name], const[node.inputs[0]], threshold)
@@ -197,7 +199,7 @@ def compute_masks(graph, weights, threshold, round_to=1):
     # before the ids: a detached layer makes none of the units it shares with the stream.
     merge_folds = {}
     for node in graph.nodes:
-        if node.kind == "merge":
+        if node.kind == Kind.MERGE:
             layer = layers[node.name]
             fold = registry.rule_of(layer).fold(layer, [const[i] for i in node.inputs])
             if fold is not None:
@@ -213,11 +215,11 @@ def compute_masks(graph, weights, threshold, round_to=1):
     for node in graph.nodes:
         if node.name in detached:
             continue
-        if node.kind in ("tail", "mix"):
+        if node.kind in (Kind.TAIL, Kind.MIX):
             needed[graph.tensor(node.inputs[0]).ids] = True
-        if node.kind == "mix":  # its outputs are positions: no layer makes or removes them
+        if node.kind == Kind.MIX:  # its outputs are positions: no layer makes or removes them
             needed[node.ids] = True
-        if node.kind == "units" and rules[node.name].mixes_units(layers[node.name]):
+        if node.kind == Kind.UNITS and rules[node.name].mixes_units(layers[node.name]):
             needed[units[node.name].out_ids] = True
     feature_ids = graph.feature_ids
     needed[feature_ids[graph.kept_features_always]] = True  # the channels of an input map all stay
@@ -235,7 +237,7 @@ def compute_masks(graph, weights, threshold, round_to=1):
     # Channels kept or removed together (a GroupNormalization's groups): one needed makes all of them needed.
     # A grouped convolution's groups: the input channels and filters of one convolution group, all or none.
     together = [node.ids[group] for node in graph.nodes
-                if node.name not in detached and node.kind == "per_unit"
+                if node.name not in detached and node.kind == Kind.PER_UNIT
                 for group in registry.rule_of(layers[node.name]).unit_groups(layers[node.name])]
     together += [np.concatenate([node.in_ids[reads], node.out_ids[makes]]) for node in graph.units
                  if node.name not in detached for reads, makes in rules[node.name].tied_units(layers[node.name])]
@@ -398,7 +400,7 @@ def _detached(graph, merge_folds):
         for k, name in enumerate(node.inputs):
             if fold is None or not fold.dropped[k]:
                 used.add(name)
-    return frozenset(node.name for node in graph.nodes if node.name not in used and node.kind != "input")
+    return frozenset(node.name for node in graph.nodes if node.name not in used and node.kind != Kind.INPUT)
 
 
 def _units_constants(layer, node, weights, source, conn):

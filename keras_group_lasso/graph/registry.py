@@ -66,6 +66,7 @@ from keras_group_lasso.graph.rules.base import (
     ELEMENTWISE_ACTIVATIONS,
     KINDS,
     InputRule,
+    Kind,
     LayerRule,
     call_activation,
     call_on_constants,
@@ -97,6 +98,7 @@ from keras_group_lasso.graph.rules.shape import (
 from keras_group_lasso.graph.rules.units import KernelUnitsRule, UnitsRule, dense_equation
 
 __all__ = [
+    "Kind",
     "LayerRule",
     "UnitsRule",
     "KernelUnitsRule",
@@ -184,7 +186,7 @@ def register_layer(cls, kind="per_unit", *, slicer=None, constants="call", descr
         ...     def call(self, x):
         ...         return 2.0 * x
         >>> register_layer(Scale).kind
-        'per_unit'
+        <Kind.PER_UNIT: 'per_unit'>
         >>> unregister_layer(Scale)
     """
     if isinstance(cls, LayerRule):
@@ -194,7 +196,7 @@ def register_layer(cls, kind="per_unit", *, slicer=None, constants="call", descr
         return _add(rule)
     if not (isinstance(cls, type) and issubclass(cls, keras.layers.Layer)):
         fail("register_layer", "cls", "a keras.layers.Layer subclass or a LayerRule instance", cls)
-    if kind == "units":
+    if kind == Kind.UNITS:
         return _add(_kernel_units_rule(cls, kernels, width, biases, slicer, description, refusal))
     for name, value, unset in (("kernels", kernels, None), ("width", width, None), ("biases", biases, ())):
         if value != unset:

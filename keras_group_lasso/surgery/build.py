@@ -6,7 +6,7 @@ import keras
 import numpy as np
 
 from keras_group_lasso._validation import check_choice, check_positive_int, fail
-from keras_group_lasso.graph import registry
+from keras_group_lasso.graph import Kind, registry
 from keras_group_lasso.graph.build import block_arguments, graph_config, graph_model, is_graph_model, traced_block
 from keras_group_lasso.graph.masks import threshold_array
 from keras_group_lasso.surgery import blocks as blocks_module
@@ -296,7 +296,7 @@ class _Builder:
         result = plan.analysis
         graph = result.graph
         # A Sequential stays one unless a block traced into it merges tensors (a residual block): then functional.
-        chain = not any(node.kind in ("merge", "concat") for node in graph.nodes)
+        chain = not any(node.kind in (Kind.MERGE, Kind.CONCAT) for node in graph.nodes)
         self.model_name, self.dtype = model.name, model.inputs[0].dtype
         # ... and a block built again (whose own build may not build its layers, as keras.io writes blocks) is
         # called on a tensor, so that its layers are built: functional too

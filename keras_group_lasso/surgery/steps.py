@@ -20,7 +20,7 @@ import typing
 import keras
 import numpy as np
 
-from keras_group_lasso.graph import registry
+from keras_group_lasso.graph import Kind, registry
 from keras_group_lasso.graph.masks import needed_units
 
 __all__ = [
@@ -359,22 +359,22 @@ class _Planner:
         fold = masks.merge_folds.get(node.name)
         src = node.inputs if fold is None else tuple(n for n, d in zip(node.inputs, fold.dropped) if not d)
         missing = [name in self.absent for name in src]
-        lost = all(missing) if node.kind == "concat" else any(missing)  # Concatenate keeps its other operands
-        if lost or (node.kind == "units" and not masks.units[node.name].any()):
+        lost = all(missing) if node.kind == Kind.CONCAT else any(missing)  # Concatenate keeps its other operands
+        if lost or (node.kind == Kind.UNITS and not masks.units[node.name].any()):
             # a branch that lost every unit: nothing reads it
             self.drop(node.name, node.ids.size, LOST)
             return
-        if node.kind == "constant":
+        if node.kind == Kind.CONSTANT:
             self.constant(node)
-        elif node.kind == "units":
+        elif node.kind == Kind.UNITS:
             self.units(node)
-        elif node.kind == "merge":
+        elif node.kind == Kind.MERGE:
             self.merge(node, src, fold)
-        elif node.kind == "concat":
+        elif node.kind == Kind.CONCAT:
             self.concat(node, src)
-        elif node.kind == "slice":
+        elif node.kind == Kind.SLICE:
             self.slice_channels(node, src)
-        elif node.kind == "mix":  # every channel it reads stays, and so does every output
+        elif node.kind == Kind.MIX:  # every channel it reads stays, and so does every output
             self.present[node.name] = np.ones(node.ids.size, bool)
             self.made.add(node.name)
             self.steps.append(SlicePerUnit(node.name, src[0]))
@@ -459,7 +459,7 @@ class _Planner:
                 if reader in seen:
                     continue
                 seen.add(reader)
-                if self.graph.tensor(reader).kind != "merge":
+                if self.graph.tensor(reader).kind != Kind.MERGE:
                     stack.append(reader)
                     continue
                 try:
@@ -516,7 +516,7 @@ class _Planner:
         layer = graph.layers[node.name]
         have = self.present[name]
         from_sliced = self.sliced.get(name, False) and graph.tensor(name).elements
-        if node.kind == "flatten" and from_sliced and len(layer.output.shape) == 2:
+        if node.kind == Kind.FLATTEN and from_sliced and len(layer.output.shape) == 2:
             self.alias(node.name, name, FLAT)  # the selected features are already flat
             return
         self.present[node.name] = have

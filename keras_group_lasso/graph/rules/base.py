@@ -1,13 +1,42 @@
 """The rule every layer class has: its kind, its refusal, how constants pass it, how surgery slices it."""
 
+import enum
 import inspect
 import weakref
 
 import keras
 import numpy as np
 
-KINDS = ("units", "per_unit", "per_element", "flatten", "global_pool", "merge", "concat", "tail", "input",
-         "constant")
+
+class Kind(enum.StrEnum):
+    """How units flow through a node of the graph (a string too: ``Kind.UNITS == "units"``).
+
+    The kinds a rule gives its layers (see :mod:`keras_group_lasso.graph.registry`), and the ones the graph
+    derives: ``UNITS_MIXING`` (a units layer whose activation mixes units), ``ACTIVATION_TAIL`` (an Activation
+    that mixes them), ``MIX`` (reads every channel and makes new units, a channels-first pooling), ``SLICE`` (a
+    slice of the channels) and ``OTHER`` (refused, with a reason).
+    """
+
+    INPUT = "input"
+    CONSTANT = "constant"
+    UNITS = "units"
+    UNITS_MIXING = "units_mixing"
+    PER_UNIT = "per_unit"
+    PER_ELEMENT = "per_element"
+    FLATTEN = "flatten"
+    GLOBAL_POOL = "global_pool"
+    MERGE = "merge"
+    CONCAT = "concat"
+    TAIL = "tail"
+    ACTIVATION_TAIL = "activation_tail"
+    MIX = "mix"
+    SLICE = "slice"
+    OTHER = "other"
+
+
+#: The kinds of the table, in the order of the supported layers' list.
+KINDS = (Kind.UNITS, Kind.PER_UNIT, Kind.PER_ELEMENT, Kind.FLATTEN, Kind.GLOBAL_POOL, Kind.MERGE, Kind.CONCAT,
+         Kind.TAIL, Kind.INPUT, Kind.CONSTANT)
 CONSTANTS = ("call", "identity", "zero_only", None)
 
 # Keras activations that act on each scalar on its own (softmax, log_softmax,
@@ -129,7 +158,7 @@ class LayerRule:
     layer is to the rest of the package.
     """
 
-    kind = "per_unit"
+    kind = Kind.PER_UNIT
     constants = "call"
     #: ``apply_threshold`` and surgery threshold its weights (its kernels and bias).
     thresholded = False
@@ -164,7 +193,7 @@ class LayerRule:
     def classify(self, layer):
         """``(kind, reason)``: the graph kind of ``layer`` (``"other"`` with a reason when refused)."""
         reason = self.refusal(layer)
-        return ("other", reason) if reason else (self.kind, None)
+        return (Kind.OTHER, reason) if reason else (self.kind, None)
 
     @property
     def slices(self):
@@ -221,7 +250,7 @@ class LayerRule:
 class InputRule(LayerRule):
     """The model's input."""
 
-    kind = "input"
+    kind = Kind.INPUT
 
 def output_shape(layer, out_units):
     """The layer's output shape, ``(None, out_units)`` for a layer inside a model the graph cannot see into."""

@@ -5,7 +5,7 @@ depthwise convolutions, per-element preprocessing) and of normalizations that mi
 import keras
 import numpy as np
 
-from keras_group_lasso.graph.rules.base import LayerRule, activation_is_elementwise
+from keras_group_lasso.graph.rules.base import Kind, LayerRule, activation_is_elementwise
 
 
 class ActivationRule(LayerRule):
@@ -16,7 +16,7 @@ class ActivationRule(LayerRule):
 
     def classify(self, layer):
         reason = self.refusal(layer)
-        return ("activation_tail", reason) if reason else (self.kind, None)
+        return (Kind.ACTIVATION_TAIL, reason) if reason else (self.kind, None)
 
 
 class DropoutRule(LayerRule):
@@ -35,7 +35,7 @@ class BatchNormRule(LayerRule):
 class PerElementRule(LayerRule):
     """Input preprocessing with one value per element (Normalization, Rescaling)."""
 
-    kind = "per_element"
+    kind = Kind.PER_ELEMENT
 
     def between_units(self, layer):
         """It may stand between units layers: one value per element of a flat vector."""
@@ -89,7 +89,7 @@ def _per_channel(values):
 class TailRule(LayerRule):
     """A layer that mixes units (softmax): every unit it reads is kept."""
 
-    kind = "tail"
+    kind = Kind.TAIL
     constants = None
 
 

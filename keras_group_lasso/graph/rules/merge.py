@@ -4,7 +4,7 @@
 import keras
 import numpy as np
 
-from keras_group_lasso.graph.rules.base import LayerRule
+from keras_group_lasso.graph.rules.base import Kind, LayerRule
 
 _MERGE_OPS = {
     "Add": lambda values: np.sum(values, axis=0),
@@ -26,7 +26,7 @@ class MergeRule(LayerRule):
     channel, it does not remove it; it goes only with the channel.
     """
 
-    kind = "merge"
+    kind = Kind.MERGE
     constants = None
 
     def __init__(self, cls, operation, description=None, **kwargs):
@@ -79,7 +79,7 @@ class MergeRule(LayerRule):
 class ConcatRule(LayerRule):
     """Concatenate on the last axis: the output's channels are the operands' channels, one after the other."""
 
-    kind = "concat"
+    kind = Kind.CONCAT
     constants = None
 
     def refusal(self, layer):

@@ -4,7 +4,7 @@
 import keras
 import numpy as np
 
-from keras_group_lasso.graph.rules.base import activation_is_elementwise, adapted, to_numpy
+from keras_group_lasso.graph.rules.base import Kind, activation_is_elementwise, adapted, to_numpy
 from keras_group_lasso.graph.rules.units import UnitsRule
 from keras_group_lasso.groups import GroupView
 
@@ -26,7 +26,7 @@ class SequenceRule(UnitsRule):
 
     def classify(self, layer):
         reason = self.refusal(layer)
-        return ("other", reason) if reason else (self.kind, None)
+        return (Kind.OTHER, reason) if reason else (self.kind, None)
 
     def mixes_units(self, layer):
         return False

@@ -6,7 +6,7 @@ import math
 import keras
 import numpy as np
 
-from keras_group_lasso.graph.rules.base import LayerRule, operation_call
+from keras_group_lasso.graph.rules.base import Kind, LayerRule, operation_call
 
 
 class ConstantValue:
@@ -38,7 +38,7 @@ class ConstantValue:
 class ConstantRule(LayerRule):
     """A :class:`ConstantValue`: a tensor no model input reaches (it varies along its positions, not with the input)."""
 
-    kind = "constant"
+    kind = Kind.CONSTANT
     constants = None
 
 
@@ -71,7 +71,7 @@ class ChannelSlice:
 class ChannelSliceRule(LayerRule):
     """A :class:`ChannelSlice`: entries ``start:stop`` of the last axis; constants pass as they are."""
 
-    kind = "slice"
+    kind = Kind.SLICE
     constants = "identity"
 
 
@@ -144,7 +144,7 @@ def is_constant_array(value):
 class FlattenRule(LayerRule):
     """``Flatten``: channel ``c`` of a ``(..., C)`` map becomes the features ``c, C + c, ...``."""
 
-    kind = "flatten"
+    kind = Kind.FLATTEN
     constants = "identity"
 
     def classify(self, layer):
@@ -155,14 +155,14 @@ class FlattenRule(LayerRule):
             except Exception:  # noqa: BLE001 - unknown rank
                 rank = 2
             if rank > 2:
-                return "other", "a channels_first Flatten"
+                return Kind.OTHER, "a channels_first Flatten"
         return kind, reason
 
 
 class GlobalPoolRule(LayerRule):
     """Global pooling: channel ``c`` of the map becomes feature ``c``."""
 
-    kind = "global_pool"
+    kind = Kind.GLOBAL_POOL
     constants = "identity"
 
     def variant(self, layer):
@@ -181,7 +181,7 @@ class ChannelsFirstPoolRule(LayerRule):
     all stay too. What follows (a Dense head) reads them as features.
     """
 
-    kind = "mix"
+    kind = Kind.MIX
     constants = None
 
     def refusal(self, layer):

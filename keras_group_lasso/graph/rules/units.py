@@ -8,6 +8,7 @@ import numpy as np
 
 from keras_group_lasso.graph.rules.base import (
     MIXES_UNITS,
+    Kind,
     LayerRule,
     activation_is_elementwise,
     adapted,
@@ -30,7 +31,7 @@ class UnitsRule(LayerRule):
     of the groups (transposed convolutions).
     """
 
-    kind = "units"
+    kind = Kind.UNITS
     thresholded = True
     #: ``prune_model(fold_batchnorm=True)`` may merge a BatchNormalization that follows it.
     merges_batchnorm = True
@@ -56,8 +57,8 @@ class UnitsRule(LayerRule):
     def classify(self, layer):
         reason = self.refusal(layer)
         if reason == MIXES_UNITS:
-            return "units_mixing", reason  # fine as the output layer
-        return ("other", reason) if reason else (self.kind, None)
+            return Kind.UNITS_MIXING, reason  # fine as the output layer
+        return (Kind.OTHER, reason) if reason else (self.kind, None)
 
     def mixes_units(self, layer):
         """Its activation mixes the units it makes (softmax): it may only be the output layer."""
@@ -451,7 +452,7 @@ class ConvRule(UnitsRule):
     def classify(self, layer):
         if self.depthwise(layer):
             reason = self.refusal(layer)
-            return ("other", reason) if reason else ("per_unit", None)
+            return (Kind.OTHER, reason) if reason else (Kind.PER_UNIT, None)
         return super().classify(layer)
 
     @property
