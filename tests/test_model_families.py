@@ -232,6 +232,27 @@ def test_keras_ops_that_are_not_a_number_and_a_tensor_are_still_refused_by_name(
     assert_untouched(model, before)
 
 
+@pytest.mark.parametrize("between", [True, False], ids=["float16-activation", "cast-and-back"])
+def test_a_cast_between_float_dtypes_is_an_identity_of_that_dtype_and_prunes_exactly(between, rng, tmp_path):
+    """``keras.ops.cast`` from one float dtype to another is an ``Identity`` of the target dtype: it casts what it
+    reads as the operation does, constants folded through it too (rounded to float16 on the way)."""
+    inputs = keras.Input((5,))
+    h = keras.ops.cast(L.Dense(6, activation="relu", name="h")(inputs), "float16")
+    if between:
+        h = L.Activation("sigmoid", dtype="float16", name="gate")(h)
+    model = keras.Model(inputs, L.Dense(2, name="out")(keras.ops.cast(h, "float32")))
+    kernel, bias = model.get_layer("h").get_weights()
+    kernel[:, 1] = 0.0  # unit 1 outputs relu(b): a constant, folded into out's bias through both casts
+    kernel[:, 3] = 0.0
+    bias[1], bias[3] = 4.0 / 3.0, 0.0  # not a float16 number: rounded by the cast (by 3e-4); unit 3: zero
+    model.get_layer("h").set_weights([kernel, bias])
+    x = rng.normal(size=(8, 5)).astype("float32")
+    small = assert_prunes_exactly_and_reloads(model, x, tmp_path)
+    assert small.get_layer("h").units == 4
+    casts = [layer for layer in small.layers if type(layer) is L.Identity]
+    assert [layer.dtype_policy.name for layer in casts] == ["float16", "float32"]
+
+
 def _channels_first(sequential):
     layers = [L.Conv2D(8, 3, data_format="channels_first", name="first"), L.GlobalAveragePooling2D(),
               L.Dense(4, name="head")]

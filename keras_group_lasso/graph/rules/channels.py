@@ -281,7 +281,9 @@ def builtin_rules():
     rules = [DropoutRule(getattr(layers, name))
               for name in ("Dropout", "GaussianDropout", "GaussianNoise", "AlphaDropout")]
     rules += [LayerRule(getattr(layers, name), constants="identity")
-              for name in ("SpatialDropout1D", "SpatialDropout2D", "SpatialDropout3D", "Identity")]
+              for name in ("SpatialDropout1D", "SpatialDropout2D", "SpatialDropout3D")]
+    # An Identity of another float dtype casts (a keras.ops cast in the graph is one): a constant is cast too.
+    rules.append(LayerRule(layers.Identity, constants="call"))
     rules += [LayerRule(getattr(layers, name)) for name in ("ReLU", "LeakyReLU", "ELU")]
     rules.append(ActivationRule(layers.Activation, "Activation (elementwise)"))
     rules.append(BatchNormRule(layers.BatchNormalization, "BatchNormalization (last axis)",

@@ -51,8 +51,9 @@ def _tensor_arguments(inbound_nodes):
 
 
 def _one_tensor_layer(operation, inbound_nodes):
-    """The layer for a keras.ops call on one tensor: an activation (``ops.sigmoid(x)``) or a mean over every
-    position (``ops.mean(x, axis=(1, 2), keepdims=True)``, squeeze-and-excitation's pooling)."""
+    """The layer for a keras.ops call on one tensor: an activation (``ops.sigmoid(x)``), a mean over every
+    position (``ops.mean(x, axis=(1, 2), keepdims=True)``, squeeze-and-excitation's pooling), or a cast from one
+    float dtype to another (``ops.cast(x, "float32")``)."""
     name = operation_name(operation)
     called = _tensor_arguments(inbound_nodes)
     if name is None or called is None:
@@ -64,6 +65,10 @@ def _one_tensor_layer(operation, inbound_nodes):
         layer = keras.layers.Activation(_UNARY_ACTIVATIONS[name], name=operation.name, dtype=dtype)
     elif name == "Gelu" and getattr(operation, "approximate", None) is False:
         layer = keras.layers.Activation("gelu", name=operation.name, dtype=dtype)
+    elif name == "Cast" and "float" in str(dtype) and "float" in str(getattr(operation, "dtype", "")):
+        # ``ops.cast`` between float dtypes (an activation computed in float32 inside a float16 model): an
+        # Identity of the target dtype, which casts what it reads element by element, as the operation does.
+        layer = keras.layers.Identity(name=operation.name, dtype=keras.backend.standardize_dtype(operation.dtype))
     elif name == "Mean" and len(shape) in _GLOBAL_POOLS and operation.axis is not None:
         axes = sorted(a % len(shape) for a in operation.axis)
         if axes != list(range(1, len(shape) - 1)):
