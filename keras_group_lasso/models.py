@@ -596,6 +596,18 @@ def add_group_sparsity(model, factor=1e-3, *, l1=None, input_factor=None, penalt
             UserWarning,
             stacklevel=2,
         )
+    whole = [node.name for node in graph.units if registry.units_rule(graph.layers[node.name]).keeps_heads_whole(
+        graph.layers[node.name])]
+    if whole:  # a penalty that surgery could not honour is not put on: said, so that nobody waits for heads to go
+        shown = ", ".join(f"'{name}'" for name in whole[:3]) + (f" and {len(whole) - 3} more" if len(whole) > 3 else "")
+        warnings.warn(
+            f"{owner}: the heads of {shown} get no group penalty and stay whole: their blocks are traced at fixed "
+            "sizes (a KerasHub decoder) and are pruned only as themselves, built again from their config, which ties "
+            "the size of a head to their number. The other layers of those blocks (the feed-forward neurons) are "
+            "penalised and pruned.",
+            UserWarning,
+            stacklevel=2,
+        )
     if replaced:
         warnings.warn(
             f"{owner}: the group penalties replace the regularizers these layers had: {', '.join(replaced)}. "

@@ -22,7 +22,7 @@ import pytest
 from test_applications import sparsify
 from test_model_families import T, assert_prunes_exactly_and_reloads
 
-from keras_group_lasso import add_group_sparsity, apply_threshold, prune_model
+from keras_group_lasso import UnsupportedModelError, add_group_sparsity, apply_threshold, prune_model
 from keras_group_lasso.graph import registry
 from keras_group_lasso.graph.build import model_graph
 
@@ -272,3 +272,90 @@ def test_an_encoder_that_lost_feed_forward_neurons_only_is_a_keras_hub_transform
         old, new = found.changed["intermediate_dim"]
         assert old == 32 > new == block.intermediate_dim and set(found.changed) == {"intermediate_dim"}
     assert len(small.rebuilt_blocks) == 2
+
+
+def _llama():
+    return M.LlamaBackbone(vocabulary_size=50, num_layers=1, num_query_heads=4, num_key_value_heads=2, hidden_dim=16,
+                           intermediate_dim=24)
+
+
+def test_a_llama_decoder_is_traced_at_probe_sizes_and_its_attention_is_what_is_left(rng):
+    """KerasHub's decoders take the sequence length as a number (``ops.arange(ops.shape(x)[1])`` for the causal mask
+    and the rotary positions): traced at probe sizes, the decoder's layers are nodes of the graph. Its gated feed
+    forward and its norms are read; its grouped-query attention (EinsumDense into heads, rotary embedding, repeated
+    key-value heads) and the mask it is given are what the graph still names."""
+    from keras_hub.src.models.llama.llama_layernorm import LlamaLayerNorm
+
+    from keras_group_lasso.graph import register_layer, unregister_layer
+    from keras_group_lasso.graph.build import fixed_sizes, traced_block
+
+    model = _llama()
+    decoder = model.get_layer("transformer_layer_0")
+    x = {"token_ids": rng.integers(1, 50, size=(2, 5)).astype("int32"), "padding_mask": np.ones((2, 5), "int32")}
+    before = keras.ops.convert_to_numpy(model(x))
+    register_layer(LlamaLayerNorm, "tail")
+    try:
+        assert traced_block(decoder) is not None and fixed_sizes(decoder)
+        graph = model_graph(model)
+    finally:
+        unregister_layer(LlamaLayerNorm)
+    for name in ("feedforward_gate_dense", "feedforward_intermediate_dense", "feedforward_output_dense",
+                 "self_attention/query", "self_attention/attention_output"):
+        assert f"transformer_layer_0/{name}" in graph.layers
+    assert fixed_sizes(decoder._self_attention_layer)
+    mask_operations = {"ExpandDims", "Cast", "Minimum"}  # the padding mask merged with the causal mask
+    left = [(name, cls) for name, cls, _ in graph.problems
+            if not name.startswith("transformer_layer_0/self_attention/")]
+    assert left and all(cls.split(".")[-1] in mask_operations for _, cls in left), left
+    refused = {cls for name, cls, _ in graph.problems if name.startswith("transformer_layer_0/self_attention/")}
+    assert "EinsumDense" in refused and "keras.ops.Repeat" in refused
+    # tracing changes nothing the model computes
+    np.testing.assert_allclose(keras.ops.convert_to_numpy(model(x)), before, rtol=1e-6, atol=1e-6)
+
+
+def _gpt2():
+    return M.GPT2Backbone(vocabulary_size=50, num_layers=2, num_heads=2, hidden_dim=8, intermediate_dim=12,
+                          max_sequence_length=16)
+
+
+def test_gpt2_loses_feed_forward_neurons_exactly_and_its_decoders_stay_keras_hub_decoders(rng, tmp_path):
+    """GPT-2's decoders take the sequence length as a number (their causal mask): traced at probe sizes, they are
+    penalised inside (feed-forward neurons; heads stay whole, said once) and pruned only as themselves, built again
+    from their config, each with the neurons it kept; the pruned model computes its causal masks at any length."""
+    from test_model_families import assert_same_outputs
+    from test_traced_blocks import sparsify as sparsify_blocks
+
+    model = _gpt2()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        sparse = add_group_sparsity(model, 1e-3)
+    said = [str(w.message) for w in caught if issubclass(w.category, UserWarning)]
+    assert len(said) == 1 and said[0].startswith(
+        "add_group_sparsity: the heads of 'transformer_layer_0/self_attention', 'transformer_layer_1/self_attention' "
+        "get no group penalty and stay whole"), said
+    penalised = {v.path for v in sparse.trainable_weights if v.regularizer is not None}
+    assert {f"transformer_layer_{i}/feedforward_{part}_dense/kernel" for i in (0, 1)
+            for part in ("intermediate", "output")} <= penalised
+    sparsify_blocks(model, rng)
+    for call, dead in (("transformer_layer_0", [1, 4, 7]), ("transformer_layer_1", [0, 2, 3, 9, 11])):
+        layer = model.get_layer(call)._feedforward_intermediate_dense  # neurons that output gelu(b): constants
+        kernel, bias = layer.get_weights()
+        kernel[:, dead] = 0.0
+        layer.set_weights([kernel, bias])
+    small = assert_prunes_exactly_and_reloads(model, _token_batch(model, rng), tmp_path)
+    assert_same_outputs(small, model, _token_batch(model, rng, length=5), 1e-5)
+    assert set(small.rebuilt_blocks) == {"transformer_layer_0", "transformer_layer_1"}
+    for call, found in small.rebuilt_blocks.items():
+        block = small.get_layer(call)
+        assert type(block).__name__ == "TransformerDecoder" and type(block).__module__.startswith("keras_hub")
+        live = int(np.any(model.get_layer(call)._feedforward_intermediate_dense.get_weights()[0] != 0, axis=0).sum())
+        assert found.changed == {"intermediate_dim": (12, live)} and block.intermediate_dim == live < 12
+        assert block.num_heads == 2
+
+
+def test_a_gpt2_decoder_is_never_flattened_into_layers_that_hold_its_mask_at_one_length():
+    model = _gpt2()
+    with pytest.raises(UnsupportedModelError, match=r"^prune_model: cannot prune layer 'transformer_layer_0' "
+                                                    r"\(TransformerDecoder\): a block whose call takes its input's "
+                                                    r"length as a number .* \(blocks='rebuild'\)\."):
+        prune_model(model, T, blocks="flatten")

@@ -21,6 +21,7 @@ that makes it drops it.
 """
 
 import dataclasses
+import inspect
 import math
 import threading
 import types
@@ -30,10 +31,10 @@ import keras
 import numpy as np
 
 from keras_group_lasso.graph import registry
-from keras_group_lasso.graph.rules.base import Kind
+from keras_group_lasso.graph.rules.base import Kind, mark_probe_sized, probe_sized
 
 __all__ = ["Node", "UnitsNode", "Stream", "ModelGraph", "model_graph", "flat_graph", "is_graph_model", "graph_model",
-           "traced_block", "BlockCall", "block_arguments", "block_operands"]
+           "traced_block", "BlockCall", "block_arguments", "block_operands", "fixed_sizes"]
 
 
 def _frozen(values):
@@ -496,7 +497,8 @@ def flat_graph(model):
         shapes.update({f"{block}/{name}": shape for name, shape in inner[7].items()})
     _multi_output_reads(order, layers, producers, consumers, output_names, problems)
     if sides:  # what an inlined block's side tensors read, computed here; then nothing else reads it
-        _complete_sides(sides, layers, producers, input_names, problems)
+        fixed = tuple(call for call, block in blocks.items() if fixed_sizes(block.layer))
+        _complete_sides(sides, layers, producers, input_names, problems, fixed)
         _drop_mask_operations(order, layers, producers, consumers, output_names)
     return order, layers, producers, consumers, input_names, output_names, problems, shapes, sides, blocks
 
@@ -630,10 +632,23 @@ def _catching(cls):
                 catcher = vars(self).get("_constant_catcher")
                 if catcher is not None:
                     args, kwargs = catcher.replace(args, kwargs)
+                    kwargs = _without_defaults(self, kwargs)
                 return cls.__call__(self, *args, **kwargs)
 
             _CATCHING[cls] = type(cls.__name__, (cls,), {"__call__": __call__, "__module__": cls.__module__})
         return _CATCHING[cls]
+
+
+def _without_defaults(layer, kwargs):
+    """``kwargs`` less the keyword arguments given as ``None`` where ``None`` is the call's default: a layer called
+    symbolically hands its keywords to ``compute_output_spec``, which may not take them (KerasHub's
+    ``CachedMultiHeadAttention`` with ``cache=None``: a MultiHeadAttention's spec takes no cache)."""
+    try:
+        parameters = inspect.signature(layer.call).parameters
+    except (TypeError, ValueError):
+        return kwargs
+    return {key: value for key, value in kwargs.items()
+            if not (value is None and key in parameters and parameters[key].default is None and key != "training")}
 
 
 def _symbolic_call(layer):
@@ -693,15 +708,11 @@ def _trace(layer):
             return None
         x = keras.Input(batch_shape=spec[0], dtype=spec[1], name=f"{layer.name}_input")
         call = [x], {}, [x]
-    args, kwargs, inputs = call
     try:
-        with _ConstantCatcher(layer) as catcher:
-            y = layer.call(*args, **kwargs)
-        constants = [tensor for tensor, _ in catcher.found]
-        ins = inputs + constants
-        traced = keras.Model(ins if len(ins) > 1 else ins[0], y, name=layer.name)
+        traced, y, catcher, constants, call = _traced_call(layer, call)
     except Exception:  # noqa: BLE001 - a call that does not trace symbolically stays one node
         return None
+    args, kwargs, inputs = call
     held = {id(v) for sub in traced.layers for v in sub.weights}
     if any(id(v) not in held for v in layer.weights) or any(y is x for x in inputs):
         return None
@@ -712,6 +723,74 @@ def _trace(layer):
 
 
 _CALLS = weakref.WeakKeyDictionary()  # traced block -> (args, kwargs, inputs) of the call it was traced on
+
+
+#: The sizes that stand for the unknown axes of a block's inputs (batch first, then each other axis) when its call
+#: takes a size as a number (:func:`_traced_call`): small, distinct, and unlike any channel count of a tiny model.
+PROBE_SIZES = (2, 7)
+
+
+def _traced_call(layer, call):
+    """``(traced model, outputs, catcher, constants, call)``: ``layer.call`` run on the symbolic ``call``; raises
+    where it does not trace.
+
+    A call that takes a size of its input as a number (KerasHub's causal mask, ``keras.ops.arange(ops.shape(x)[1])``;
+    its rotary positions) fails on an axis of unknown size (``None``): it is traced again with each unknown axis at
+    a probe size (:data:`PROBE_SIZES`). What it computes from those sizes alone (the mask, the positions) is then a
+    constant of the traced graph, right at those sizes only: the graph reads the block's layers and units from it,
+    and :func:`fixed_sizes` says so, so that the block is not run as its traced layers at other sizes.
+    """
+    try:
+        return _call_on(layer, call)
+    except Exception:  # noqa: BLE001 - retried below at probe sizes where an axis is unknown
+        sized = _at_probe_sizes(layer, call)
+        if sized is None:
+            raise
+    found = _call_on(layer, sized)
+    # the blocks inside were called at the probe sizes too: their own traces hold constants at those sizes
+    for held in [found[0], *layer._flatten_layers(include_self=False, recursive=True)]:
+        mark_probe_sized(held)
+    return found
+
+
+def _call_on(layer, call):
+    args, kwargs, inputs = call
+    with _ConstantCatcher(layer) as catcher:
+        y = layer.call(*args, **kwargs)
+    constants = [tensor for tensor, _ in catcher.found]
+    ins = inputs + constants
+    traced = keras.Model(ins if len(ins) > 1 else ins[0], y, name=layer.name)
+    return traced, y, catcher, constants, call
+
+
+def _at_probe_sizes(layer, call):
+    """``call`` with every input of an axis of unknown size replaced by one of the probe size, or ``None``."""
+    args, kwargs, inputs = call
+    if not any(d is None for x in inputs for d in x.shape):
+        return None
+    batch, other = PROBE_SIZES
+    given = {}
+    for k, x in enumerate(inputs):
+        shape = tuple((batch if axis == 0 else other) if d is None else d for axis, d in enumerate(x.shape))
+        given[id(x)] = keras.Input(batch_shape=shape, dtype=x.dtype, name=f"{layer.name}_input{k}")
+
+    def swap(value):
+        if id(value) in given:
+            return given[id(value)]
+        if isinstance(value, dict):
+            return {key: swap(item) for key, item in value.items()}
+        if isinstance(value, (list, tuple)):
+            return type(value)(swap(item) for item in value)
+        return value
+
+    return swap(args), swap(kwargs), [given[id(x)] for x in inputs]
+
+
+def fixed_sizes(layer):
+    """The traced block ``layer`` was traced at the probe sizes (:func:`_traced_call`): its traced graph holds
+    constants right at those sizes only (a causal mask, rotary positions)."""
+    traced = _TRACED.get(layer)
+    return traced is not None and (probe_sized(traced) or probe_sized(layer))
 
 
 def block_operands(layer):
@@ -841,7 +920,7 @@ def _flat_graph(model):
                 operations[name] = operation
                 # A number added to, subtracted from, or multiplying a tensor is a Rescaling (hard-sigmoid's
                 # ``relu6(x + 3) / 6``): the graph sees, and surgery rebuilds, that layer.
-                layers[name] = registry.operation_layer(operation, layer_config.get("inbound_nodes")) or operation
+                layers[name] = _operation_layer(operation, layer_config.get("inbound_nodes"))
         nodes = layer_config.get("inbound_nodes") or [None]
         # A layer called several times (shared) is one node per call: ``name``, ``name#1``, ...
         for index, node in enumerate(nodes):
@@ -889,13 +968,26 @@ def _flat_graph(model):
         layers[name] = registry.ConstantValue(name, value)
         input_names.remove(name)
     _fold_constant_operations(order, layers, producers, consumers, arguments, operations)
-    sides = _side_tensors(side_ends, operations, producers, input_names, problems)
+    # A block traced at probe sizes computes its masks from constants right at those sizes: no side tensor (it is
+    # built again as itself, see _complete_sides).
+    sides = {} if probe_sized(model) else _side_tensors(side_ends, operations, producers, input_names, problems)
     _drop_mask_operations(order, layers, producers, consumers, output_names)
     if calls and any(isinstance(layers.get(name), keras.Model) for name in calls.values()):
         for node_name, name in calls.items():
             if isinstance(layers.get(name), keras.Model):
                 problems.append((name, "a nested model called several times (shared)"))
     return order, layers, producers, consumers, input_names, output_names, problems, shapes, sides, {}
+
+
+def _operation_layer(operation, inbound_nodes):
+    """The layer that stands for a keras.ops call (:func:`registry.operation_layer`), else the operation itself
+    (refused by name): also where that layer cannot take the operands as the operation broadcasts them (a product
+    with a table of one row per position, the same for every sample and head: rotary embeddings)."""
+    try:
+        layer = registry.operation_layer(operation, inbound_nodes)
+    except ValueError:
+        return operation
+    return layer or operation
 
 
 def _sorted_dicts(value):
@@ -1007,13 +1099,20 @@ def _side_tensors(side_ends, operations, producers, input_names, problems):
     return found
 
 
-def _complete_sides(sides, layers, producers, input_names, problems):
-    """Carry (in place) each side tensor that reads an inlined block's input back to this graph's inputs."""
+def _complete_sides(sides, layers, producers, input_names, problems, fixed=()):
+    """Carry (in place) each side tensor that reads an inlined block's input back to this graph's inputs.
+
+    Inside a block traced at probe sizes (``fixed``, see :func:`fixed_sizes`) a side tensor (a causal mask) is
+    computed from constants right at those sizes only: it is left out, and surgery builds such a block again as
+    itself (which computes its masks), never from its layers."""
     def operation_of(name):
         layer = layers.get(name)
         return layer if isinstance(layer, keras.Operation) and not isinstance(layer, keras.layers.Layer) else None
 
     for node_name, found in sides.items():
+        if any(node_name.startswith(f"{call}/") for call in fixed):
+            found.clear()
+            continue
         for key, side in list(found.items()):
             for read in side.reads():
                 if read in input_names:

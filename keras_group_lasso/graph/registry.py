@@ -259,6 +259,9 @@ _BY_NAME = {  # module.name: (kind, description, rule of the class)
     "keras_hub.src.layers.modeling.position_embedding.PositionEmbedding": (
         "per_unit", "PositionEmbedding (KerasHub; its output is its table, sliced by channel)",
         channels.position_embedding_rule),
+    "keras_hub.src.layers.modeling.cached_multi_head_attention.CachedMultiHeadAttention": (
+        "units", "CachedMultiHeadAttention (KerasHub; called without a cache)",
+        lambda cls, description: attention.AttentionRule(cls, description)),
 }
 
 

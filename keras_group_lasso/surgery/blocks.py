@@ -19,7 +19,7 @@ import numpy as np
 from keras_group_lasso.graph import registry
 from keras_group_lasso.graph.build import block_arguments, block_operands
 
-__all__ = ["Rebuilt", "rebuilt_block", "same_outputs", "zero_initializers"]
+__all__ = ["Rebuilt", "rebuilt_block", "built_block", "same_outputs", "zero_initializers"]
 
 #: How far each integer argument is moved to see what it sets (prime, so that its multiples stand out).
 _PROBE = 7
@@ -52,7 +52,7 @@ def rebuilt_block(block, weights, tensors, name, probes=None):
     changed = widths(block, config, targets, shapes, dtypes, probes)
     if changed is None:
         return Rebuilt(None, {}, "no integer argument of its config gives the pruned widths")
-    new = _built(block, dict(config, **{key: value for key, (_, value) in changed.items()}), shapes, dtypes)
+    new = built_block(block, dict(config, **{key: value for key, (_, value) in changed.items()}), shapes, dtypes)
     if new is None or [tuple(w.shape) for w in new.weights] != targets:
         return Rebuilt(None, {}, "no integer argument of its config gives the pruned widths")
     new.set_weights(weights)
@@ -138,9 +138,9 @@ def _slopes(block, config, key, base, original, dtypes):
     :func:`widths`)."""
     value = config[key]
     probe = dict(config, **{key: value + _PROBE})
-    built = _built(block, probe, original, dtypes)
+    built = built_block(block, probe, original, dtypes)
     if built is None:  # an argument the input's width must equal (a residual block's channels)
-        built = _built(block, probe, [_widened(s, value) for s in original], dtypes)
+        built = built_block(block, probe, [_widened(s, value) for s in original], dtypes)
     if built is None or len(built.weights) != len(base):
         return {}
     slopes = {}
@@ -155,7 +155,7 @@ def _widened(shape, value):
     return shape[:-1] + (shape[-1] + _PROBE,) if shape and shape[-1] == value else shape
 
 
-def _built(block, config, shapes, dtypes):
+def built_block(block, config, shapes, dtypes):
     """A layer of ``block``'s class from ``config``, called as the graph calls ``block`` on inputs of ``shapes``
     (its variables zeros); ``None`` where that fails."""
     try:

@@ -7,7 +7,15 @@ import numpy as np
 
 from keras_group_lasso._validation import check_choice, check_positive_int, fail
 from keras_group_lasso.graph import Kind, registry
-from keras_group_lasso.graph.build import block_arguments, graph_config, graph_model, is_graph_model, traced_block
+from keras_group_lasso.graph.build import (
+    block_arguments,
+    block_operands,
+    fixed_sizes,
+    graph_config,
+    graph_model,
+    is_graph_model,
+    traced_block,
+)
 from keras_group_lasso.graph.masks import threshold_array
 from keras_group_lasso.surgery import blocks as blocks_module
 from keras_group_lasso.surgery import plan as planning
@@ -199,13 +207,28 @@ def _pruned(owner, model, threshold, round_to, inputs, fold_batchnorm, values=No
     model = graph_model(model)  # a subclassed model: the functional model of the layers its call runs
     plan = planning.build_plan(owner, model, threshold, round_to, inputs=inputs, fold_batchnorm=fold_batchnorm,
                                values=values)
+    graph_blocks = plan.analysis.graph.blocks
+    # A block traced at probe sizes (a KerasHub decoder: its causal mask from its input's length) is pruned only
+    # as itself, built again from its config: its layers alone hold that mask at the probe sizes.
+    fixed = {call: block for call, block in graph_blocks.items() if fixed_sizes(block.layer)}
+    if fixed and blocks != "rebuild":
+        call, block = next(iter(fixed.items()))
+        raise planning.UnsupportedModelError(owner, call, type(block.layer).__name__, _FIXED + " (blocks='rebuild')")
     small, builder = _apply_steps(plan, model)
-    rebuilt = _rebuilt_blocks(builder) if blocks == "rebuild" and plan.analysis.graph.blocks else {}
+    rebuilt = _rebuilt_blocks(builder, threshold) if blocks == "rebuild" and graph_blocks else {}
+    for call, block in fixed.items():
+        found = rebuilt.get(call)
+        if found is not None and found.layer is None and not any(
+                call.startswith(f"{other}/") and rebuilt[other].layer is not None for other in rebuilt):
+            raise planning.UnsupportedModelError(owner, call, type(block.layer).__name__,
+                                                 f"{_FIXED}, which failed here: {found.reason}")
     replace = {call: found.layer for call, found in rebuilt.items() if found.layer is not None}
     if replace:  # built again, each of those blocks called in place of its layers
         plain = small
         small, builder = _apply_steps(plan, model, replace)
-        if not blocks_module.same_outputs(plain, None, small, None):  # checked whole too: never a silent change
+        # checked whole too: never a silent change (a model with a block traced at probe sizes has no plain
+        # reference: each such block was checked against itself, thresholded)
+        if not fixed and not blocks_module.same_outputs(plain, None, small, None):
             small = plain
             rebuilt = {call: blocks_module.Rebuilt(None, {}, "the model holding it computed something else")
                        if found.layer is not None else found for call, found in rebuilt.items()}
@@ -237,7 +260,12 @@ def _apply_steps(plan, model, replace=None):
     return builder.model(), builder
 
 
-def _rebuilt_blocks(builder):
+#: Why a block traced at probe sizes is pruned only as itself (see :func:`~keras_group_lasso.graph.build.fixed_sizes`).
+_FIXED = ("a block whose call takes its input's length as a number (a causal mask, rotary positions) is pruned only "
+          "as itself, built again from its config with the widths its layers kept")
+
+
+def _rebuilt_blocks(builder, threshold):
     """``{call: Rebuilt}`` for the calls of blocks traced into the graph, outermost first: the block's class built
     again with the widths of its pruned layers, where that computes what they compute (see
     :mod:`keras_group_lasso.surgery.blocks`)."""
@@ -254,11 +282,11 @@ def _rebuilt_blocks(builder):
         if id(block.layer) in by_layer:  # a shared block: decided at its first call
             found[call] = by_layer[id(block.layer)]
             continue
-        found[call] = by_layer[id(block.layer)] = _rebuilt_block(builder, call, block, probes)
+        found[call] = by_layer[id(block.layer)] = _rebuilt_block(builder, call, block, probes, threshold)
     return found
 
 
-def _rebuilt_block(builder, call, block, probes):
+def _rebuilt_block(builder, call, block, probes, threshold):
     tensors = [builder.tensors.get(name) for name in block.operands]
     ends = [builder.tensors.get(name) for name in block.ends]
     if any(x is None for x in tensors + ends) or len({id(x) for x in tensors}) != len(tensors):
@@ -280,13 +308,45 @@ def _rebuilt_block(builder, call, block, probes):
                                           probes)
     if rebuilt.layer is None:
         return rebuilt
-    try:
-        reference = keras.Model(tensors if len(tensors) > 1 else tensors[0], ends if len(ends) > 1 else ends[0])
-    except Exception:  # noqa: BLE001 - its layers read more than the block's operands
-        return blocks_module.Rebuilt(None, {}, "its pruned layers read more than the block's inputs")
+    if fixed_sizes(block.layer):
+        reference = _thresholded_block(block, tensors, threshold)
+        if reference is None:
+            return blocks_module.Rebuilt(None, {}, "its inputs lost channels (it is compared with itself, "
+                                                   "thresholded, on inputs of its own widths)")
+    else:
+        try:
+            reference = keras.Model(tensors if len(tensors) > 1 else tensors[0], ends if len(ends) > 1 else ends[0])
+        except Exception:  # noqa: BLE001 - its layers read more than the block's operands
+            return blocks_module.Rebuilt(None, {}, "its pruned layers read more than the block's inputs")
     if not blocks_module.same_outputs(reference, block.layer, rebuilt.layer, tensors):
         return blocks_module.Rebuilt(None, {}, "built again with the new widths, it computes something else")
     return rebuilt
+
+
+def _thresholded_block(block, tensors, threshold):
+    """A model calling a copy of the traced ``block``'s layer (from its config) with its weights thresholded as
+    ``prune_model`` thresholds them, on operands shaped as ``tensors``; ``None`` where those are not the widths
+    the block was built on."""
+    layer = block.layer
+    operands = block_operands(layer)  # as traced: at the probe sizes where a size was unknown
+    if len(operands) != len(tensors) or any(
+            len(x.shape) != len(y.shape) or (x.shape[-1] is not None and x.shape[-1] != y.shape[-1])
+            for x, y in zip(tensors, operands)):
+        return None
+    shapes, dtypes = [tuple(x.shape) for x in tensors], [x.dtype for x in tensors]
+    copy = blocks_module.built_block(layer, registry.layer_config(layer), shapes, dtypes)
+    if copy is None:
+        return None
+    cut = set()
+    for sub in layer._flatten_layers(include_self=False, recursive=True):  # noqa: SLF001 - Keras's own walk
+        rule = registry.rule_of(sub)
+        if rule is not None and rule.thresholded:
+            cut |= {id(v) for v in rule.thresholded_variables(sub)}
+    copy.set_weights([threshold_array(keras.ops.convert_to_numpy(v), threshold) if id(v) in cut
+                      else keras.ops.convert_to_numpy(v) for v in layer.weights])
+    inputs = [keras.Input(batch_shape=shape, dtype=dtype) for shape, dtype in zip(shapes, dtypes, strict=True)]
+    args, kwargs = block_arguments(layer, inputs)
+    return keras.Model(inputs if len(inputs) > 1 else inputs[0], copy(*args, **kwargs))
 
 
 class _Builder:

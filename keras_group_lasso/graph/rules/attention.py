@@ -5,7 +5,7 @@ import math
 import keras
 import numpy as np
 
-from keras_group_lasso.graph.rules.base import adapted, to_numpy
+from keras_group_lasso.graph.rules.base import adapted, probe_sized, to_numpy
 from keras_group_lasso.graph.rules.recurrent import SequenceRule
 from keras_group_lasso.groups import GroupView
 
@@ -70,8 +70,13 @@ class AttentionRule(SequenceRule):
         return ()
 
     def head_kernel(self, layer):
-        """The variable whose groups are its heads (the output kernel)."""
-        return _attention_variables(layer)["output"]
+        """The variable whose groups are its heads (the output kernel); ``None`` inside a block traced at probe
+        sizes, which keeps its heads whole (:func:`~.base.probe_sized`: a KerasHub decoder, whose class ties the
+        size of a head to their number)."""
+        return None if self.keeps_heads_whole(layer) else _attention_variables(layer)["output"]
+
+    def keeps_heads_whole(self, layer):
+        return probe_sized(layer)
 
     def bias(self, layer):
         return _attention_variables(layer).get("output_bias")
@@ -109,16 +114,21 @@ class AttentionRule(SequenceRule):
                       for role in ("query", "key", "value"))
         return np.sqrt(squares)
 
-    def kept_shape(self, weights, kept_out):
+    def kept_shape(self, weights, kept_out, whole=False):
         """``(heads, key dims, value dims)`` that stay: the live heads, and for each the key and value
         dimensions it keeps (as many in every head: Keras gives all heads one ``key_dim`` and one ``value_dim``).
 
         Value dimension ``j`` of head ``h`` adds nothing when its output rows ``[h, j, :]`` are zero; key
         dimension ``j`` adds nothing to the scores when its query column (and bias) or its key column (and
         bias) is zero. A head keeps its live dimensions and, where another head keeps more, some dead ones.
-        Where ``key_dim == value_dim`` (Keras on JAX needs it) both stay equal.
+        Where ``key_dim == value_dim`` (Keras on JAX needs it) both stay equal. ``whole``: every head and
+        dimension stays.
         """
         kept_out = np.asarray(kept_out, dtype=int)
+        if whole:
+            heads, key_dim = weights["query"].shape[-2:]
+            value_dim = weights["value"].shape[-1]
+            return np.arange(heads), [np.arange(key_dim)] * heads, [np.arange(value_dim)] * heads
         heads = np.flatnonzero(self.live_heads(weights, kept_out))
         if heads.size == 0:  # a layer has at least one head: one whose output weights are zero adds nothing
             heads = np.arange(1)
@@ -144,7 +154,7 @@ class AttentionRule(SequenceRule):
     def slice_units(self, layer, weights, in_units, kept_in, kept_out):
         kept_in = np.asarray(kept_in, dtype=int)
         kept_out = np.asarray(kept_out, dtype=int)
-        heads, key_dims, value_dims = self.kept_shape(weights, kept_out)
+        heads, key_dims, value_dims = self.kept_shape(weights, kept_out, whole=self.keeps_heads_whole(layer))
         # Keras scales the query by 1 / sqrt(key_dim): fewer key dimensions need the query scaled back.
         scale = math.sqrt(key_dims[0].size / weights["query"].shape[-1])
 
@@ -202,11 +212,11 @@ class AttentionRule(SequenceRule):
 
     def inner_units(self, layer, weights, kept_out):
         """``(live heads, heads)`` with the units ``kept_out`` kept."""
-        heads, _, _ = self.kept_shape(weights, kept_out)
+        heads, _, _ = self.kept_shape(weights, kept_out, whole=self.keeps_heads_whole(layer))
         return int(heads.size), int(weights["output"].shape[0])
 
     def kept_cost(self, layer, positions, kept_in, kept_out, output_shape, has_bias, weights, kept_mask):
-        heads, key_dims, value_dims = self.kept_shape(weights, np.flatnonzero(kept_mask))
+        heads, key_dims, value_dims = self.kept_shape(weights, np.flatnonzero(kept_mask), whole=self.keeps_heads_whole(layer))
         shape = dict(heads=int(heads.size), key_dim=int(key_dims[0].size), value_dim=int(value_dims[0].size))
         return (self.flops(layer, positions, kept_in, kept_out, output_shape, **shape),
                 self.params(layer, positions, kept_in, kept_out, has_bias, **shape))

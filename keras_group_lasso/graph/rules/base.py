@@ -298,6 +298,27 @@ def pads(layer):
     return not (window and all(int(k) == 1 for k in window))
 
 
+_PROBE_SIZED = weakref.WeakKeyDictionary()  # layers called while a block was traced at probe sizes
+
+
+def mark_probe_sized(layer):
+    """Note that ``layer`` was called while a block was traced at probe sizes (see
+    :func:`keras_group_lasso.graph.build.fixed_sizes`)."""
+    try:
+        _PROBE_SIZED[layer] = True
+    except TypeError:  # pragma: no cover - not weak-referenceable
+        pass
+
+
+def probe_sized(layer):
+    """``layer`` was traced at probe sizes, or called inside a block that was: it is pruned only as part of that
+    block built again from its config (an attention layer there keeps its heads whole)."""
+    try:
+        return layer in _PROBE_SIZED
+    except TypeError:  # pragma: no cover - not weak-referenceable
+        return False
+
+
 _OPERATION_CALLS = weakref.WeakKeyDictionary()
 
 

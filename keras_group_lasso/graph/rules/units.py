@@ -109,6 +109,11 @@ class UnitsRule(LayerRule):
         """The variable whose groups are inner units of the layer (an attention layer's heads), or ``None``."""
         return None
 
+    def keeps_heads_whole(self, layer):
+        """It has heads (inner units) that surgery keeps whole here (an attention layer inside a block traced at
+        probe sizes): they get no penalty."""
+        return False
+
     def inner_units(self, layer, weights, kept_out):
         """``(alive, total)`` of its inner units (an attention layer's heads), or ``None``."""
         return None
