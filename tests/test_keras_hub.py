@@ -353,6 +353,32 @@ def test_gpt2_loses_feed_forward_neurons_exactly_and_its_decoders_stay_keras_hub
         assert block.num_heads == 2
 
 
+def test_gpt2_whose_decoders_keep_as_many_neurons_is_a_gpt2_backbone_again_and_generates(rng, tmp_path):
+    """Every decoder with the same ``intermediate_dim``: the pruned model is a ``GPT2Backbone`` again (its config
+    says that width), exact, reloaded, and a ``GPT2CausalLM`` holds it and generates."""
+    model = _gpt2()
+    for call in ("transformer_layer_0", "transformer_layer_1"):
+        layer = model.get_layer(call)._feedforward_intermediate_dense
+        kernel, bias = layer.get_weights()
+        kernel[:, [1, 4, 7]] = 0.0
+        layer.set_weights([kernel, bias])
+    small = assert_prunes_exactly_and_reloads(model, _token_batch(model, rng), tmp_path)
+    assert type(small) is M.GPT2Backbone and small.rebuilt_model and small.intermediate_dim == 9
+    assert small.count_params() < model.count_params()
+    lm = M.GPT2CausalLM(backbone=small, preprocessor=None)
+    prompt = {"token_ids": np.array([[5, 6, 7, 0, 0, 0]], "int32"), "padding_mask": np.array([[1, 1, 1, 0, 0, 0]],
+                                                                                             "int32")}
+    tokens = keras.ops.convert_to_numpy(lm.generate(prompt, stop_token_ids=None)["token_ids"])
+    assert tokens.shape == (1, 6) and tokens[0, :3].tolist() == [5, 6, 7] and (tokens < 50).all()
+    # decoders that keep different widths: a functional model of KerasHub's decoders
+    layer = model.get_layer("transformer_layer_1")._feedforward_intermediate_dense
+    kernel, bias = layer.get_weights()
+    kernel[:, 0] = 0.0
+    layer.set_weights([kernel, bias])
+    small = prune_model(model, T)
+    assert not isinstance(small, M.GPT2Backbone) and not small.rebuilt_model
+
+
 def test_a_gpt2_decoder_is_never_flattened_into_layers_that_hold_its_mask_at_one_length():
     model = _gpt2()
     with pytest.raises(UnsupportedModelError, match=r"^prune_model: cannot prune layer 'transformer_layer_0' "

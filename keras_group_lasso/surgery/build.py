@@ -1,6 +1,7 @@
 """Build the smaller model: apply the steps of the plan to a thresholded copy of the weights, with constants folded."""
 
 import collections
+import warnings
 
 import keras
 import numpy as np
@@ -79,7 +80,8 @@ def prune_model(model, threshold=1e-3, inputs="original", round_to=1, fold_batch
     ``fold_batchnorm``) and ``rebuilt_blocks`` (``{block: Rebuilt}``, by
     the block's path in the graph, ``"block"`` or ``"outer/inner"``, with
     ``blocks="rebuild"``: ``.layer``, the block built again, or ``None``
-    and ``.reason``; ``.changed``, ``{argument: (old, new)}``).
+    and ``.reason``; ``.changed``, ``{argument: (old, new)}``) and
+    ``rebuilt_model`` (the model's own class again, below).
     Those attributes are not saved
     in a ``.keras`` file. The report and plan count parameters of the
     compact layers; with ``inputs="original"`` the first Dense may hold zero
@@ -111,6 +113,16 @@ def prune_model(model, threshold=1e-3, inputs="original", round_to=1, fold_batch
     ``keras.saving.register_keras_serializable``, or passed in
     ``custom_objects``; a KerasHub class with keras_hub installed); plain
     layers load anywhere.
+
+    A block whose call takes its input's length as a number (KerasHub's
+    decoders, which compute a causal mask) is traced at fixed probe sizes and
+    pruned only as itself, built again and checked against itself with
+    thresholded weights; where that fails, or with ``blocks="flatten"``, the
+    model is refused. A model of a class of its own whose config holds its
+    constructor's arguments (a KerasHub Backbone) comes back as that class
+    (``rebuilt_model`` True) when every block was built again with the same
+    changes (each decoder with the same ``intermediate_dim``) and its config
+    takes them: a ``GPT2Backbone`` that a ``GPT2CausalLM`` can hold again.
 
     Args:
         model: a built ``keras.Model`` (Sequential or functional, one input);
@@ -232,8 +244,11 @@ def _pruned(owner, model, threshold, round_to, inputs, fold_batchnorm, values=No
             small = plain
             rebuilt = {call: blocks_module.Rebuilt(None, {}, "the model holding it computed something else")
                        if found.layer is not None else found for call, found in rebuilt.items()}
+    again = _rebuilt_model(model, small, rebuilt) if replace else None
+    small = again or small
     # one entry per block, by its path in the graph ("block", "outer/inner"): a shared block's later calls share it
     small.rebuilt_blocks = {call: found for call, found in rebuilt.items() if "#" not in call}
+    small.rebuilt_model = again is not None
     small.kept_features = plan.kept_features
     small.kept_inputs = tuple(step.name for step in plan.steps if isinstance(step, steps.NewInput))
     small.folded_batchnorms = {
@@ -321,6 +336,39 @@ def _rebuilt_block(builder, call, block, probes, threshold):
     if not blocks_module.same_outputs(reference, block.layer, rebuilt.layer, tensors):
         return blocks_module.Rebuilt(None, {}, "built again with the new widths, it computes something else")
     return rebuilt
+
+
+def _rebuilt_model(model, small, rebuilt):
+    """``model``'s own class again (a KerasHub Backbone: a functional model whose config holds its constructor's
+    arguments), from its config with the widths every block changed alike, holding the weights of ``small``;
+    ``None`` unless every block was built again with the same changes, the weights match ``small``'s by path and
+    shape, and it computes what ``small`` computes (random inputs, 1e-5 of the output scale)."""
+    if type(model).__module__.split(".")[0] == "keras" or not rebuilt:
+        return None  # a model of Keras's own classes: the functional result is that already
+    changes = [found.changed for found in rebuilt.values()]
+    if any(found.layer is None for found in rebuilt.values()) or any(c != changes[0] for c in changes):
+        return None
+    try:
+        config = model.get_config()
+    except Exception:  # noqa: BLE001 - a model whose config cannot be written
+        return None
+    if not changes[0] or any(config.get(key) != old for key, (old, _) in changes[0].items()):
+        return None
+    values = {v.path: v for v in small.weights}
+    if sorted(values) != sorted(v.path for v in model.weights):
+        return None  # a layer was added (a feature selection, a folded constant) or removed
+    config = dict(config, **{key: new for key, (_, new) in changes[0].items()})
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            again = type(model).from_config(config)
+        if [v.path for v in again.weights] != [v.path for v in model.weights] or any(
+                tuple(v.shape) != tuple(values[v.path].shape) for v in again.weights):
+            return None
+        again.set_weights([keras.ops.convert_to_numpy(values[v.path]) for v in again.weights])
+    except Exception:  # noqa: BLE001 - a config its class refuses
+        return None
+    return again if blocks_module.same_outputs(small, None, again, None) else None
 
 
 def _thresholded_block(block, tensors, threshold):
