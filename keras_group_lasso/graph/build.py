@@ -774,16 +774,7 @@ def _at_probe_sizes(layer, call):
         shape = tuple((batch if axis == 0 else other) if d is None else d for axis, d in enumerate(x.shape))
         given[id(x)] = keras.Input(batch_shape=shape, dtype=x.dtype, name=f"{layer.name}_input{k}")
 
-    def swap(value):
-        if id(value) in given:
-            return given[id(value)]
-        if isinstance(value, dict):
-            return {key: swap(item) for key, item in value.items()}
-        if isinstance(value, (list, tuple)):
-            return type(value)(swap(item) for item in value)
-        return value
-
-    return swap(args), swap(kwargs), [given[id(x)] for x in inputs]
+    return _swapped(args, given), _swapped(kwargs, given), [given[id(x)] for x in inputs]
 
 
 def fixed_sizes(layer):
@@ -804,16 +795,19 @@ def block_arguments(layer, tensors):
     args, kwargs, inputs = _CALLS[layer]
     given = {id(x): tensor for x, tensor in zip(inputs, tensors, strict=True)}
 
-    def swap(value):
-        if id(value) in given:
-            return given[id(value)]
-        if isinstance(value, dict):
-            return {key: swap(item) for key, item in value.items()}
-        if isinstance(value, (list, tuple)):
-            return type(value)(swap(item) for item in value)
-        return value
+    return _swapped(args, given), _swapped(kwargs, given)
 
-    return swap(args), swap(kwargs)
+
+def _swapped(value, given):
+    """``value`` (a call's arguments, nested in dicts, lists and tuples) with each object whose ``id`` is a key of
+    ``given`` replaced by its entry."""
+    if id(value) in given:
+        return given[id(value)]
+    if isinstance(value, dict):
+        return {key: _swapped(item, given) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(_swapped(item, given) for item in value)
+    return value
 
 
 def is_graph_model(model):
