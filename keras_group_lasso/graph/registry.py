@@ -261,7 +261,7 @@ _BY_NAME = {  # module.name: (kind, description, rule of the class)
         channels.position_embedding_rule),
     "keras_hub.src.layers.modeling.cached_multi_head_attention.CachedMultiHeadAttention": (
         "units", "CachedMultiHeadAttention (KerasHub; called without a cache)",
-        lambda cls, description: attention.AttentionRule(cls, description)),
+        attention.AttentionRule),
 }
 
 
