@@ -334,16 +334,25 @@ def train_dense(network, seed, data, epochs, lr, jit=True):
     }
 
 
-def train_budget(network, seed, data, epochs, lr, factor, schedule_power, settle, jit=True, **limits):
-    """The budget row: FLOP-weighted group penalties, ``Proximal(Adam)``, ``SparsityBudget(**limits)``, surgery."""
+def train_budget(network, seed, data, epochs, lr, factor, schedule_power, settle, jit=True, defaults=False,
+                 **limits):
+    """The budget row: FLOP-weighted group penalties, ``Proximal(Adam)``, ``SparsityBudget(**limits)``, surgery.
+
+    With ``defaults``: ``add_group_sparsity(model)`` and ``SparsityBudget(**limits)``, nothing else chosen
+    (``factor``, ``schedule_power`` and ``settle`` unused)."""
     import keras
 
     from keras_group_lasso import Proximal, SparsityBudget, add_group_sparsity
 
-    model = add_group_sparsity(build(network, seed), factor, penalty="group", input_factor=0.0,
-                               group_weight="flops")
+    if defaults:
+        model = add_group_sparsity(build(network, seed))
+        budget = SparsityBudget(threshold=THRESHOLD, **limits)
+        factor = schedule_power = settle = None
+    else:
+        model = add_group_sparsity(build(network, seed), factor, penalty="group", input_factor=0.0,
+                                   group_weight="flops")
+        budget = SparsityBudget(threshold=THRESHOLD, schedule_power=schedule_power, settle=settle, **limits)
     compile_model(model, Proximal(keras.optimizers.Adam(cosine(lr, epochs, len(data["x_train"])))), jit)
-    budget = SparsityBudget(threshold=THRESHOLD, schedule_power=schedule_power, settle=settle, **limits)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         wall, epoch_seconds = fit(model, data, epochs, seed, f"{network} budget seed {seed}", callbacks=[budget])
@@ -356,6 +365,8 @@ def train_budget(network, seed, data, epochs, lr, factor, schedule_power, settle
         "test_accuracy": accuracy(small, data), "params": int(model.count_params()),
         "train_seconds": wall, "epoch_seconds": epoch_seconds,
         "budget_cut_groups": [int(v) for v in history.get("budget_cut", [])],
+        "budget_cuts": [[float(elapsed), int(groups)] for elapsed, groups in budget.cuts],
+        "prunable_groups": int(budget._groups),
         "budget_history": {key: [float(v) for v in history[key]] for key in
                            ("budget_flops", "budget_latency", "budget_over", "budget_multiplier_hidden", "budget_phase") if key in history},
         "warnings": sorted({str(w.message)[:300] for w in caught if "SparsityBudget" in str(w.message)}),
@@ -512,10 +523,13 @@ def markdown(meta, rows):
         f"- Data: {meta['n_train']:,} training / {meta['n_test']:,} test images, 28x28 padded to 32x32x1"
         + (" (--quick subset)" if meta["quick"] else ""),
         f"- Training: batch {BATCH}, {meta['epochs']} epochs, cosine-decayed learning rate {meta['lr']:g}, "
-        "`jit_compile=True`; dense: Adam; budget: `add_group_sparsity(model, "
-        f"{meta['factor']:g}, penalty=\"group\", input_factor=0, group_weight=\"flops\")`, `Proximal(Adam)`, "
-        f"`SparsityBudget(max_flops={meta['max_flops']:g}, schedule_power={meta['schedule_power']:g}, "
-        f"settle={meta['settle']:g})`, threshold {THRESHOLD:g}, no fine-tuning; magnitude: L1 filter pruning of the "
+        "`jit_compile=True`; dense: Adam; budget: " + (
+            f"`add_group_sparsity(model)`, `Proximal(Adam)`, `SparsityBudget(max_flops={meta['max_flops']:g})` "
+            "(the defaults, nothing else chosen)" if meta.get("defaults") else
+            f"`add_group_sparsity(model, {meta['factor']:g}, penalty=\"group\", input_factor=0, "
+            f"group_weight=\"flops\")`, `Proximal(Adam)`, `SparsityBudget(max_flops={meta['max_flops']:g}, "
+            f"schedule_power={meta['schedule_power']:g}, settle={meta['settle']:g})`")
+        + f", threshold {THRESHOLD:g}, no fine-tuning; magnitude: L1 filter pruning of the "
         f"dense network at the budget row's FLOPs, the same fraction in every layer, fine-tuned {meta['finetune_epochs']} "
         f"epochs with Adam ({FINETUNE_LR:g}, cosine)",
         f"- Seeds: {', '.join(map(str, meta['seeds']))}",
@@ -560,8 +574,10 @@ def markdown(meta, rows):
                 (points >= -TARGET_POINTS, f"at most {TARGET_POINTS:g} point below dense ({points:+.2f})"),
                 (row["relative_diff"] <= 1e-4, f"surgery exact (relative diff {row['relative_diff']:.1e} <= 1e-4)"),
             ]
+            largest = max((groups for _, groups in row.get("budget_cuts", [])), default=0)
             lines.append(f"Seed {row['seed']}: " + "; ".join(("yes: " if ok else "**no**: ") + text for ok, text in checks)
-                         + f". Groups cut when settling began: {sum(row['budget_cut_groups'])}.")
+                         + f". Groups cut per epoch: {row['budget_cut_groups']}; the largest single cut "
+                         f"{largest} of {row.get('prunable_groups', '?')} groups.")
             for warning in row.get("warnings", []):
                 lines.append(f"  - warning: {warning}")
             lines.append("")
@@ -580,15 +596,15 @@ def package_revision():
     return commit + (" + local changes" if dirty else "")
 
 
-def write(out, meta, rows):
-    """``modern_cnn.json`` and ``modern_cnn.md`` in ``out``, each renamed into place whole."""
+def write(out, meta, rows, name="modern_cnn"):
+    """``{name}.json`` and ``{name}.md`` in ``out``, each renamed into place whole."""
     out.mkdir(parents=True, exist_ok=True)
-    meta = dict(meta, tensorflow_imported="tensorflow" in sys.modules)
-    for name, text in (("modern_cnn.json", json.dumps({"meta": meta, "rows": rows}, indent=1, default=float)),
-                       ("modern_cnn.md", markdown(meta, rows))):
-        partial = out / f".{name}.partial"
+    meta = dict(meta, tensorflow_imported=meta.get("tensorflow_imported") or "tensorflow" in sys.modules)
+    for file, text in ((f"{name}.json", json.dumps({"meta": meta, "rows": rows}, indent=1, default=float)),
+                       (f"{name}.md", markdown(meta, rows))):
+        partial = out / f".{file}.partial"
         partial.write_text(text)
-        os.replace(partial, out / name)
+        os.replace(partial, out / file)
 
 
 def main(argv=None):
@@ -610,7 +626,24 @@ def main(argv=None):
     parser.add_argument("--settle", type=float, default=0.2)
     parser.add_argument("--train-size", type=int, default=None, help="the first N training images only")
     parser.add_argument("--quick", action="store_true", help="1,024 training and 256 test images, 1 epoch")
+    parser.add_argument("--defaults", action="store_true",
+                        help="budget row with the defaults: add_group_sparsity(model), SparsityBudget(max_flops=...)")
+    parser.add_argument("--skip-magnitude", action="store_true", help="no magnitude-pruning rows")
+    parser.add_argument("--name", default="modern_cnn", help="stem of the result files (default modern_cnn)")
+    parser.add_argument("--merge", nargs="+", default=None, metavar="JSON",
+                        help="no training: merge the rows of these result files into OUT/NAME.json and .md")
     args = parser.parse_args(argv)
+    if args.merge:
+        parts = [json.loads(Path(path).read_text()) for path in args.merge]
+        meta = dict(parts[0]["meta"])
+        meta["seeds"] = sorted({seed for part in parts for seed in part["meta"]["seeds"]})
+        meta["networks"] = [n for n in NETWORKS if any(n in part["meta"]["networks"] for part in parts)]
+        meta["wall_seconds"] = max(part["meta"]["wall_seconds"] for part in parts)
+        meta["command"] = " ; ".join(part["meta"]["command"] for part in parts)
+        meta["tensorflow_imported"] = any(part["meta"].get("tensorflow_imported") for part in parts)
+        write(Path(args.out), meta, [row for part in parts for row in part["rows"]], args.name)
+        print((Path(args.out) / f"{args.name}.md").read_text())
+        return
     if args.quick:
         args.epochs, args.finetune_epochs = 1, min(args.finetune_epochs, 1)
 
@@ -628,7 +661,7 @@ def main(argv=None):
         "quick": args.quick, "n_train": len(data["x_train"]), "n_test": len(data["x_test"]),
         "networks": args.networks, "seeds": seeds, "epochs": args.epochs, "finetune_epochs": args.finetune_epochs,
         "lr": args.lr, "factor": args.lam, "max_flops": args.max_flops, "schedule_power": args.schedule_power,
-        "settle": args.settle, "batch": BATCH, "threshold": THRESHOLD,
+        "settle": args.settle, "batch": BATCH, "threshold": THRESHOLD, "defaults": args.defaults,
     }
     out = Path(args.out)
     say(f"{meta['device']['gpu']} / {meta['device']['compute']}; {meta['n_train']} training images; out {out}")
@@ -642,16 +675,16 @@ def main(argv=None):
             say(f"{network} seed {seed} dense: {100 * record['test_accuracy']:.2f} %, "
                 f"{fmt_flops(record['flops_before'])} multiply-adds, {record['params']:,} params")
             meta["wall_seconds"] = time.perf_counter() - started
-            write(out, meta, rows)
+            write(out, meta, rows, args.name)
             _, _, budget = train_budget(network, seed, data, args.epochs, args.lr, args.lam, args.schedule_power,
-                                        args.settle, max_flops=args.max_flops)
+                                        args.settle, defaults=args.defaults, max_flops=args.max_flops)
             rows.append(budget)
             say(f"{network} seed {seed} budget: {100 * budget['test_accuracy']:.2f} %, "
                 f"{budget['flop_reduction']:.2f}x fewer FLOPs, surgery {budget['surgery_seconds']:.2f} s, "
                 f"relative diff {budget['relative_diff']:.1e}")
             meta["wall_seconds"] = time.perf_counter() - started
-            write(out, meta, rows)
-    for network in args.networks:
+            write(out, meta, rows, args.name)
+    for network in args.networks if not args.skip_magnitude else ():
         for seed in seeds:
             budget = next(r for r in rows if r["network"] == network and r["seed"] == seed and r["row"] == "budget")
             for row in magnitude(network, seed, dense_models[network, seed], budget["flops_after"], data,
@@ -660,9 +693,9 @@ def main(argv=None):
                 say(f"{network} seed {seed} {row['row']}: {100 * row['test_accuracy']:.2f} %, "
                     f"{row['flop_reduction']:.2f}x, keep {row['keep_fraction']:.3f}")
             meta["wall_seconds"] = time.perf_counter() - started
-            write(out, meta, rows)
-    say(f"done in {(time.perf_counter() - started) / 60:.1f} min; {out / 'modern_cnn.md'}")
-    print((out / "modern_cnn.md").read_text())
+            write(out, meta, rows, args.name)
+    say(f"done in {(time.perf_counter() - started) / 60:.1f} min; {out / (args.name + '.md')}")
+    print((out / f"{args.name}.md").read_text())
 
 
 if __name__ == "__main__":
