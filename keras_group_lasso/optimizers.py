@@ -342,6 +342,25 @@ class Proximal(keras.optimizers.Optimizer):
         self.penalty_multiplier = self.add_variable((2,), initializer="ones", dtype="float32",
                                                     name="penalty_multiplier")
         self._refresh_multiplier()
+        # One mask of kept groups per group-penalised kernel (1: the group trains, 0: held at zero), for a
+        # constraint that holds cut groups at zero (SparsityBudget). Optimizer variables, so that a compiled
+        # step reads them as it runs on every backend (a JAX step receives only its optimizer's and the
+        # trainable variables): groups are held or released without tracing the step again.
+        self._kept_groups = {}
+        for variable in self._trainable_variables:
+            penalty = getattr(variable, "regularizer", None)
+            if isinstance(penalty, GroupSparseRegularizer) and len(variable.shape) >= 2:
+                groups = penalty.group_shape(tuple(variable.shape))[-2]
+                self._kept_groups[id(variable)] = self.add_variable(
+                    (groups,), initializer="ones", dtype="float32", name=f"{variable.name}_kept_groups")
+
+    def kept_groups(self, variable):
+        """The mask of kept groups of ``variable`` (a group-penalised kernel this optimizer trains), or ``None``.
+
+        A ``(groups,)`` float32 optimizer variable, ones unless a constraint that holds groups at zero
+        (:class:`~keras_group_lasso.budget.cut.FrozenGroups`) writes it; this optimizer never reads it itself.
+        """
+        return getattr(self, "_kept_groups", {}).get(id(variable))
 
     def _declared_multiplier(self):
         """The multiplier variable the model of the penalties declares, or ``None`` (strength 1)."""

@@ -623,7 +623,12 @@ class SparsityBudget(keras.callbacks.Callback):
         it was traced with): the least widths (:meth:`_spare_floors`), and with ``spare_block`` the ``round_to``
         strongest units of every roundable layer (in its reader's penalty)."""
         self.spared, self.floors = {}, {}
+        # Every penalised kernel holds its cut groups through a mask the step reads as it runs: cutting and
+        # freezing groups later in this fit traces nothing again (see cut.hold_groups).
+        held = cut.hold_groups(self.model)
         if self._settling:
+            if held:
+                self.model.make_train_function(force=True)
             return
         if self._share > 0.0 or self.pace == "gradual":
             self._spare_floors()
@@ -634,7 +639,7 @@ class SparsityBudget(keras.callbacks.Callback):
                 if len(layer.rows) == groups and self.round_to < layer.units:  # the reader reads this layer alone
                     penalty.spared = max(penalty.spared, self.round_to)
                     self.spared[layer.name] = self.round_to
-        if any(penalty.spared for _, _, penalty in group_sparse_penalties(self.model)):
+        if held or any(penalty.spared for _, _, penalty in group_sparse_penalties(self.model)):
             self.model.make_train_function(force=True)
 
     def _spare_floors(self):

@@ -14,7 +14,7 @@ from keras_group_lasso.graph import registry
 from keras_group_lasso.regularizers import CoupledGroupLasso, GroupSparseRegularizer
 
 __all__ = ["FrozenGroups", "strength", "ranked_groups", "fewest", "fixed_units", "narrowed", "group_loads", "zeroed", "zero_rows", "penalised_kernels", "dead_groups",
-           "zero_dead_groups", "freeze_groups", "hold_live", "zero_groups", "release_frozen_groups"]
+           "zero_dead_groups", "hold_groups", "freeze_groups", "hold_live", "zero_groups", "release_frozen_groups"]
 
 
 def penalised_kernels(model):
@@ -53,24 +53,54 @@ def zero_dead_groups(model, threshold):
             variable.assign(value)
 
 
-def freeze_groups(model, groups):
-    """Hold ``groups`` (``{(path, row)}``) at zero after every optimizer step; returns whether a constraint changed.
+def hold_groups(model):
+    """Give every trainable group-penalised kernel of ``model`` a :class:`FrozenGroups` constraint that holds no
+    group yet; returns whether a constraint was added (a compiled step holds the constraints it was traced
+    with: trace it again).
 
-    Each kernel with such groups gets a :class:`FrozenGroups` constraint
-    (applied by the optimizer inside the compiled step, after the constraint
-    the kernel had). A compiled step holds the constraints it was traced
-    with: trace it again when this returns True. A kernel that has one already
-    gets new groups through its variable, which a step traced on TensorFlow or
-    PyTorch reads as it runs (on JAX the step holds the value it was traced with,
-    so a change there returns True too).
+    From then on :func:`freeze_groups` holds groups at zero by writing the constraints' masks, which a compiled
+    step reads as it runs: the masks of a :class:`~keras_group_lasso.Proximal` optimizer on every backend, the
+    constraint's own variable on TensorFlow and PyTorch (a JAX step holds the value of a variable that is
+    neither the optimizer's nor trainable as it was traced).
+    """
+    optimizer = getattr(model, "optimizer", None)
+    kept_groups = getattr(optimizer, "kept_groups", None)
+    changed = False
+    for variable in penalised_kernels(model):
+        if not variable.trainable:
+            continue
+        view = variable.regularizer.group_shape(tuple(variable.shape))
+        current = variable.constraint
+        if isinstance(current, FrozenGroups):
+            current.keep.assign(np.ones(view[-2], dtype="float32"))
+            continue
+        mask = kept_groups(variable) if kept_groups is not None else None
+        if mask is not None:
+            mask.assign(np.ones(view[-2], dtype="float32"))
+        variable.constraint = FrozenGroups(np.ones(view[-2], dtype="float32"), view, current, variable=mask)
+        changed = True
+    return changed
+
+
+def freeze_groups(model, groups):
+    """Hold ``groups`` (``{(path, row)}``) at zero after every optimizer step; returns whether the compiled step
+    must be traced again to do so.
+
+    Each kernel with such groups gets them in its :class:`FrozenGroups` constraint (applied by the optimizer
+    inside the compiled step, after the constraint the kernel had). A kernel without one (see
+    :func:`hold_groups`) gets one, and a constraint whose mask a traced step does not read as it runs
+    (``read_as_it_runs``) changes: both need the step traced again.
     """
     changed = False
-    for variable, view, keep in _kernel_masks(model, groups):
+    for variable, _, keep in _kernel_masks(model, groups):
+        if not variable.trainable:  # no optimizer step moves it
+            continue
         current = variable.constraint
+        view = variable.regularizer.group_shape(tuple(variable.shape))
         if isinstance(current, FrozenGroups):
             if not np.array_equal(current.kept, keep):
                 current.keep.assign(keep)
-                changed = changed or keras.backend.backend() == "jax"
+                changed = changed or not current.read_as_it_runs
             continue
         variable.constraint = FrozenGroups(keep, view, current)
         changed = True
@@ -80,42 +110,39 @@ def freeze_groups(model, groups):
 def hold_live(model, groups):
     """Hold ``groups`` (``{(path, row)}``) at zero where a step traced before reads it as it runs; returns the rest.
 
-    A kernel that has a :class:`FrozenGroups` constraint already takes more
-    groups through its ``keep`` variable, which a step traced on TensorFlow or
-    PyTorch reads as it runs. The groups of other kernels, and every group on
-    JAX (whose step holds the values it was traced with), are returned: hold
-    them with :func:`zero_groups` after each step until the step is traced
-    again with :func:`freeze_groups`.
+    A kernel whose :class:`FrozenGroups` constraint a traced step reads as it runs takes more groups through its
+    mask. The groups of other kernels are returned: hold them with :func:`zero_groups` after each step until the
+    step is traced again with :func:`freeze_groups`.
     """
-    if keras.backend.backend() == "jax":
-        return set(groups)
     rest = set()
-    by_path = {variable.path: variable for variable in model.weights}
+    live = {}
+    for variable, _, keep in _kernel_masks(model, groups):
+        constraint = variable.constraint
+        if not variable.trainable or (isinstance(constraint, FrozenGroups) and constraint.read_as_it_runs):
+            live[variable.path] = (constraint, keep)
     for path, row in groups:
-        if not isinstance(by_path[path].constraint, FrozenGroups):
+        if path not in live:
             rest.add((path, row))
-    live = set(groups) - rest
-    for variable in model.weights:
-        if isinstance(variable.constraint, FrozenGroups):
-            rows = sorted(row for path, row in live if path == variable.path)
-            keep = variable.constraint.kept
-            if rows and keep.reshape(-1)[rows].any():
-                keep = keep.copy()
-                keep.reshape(-1)[rows] = 0.0
-                variable.constraint.keep.assign(keep)
+    for constraint, keep in live.values():
+        if not isinstance(constraint, FrozenGroups):
+            continue
+        kept = constraint.kept * keep
+        if not np.array_equal(kept, constraint.kept):
+            constraint.keep.assign(kept)
     return rest
 
 
 def zero_groups(model, groups):
     """Set ``groups`` (``{(path, row)}``) exactly to zero (what :class:`FrozenGroups` does after a step)."""
     for variable, view, keep in _kernel_masks(model, groups):
+        keep = keep.reshape((1,) * (len(view) - 2) + (view[-2], 1))
         kept = keras.ops.reshape(variable.value, view) * keras.ops.cast(keep, variable.dtype)
         variable.assign(keras.ops.reshape(kept, tuple(variable.shape)))
 
 
 def _kernel_masks(model, groups):
-    """``(variable, its group view, keep)`` for each kernel with some of ``groups`` (``{(path, row)}``): ``keep`` is
-    0.0 at those rows of the view (groups along axis -2), 1.0 elsewhere, shaped to broadcast over it."""
+    """``(variable, its group view, keep)`` for each kernel with some of ``groups`` (``{(path, row)}``): ``keep``
+    is ``(groups,)``, 0.0 at those rows of the view (groups along axis -2), 1.0 elsewhere."""
     rows_by_path = {}
     for path, row in groups:
         rows_by_path.setdefault(path, set()).add(row)
@@ -126,7 +153,7 @@ def _kernel_masks(model, groups):
         view = variable.regularizer.group_shape(tuple(variable.shape))
         keep = np.ones(view[-2], dtype="float32")
         keep[sorted(rows)] = 0.0
-        yield variable, view, keep.reshape((1,) * (len(view) - 2) + (view[-2], 1))
+        yield variable, view, keep
 
 
 def release_frozen_groups(model):
@@ -140,31 +167,36 @@ def release_frozen_groups(model):
 
 
 class FrozenGroups(keras.constraints.Constraint):
-    """Zero the cut groups of one kernel (a variable's constraint while a budgeted ``fit`` settles).
+    """Zero the cut groups of one kernel (a variable's constraint while a budgeted ``fit`` runs).
 
-    ``w`` seen as its penalty's group view (groups along axis -2) times
-    ``keep`` (0 for a cut group, 1 otherwise; a variable, so that more groups
-    can be held without tracing the step again), after ``inner``, the
-    constraint the kernel had. Never saved: the callback removes it when
-    ``fit`` ends.
+    ``w`` seen as its penalty's group view (groups along axis -2) times ``keep`` (``(groups,)``: 0 for a cut
+    group, 1 otherwise), after ``inner``, the constraint the kernel had. ``keep`` is a variable, so that groups
+    are held without tracing the step again: ``variable`` (a :class:`~keras_group_lasso.Proximal` optimizer's
+    mask of the kernel, which a compiled step reads as it runs on every backend) or one of its own, made from
+    the array ``keep`` (read as it runs on TensorFlow and PyTorch, not on JAX: ``read_as_it_runs``). Never
+    saved: the callback removes it when ``fit`` ends.
     """
 
-    def __init__(self, keep, view, inner=None):
-        self.keep = keras.Variable(keep, trainable=False, dtype="float32", name="frozen_groups")
+    def __init__(self, keep, view, inner=None, variable=None):
+        self.keep = variable if variable is not None else keras.Variable(
+            np.asarray(keep, dtype="float32").reshape(-1), trainable=False, dtype="float32", name="frozen_groups")
+        if variable is not None:
+            variable.assign(np.asarray(keep, dtype="float32").reshape(-1))
         self.view = tuple(int(n) for n in view)
         self.inner = inner
+        self.read_as_it_runs = variable is not None or keras.backend.backend() != "jax"
 
     @property
     def kept(self):
-        """``keep`` now, as an array."""
+        """``keep`` now, as a ``(groups,)`` array."""
         return np.asarray(keras.ops.convert_to_numpy(self.keep))
 
     def __call__(self, w):
         if self.inner is not None:
             w = self.inner(w)
         shape = keras.ops.shape(w)
-        kept = keras.ops.reshape(w, self.view) * keras.ops.cast(self.keep, w.dtype)
-        return keras.ops.reshape(kept, shape)
+        mask = keras.ops.reshape(keras.ops.cast(self.keep, w.dtype), (1,) * (len(self.view) - 2) + (self.view[-2], 1))
+        return keras.ops.reshape(keras.ops.reshape(w, self.view) * mask, shape)
 
 
 def strength(penalty):
