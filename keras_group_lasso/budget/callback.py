@@ -577,41 +577,24 @@ class SparsityBudget(keras.callbacks.Callback):
     # ------------------------------------------------------------------ what a compiled step holds
 
     def _spare_blocks(self):
-        """The groups the penalties leave alone for this ``fit`` (the train step is traced again, as it holds what
-        it was traced with): the least widths (:meth:`_spare_floors`), and with ``spare_block`` the ``round_to``
-        strongest units of every roundable layer (in its reader's penalty)."""
+        """The groups the penalties leave alone for this ``fit``.
+
+        The least widths (:func:`.cut.spare_floors`; ``floors``), and with ``spare_block`` the ``round_to`` strongest
+        units of every roundable layer (:func:`.rounding.spare_blocks`; ``spared``). The train step is traced again,
+        as it holds what it was traced with.
+        """
         self.spared, self.floors = {}, {}
         if self._settling:
             return
         if self._share > 0.0 or self.pace == "gradual":
-            self._spare_floors()
+            # With the gradual pace every kernel spares its strongest group at least: the cuts reach the size, and
+            # a strength too high for the model cannot empty a layer (a network's one input channel, say) on the way.
+            self.floors = cut.spare_floors(self.model, self._share, least=1 if self.pace == "gradual" else 0)
         if self.spare_block and self.round_to > 1:
-            for layer in rounding.roundable_layers(analysis.analyze(self.model, self.threshold, owner=_OWNER)):
-                penalty = layer.reader.kernel.regularizer
-                groups = penalty.group_shape(tuple(layer.reader.kernel.shape))[-2]
-                if len(layer.rows) == groups and self.round_to < layer.units:  # the reader reads this layer alone
-                    penalty.spared = max(penalty.spared, self.round_to)
-                    self.spared[layer.name] = self.round_to
+            found = analysis.analyze(self.model, self.threshold, owner=_OWNER)
+            self.spared = rounding.spare_blocks(found, self.round_to)
         if any(penalty.spared for _, _, penalty in group_sparse_penalties(self.model)):
             self.model.make_train_function(force=True)
-
-    def _spare_floors(self):
-        """``min_width``: the penalty of every kernel of hidden groups spares the strongest ``ceil(share * groups)``
-        of them for this ``fit``, and no cut takes them (while the budget can be met without). With the gradual
-        pace every kernel's penalty spares its strongest group at least: the cuts reach the size, and a strength
-        too high for the model cannot empty a layer (a network's one input channel, say) on the way."""
-        for variable in cut.penalised_kernels(self.model):
-            penalty = variable.regularizer
-            if not variable.trainable:
-                continue
-            groups = penalty.group_shape(tuple(variable.shape))[-2]
-            share = 0.0 if penalty.group_role == "input" else self._share
-            # A stream's channels (coupled groups) too: every reader spares the stream's strongest channels.
-            keep = max(1 if self.pace == "gradual" else 0, min(groups, int(math.ceil(share * groups))))
-            if keep:
-                penalty.spared = keep
-            if keep > 1:
-                self.floors[variable.path] = keep
 
     def _freeze(self):
         """Hold every exactly zero group at zero after each optimizer step until ``fit`` ends (see :mod:`.cut`)."""
