@@ -303,13 +303,6 @@ class SparsityBudget(keras.callbacks.Callback):
         """The number of epochs before the settling part."""
         return max(1, int(math.ceil((1.0 - self.settle) * self._epochs())))
 
-    def _progress(self, elapsed):
-        """Where the schedule is after ``elapsed`` epochs (a float): 0 at its start, 1 when settling begins.
-
-        The gradual pace starts after a warm-up (``WARM_UP`` of the searching epochs).
-        """
-        return schedule.progress(elapsed, self._search_end(), WARM_UP if self.pace == "gradual" else 0.0)
-
     def _elapsed(self, epoch):
         """Epochs since ``fit`` began at a check in ``epoch`` (``None``: when training ends)."""
         if epoch is None:
@@ -432,12 +425,11 @@ class SparsityBudget(keras.callbacks.Callback):
     def _ask(self, sizes, elapsed, fraction, epoch_end):
         """The controller's decision (:func:`.controller.decide`) at a check ``elapsed`` epochs into ``fit``, a
         ``fraction`` of an epoch after the last one."""
-        progress, step = self._progress(elapsed), 0.0
-        if self.pace == "gradual":  # the progress to the next check: the share of the rest this one closes
-            gap = self._every / self._steps if self._every and self._steps else 1.0
-            later = elapsed + gap if elapsed == int(elapsed) else min(elapsed + gap, math.floor(elapsed) + 1.0)
-            step = self._progress(later) - progress
-        check = controller.Check(progress, step, fraction, epoch_end, epoch_end and elapsed >= self._search_end())
+        gradual = self.pace == "gradual"
+        # The gradual pace starts after a warm-up and closes, at each check, its share of the way to the next one.
+        gap = (self._every / self._steps if self._every and self._steps else 1.0) if gradual else None
+        check = controller.check_at(elapsed, self._search_end(), WARM_UP if gradual else 0.0, gap, fraction,
+                                    epoch_end)
         return controller.decide(self.state, self.multiplier, sizes, self.plan, check)
 
     def _follow(self, decision, sizes, epoch):
