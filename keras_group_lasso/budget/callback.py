@@ -337,20 +337,13 @@ class SparsityBudget(keras.callbacks.Callback):
                  "counted per position, not per sample): use max_params or max_units", self.max_flops)
         self.dense = {"features": report.n_features, "units": report.neurons, "params": report.params_before,
                       "flops": report.flops_before}
-        self.limits, above = {}, []
-        for kind, limit in {"features": self.max_features, "units": self.max_units, "params": self.max_params,
-                            "flops": self.max_flops}.items():
-            if limit is not None:
-                count = limit if isinstance(limit, int) else int(math.floor(limit * self.dense[kind]))
-                if count >= self.dense[kind]:
-                    above.append(f"max_{kind}={limit!r} (the model has {self.dense[kind]})")
-                self.limits[kind] = min(count, self.dense[kind])
+        self.limits, above = schedule.limits_of({"features": self.max_features, "units": self.max_units,
+                                                 "params": self.max_params, "flops": self.max_flops}, self.dense)
         if self._latency is not None:  # the table (given, kept in the model's state or measured now) and the limit
             self._latency.begin(self.model, self._declared, above)
             self._latency_limit()
         if above:
-            warnings.warn(f"{_OWNER}: {', '.join(above)}: the dense model is within it already; the budget "
-                          "removes nothing for it.", RuntimeWarning, stacklevel=2)
+            warnings.warn(messages.within_already(_OWNER, above), RuntimeWarning, stacklevel=2)
         self._release_constraints()  # a fit that ended by an exception may have left them
         self._warned = self._unmeetable = self._blocks_failed = False
         self._finished = None
@@ -550,13 +543,7 @@ class SparsityBudget(keras.callbacks.Callback):
             return  # no callback after this one changed the model
         if self._over(sizes) > 1.0:
             if after_others:
-                warnings.warn(
-                    f"{_OWNER}: a callback after it gave the model weights over its budget when fit ended "
-                    "(EarlyStopping(restore_best_weights=True) restores weights from an epoch before the budget was "
-                    "reached); their weakest groups are set to zero again to meet it.",
-                    RuntimeWarning,
-                    stacklevel=2,
-                )
+                warnings.warn(messages.restored_over(_OWNER), RuntimeWarning, stacklevel=2)
                 self._warned = False
             more, sizes = self._cut_weakest_groups(None, sizes)
             self._update(phase=CUT, cut=self.state.cut + more)
