@@ -2,9 +2,10 @@
 
 The callback measures and applies; the parts it calls decide: :mod:`.controller`
 what to do at a check (state and sizes in, a decision out) with the pure
-functions of :mod:`.schedule`, :mod:`.cut` ranks the groups, finds the
-fewest that meet a goal on copies of the kernels' values and holds the groups
-set to zero, :mod:`.rounding` picks widths in whole blocks,
+functions of :mod:`.schedule`, :mod:`.measure` counts the sizes, cuts the
+weakest groups down to a goal and rounds the widths, :mod:`.cut` ranks the
+groups, finds the fewest that meet a goal on copies of the kernels' values and
+holds the groups set to zero, :mod:`.rounding` picks widths in whole blocks,
 :mod:`.latency_limit` keeps a latency budget's table and limit,
 :mod:`.renewal` renews BatchNormalization statistics after a cut,
 :mod:`.latency_check` times the pruned model when ``fit`` ends, and
@@ -23,12 +24,10 @@ import numpy as np
 
 from keras_group_lasso import analysis
 from keras_group_lasso._validation import check_non_negative, check_positive_int, fail
-from keras_group_lasso.budget import controller, cut, latency_check, messages, renewal, rounding, schedule
+from keras_group_lasso.budget import controller, cut, latency_check, measure, messages, renewal, rounding, schedule
 from keras_group_lasso.budget.state import CUT, SEARCH, WITHIN, BudgetState
 from keras_group_lasso.budget.latency_limit import LatencyLimit
-from keras_group_lasso.costs import unit_costs
 from keras_group_lasso.declared import BUDGET_STATE_SIZE, declare_group_penalties, group_sparse_penalties
-from keras_group_lasso.graph import model_graph, registry
 
 __all__ = ["SparsityBudget"]
 
@@ -257,15 +256,6 @@ class SparsityBudget(keras.callbacks.Callback):
     def _settling(self):
         return self.state.settling
 
-    # ------------------------------------------------------------------ measuring
-
-    def _budgets(self):
-        return {"features": self.max_features, "units": self.max_units, "params": self.max_params,
-                "flops": self.max_flops}
-
-    def _report(self):
-        return analysis.sparsity_report(self.model, threshold=self.threshold)
-
     @property
     def latency_batch_size(self):
         """The batch size the latency budget counts at (``None`` without ``max_latency``)."""
@@ -278,30 +268,30 @@ class SparsityBudget(keras.callbacks.Callback):
         measured)."""
         return None if self._latency is None else self._latency.table
 
-    def _sizes(self, report, found=None):
-        """The sizes of a report; with ``max_latency`` (and ``found``, its :class:`Analysis`) the predicted time."""
-        sizes = {"features": report.n_selected_features, "units": report.live_neurons,
-                 "params": report.params_after, "flops": report.flops_after, "latency": 0.0}
-        if self._latency is not None and found is not None and self.latency_table is not None:
-            sizes["latency"] = self._latency.predict(self.latency_table.widths_of(found))
-        return sizes
-
-    def _measure(self, values=None):
-        """The budgeted sizes of the model now (with ``values``, ``{kernel path: numpy array}``: as if its kernels
-        held those, the model unchanged); with ``round_to`` > 1, until settling rounds the widths, at the widths
-        rounding up would give."""
-        if self._latency is None and values is None and (self.round_to == 1 or self.state.rounded):
-            return self._sizes(self._report())
-        found = analysis.analyze(self.model, self.threshold, owner=_OWNER, values=values)
-        if self.round_to == 1 or self.state.rounded:
-            return self._sizes(found.report, found)
-        layers = rounding.rounded_up(found, self.round_to, grow=True)
-        return rounding.sizes_with(found, self._sizes(found.report, found), {layer.name: layer for layer in layers},
-                                   self._latency_of)
+    @property
+    def least_width(self):
+        """The share of its units below which this ``fit``'s budget takes no layer (while the budget can be met
+        without): ``min_width``, or with ``"auto"`` the share measured when training began (0 before)."""
+        return self._share
 
     @property
-    def _latency_of(self):
-        return None if self._latency is None else self._latency.predict
+    def plan(self):
+        """What this ``fit`` aims at (:class:`~keras_group_lasso.budget.controller.Plan`): the dense sizes, the limits,
+        the schedule's power, the strength's cap and the pace (``None`` before training began)."""
+        if self.limits is None:
+            return None
+        return controller.Plan(self.dense, self.limits, self.schedule_power, self.max_strength, self.pace == "gradual")
+
+    # ------------------------------------------------------------------ measuring, and where training is
+
+    def _meter(self):
+        """How this budget counts the model's sizes now (:class:`.measure.Meter`).
+
+        Until settling rounds the widths, at those rounding up would give. Reading ``self.model`` on JAX writes the
+        training state back first.
+        """
+        return measure.Meter(self.model, self.threshold, self._latency, self.round_to,
+                             self.round_to > 1 and self.state.rounded, _OWNER)
 
     def _over(self, sizes):
         return schedule.over(sizes, self.limits)
@@ -312,13 +302,6 @@ class SparsityBudget(keras.callbacks.Callback):
     def _search_end(self):
         """The number of epochs before the settling part."""
         return max(1, int(math.ceil((1.0 - self.settle) * self._epochs())))
-
-    def _progress(self, elapsed):
-        """Where the schedule is after ``elapsed`` epochs (a float): 0 at its start, 1 when settling begins.
-
-        The gradual pace starts after a warm-up (``WARM_UP`` of the searching epochs).
-        """
-        return schedule.progress(elapsed, self._search_end(), WARM_UP if self.pace == "gradual" else 0.0)
 
     def _elapsed(self, epoch):
         """Epochs since ``fit`` began at a check in ``epoch`` (``None``: when training ends)."""
@@ -334,28 +317,6 @@ class SparsityBudget(keras.callbacks.Callback):
             return None
         return schedule.checks_every(self.update_freq, self._steps, CHECKS_PER_EPOCH)
 
-    def _floor_share(self):
-        """The share of its units below which the budget takes no layer (see ``min_width``)."""
-        if self.min_width != "auto":
-            return self.min_width
-        if not set(self.limits) - {"features"}:
-            return 0.0
-        narrowest, half = self._sizes_narrowed(0.0), self._sizes_narrowed(0.5)
-        return LEAST_WIDTH * schedule.even_share(self.dense, narrowest, half, self.limits)
-
-    def _sizes_narrowed(self, share):
-        """The budgeted sizes of the model with every prunable layer at ``share`` of its width
-        (:func:`.cut.narrowed`: weighed, not written). Its shape alone counts, not its training: a resumed ``fit``
-        finds the same sizes."""
-        found = analysis.analyze(self.model, self.threshold, owner=_OWNER, values=cut.narrowed(self.model, share))
-        return self._sizes(found.report, found)
-
-    @property
-    def least_width(self):
-        """The share of its units below which this ``fit``'s budget takes no layer (while the budget can be met
-        without): ``min_width``, or with ``"auto"`` the share measured when training began (0 before)."""
-        return self._share
-
     # ------------------------------------------------------------------ Keras hooks
 
     def set_model(self, model):
@@ -370,24 +331,19 @@ class SparsityBudget(keras.callbacks.Callback):
         if not any(cut.strength(p) > 0 for _, _, p in group_sparse_penalties(self.model)):
             fail(_OWNER, "model", "a model with group penalties of factor > 0 (the budget scales their strength)",
                  self.model)
-        report = self._report()
+        report = analysis.sparsity_report(self.model, threshold=self.threshold)
         if self.max_flops is not None and getattr(report, "flops_per_position", False):
             fail(_OWNER, "max_flops", "None for a model with inputs of variable size (its multiply-adds are "
                  "counted per position, not per sample): use max_params or max_units", self.max_flops)
         self.dense = {"features": report.n_features, "units": report.neurons, "params": report.params_before,
                       "flops": report.flops_before}
-        self.limits, above = {}, []
-        for kind, limit in self._budgets().items():
-            if limit is not None:
-                count = limit if isinstance(limit, int) else int(math.floor(limit * self.dense[kind]))
-                if count >= self.dense[kind]:
-                    above.append(f"max_{kind}={limit!r} (the model has {self.dense[kind]})")
-                self.limits[kind] = min(count, self.dense[kind])
-        if self._latency is not None:
-            self._latency_begin(above)
+        self.limits, above = schedule.limits_of({"features": self.max_features, "units": self.max_units,
+                                                 "params": self.max_params, "flops": self.max_flops}, self.dense)
+        if self._latency is not None:  # the table (given, kept in the model's state or measured now) and the limit
+            self._latency.begin(self.model, self._declared, above)
+            self._latency_limit()
         if above:
-            warnings.warn(f"{_OWNER}: {', '.join(above)}: the dense model is within it already; the budget "
-                          "removes nothing for it.", RuntimeWarning, stacklevel=2)
+            warnings.warn(messages.within_already(_OWNER, above), RuntimeWarning, stacklevel=2)
         self._release_constraints()  # a fit that ended by an exception may have left them
         self._warned = self._unmeetable = self._blocks_failed = False
         self._finished = None
@@ -395,7 +351,7 @@ class SparsityBudget(keras.callbacks.Callback):
         self._first_epoch = None
         self._steps = self.params.get("steps") if self.params else None  # None: a dataset of unknown length
         self._every = self._checks_every()
-        self._share = self._floor_share()
+        self._share = self._meter().floor_share(self.min_width, self.dense, self.limits, LEAST_WIDTH)
         if self.min_width == "auto" and self._share:
             _LOG.info("%s: no layer goes below %.3g of its units while the budget can be met without (min_width="
                       "'auto')", _OWNER, self._share)
@@ -404,12 +360,8 @@ class SparsityBudget(keras.callbacks.Callback):
                            for v in cut.penalised_kernels(self.model))
         self._done = self._checked = 0  # batches of this epoch: done, done at the last check
 
-    def _latency_begin(self, above):
-        """The latency table (:class:`.LatencyLimit`), the dense time and the latency limit."""
-        self._latency.begin(self.model, self._declared, above)
-        self._latency_limit()
-
     def _latency_limit(self):
+        """The dense time and the latency limit of :class:`.LatencyLimit`, and its table for a monitor in this fit."""
         self.dense["latency"], self.limits["latency"] = self._latency.dense, self._latency.limit
         self._declared.training_latency = (self.latency_table, self.latency_batch_size)
 
@@ -456,30 +408,21 @@ class SparsityBudget(keras.callbacks.Callback):
         # writes it back (Keras's Callback.model) before the state and the weights are read.
         if self.model is None or self._settling:
             return
-        sizes = self._measure()
+        sizes = self._meter().now()
         decision = self._ask(sizes, self._epoch + self._done / self._steps, (self._done - self._checked) / self._steps,
                              epoch_end=False)
         sizes = self._follow(decision, sizes, self._epoch)
         self._checked = self._done
         self._update(last_sizes=sizes)
 
-    @property
-    def plan(self):
-        """What this ``fit`` aims at (:class:`~keras_group_lasso.budget.controller.Plan`): the dense sizes, the limits,
-        the schedule's power, the strength's cap and the pace (``None`` before training began)."""
-        if self.limits is None:
-            return None
-        return controller.Plan(self.dense, self.limits, self.schedule_power, self.max_strength, self.pace == "gradual")
-
     def _ask(self, sizes, elapsed, fraction, epoch_end):
         """The controller's decision (:func:`.controller.decide`) at a check ``elapsed`` epochs into ``fit``, a
         ``fraction`` of an epoch after the last one."""
-        progress, step = self._progress(elapsed), 0.0
-        if self.pace == "gradual":  # the progress to the next check: the share of the rest this one closes
-            gap = self._every / self._steps if self._every and self._steps else 1.0
-            later = elapsed + gap if elapsed == int(elapsed) else min(elapsed + gap, math.floor(elapsed) + 1.0)
-            step = self._progress(later) - progress
-        check = controller.Check(progress, step, fraction, epoch_end, epoch_end and elapsed >= self._search_end())
+        gradual = self.pace == "gradual"
+        # The gradual pace starts after a warm-up and closes, at each check, its share of the way to the next one.
+        gap = (self._every / self._steps if self._every and self._steps else 1.0) if gradual else None
+        check = controller.check_at(elapsed, self._search_end(), WARM_UP if gradual else 0.0, gap, fraction,
+                                    epoch_end)
         return controller.decide(self.state, self.multiplier, sizes, self.plan, check)
 
     def _follow(self, decision, sizes, epoch):
@@ -521,7 +464,7 @@ class SparsityBudget(keras.callbacks.Callback):
 
         Returns ``(groups this decision set to zero, the sizes after it)``; records that it was taken.
         """
-        sizes = self._measure()
+        sizes = self._meter().now()
         over = self._over(sizes)
         decision = self._ask(sizes, float(epoch + 1), schedule.last_fraction(self._every or "epoch", self._steps),
                              epoch_end=True)
@@ -534,7 +477,7 @@ class SparsityBudget(keras.callbacks.Callback):
                 # Whole blocks: widths step down a block at a time where the budget needs it (a cut of
                 # single groups would remove units that free nothing until a block empties).
                 self.rounded, removed = self._round_widths(epoch, grow=epoch + 1 < self._epochs())
-                sizes = self._measure()
+                sizes = self._meter().now()
                 over = self._over(sizes)
                 if removed:
                     phase = CUT
@@ -595,18 +538,12 @@ class SparsityBudget(keras.callbacks.Callback):
             history.on_train_end = after_every_callback
 
     def _finish(self, after_others=False):
-        sizes = self._measure()
+        sizes = self._meter().now()
         if after_others and sizes == self._finished:
             return  # no callback after this one changed the model
         if self._over(sizes) > 1.0:
             if after_others:
-                warnings.warn(
-                    f"{_OWNER}: a callback after it gave the model weights over its budget when fit ended "
-                    "(EarlyStopping(restore_best_weights=True) restores weights from an epoch before the budget was "
-                    "reached); their weakest groups are set to zero again to meet it.",
-                    RuntimeWarning,
-                    stacklevel=2,
-                )
+                warnings.warn(messages.restored_over(_OWNER), RuntimeWarning, stacklevel=2)
                 self._warned = False
             more, sizes = self._cut_weakest_groups(None, sizes)
             self._update(phase=CUT, cut=self.state.cut + more)
@@ -619,9 +556,12 @@ class SparsityBudget(keras.callbacks.Callback):
     # ------------------------------------------------------------------ what a compiled step holds
 
     def _spare_blocks(self):
-        """The groups the penalties leave alone for this ``fit`` (the train step is traced again, as it holds what
-        it was traced with): the least widths (:meth:`_spare_floors`), and with ``spare_block`` the ``round_to``
-        strongest units of every roundable layer (in its reader's penalty)."""
+        """The groups the penalties leave alone for this ``fit``.
+
+        The least widths (:func:`.cut.spare_floors`; ``floors``), and with ``spare_block`` the ``round_to`` strongest
+        units of every roundable layer (:func:`.rounding.spare_blocks`; ``spared``). The train step is traced again,
+        as it holds what it was traced with.
+        """
         self.spared, self.floors = {}, {}
         # Every penalised kernel holds its cut groups through a mask the step reads as it runs: cutting and
         # freezing groups later in this fit traces nothing again (see cut.hold_groups).
@@ -631,34 +571,14 @@ class SparsityBudget(keras.callbacks.Callback):
                 self.model.make_train_function(force=True)
             return
         if self._share > 0.0 or self.pace == "gradual":
-            self._spare_floors()
+            # With the gradual pace every kernel spares its strongest group at least: the cuts reach the size, and
+            # a strength too high for the model cannot empty a layer (a network's one input channel, say) on the way.
+            self.floors = cut.spare_floors(self.model, self._share, least=1 if self.pace == "gradual" else 0)
         if self.spare_block and self.round_to > 1:
-            for layer in rounding.roundable_layers(analysis.analyze(self.model, self.threshold, owner=_OWNER)):
-                penalty = layer.reader.kernel.regularizer
-                groups = penalty.group_shape(tuple(layer.reader.kernel.shape))[-2]
-                if len(layer.rows) == groups and self.round_to < layer.units:  # the reader reads this layer alone
-                    penalty.spared = max(penalty.spared, self.round_to)
-                    self.spared[layer.name] = self.round_to
+            found = analysis.analyze(self.model, self.threshold, owner=_OWNER)
+            self.spared = rounding.spare_blocks(found, self.round_to)
         if held or any(penalty.spared for _, _, penalty in group_sparse_penalties(self.model)):
             self.model.make_train_function(force=True)
-
-    def _spare_floors(self):
-        """``min_width``: the penalty of every kernel of hidden groups spares the strongest ``ceil(share * groups)``
-        of them for this ``fit``, and no cut takes them (while the budget can be met without). With the gradual
-        pace every kernel's penalty spares its strongest group at least: the cuts reach the size, and a strength
-        too high for the model cannot empty a layer (a network's one input channel, say) on the way."""
-        for variable in cut.penalised_kernels(self.model):
-            penalty = variable.regularizer
-            if not variable.trainable:
-                continue
-            groups = penalty.group_shape(tuple(variable.shape))[-2]
-            share = 0.0 if penalty.group_role == "input" else self._share
-            # A stream's channels (coupled groups) too: every reader spares the stream's strongest channels.
-            keep = max(1 if self.pace == "gradual" else 0, min(groups, int(math.ceil(share * groups))))
-            if keep:
-                penalty.spared = keep
-            if keep > 1:
-                self.floors[variable.path] = keep
 
     def _freeze(self):
         """Hold every exactly zero group at zero after each optimizer step until ``fit`` ends (see :mod:`.cut`)."""
@@ -694,37 +614,21 @@ class SparsityBudget(keras.callbacks.Callback):
     # ------------------------------------------------------------------ setting groups to zero
 
     def _cut_weakest_groups(self, epoch, sizes, goals=None):
-        """Zero the fewest weakest groups that meet the budget (or ``goals``, sizes on the way to it); returns
-        ``(groups newly zeroed, sizes)``.
+        """Zero the fewest weakest groups that meet the budget, or ``goals``, and record it; returns ``(newly, sizes)``.
 
-        Only input groups when only feature budgets are exceeded, only hidden
-        groups when only unit budgets are; both for parameters and FLOPs. The
-        groups already at zero go first, then the weakest relative to their
-        own layer per share of the budget their unit takes (what cutting it
-        frees: its multiply-adds, parameters, measured time, ...); the
-        strongest group of every kernel is never cut, nor (while they can meet it) the strongest groups a
-        layer keeps under ``min_width``.
+        ``goals``: sizes on the way to the budget (:func:`.measure.cut_to`). The cut to the budget says what it
+        could not meet, or that it cut more than a small last step.
         """
         final = goals is None
-        goals = self.limits if final else goals
-        input_over, hidden_over = schedule.entry_overs(sizes, goals)
-        roles = {"input"} if (input_over or 0.0) > 1.0 else set()
-        if (hidden_over or 0.0) > 1.0:
-            roles.add("hidden")
-        newly = cut.cut_weakest(self.model, self.threshold, roles, self._group_loads(sizes, goals), self.floors,
-                                self._measure, lambda measured: schedule.over(measured, goals) <= 1.0,
-                                floors_yield=final)
-        best = self._measure()
+        newly, best = measure.cut_to(self._meter(), sizes, self.limits if final else goals, self.floors, final)
         if newly:
             self.cuts.append((self._elapsed(epoch), newly))
         if not final:  # a step along the schedule: the final cut says what it could not meet
             return newly, best
         if self._over(best) > 1.0 and not self._unmeetable:
             self._unmeetable = True  # said once per fit
-            frozen = sorted({layer.name for _, layer, _ in self._declared.penalties() if not layer.trainable})
-            unread = model_graph(self.model).unread_kernels()
-            warnings.warn(messages.unmeetable(_OWNER, newly, best, self.limits, frozen,
-                                              registry.unread_text(unread) if unread else ""),
+            warnings.warn(messages.unmeetable(_OWNER, newly, best, self.limits,
+                                              *measure.unmet_causes(self.model, self._declared)),
                           RuntimeWarning, stacklevel=3)
         elif newly and self.pace == "gradual" and newly <= SMALL_CUT * self._groups:
             _LOG.info("%s: %d groups set to zero to meet the budget when settling began.", _OWNER, newly)
@@ -733,19 +637,6 @@ class SparsityBudget(keras.callbacks.Callback):
                       if getattr(self, "_blocks_failed", False) else "")
             self._warn_cut(f"{blocks}{newly} of its weakest groups were set to zero", best, epoch)
         return newly, best
-
-    def _group_loads(self, sizes, goals):
-        """``{kernel path: per-group share of the budgets}`` (:func:`~keras_group_lasso.budget.cut.group_loads`): of
-        the ``goals`` (budgets, or sizes on the way) the model is over at ``sizes``, each unit at what one more
-        costs at the live widths."""
-        found = analysis.analyze(self.model, self.threshold, owner=_OWNER)
-        masks = found.masks
-        widths = {node.name: (int(masks.inputs[node.name].sum()), int(masks.units[node.name].sum()))
-                  for node in found.graph.units if node.name in masks.units}
-        over = [kind for kind, limit in goals.items() if sizes[kind] > limit] or list(goals)
-        costs = [(unit_costs(found.graph, kind, self.latency_table, self.latency_batch_size, widths),
-                  goals[kind]) for kind in over]
-        return cut.group_loads(found.graph, self.model, costs, cut.fixed_units(found.graph))
 
     def _warn_cut(self, what, sizes, epoch):
         """Say once per ``fit`` that ``what`` (groups, units) was set to zero to meet the budget."""
@@ -758,27 +649,17 @@ class SparsityBudget(keras.callbacks.Callback):
                       stacklevel=3)
 
     def _round_widths(self, epoch, grow):
-        """Give each roundable layer a multiple of ``round_to`` live units, within the budget (see :mod:`.rounding`).
+        """Give each roundable layer a multiple of ``round_to`` live units within the budget.
 
-        The strongest units of a layer stay; dead ones that a layer grows into
-        are re-initialized (``grow``; only while epochs are left to train
-        them). Returns ``({layer name: (live units before, after)}, live units removed)``.
+        See :func:`.measure.round_widths`. Returns ``({layer name: (live units before, after)}, live units removed)``.
         """
-        found = analysis.analyze(self.model, self.threshold, owner=_OWNER)
-        layers, sizes = rounding.plan_widths(found, self._sizes(found.report, found), self.limits, self.round_to,
-                                             grow, self._latency_of)
+        done = measure.round_widths(self._meter(), self.limits, grow)
         self._update(rounded=True)  # from here on the sizes are the model's own
-        if not layers or self._over(sizes) > 1.0:
+        if done is None:
             self._blocks_failed = True  # the cut of single groups takes over, and says so
             return {}, 0
-        rng = np.random.default_rng(0)
-        changed, removed = {}, 0
-        for layer in layers:
-            if layer.width != layer.live:
-                rounding.apply_width(layer, self.threshold, rng)
-                changed[layer.name] = (layer.live, layer.width)
-                removed += max(0, layer.live - layer.width)
+        changed, removed = done
         if removed:
-            self._warn_cut(f"{removed} live units went, in blocks of {self.round_to} (round_to)", self._measure(),
+            self._warn_cut(f"{removed} live units went, in blocks of {self.round_to} (round_to)", self._meter().now(),
                            epoch)
         return changed, removed

@@ -6,10 +6,11 @@ the goals on copies of the kernels and writes the cut once, fixes the structure 
 """
 
 import dataclasses
+import math
 
 from keras_group_lasso.budget import schedule
 
-__all__ = ["Plan", "Check", "Decision", "decide"]
+__all__ = ["Plan", "Check", "Decision", "check_at", "decide"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -49,6 +50,24 @@ class Check:
     fraction: float = 1.0
     epoch_end: bool = True
     search_over: bool = False
+
+
+def check_at(elapsed, search_end, warm_up=0.0, gap=None, fraction=1.0, epoch_end=True):
+    """The :class:`Check` ``elapsed`` epochs into ``fit`` (a float), where the search ends after ``search_end`` epochs.
+
+    The progress is :func:`~.schedule.progress` with ``warm_up``. ``gap``: with the gradual pace, the part of an
+    epoch to the next check (the step is the progress made until then, or until this epoch's end for a check inside
+    an epoch); ``None``: no step (the penalty pace).
+
+    Example:
+        >>> check_at(1.5, 3, warm_up=1 / 3, gap=0.25, epoch_end=False)
+        Check(progress=0.25, step=0.125, fraction=1.0, epoch_end=False, search_over=False)
+    """
+    progress, step = schedule.progress(elapsed, search_end, warm_up), 0.0
+    if gap is not None:
+        later = elapsed + gap if elapsed == int(elapsed) else min(elapsed + gap, math.floor(elapsed) + 1.0)
+        step = schedule.progress(later, search_end, warm_up) - progress
+    return Check(progress, step, fraction, epoch_end, epoch_end and elapsed >= search_end)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -13,8 +13,9 @@ from keras_group_lasso import prox
 from keras_group_lasso.graph import registry
 from keras_group_lasso.regularizers import CoupledGroupLasso, GroupSparseRegularizer
 
-__all__ = ["FrozenGroups", "strength", "ranked_groups", "fewest", "fixed_units", "narrowed", "group_loads", "zeroed", "zero_rows", "penalised_kernels", "dead_groups",
-           "zero_dead_groups", "hold_groups", "freeze_groups", "hold_live", "zero_groups", "release_frozen_groups"]
+__all__ = ["FrozenGroups", "strength", "ranked_groups", "fewest", "fixed_units", "narrowed", "group_loads", "zeroed",
+           "zero_rows", "penalised_kernels", "dead_groups", "zero_dead_groups", "hold_groups", "freeze_groups",
+           "hold_live", "zero_groups", "release_frozen_groups", "spare_floors"]
 
 
 def penalised_kernels(model):
@@ -164,6 +165,30 @@ def release_frozen_groups(model):
             variable.constraint = variable.constraint.inner
             changed = True
     return changed
+
+
+def spare_floors(model, share, least=0):
+    """Let the penalties spare each layer's strongest groups, its least width; returns ``{kernel path: groups}``.
+
+    The penalty of every trainable kernel of hidden groups spares its strongest ``ceil(share * groups)`` of them
+    (input groups: none), and every kernel's penalty at least ``least``, for this ``fit``. A stream's channels
+    (coupled groups) too: every reader spares the stream's strongest channels. The kernels that spare more than
+    one are returned: no cut takes those groups while the budget can be met without (:func:`cut_weakest`'s
+    ``floors``).
+    """
+    floors = {}
+    for variable in penalised_kernels(model):
+        penalty = variable.regularizer
+        if not variable.trainable:
+            continue
+        groups = penalty.group_shape(tuple(variable.shape))[-2]
+        kept = 0.0 if penalty.group_role == "input" else share
+        keep = max(least, min(groups, int(math.ceil(kept * groups))))
+        if keep:
+            penalty.spared = keep
+        if keep > 1:
+            floors[variable.path] = keep
+    return floors
 
 
 class FrozenGroups(keras.constraints.Constraint):

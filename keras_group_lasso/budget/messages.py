@@ -2,7 +2,7 @@
 
 from keras_group_lasso.budget.latency_limit import milliseconds
 
-__all__ = ["size_text", "sizes_text", "far_below", "unmeetable", "cut_to_meet"]
+__all__ = ["size_text", "sizes_text", "within_already", "far_below", "unmeetable", "cut_to_meet", "restored_over"]
 
 
 def size_text(kind, value):
@@ -19,6 +19,12 @@ def sizes_text(sizes, limits):
     """``"kind size (budget limit), ..."`` for every budgeted kind."""
     return ", ".join(f"{kind} {size_text(kind, sizes[kind])} (budget {size_text(kind, limit)})"
                      for kind, limit in limits.items())
+
+
+def within_already(owner, notes):
+    """The warning when the dense model meets some budgets already (``notes``: one for each)."""
+    return (f"{owner}: {', '.join(notes)}: the dense model is within it already; the budget removes nothing for "
+            "it.")
 
 
 def far_below(owner, sizes, limits, dense, epoch):
@@ -54,3 +60,10 @@ def cut_to_meet(owner, what, sizes, limits, epoch, stale_statistics):
     return (f"{owner}: {when} the model was still over its budget; {what} to meet it: {sizes_text(sizes, limits)} "
             "(logs['budget_cut'] counts them at the epoch they went). A larger penalty factor or more epochs let "
             f"the training get closer by itself.{stale}")
+
+
+def restored_over(owner):
+    """The warning when a callback after the budget gave the model weights over it as ``fit`` ended."""
+    return (f"{owner}: a callback after it gave the model weights over its budget when fit ended "
+            "(EarlyStopping(restore_best_weights=True) restores weights from an epoch before the budget was "
+            "reached); their weakest groups are set to zero again to meet it.")

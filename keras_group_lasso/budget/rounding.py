@@ -16,7 +16,7 @@ from keras_group_lasso.graph import registry
 from keras_group_lasso.regularizers import CoupledGroupLasso, GroupSparseRegularizer
 
 __all__ = ["Roundable", "roundable_layers", "rounded_up", "plan_widths", "width_choices", "sizes_with",
-           "apply_width"]
+           "apply_width", "spare_blocks"]
 
 
 def rounded_up(found, round_to, grow):
@@ -226,6 +226,22 @@ def apply_width(layer, threshold, rng):
     kernel.assign(value)
     layer.layer.kernel.assign(own_value)
     return back
+
+
+def spare_blocks(found, round_to):
+    """Keep the penalties off the ``round_to`` strongest units of each roundable layer; returns ``{name: round_to}``.
+
+    The layers of ``found`` (an :class:`~keras_group_lasso.analysis.Analysis`) a rounding may resize, each spared
+    in its reader's penalty where that reads this layer alone, for this ``fit``.
+    """
+    spared = {}
+    for layer in roundable_layers(found):
+        penalty = layer.reader.kernel.regularizer
+        groups = penalty.group_shape(tuple(layer.reader.kernel.shape))[-2]
+        if len(layer.rows) == groups and round_to < layer.units:  # the reader reads this layer alone
+            penalty.spared = max(penalty.spared, round_to)
+            spared[layer.name] = round_to
+    return spared
 
 
 def _rms(values):

@@ -12,8 +12,8 @@ import numbers
 
 from keras_group_lasso._validation import fail
 
-__all__ = ["KINDS", "check_limit", "check_latency", "targets", "over", "entry_overs", "steer", "near_budget", "last_fraction",
-           "progress", "checks_every", "even_share"]
+__all__ = ["KINDS", "check_limit", "check_latency", "limits_of", "targets", "over", "entry_overs", "steer",
+           "near_budget", "last_fraction", "progress", "checks_every", "even_share"]
 
 KINDS = ("features", "units", "params", "flops", "latency")
 NEAR = 0.05  # settling may begin early once the schedule is this close to the budget (a fraction of it)
@@ -68,6 +68,26 @@ def check_latency(owner, name, value):
     if isinstance(value, bool) or not isinstance(value, numbers.Real) or not (0.0 < value <= 1.0):
         fail(owner, name, constraint, value)
     return ("fraction", float(value))
+
+
+def limits_of(budgets, dense):
+    """``(limits, notes)``: each budget as a count, and a note for each that the dense model meets already.
+
+    A budget that is not ``None`` counts as itself or, a fraction, as that share of the ``dense`` size rounded
+    down; at most the dense size.
+
+    Example:
+        >>> limits_of({"features": 0.5, "units": None, "params": 100}, {"features": 9, "units": 4, "params": 80})
+        ({'features': 4, 'params': 80}, ['max_params=100 (the model has 80)'])
+    """
+    limits, notes = {}, []
+    for kind, limit in budgets.items():
+        if limit is not None:
+            count = limit if isinstance(limit, int) else int(math.floor(limit * dense[kind]))
+            if count >= dense[kind]:
+                notes.append(f"max_{kind}={limit!r} (the model has {dense[kind]})")
+            limits[kind] = min(count, dense[kind])
+    return limits, notes
 
 
 def targets(dense, limits, progress, power):

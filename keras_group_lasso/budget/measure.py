@@ -1,0 +1,159 @@
+"""A budgeted model's sizes, and the two steps that bring them down: a cut of the weakest groups, widths in blocks.
+
+:class:`Meter` counts a model's sizes as :func:`keras_group_lasso.sparsity_report` counts them at a threshold
+(with a latency budget, the table's predicted time too). :func:`cut_to` and :func:`round_widths` change the model
+and return what they did; :class:`~keras_group_lasso.SparsityBudget` records it, says so and traces the step
+again where it must.
+"""
+
+import dataclasses
+
+import numpy as np
+
+from keras_group_lasso import analysis
+from keras_group_lasso.budget import cut, rounding, schedule
+from keras_group_lasso.costs import unit_costs
+from keras_group_lasso.graph import model_graph, registry
+
+__all__ = ["Meter", "cut_to", "round_widths", "unmet_causes"]
+
+
+@dataclasses.dataclass(frozen=True)
+class Meter:
+    """How a budget counts the sizes of ``model``.
+
+    Attributes:
+        model: the Keras model; its weights are read at each measure.
+        threshold: weights with ``|w| <= threshold`` count as zero.
+        latency: the budget's :class:`~.latency_limit.LatencyLimit`, or ``None`` (no latency budget).
+        round_to: above 1, until the widths were ``rounded``, the sizes are at the widths rounding up would give.
+        rounded: the widths were rounded (with ``round_to`` > 1): the sizes are the model's own.
+        owner: the name errors are raised under.
+    """
+
+    model: object
+    threshold: float
+    latency: object = None
+    round_to: int = 1
+    rounded: bool = False
+    owner: str = "SparsityBudget"
+
+    @property
+    def predict(self):
+        """The predicted time of ``{layer name: (in, out)}`` widths (:meth:`.LatencyLimit.predict`), or ``None``."""
+        return None if self.latency is None else self.latency.predict
+
+    def of(self, report, found=None):
+        """The sizes of a report; with a latency budget (and ``found``, its :class:`Analysis`) the predicted time."""
+        sizes = {"features": report.n_selected_features, "units": report.live_neurons,
+                 "params": report.params_after, "flops": report.flops_after, "latency": 0.0}
+        if self.latency is not None and found is not None and self.latency.table is not None:
+            sizes["latency"] = self.latency.predict(self.latency.table.widths_of(found))
+        return sizes
+
+    def now(self, values=None):
+        """The budgeted sizes of the model now.
+
+        With ``values``, ``{kernel path: numpy array}``: as if its kernels held those, the model unchanged. With
+        ``round_to`` > 1, until the widths were rounded, at the widths rounding up would give.
+        """
+        own_widths = self.round_to == 1 or self.rounded
+        if self.latency is None and values is None and own_widths:
+            return self.of(analysis.sparsity_report(self.model, threshold=self.threshold))
+        found = analysis.analyze(self.model, self.threshold, owner=self.owner, values=values)
+        if own_widths:
+            return self.of(found.report, found)
+        layers = rounding.rounded_up(found, self.round_to, grow=True)
+        return rounding.sizes_with(found, self.of(found.report, found), {layer.name: layer for layer in layers},
+                                   self.predict)
+
+    def narrowed(self, share):
+        """The budgeted sizes of the model with every prunable layer at ``share`` of its width.
+
+        Weighed on :func:`.cut.narrowed`'s values, not written. Its shape alone counts, not its training: a resumed
+        ``fit`` finds the same sizes.
+        """
+        found = analysis.analyze(self.model, self.threshold, owner=self.owner,
+                                 values=cut.narrowed(self.model, share))
+        return self.of(found.report, found)
+
+    def floor_share(self, min_width, dense, limits, least):
+        """The share of its units below which a budget of ``limits`` takes no layer.
+
+        ``min_width``, or with ``"auto"`` ``least`` times the share at which all prunable layers, equally narrowed,
+        meet the budget (:func:`.schedule.even_share`; 0 for feature budgets alone).
+        """
+        if min_width != "auto":
+            return min_width
+        if not set(limits) - {"features"}:
+            return 0.0
+        narrowest, half = self.narrowed(0.0), self.narrowed(0.5)
+        return least * schedule.even_share(dense, narrowest, half, limits)
+
+    def group_loads(self, sizes, goals):
+        """``{kernel path: per-group share of the budgets}`` (:func:`.cut.group_loads`).
+
+        Of the ``goals`` (budgets, or sizes on the way) the model is over at ``sizes``, each unit at what one more
+        costs at the live widths.
+        """
+        found = analysis.analyze(self.model, self.threshold, owner=self.owner)
+        masks = found.masks
+        widths = {node.name: (int(masks.inputs[node.name].sum()), int(masks.units[node.name].sum()))
+                  for node in found.graph.units if node.name in masks.units}
+        table, batch_size = (None, None) if self.latency is None else (self.latency.table, self.latency.batch_size)
+        over = [kind for kind, limit in goals.items() if sizes[kind] > limit] or list(goals)
+        costs = [(unit_costs(found.graph, kind, table, batch_size, widths), goals[kind]) for kind in over]
+        return cut.group_loads(found.graph, self.model, costs, cut.fixed_units(found.graph))
+
+
+def cut_to(meter, sizes, goals, floors, final=True):
+    """Zero the fewest weakest groups that bring the model within ``goals``; returns ``(newly zeroed, sizes after)``.
+
+    ``sizes``: the model's sizes now. Only input groups when only feature goals are exceeded, only hidden groups
+    when only unit goals are; both for parameters and FLOPs. The groups already at zero go first, then the weakest
+    relative to their own layer per share of the goals their unit takes (what cutting it frees: its multiply-adds,
+    parameters, measured time, ...; :meth:`Meter.group_loads`); the strongest group of every kernel is never cut,
+    nor the strongest groups a layer keeps under ``floors`` (``{kernel path: groups}``) while the goals can be met
+    without (a step along the schedule, not ``final``, leaves them in any case: :func:`.cut.cut_weakest`).
+    """
+    input_over, hidden_over = schedule.entry_overs(sizes, goals)
+    roles = {"input"} if (input_over or 0.0) > 1.0 else set()
+    if (hidden_over or 0.0) > 1.0:
+        roles.add("hidden")
+    newly = cut.cut_weakest(meter.model, meter.threshold, roles, meter.group_loads(sizes, goals), floors, meter.now,
+                            lambda measured: schedule.over(measured, goals) <= 1.0, floors_yield=final)
+    return newly, meter.now()
+
+
+def round_widths(meter, limits, grow):
+    """Give each roundable layer a multiple of ``round_to`` live units within ``limits`` (see :mod:`.rounding`).
+
+    The strongest units of a layer stay; dead ones that a layer grows into are re-initialized (``grow``; only while
+    epochs are left to train them). Returns ``({layer name: (live units before, after)}, live units removed)``, or
+    ``None`` when whole blocks cannot meet ``limits`` (the model unchanged).
+    """
+    found = analysis.analyze(meter.model, meter.threshold, owner=meter.owner)
+    layers, sizes = rounding.plan_widths(found, meter.of(found.report, found), limits, meter.round_to, grow,
+                                         meter.predict)
+    if not layers or schedule.over(sizes, limits) > 1.0:
+        return None
+    rng = np.random.default_rng(0)
+    changed, removed = {}, 0
+    for layer in layers:
+        if layer.width != layer.live:
+            rounding.apply_width(layer, meter.threshold, rng)
+            changed[layer.name] = (layer.live, layer.width)
+            removed += max(0, layer.live - layer.width)
+    return changed, removed
+
+
+def unmet_causes(model, declared):
+    """``(frozen layers, unread kernels)``: what keeps its size whatever a cut takes (:func:`.messages.unmeetable`).
+
+    The names of the penalised layers with ``trainable=False`` (in ``declared``, the model's
+    :class:`~keras_group_lasso.declared.GroupPenalties`), and the text naming the kernels the graph cannot read
+    (``""``: none).
+    """
+    frozen = sorted({layer.name for _, layer, _ in declared.penalties() if not layer.trainable})
+    unread = model_graph(model).unread_kernels()
+    return frozen, registry.unread_text(unread) if unread else ""
