@@ -44,6 +44,14 @@ How the pieces fit (Keras 3; TensorFlow, JAX and PyTorch):
   clear error on TensorFlow and PyTorch (which pass the variables), and on JAX
   (which passes their values only) when the second model's variables differ
   in number or shape; give each model its own optimizer.
+* Its variables are the wrapped optimizer's, the strength multiplier a JAX
+  step reads, and one mask of kept groups per group-penalised kernel
+  (:meth:`Proximal.kept_groups`, ones unless a
+  :class:`~keras_group_lasso.SparsityBudget` holds cut groups at zero with
+  it): the compiled step reads them as it runs on every backend, so a budget
+  cuts and holds groups without tracing the step again. An optimizer state
+  saved before these masks existed has fewer variables: Keras then does not
+  restore it and says so.
 """
 
 import math
