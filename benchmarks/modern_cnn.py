@@ -54,6 +54,8 @@ Usage:
     KERAS_BACKEND=jax python benchmarks/modern_cnn.py --out DIR       # DIR/modern_cnn.json and .md
     KERAS_BACKEND=jax python benchmarks/modern_cnn.py --quick --out DIR   # 1,024 images, 1 epoch (a CPU test)
     KERAS_BACKEND=jax python benchmarks/modern_cnn.py --data-dir DIR --networks efficientnet --seeds 2
+    OUT=DIR DATA=DIR bash benchmarks/modern_cnn_seeds.sh   # --defaults, one process per network and seed
+    python benchmarks/modern_cnn.py --merge DIR/*.json --out benchmarks/results --name NAME   # one table
 
 ``--data-dir`` is a folder holding the four Fashion-MNIST IDX files
 (``train-images-idx3-ubyte.gz``, ...); without it the package's dataset
