@@ -65,15 +65,19 @@ def run_budget(label, data, args, seed, group_weight=None, weight_table=None, **
     ``group_weight``: the penalties' group weights (default ``args.group_weight``); ``weight_table``: the latency
     table of ``group_weight="latency"``.
     """
-    from keras_group_lasso import SparsityBudget
+    from keras_group_lasso import SparsityBudget, add_group_sparsity
 
     optimizer = cnn_fashion.optimizer_for("proximal", args.epochs, len(data["x_train"]))
-    network = cnn_fashion.sparse_cnn(seed, args.factor, "group", group_weight or args.group_weight,
-                                     latency_table=weight_table)
+    if args.defaults:  # nothing chosen but the budget: add_group_sparsity's and SparsityBudget's defaults
+        network = add_group_sparsity(cnn_fashion.build_cnn(seed))
+        budget = SparsityBudget(threshold=cnn_fashion.THRESHOLD, **budget_args)
+    else:
+        network = cnn_fashion.sparse_cnn(seed, args.factor, "group", group_weight or args.group_weight,
+                                         latency_table=weight_table)
+        update_freq = int(args.update_freq) if args.update_freq.isdigit() else args.update_freq
+        budget = SparsityBudget(threshold=cnn_fashion.THRESHOLD, settle=args.settle, schedule_power=args.power,
+                                update_freq=update_freq, **budget_args)
     model = cnn_fashion.compile_model(network, optimizer, False)
-    update_freq = int(args.update_freq) if args.update_freq.isdigit() else args.update_freq
-    budget = SparsityBudget(threshold=cnn_fashion.THRESHOLD, settle=args.settle, schedule_power=args.power,
-                            update_freq=update_freq, **budget_args)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", RuntimeWarning)
         wall, _ = cnn_fashion.fit(model, data, args.epochs, seed, label, callbacks=[budget])
@@ -159,6 +163,9 @@ def main(argv=None):
     parser.add_argument("--power", type=float, default=1.0, help="schedule_power of every budget")
     parser.add_argument("--update-freq", default="epoch",
                         help="update_freq of every budget: 'epoch', 'batch' or a number of batches between checks")
+    parser.add_argument("--defaults", action="store_true",
+                        help="budget rows with the defaults: add_group_sparsity(model), SparsityBudget(max_...) only "
+                             "(--factor, --group-weight, --settle, --power and --update-freq unused)")
     parser.add_argument("--latency-only", action="store_true",
                         help="no FLOP-budget rows: the dense and latency rows (and --scratch's), a full-data run in "
                              "half the time")
@@ -279,10 +286,13 @@ def main(argv=None):
             *args.note,
             f"Network: {cnn_fashion.network_text()}",
             f"{len(data['x_train'])} training images, {len(data['x_test'])} test images, {args.epochs} epochs; "
-            f"penalties: group Lasso, factor {args.factor:g}, group weight {args.group_weight}"
-            f"{' (the latency row: latency, from the table)' if weighted else ''}; "
-            f"Proximal(SGD {cnn_fashion.SGD_LR}, momentum {cnn_fashion.MOMENTUM}), cosine decay, settle {args.settle}, "
-            f"schedule power {args.power:g}, update_freq {args.update_freq}",
+            + (f"penalties and budgets with their defaults (`add_group_sparsity(model)`, `SparsityBudget(max_...)` "
+               f"only); Proximal(SGD {cnn_fashion.SGD_LR}, momentum {cnn_fashion.MOMENTUM}), cosine decay"
+               if args.defaults else
+               f"penalties: group Lasso, factor {args.factor:g}, group weight {args.group_weight}"
+               f"{' (the latency row: latency, from the table)' if weighted else ''}; "
+               f"Proximal(SGD {cnn_fashion.SGD_LR}, momentum {cnn_fashion.MOMENTUM}), cosine decay, settle {args.settle}, "
+               f"schedule power {args.power:g}, update_freq {args.update_freq}"),
             f"Budgets: (b) max_latency={args.latency} of the dense time at batch {BATCH_TIMED}"
             + ("" if args.latency_only else "; (c), (d) max_flops = the multiply-adds (b) reached"),
             f"Latency table: {table.backend}, {table.device}, measured in {table.measure_seconds:.1f} s "
