@@ -76,8 +76,6 @@ def hold_groups(model):
             current.keep.assign(np.ones(view[-2], dtype="float32"))
             continue
         mask = kept_groups(variable) if kept_groups is not None else None
-        if mask is not None:
-            mask.assign(np.ones(view[-2], dtype="float32"))
         variable.constraint = FrozenGroups(np.ones(view[-2], dtype="float32"), view, current, variable=mask)
         changed = True
     return changed
@@ -97,13 +95,12 @@ def freeze_groups(model, groups):
         if not variable.trainable:  # no optimizer step moves it
             continue
         current = variable.constraint
-        view = variable.regularizer.group_shape(tuple(variable.shape))
         if isinstance(current, FrozenGroups):
             if not np.array_equal(current.kept, keep):
                 current.keep.assign(keep)
                 changed = changed or not current.read_as_it_runs
             continue
-        variable.constraint = FrozenGroups(keep, view, current)
+        variable.constraint = FrozenGroups(keep, variable.regularizer.group_shape(tuple(variable.shape)), current)
         changed = True
     return changed
 
