@@ -69,14 +69,16 @@ def test_a_cut_on_the_way_goes_no_lower_than_the_budget_nor_higher_than_the_sche
         assert decision.goals is None  # the penalties alone remove groups
         return
     way = schedule.targets(plan.dense, plan.limits, check.progress, plan.power)
+    # After the warm-up a model over its budget also loses the check's share of the groups still to go.
+    closes = check.progress > 0 and _over(sizes, plan.limits)
+    assert decision.closing == (schedule.closing_share(check.progress, check.step) if closes else 0.0)
+    assert 0.0 <= decision.closing <= 1.0
     if decision.goals is None:
-        assert not _over(sizes, schedule.closing(way, sizes, plan.limits, check.progress, check.step)
-                         if check.progress > 0 else way)
+        assert not _over(sizes, way)
         return
-    assert set(decision.goals) == set(plan.limits)
-    assert _over(sizes, decision.goals)
+    assert decision.goals == way and _over(sizes, way)
     for kind, goal in decision.goals.items():
-        assert plan.limits[kind] - 1e-9 <= goal <= way[kind] + 1e-9
+        assert plan.limits[kind] - 1e-9 <= goal
 
 
 @settings(max_examples=300, deadline=None)
@@ -104,10 +106,26 @@ def test_a_model_far_behind_in_the_last_check_before_settling_is_cut_to_its_budg
     state = BudgetState().started_from([1.0, 1.0])
     decision = decide(state, [1.0, 1.0], {"flops": 900, "units": 100}, plan,
                       Check(progress=0.9, step=0.1, epoch_end=False))
-    assert decision.goals == {"flops": pytest.approx(250.0)}
-    # Ahead of the schedule (600 below its 625), a check still closes its share (0.1 of the 0.5 left) of the rest:
+    assert decision.goals == {"flops": pytest.approx(325.0)} and decision.closing == 1.0  # every group still to go
+    # Ahead of the schedule (600 below its 625), a check still closes its share (0.1 of the 0.5 left) of the
+    # groups still to go:
     ahead = decide(state, [1.0, 1.0], {"flops": 600, "units": 100}, plan, Check(progress=0.5, step=0.1))
-    assert ahead.goals == {"flops": pytest.approx(250.0 + 350.0 * 0.8)}
+    assert ahead.goals is None and ahead.closing == pytest.approx(0.2)
+    # Within the budget nothing more goes.
+    within = decide(state, [1.0, 1.0], {"flops": 240, "units": 100}, plan, Check(progress=0.5, step=0.1))
+    assert within.goals is None and within.closing == 0.0
+
+
+def test_the_schedule_of_a_kind_with_a_width_curve_narrows_evenly_in_width():
+    """A FLOP count that goes as the square of the width: the target halfway is at the width halfway between the
+    dense one and the one that meets the budget, not at the FLOPs halfway."""
+    dense, limits, curves = {"flops": 1000.0}, {"flops": 250.0}, {"flops": (0.0, 2.0)}  # the budget at width 0.5
+    widths = [(schedule.targets(dense, limits, p, 1.0, curves)["flops"] / 1000.0) ** 0.5 for p in (0, .25, .5, 1)]
+    assert widths == pytest.approx([1.0, 0.875, 0.75, 0.5])
+    plan = Plan(dense, limits, curves=curves)
+    state = BudgetState().started_from([1.0, 1.0])
+    assert decide(state, [1.0, 1.0], {"flops": 900.0}, plan, Check(progress=0.5, step=0.1)).goals == {
+        "flops": pytest.approx(562.5)}
 
 def test_a_decision_is_a_function_of_its_arguments_alone():
     plan = Plan({"units": 100}, {"units": 25})

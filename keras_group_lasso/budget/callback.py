@@ -216,6 +216,7 @@ class SparsityBudget(keras.callbacks.Callback):
         self.limits = None
         self._declared = None
         self._first_epoch = None
+        self._curves = {}
 
     # ------------------------------------------------------------------ the model's state
 
@@ -280,7 +281,8 @@ class SparsityBudget(keras.callbacks.Callback):
         the schedule's power, the strength's cap and the pace (``None`` before training began)."""
         if self.limits is None:
             return None
-        return controller.Plan(self.dense, self.limits, self.schedule_power, self.max_strength, self.pace == "gradual")
+        return controller.Plan(self.dense, self.limits, self.schedule_power, self.max_strength, self.pace == "gradual",
+                               self._curves)
 
     # ------------------------------------------------------------------ measuring, and where training is
 
@@ -351,7 +353,7 @@ class SparsityBudget(keras.callbacks.Callback):
         self._first_epoch = None
         self._steps = self.params.get("steps") if self.params else None  # None: a dataset of unknown length
         self._every = self._checks_every()
-        self._share = self._meter().floor_share(self.min_width, self.dense, self.limits, LEAST_WIDTH)
+        self._narrowing()
         if self.min_width == "auto" and self._share:
             _LOG.info("%s: no layer goes below %.3g of its units while the budget can be met without (min_width="
                       "'auto')", _OWNER, self._share)
@@ -364,6 +366,13 @@ class SparsityBudget(keras.callbacks.Callback):
         """The dense time and the latency limit of :class:`.LatencyLimit`, and its table for a monitor in this fit."""
         self.dense["latency"], self.limits["latency"] = self._latency.dense, self._latency.limit
         self._declared.training_latency = (self.latency_table, self.latency_batch_size)
+
+    def _narrowing(self):
+        """The sizes as curves of the width every prunable layer keeps, the even share that meets the budget (the
+        schedule narrows the widths toward it) and the least width (``min_width``)."""
+        self._curves = self._meter().width_curves(self.dense, self.limits)
+        even = schedule.even_share(self.dense, self._curves, self.limits)
+        self._share = LEAST_WIDTH * even if self.min_width == "auto" else self.min_width
 
     def on_epoch_begin(self, epoch, logs=None):
         """A new search at epoch 0; later, a resumed training catches up with the decision of the epoch before.
@@ -382,6 +391,7 @@ class SparsityBudget(keras.callbacks.Callback):
         self._first_epoch = epoch
         if self.limits and "latency" in self.limits and self._latency.adopt_restored(self.model, self._declared):
             self._latency_limit()
+            self._narrowing()
         state = self.state
         if epoch == 0 or not state.started:
             start = [v if v > 0 else 1.0 for v in self._declared.multiplier_values()]
@@ -429,9 +439,9 @@ class SparsityBudget(keras.callbacks.Callback):
         """A decision that does not settle: train with its multiplier, and cut the weakest groups down to its goals
         (the gradual pace) and hold every group at zero from then on; the sizes after."""
         self._declared.set_multiplier(*decision.multiplier)
-        if decision.goals is None:
+        if decision.goals is None and not decision.closing:
             return sizes
-        removed, sizes = self._cut_weakest_groups(epoch, sizes, decision.goals)
+        removed, sizes = self._cut_weakest_groups(epoch, sizes, decision.goals or {}, decision.closing)
         if removed:
             _LOG.info("%s: %d groups set to zero in epoch %d to follow the schedule.", _OWNER, removed, epoch + 1)
             self._update(cut=self.state.cut + removed)
@@ -613,14 +623,16 @@ class SparsityBudget(keras.callbacks.Callback):
 
     # ------------------------------------------------------------------ setting groups to zero
 
-    def _cut_weakest_groups(self, epoch, sizes, goals=None):
+    def _cut_weakest_groups(self, epoch, sizes, goals=None, closing=0.0):
         """Zero the fewest weakest groups that meet the budget, or ``goals``, and record it; returns ``(newly, sizes)``.
 
-        ``goals``: sizes on the way to the budget (:func:`.measure.cut_to`). The cut to the budget says what it
-        could not meet, or that it cut more than a small last step.
+        ``goals``: sizes on the way to the budget, and ``closing`` the share of the groups still to go before the
+        budget that go as well (:func:`.measure.cut_to`). The cut to the budget says what it could not meet, or
+        that it cut more than a small last step.
         """
         final = goals is None
-        newly, best = measure.cut_to(self._meter(), sizes, self.limits if final else goals, self.floors, final)
+        newly, best = measure.cut_to(self._meter(), sizes, self.limits if final else goals, self.floors, final,
+                                     self.limits, closing)
         if newly:
             self.cuts.append((self._elapsed(epoch), newly))
         if not final:  # a step along the schedule: the final cut says what it could not meet

@@ -23,6 +23,8 @@ class Plan:
         power: the schedule's power (:func:`~.schedule.targets`).
         max_strength: how far the multiplier may grow beyond its start.
         gradual: the gradual pace (cut the weakest groups along the schedule), or the penalties alone.
+        curves: ``{kind: (c0, p)}``, each size as a curve of the share of its width every prunable layer keeps
+            (:func:`~.schedule.width_curves`): the schedule narrows those kinds evenly in width, not in size.
     """
 
     dense: dict
@@ -30,6 +32,7 @@ class Plan:
     power: float = 1.0
     max_strength: float = 20.0
     gradual: bool = True
+    curves: dict = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -77,12 +80,15 @@ class Decision:
     Attributes:
         multiplier: ``(input groups, other groups)``: the strength multiplier to train with from here.
         goals: ``{kind: size}`` to cut the weakest groups down to now, or ``None`` (no cut).
+        closing: with the gradual pace after its warm-up, the share of the groups still to go before the model is
+            within its limits that go now as well (:func:`~.schedule.closing_share`); 0: none.
         settle: the structure is fixed from here (round the widths, cut down to the limits if over them, hold
             every group at zero, train the survivors without the penalties).
     """
 
     multiplier: tuple
     goals: dict = None
+    closing: float = 0.0
     settle: bool = False
 
 
@@ -92,8 +98,9 @@ def decide(state, multiplier, sizes, plan, check):
     At the end of an epoch the budget settles (a cut down to the limits when over them) once the search is over,
     or once the model is within its budget and the schedule within 5 % of it (:func:`~.schedule.near_budget`).
     Otherwise the multiplier is steered toward the schedule's sizes (:func:`~.schedule.steer`), and with the
-    gradual pace the weakest groups are cut down to them when the model is over: after the warm-up, to goals that
-    also close the check's share of what is left of the way (:func:`~.schedule.closing`).
+    gradual pace the weakest groups are cut down to them when the model is over, and after the warm-up, a model
+    over its budget also loses the check's share of the groups still to go (:func:`~.schedule.closing_share`), so
+    that one the penalties took ahead of the schedule still meets its budget a little at each check.
 
     Args:
         state: the :class:`~keras_group_lasso.budget.state.BudgetState` (its start, the sizes at the last check,
@@ -113,23 +120,22 @@ def decide(state, multiplier, sizes, plan, check):
         >>> plan = Plan(dense={"units": 100}, limits={"units": 25}, gradual=False)
         >>> state = BudgetState().started_from([1.0, 1.0])
         >>> decide(state, [1.0, 1.0], {"units": 100}, plan, Check(progress=0.5))  # nothing gone yet: stronger
-        Decision(multiplier=(1.0, 1.6), goals=None, settle=False)
+        Decision(multiplier=(1.0, 1.6), goals=None, closing=0.0, settle=False)
         >>> gradual = dataclasses.replace(plan, gradual=True)  # and behind the schedule: cut on the way
         >>> decide(state, [1.0, 2.0], {"units": 70}, gradual, Check(progress=0.5, step=0.25))
-        Decision(multiplier=(1.0, 2.2...), goals={'units': 47.5}, settle=False)
+        Decision(multiplier=(1.0, 2.2...), goals={'units': 62.5}, closing=0.5, settle=False)
         >>> decide(state, [1.0, 2.0], {"units": 30}, gradual, Check(progress=1.0, search_over=True))
-        Decision(multiplier=(1.0, 2.0), goals={'units': 25}, settle=True)
+        Decision(multiplier=(1.0, 2.0), goals={'units': 25}, closing=0.0, settle=True)
     """
     limits = plan.limits
     over = schedule.over(sizes, limits)
     if check.epoch_end and (state.settling or check.search_over or (
-            over <= 1.0 and schedule.near_budget(plan.dense, limits, check.progress, plan.power))):
+            over <= 1.0 and schedule.near_budget(plan.dense, limits, check.progress, plan.power, plan.curves))):
         return Decision(tuple(multiplier), dict(limits) if over > 1.0 else None, settle=True)
-    goals = schedule.targets(plan.dense, limits, check.progress, plan.power)
+    goals = schedule.targets(plan.dense, limits, check.progress, plan.power, plan.curves)
     steered = schedule.steer(multiplier, state.initial, sizes, state.last_sizes or plan.dense, plan.dense, limits,
                              goals, plan.max_strength, check.fraction)
     if not plan.gradual:
         return Decision(tuple(steered))
-    if check.progress > 0.0:
-        goals = schedule.closing(goals, sizes, limits, check.progress, check.step)
-    return Decision(tuple(steered), goals if schedule.over(sizes, goals) > 1.0 else None)
+    closing = schedule.closing_share(check.progress, check.step) if check.progress > 0.0 and over > 1.0 else 0.0
+    return Decision(tuple(steered), goals if schedule.over(sizes, goals) > 1.0 else None, closing)

@@ -340,7 +340,7 @@ def fewest(ranked, sizes_at, within):
     return high, True
 
 
-def cut_weakest(model, threshold, roles, loads, floors, measure, within, floors_yield=True):
+def cut_weakest(model, threshold, roles, loads, floors, measure, within, floors_yield=True, closing=None):
     """Set to zero the fewest of the weakest groups of ``roles`` (:func:`ranked_groups`) that make the model's sizes
     ``within`` (a predicate on sizes); returns how many of them were above ``threshold`` (the ones that went now).
 
@@ -348,6 +348,9 @@ def cut_weakest(model, threshold, roles, loads, floors, measure, within, floors_
     kernels held ``values`` (``{kernel path: array}``), the model unchanged; the chosen cut is written once. No
     group under a layer's ``floors`` goes while the goal can be met without; with ``floors_yield`` it goes when
     it cannot (a budget comes before the floors; a step along the schedule leaves them).
+
+    ``closing``: ``(share, within the budget)``: at least ``share`` of the groups (rounded up) that the fewest cut
+    meeting that predicate would set to zero go too.
     """
     dead, below = dead_groups(model, threshold, exact=True), dead_groups(model, threshold)
     groups, variables = ranked_groups(model, roles, dead, loads, floors)
@@ -362,6 +365,10 @@ def cut_weakest(model, threshold, roles, loads, floors, measure, within, floors_
         groups, variables = ranked_groups(model, roles, dead, loads)
         values = [np.array(keras.ops.convert_to_numpy(v)) for v in variables]
         count, met = fewest(groups, sizes_at, within)
+    if closing is not None and closing[0] > 0.0:
+        zero = next((index for index, entry in enumerate(groups) if not entry[2]), len(groups))
+        needed, _ = fewest(groups, sizes_at, closing[1])
+        count = max(count, zero + math.ceil(closing[0] * (needed - zero)))
     for variable, value in zip(variables, zeroed(values, groups[:count], variables)):
         variable.assign(value)
     # Groups at or below the threshold count as gone already (the sizes do not count them).

@@ -77,18 +77,13 @@ class Meter:
                                  values=cut.narrowed(self.model, share))
         return self.of(found.report, found)
 
-    def floor_share(self, min_width, dense, limits, least):
-        """The share of its units below which a budget of ``limits`` takes no layer.
-
-        ``min_width``, or with ``"auto"`` ``least`` times the share at which all prunable layers, equally narrowed,
-        meet the budget (:func:`.schedule.even_share`; 0 for feature budgets alone).
-        """
-        if min_width != "auto":
-            return min_width
+    def width_curves(self, dense, limits):
+        """Each budgeted size as a curve of the share of its width every prunable layer keeps
+        (:func:`.schedule.width_curves`), from the model narrowed alike to one group and to half; ``{}`` for feature
+        budgets alone."""
         if not set(limits) - {"features"}:
-            return 0.0
-        narrowest, half = self.narrowed(0.0), self.narrowed(0.5)
-        return least * schedule.even_share(dense, narrowest, half, limits)
+            return {}
+        return schedule.width_curves(dense, self.narrowed(0.0), self.narrowed(0.5))
 
     def group_loads(self, sizes, goals):
         """``{kernel path: per-group share of the budgets}`` (:func:`.cut.group_loads`).
@@ -106,7 +101,7 @@ class Meter:
         return cut.group_loads(found.graph, self.model, costs, cut.fixed_units(found.graph))
 
 
-def cut_to(meter, sizes, goals, floors, final=True):
+def cut_to(meter, sizes, goals, floors, final=True, limits=None, closing=0.0):
     """Zero the fewest weakest groups that bring the model within ``goals``; returns ``(newly zeroed, sizes after)``.
 
     ``sizes``: the model's sizes now. Only input groups when only feature goals are exceeded, only hidden groups
@@ -115,13 +110,20 @@ def cut_to(meter, sizes, goals, floors, final=True):
     parameters, measured time, ...; :meth:`Meter.group_loads`); the strongest group of every kernel is never cut,
     nor the strongest groups a layer keeps under ``floors`` (``{kernel path: groups}``) while the goals can be met
     without (a step along the schedule, not ``final``, leaves them in any case: :func:`.cut.cut_weakest`).
+    ``closing`` > 0 with ``limits``: at least that share of the groups the fewest cut within ``limits`` would take
+    go too (ranked by the ``limits``).
     """
-    input_over, hidden_over = schedule.entry_overs(sizes, goals)
+    within = goals if not closing or limits is None else limits
+    input_over, hidden_over = schedule.entry_overs(sizes, within)
     roles = {"input"} if (input_over or 0.0) > 1.0 else set()
     if (hidden_over or 0.0) > 1.0:
         roles.add("hidden")
-    newly = cut.cut_weakest(meter.model, meter.threshold, roles, meter.group_loads(sizes, goals), floors, meter.now,
-                            lambda measured: schedule.over(measured, goals) <= 1.0, floors_yield=final)
+    also = None
+    if closing and limits is not None:
+        also = (closing, lambda measured: schedule.over(measured, limits) <= 1.0)
+    newly = cut.cut_weakest(meter.model, meter.threshold, roles, meter.group_loads(sizes, within), floors, meter.now,
+                            lambda measured: schedule.over(measured, goals or {}) <= 1.0, floors_yield=final,
+                            closing=also)
     return newly, meter.now()
 
 

@@ -13,7 +13,7 @@ import numbers
 from keras_group_lasso._validation import fail
 
 __all__ = ["KINDS", "check_limit", "check_latency", "limits_of", "targets", "over", "entry_overs", "steer",
-           "near_budget", "last_fraction", "progress", "checks_every", "even_share"]
+           "closing_share", "near_budget", "last_fraction", "progress", "checks_every", "width_curves", "even_share"]
 
 KINDS = ("features", "units", "params", "flops", "latency")
 NEAR = 0.05  # settling may begin early once the schedule is this close to the budget (a fraction of it)
@@ -90,33 +90,56 @@ def limits_of(budgets, dense):
     return limits, notes
 
 
-def targets(dense, limits, progress, power):
+def _width(curve, dense, size):
+    """The share of its width every prunable layer keeps where ``curve`` (``(c0, p)``, :func:`width_curves`) is at
+    ``size``: ``((size - c0) / (dense - c0)) ** (1 / p)``, within [0, 1]."""
+    least, exponent = curve
+    return min(1.0, max(0.0, (size - least) / (dense - least))) ** (1.0 / exponent)
+
+
+def _size(curve, dense, width):
+    least, exponent = curve
+    return least + (dense - least) * width ** exponent
+
+
+def targets(dense, limits, progress, power, curves=None):
     """Sizes on the way to the budget: ``limit + (dense - limit) * (1 - progress) ** power`` for each budgeted kind.
+
+    A kind with a curve in ``curves`` (:func:`width_curves`) goes down evenly in width rather than in size: its
+    target is its size with every prunable layer at the width ``w + (1 - w) * (1 - progress) ** power``, where
+    ``w`` is the width at which it meets its limit, so that each check cuts about as many groups as the one before
+    (a latency or FLOP budget would otherwise leave most of its groups to the last checks, where narrow layers
+    free little each).
 
     Example:
         >>> targets({"features": 50}, {"features": 10}, 0.5, 1.0)
         {'features': 30.0}
+        >>> targets({"flops": 100.0}, {"flops": 25.0}, 0.5, 1.0, {"flops": (0.0, 2.0)})  # width 0.75: 56.25
+        {'flops': 56.25}
     """
-    return {kind: limit + (dense[kind] - limit) * (1.0 - progress) ** power for kind, limit in limits.items()}
+    way = {}
+    for kind, limit in limits.items():
+        curve = (curves or {}).get(kind)
+        if curve is None:
+            way[kind] = limit + (dense[kind] - limit) * (1.0 - progress) ** power
+        else:
+            end = _width(curve, dense[kind], limit)
+            way[kind] = max(float(limit), _size(curve, dense[kind], end + (1.0 - end) * (1.0 - progress) ** power))
+    return way
 
 
-def closing(goals, sizes, limits, progress, step):
-    """Goals that also close what is left of the way to the budget evenly over the checks left.
+def closing_share(progress, step):
+    """The share of the groups still to go before the model is within its budget that a check cuts: its ``step``
+    of what is left of the schedule, ``step / (1 - progress)``; 1 for the last check before the schedule's end.
 
-    A check at ``progress`` with the next one ``step`` later takes ``step / (1 - progress)`` of each size's
-    distance to its limit: ``min(goal, limit + (size - limit) * (1 - step / (1 - progress)))``; the last check
-    before the schedule's end (``progress + step >= 1``) goes to the limit. A model the penalties took ahead of
-    the schedule still meets its budget a little at each check rather than all at once at the end.
+    Counted in groups, not in sizes: a latency or FLOP budget closed evenly in size would leave most of its groups
+    to the last checks, where narrow layers free little each.
 
     Example:
-        >>> closing({"flops": 300.0}, {"flops": 240.0}, {"flops": 200.0}, 0.75, 0.05)
-        {'flops': 232.0}
-        >>> closing({"flops": 300.0}, {"flops": 240.0}, {"flops": 200.0}, 0.95, 0.05)
-        {'flops': 200.0}
+        >>> closing_share(0.5, 0.1), closing_share(0.95, 0.05)
+        (0.2, 1.0)
     """
-    keep = max(0.0, 1.0 - step / (1.0 - progress)) if progress < 1.0 else 0.0
-    return {kind: min(goal, limits[kind] + max(0.0, sizes[kind] - limits[kind]) * keep)
-            for kind, goal in goals.items()}
+    return min(1.0, step / (1.0 - progress)) if progress < 1.0 else 1.0
 
 
 def _ratio(size, target):
@@ -177,7 +200,7 @@ def steer(multiplier, initial, sizes, before, dense, limits, goals, max_strength
     return multiplier
 
 
-def near_budget(dense, limits, progress, power):
+def near_budget(dense, limits, progress, power, curves=None):
     """Whether every scheduled size is within 5 % of its budget (a model within its budget then settles).
 
     Near the end of the schedule the penalties keep removing groups for a
@@ -189,7 +212,7 @@ def near_budget(dense, limits, progress, power):
         >>> near_budget(dense, limits, 0.99, 1.0), near_budget(dense, limits, 0.5, 1.0)
         (True, False)
     """
-    goals = targets(dense, limits, progress, power)
+    goals = targets(dense, limits, progress, power, curves)
     return all(goals[kind] - limit <= NEAR * limit for kind, limit in limits.items())
 
 
@@ -239,33 +262,48 @@ def checks_every(update_freq, steps, per_epoch):
     return update_freq
 
 
-def even_share(dense, narrowest, half, limits):
-    """The share of its units each prunable layer keeps when all of them, narrowed alike, meet the budget.
+def width_curves(dense, narrowest, half):
+    """``{kind: (c0, p)}``: each size as ``c(s) = c0 + (c1 - c0) * s ** p`` of the share ``s`` of its width that every
+    prunable layer keeps.
 
-    Each budgeted size is modelled as ``c(s) = c0 + (c1 - c0) * s ** p`` of the share ``s`` that every prunable
-    layer keeps, from three measurements: ``dense`` (``c1``), ``narrowest`` (``c0``, every prunable layer one
-    group wide: what cannot narrow, such as a normalized stream or the layers no penalty reaches) and ``half``
-    (every prunable layer at half its width), which gives ``p = log2((c1 - c0) / (c(1/2) - c0))``, held in
-    [1/2, 3]: about 2 where each weight joins two prunable layers, 1 where one side of it cannot narrow. The share
-    solves ``c(s) = limit``; the smallest over the budgeted units, parameters, FLOPs and latency (a kind that
-    narrowing does not change does not count); 0 with features only, or when narrowing alike cannot meet a
-    budget.
+    From three measurements: ``dense`` (``c1``), ``narrowest`` (``c0``, every prunable layer one group wide: what
+    cannot narrow, such as a normalized stream or the layers no penalty reaches) and ``half`` (every prunable layer
+    at half its width), which gives ``p = log2((c1 - c0) / (c(1/2) - c0))``, held in [1/2, 3]: about 2 where each
+    weight joins two prunable layers, 1 where one side of it cannot narrow. Only the units, parameters, FLOPs and
+    latency that narrowing changes have a curve.
 
     Example:
-        >>> dense, narrowest = {"flops": 100.0}, {"flops": 20.0}
-        >>> round(even_share(dense, narrowest, {"flops": 40.0}, {"flops": 60.0}), 3)  # p = 2: sqrt(40 / 80)
+        >>> width_curves({"flops": 100.0, "units": 10}, {"flops": 20.0, "units": 10}, {"flops": 40.0, "units": 10})
+        {'flops': (20.0, 2.0)}
+    """
+    curves = {}
+    for kind in ("units", "params", "flops", "latency"):
+        if kind not in dense or dense[kind] <= narrowest[kind]:
+            continue
+        span, drop = dense[kind] - narrowest[kind], half[kind] - narrowest[kind]
+        curves[kind] = (narrowest[kind], min(3.0, max(0.5, math.log2(span / drop))) if 0 < drop < span else 1.0)
+    return curves
+
+
+def even_share(dense, curves, limits):
+    """The share of its units each prunable layer keeps when all of them, narrowed alike, meet the budget.
+
+    The share solves ``c(s) = limit`` on each budgeted kind's curve (:func:`width_curves`); the smallest over the
+    budgeted units, parameters, FLOPs and latency (a kind that narrowing does not change does not count); 0 with
+    features only, or when narrowing alike cannot meet a budget.
+
+    Example:
+        >>> dense = {"flops": 100.0}
+        >>> round(even_share(dense, {"flops": (20.0, 2.0)}, {"flops": 60.0}), 3)  # sqrt(40 / 80)
         0.707
-        >>> round(even_share(dense, narrowest, {"flops": 60.0}, {"flops": 60.0}), 3)  # p = 1: 40 / 80
+        >>> round(even_share(dense, {"flops": (20.0, 1.0)}, {"flops": 60.0}), 3)  # 40 / 80
         0.5
     """
     shares = []
-    for kind in ("units", "params", "flops", "latency"):
-        if kind not in limits or dense[kind] <= narrowest[kind]:
+    for kind, (least, power) in curves.items():
+        if kind not in limits:
             continue
-        span = dense[kind] - narrowest[kind]
-        if limits[kind] <= narrowest[kind]:
+        if limits[kind] <= least:
             return 0.0
-        drop = half[kind] - narrowest[kind]
-        power = min(3.0, max(0.5, math.log2(span / drop))) if 0 < drop < span else 1.0
-        shares.append(min(1.0, (limits[kind] - narrowest[kind]) / span) ** (1.0 / power))
+        shares.append(min(1.0, (limits[kind] - least) / (dense[kind] - least)) ** (1.0 / power))
     return min(shares, default=0.0)
