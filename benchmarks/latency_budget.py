@@ -67,7 +67,12 @@ def run_budget(label, data, args, seed, group_weight=None, weight_table=None, **
     """
     from keras_group_lasso import SparsityBudget, add_group_sparsity
 
-    optimizer = cnn_fashion.optimizer_for("proximal", args.epochs, len(data["x_train"]))
+    from keras_group_lasso import Proximal
+
+    if args.optimizer == "adam":  # the dense row's Adam and learning-rate schedule, with the proximal step
+        optimizer = Proximal(cnn_fashion.optimizer_for("adam", args.epochs, len(data["x_train"])))
+    else:
+        optimizer = cnn_fashion.optimizer_for("proximal", args.epochs, len(data["x_train"]))
     if args.defaults:  # nothing chosen but the budget: add_group_sparsity's and SparsityBudget's defaults
         network = add_group_sparsity(cnn_fashion.build_cnn(seed))
         budget = SparsityBudget(threshold=cnn_fashion.THRESHOLD, **budget_args)
@@ -166,6 +171,9 @@ def main(argv=None):
     parser.add_argument("--defaults", action="store_true",
                         help="budget rows with the defaults: add_group_sparsity(model), SparsityBudget(max_...) only "
                              "(--factor, --group-weight, --settle, --power and --update-freq unused)")
+    parser.add_argument("--optimizer", choices=("sgd", "adam"), default="sgd",
+                        help="the budget rows' optimizer: Proximal(SGD with momentum) (default) or Proximal(Adam) "
+                             "with the dense row's learning rate and cosine decay")
     parser.add_argument("--latency-only", action="store_true",
                         help="no FLOP-budget rows: the dense and latency rows (and --scratch's), a full-data run in "
                              "half the time")
@@ -279,6 +287,8 @@ def main(argv=None):
                                       if not r.get("scratch")}, data["x_test"][:1], args.batch1_rounds)
 
     elapsed = time.perf_counter() - clock
+    optimizer_text = (f"Proximal(Adam {cnn_fashion.ADAM_LR:g})" if args.optimizer == "adam" else
+                      f"Proximal(SGD {cnn_fashion.SGD_LR}, momentum {cnn_fashion.MOMENTUM})")
     lines = [
         "# Latency budget vs FLOP budget, 32-64-128 VGG on Fashion-MNIST",
         "",
@@ -287,11 +297,11 @@ def main(argv=None):
             f"Network: {cnn_fashion.network_text()}",
             f"{len(data['x_train'])} training images, {len(data['x_test'])} test images, {args.epochs} epochs; "
             + (f"penalties and budgets with their defaults (`add_group_sparsity(model)`, `SparsityBudget(max_...)` "
-               f"only); Proximal(SGD {cnn_fashion.SGD_LR}, momentum {cnn_fashion.MOMENTUM}), cosine decay"
+               f"only); {optimizer_text}, cosine decay"
                if args.defaults else
                f"penalties: group Lasso, factor {args.factor:g}, group weight {args.group_weight}"
                f"{' (the latency row: latency, from the table)' if weighted else ''}; "
-               f"Proximal(SGD {cnn_fashion.SGD_LR}, momentum {cnn_fashion.MOMENTUM}), cosine decay, settle {args.settle}, "
+               f"{optimizer_text}, cosine decay, settle {args.settle}, "
                f"schedule power {args.power:g}, update_freq {args.update_freq}"),
             f"Budgets: (b) max_latency={args.latency} of the dense time at batch {BATCH_TIMED}"
             + ("" if args.latency_only else "; (c), (d) max_flops = the multiply-adds (b) reached"),

@@ -267,3 +267,28 @@ def test_groups_cut_inside_an_epoch_stay_at_zero_and_trace_nothing_again(rng, op
         assert 2 < forced <= EPOCHS + 2, traces
     assert held and not lost
     assert sparsity_report(model).live_neurons <= 0.25 * 32
+
+
+def test_a_flop_budget_cuts_about_as_many_groups_at_each_check():
+    # FLOPs go as the square of the widths: a schedule even in FLOPs would cut twice as many groups per check at
+    # its end as at its start, where each frees twice as much. The schedule is even in width instead, and each
+    # check after the warm-up closes its share of the groups still to go. The strength is too weak to remove
+    # anything by itself: the cuts do all of it.
+    from sklearn.datasets import load_digits
+
+    x, y = load_digits(return_X_y=True)
+    x = (x / 16.0).reshape(-1, 8, 8, 1).astype("float32")[:512]
+    keras.utils.set_random_seed(0)
+    layers = [keras.Input((8, 8, 1)), keras.layers.Conv2D(32, 3, padding="same", activation="relu"),
+              keras.layers.Conv2D(32, 3, padding="same", activation="relu"), keras.layers.GlobalAveragePooling2D(),
+              keras.layers.Dense(10, activation="softmax")]
+    model = add_group_sparsity(keras.Sequential(layers), 1e-6)
+    model.compile(Proximal(keras.optimizers.Adam(1e-2)), "sparse_categorical_crossentropy")
+    budget = SparsityBudget(max_flops=0.1, min_width=0)
+    model.fit(x, y[:512], epochs=EPOCHS, batch_size=32, verbose=0, callbacks=[budget])
+    report = sparsity_report(model)
+    assert 0.8 * 0.1 <= report.flops_after / report.flops_before <= 0.1
+    counts = [groups for _, groups in budget.cuts]
+    half = len(counts) // 2
+    assert len(counts) >= 8 and sum(counts[half:]) <= 1.5 * sum(counts[:half]), budget.cuts
+    assert max(counts) <= SMALL_CUT * groups_of(model), budget.cuts

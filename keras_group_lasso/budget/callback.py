@@ -64,12 +64,16 @@ class SparsityBudget(keras.callbacks.Callback):
 
         target(progress) = budget + (dense - budget) * (1 - progress) ** schedule_power
 
+    (for units, parameters, FLOPs and latency, in the width of every prunable layer narrowed alike rather than in
+    size: :func:`.schedule.targets`).
+
     At every check (``update_freq``: by default eight per epoch) :func:`.controller.decide` says what to do: the
     penalties' strength multipliers (:func:`keras_group_lasso.set_penalty_multiplier`; input groups for
     ``max_features``, the others for ``max_units``, both for the rest) grow behind the schedule and ease ahead of
     it, within ``max_strength`` times the starting strength; with ``pace="gradual"`` (default), after a warm-up of
     a third of the searching epochs, a model over its target has its weakest groups set to zero, the fewest that
-    meet it (``cuts`` lists ``(epochs elapsed, groups)``), and with ``pace="penalty"`` the penalties alone remove
+    meet it, and a model over its budget the check's share of the groups still to go (``cuts`` lists ``(epochs
+    elapsed, groups)``), and with ``pace="penalty"`` the penalties alone remove
     groups. When settling begins a model still over its budget is cut to it, every zero group is held at zero
     and the survivors train without the penalties, so ``fit`` ends within the budget. A group's weakness is
     counted per share of the budget its unit frees, no layer goes below its least width (``min_width``) while the
