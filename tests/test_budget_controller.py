@@ -71,7 +71,7 @@ def test_a_cut_on_the_way_goes_no_lower_than_the_budget_nor_higher_than_the_sche
     way = schedule.targets(plan.dense, plan.limits, check.progress, plan.power)
     # After the warm-up a model over its budget also loses the check's share of the groups still to go.
     closes = check.progress > 0 and _over(sizes, plan.limits)
-    assert decision.closing == (schedule.closing_share(check.progress, check.step) if closes else 0.0)
+    assert decision.closing == (schedule.closing_share(check.progress, check.step, plan.power) if closes else 0.0)
     assert 0.0 <= decision.closing <= 1.0
     if decision.goals is None:
         assert not _over(sizes, way)

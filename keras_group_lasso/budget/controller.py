@@ -137,5 +137,6 @@ def decide(state, multiplier, sizes, plan, check):
                              goals, plan.max_strength, check.fraction)
     if not plan.gradual:
         return Decision(tuple(steered))
-    closing = schedule.closing_share(check.progress, check.step) if check.progress > 0.0 and over > 1.0 else 0.0
+    closing = (schedule.closing_share(check.progress, check.step, plan.power) if check.progress > 0.0 and over > 1.0
+               else 0.0)
     return Decision(tuple(steered), goals if schedule.over(sizes, goals) > 1.0 else None, closing)

@@ -128,18 +128,21 @@ def targets(dense, limits, progress, power, curves=None):
     return way
 
 
-def closing_share(progress, step):
+def closing_share(progress, step, power=1.0):
     """The share of the groups still to go before the model is within its budget that a check cuts: its ``step``
-    of what is left of the schedule, ``step / (1 - progress)``; 1 for the last check before the schedule's end.
+    of what is left of the schedule, ``1 - (1 - step / (1 - progress)) ** power`` (``step / (1 - progress)`` for
+    a linear schedule); 1 for the last check before the schedule's end.
 
     Counted in groups, not in sizes: a latency or FLOP budget closed evenly in size would leave most of its groups
     to the last checks, where narrow layers free little each.
 
     Example:
-        >>> closing_share(0.5, 0.1), closing_share(0.95, 0.05)
-        (0.2, 1.0)
+        >>> closing_share(0.5, 0.1), closing_share(0.95, 0.05), round(closing_share(0.5, 0.1, power=3.0), 3)
+        (0.2, 1.0, 0.488)
     """
-    return min(1.0, step / (1.0 - progress)) if progress < 1.0 else 1.0
+    if progress >= 1.0 or step >= 1.0 - progress:
+        return 1.0
+    return 1.0 - (1.0 - step / (1.0 - progress)) ** power
 
 
 def _ratio(size, target):
