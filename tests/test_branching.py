@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 from keras_group_lasso import prune_model, sparsity_report
 from keras_group_lasso.analysis import unit_masks
 from keras_group_lasso.graph import model_graph, registry
-from test_cnn import assert_rounded, assert_same_outputs, outputs, randomize_batchnorm, thresholded_copy
+from test_cnn import assert_rounded, assert_same_outputs, outputs, randomize_batchnorm, thresholded_outputs
 from _examples import examples
 
 L = keras.layers
@@ -150,7 +150,7 @@ def test_pruned_branching_model_equals_thresholded_original(case):
     else:  # with the input reduced to the selected features, too
         selected = prune_model(model, T, inputs="selected")
         xs = x[:, list(selected.kept_features)]
-        for a, b in zip(outputs(selected, xs), outputs(thresholded_copy(model), x)):
+        for a, b in zip(outputs(selected, xs), thresholded_outputs(model, x)):
             np.testing.assert_allclose(a, b, rtol=0, atol=1e-5 * max(1.0, float(np.max(np.abs(b)))))
         assert sparsity_report(selected, 0.0).flops_before == report.flops_after
         assert selected.count_params() <= model.count_params()

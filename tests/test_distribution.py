@@ -23,7 +23,9 @@ pytestmark = pytest.mark.skipif(
 SCRIPT = textwrap.dedent(
     """
     import os
-    os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=2"
+    # Two CPU devices; the compile flags the suite runs JAX with (scripts/test.sh), if any, are kept.
+    os.environ["XLA_FLAGS"] = " ".join(os.environ.get("XLA_FLAGS", "").split()
+                                       + ["--xla_force_host_platform_device_count=2"])
     os.environ["KERAS_BACKEND"] = "jax"
     import keras
     import numpy as np
@@ -146,7 +148,8 @@ def test_two_jax_processes_train_to_the_single_process_weights_and_only_the_chie
     script = tmp_path / "process.py"
     script.write_text(PROCESS)
     env = dict(os.environ, KERAS_BACKEND="jax", TF_CPP_MIN_LOG_LEVEL="3")
-    env.pop("XLA_FLAGS", None)
+    # One device per process, compiled with the flags the suite runs JAX with (scripts/test.sh).
+    env["XLA_FLAGS"] = " ".join(flag for flag in env.get("XLA_FLAGS", "").split() if "device_count" not in flag)
     single, cluster = _cluster.run_single_and_cluster(script, tmp_path, env)
     _cluster.assert_cluster_matches_single(single, cluster)
 

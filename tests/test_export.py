@@ -3,6 +3,7 @@
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -320,7 +321,7 @@ def _residual_model(seed=6):
     return model
 
 
-def test_every_artifact_loads_and_runs_with_plain_keras(tmp_path):
+def test_every_artifact_loads_and_runs_with_plain_keras(tmp_path, full_export):
     # A serving environment with Keras and TensorFlow but without this package.
     pytest.importorskip("tensorflow", reason="SavedModel and TFLite need TensorFlow")
     cases = {  # name: (model, x, inputs, with this package's penalties on every Dense layer)
@@ -344,7 +345,10 @@ def test_every_artifact_loads_and_runs_with_plain_keras(tmp_path):
         np.save(case / "x.npy", x)
         np.save(case / "expected.npy", expected)
         small.save(str(case / "pruned.keras"))
-        export_pruned(model, case / "export", inputs=inputs, formats=("saved_model", "keras", "tflite"))
+        if name == "mlp":  # the module's export (full_export) is of this model, to these formats: not made twice
+            shutil.copytree(full_export[2], case / "export")
+        else:
+            export_pruned(model, case / "export", inputs=inputs, formats=("saved_model", "keras", "tflite"))
         directories.append(str(case))
     script = tmp_path / "plain.py"
     script.write_text(PLAIN)

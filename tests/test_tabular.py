@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from keras_group_lasso import Proximal, add_group_sparsity, prune_model, sparsity_report
-from test_model_families import assert_untouched, outputs, thresholded_copy, weights_of
+from test_model_families import assert_untouched, outputs, thresholded_outputs, weights_of
 
 T = 1e-3
 L = keras.layers
@@ -58,7 +58,7 @@ def kill(model, rng, dead_columns):
 
 
 def assert_exact(small, model, xs, keep=None):
-    want = outputs(thresholded_copy(model), xs)
+    want = thresholded_outputs(model, xs, outputs)
     got = outputs(small, xs if keep is None else keep(xs))
     for a, b in zip(got, want):
         np.testing.assert_allclose(a, b, rtol=0, atol=1e-5 * max(1.0, float(np.max(np.abs(b)))))
