@@ -360,20 +360,32 @@ def cut_weakest(model, threshold, roles, loads, floors, measure, within, floors_
         zeroed_values = zeroed(values, groups[:count], variables)
         return measure({variable.path: value for variable, value in zip(variables, zeroed_values)})
 
-    count, met = fewest(groups, sizes_at, within)
-    if not met and floors and floors_yield:
-        groups, variables = ranked_groups(model, roles, dead, loads)
-        values = [np.array(keras.ops.convert_to_numpy(v)) for v in variables]
+    least = _closing_count(groups, sizes_at, closing)
+    if least is not None and within(sizes_at(least)):
+        count = least  # the fewest meeting ``within`` are no more: one probe instead of a search
+    else:
         count, met = fewest(groups, sizes_at, within)
-    if closing is not None and closing[0] > 0.0:
-        zero = next((index for index, entry in enumerate(groups) if not entry[2]), len(groups))
-        needed, _ = fewest(groups, sizes_at, closing[1])
-        count = max(count, zero + math.ceil(closing[0] * (needed - zero)))
+        if not met and floors and floors_yield:
+            groups, variables = ranked_groups(model, roles, dead, loads)
+            values = [np.array(keras.ops.convert_to_numpy(v)) for v in variables]
+            count, met = fewest(groups, sizes_at, within)
+        count = max(count, least or 0)
     for variable, value in zip(variables, zeroed(values, groups[:count], variables)):
         variable.assign(value)
     # Groups at or below the threshold count as gone already (the sizes do not count them).
     return sum(1 for _, rows, _ in groups[:count] if any((variables[index].path, row) not in below
                                                            for index, row in rows))
+
+
+def _closing_count(groups, sizes_at, closing):
+    """The groups (ranked, the ones at zero first) at zero after a check closes ``closing[0]`` of those still to go
+    before ``closing[1]`` holds (the fewest that meet it, rounded up); ``None`` without closing or when not even all
+    of them meet it (a least width in the way: the schedule's goals alone then)."""
+    if closing is None or closing[0] <= 0.0:
+        return None
+    zero = next((index for index, entry in enumerate(groups) if not entry[2]), len(groups))
+    needed, met = fewest(groups, sizes_at, closing[1])
+    return zero + math.ceil(closing[0] * (needed - zero)) if met else None
 
 
 def _depletion(scores):
