@@ -379,13 +379,13 @@ def cut_weakest(model, threshold, roles, loads, floors, measure, within, floors_
 
 def _closing_count(groups, sizes_at, closing):
     """The groups (ranked, the ones at zero first) at zero after a check closes ``closing[0]`` of those still to go
-    before ``closing[1]`` holds (the fewest that meet it, rounded up); ``None`` without closing or when not even all
-    of them meet it (a least width in the way: the schedule's goals alone then)."""
+    before ``closing[1]`` holds (the fewest that meet it, or all of them when the least widths keep it from holding:
+    the check then closes its share of the way to the least widths), rounded up; ``None`` without closing."""
     if closing is None or closing[0] <= 0.0:
         return None
     zero = next((index for index, entry in enumerate(groups) if not entry[2]), len(groups))
-    needed, met = fewest(groups, sizes_at, closing[1])
-    return zero + math.ceil(closing[0] * (needed - zero)) if met else None
+    needed, _ = fewest(groups, sizes_at, closing[1])
+    return zero + math.ceil(closing[0] * (needed - zero))
 
 
 def _depletion(scores):
