@@ -83,7 +83,8 @@ class Meter:
         budgets alone."""
         if not set(limits) - {"features"}:
             return {}
-        return schedule.width_curves(dense, self.narrowed(0.0), self.narrowed(0.5))
+        budgeted = {kind: size for kind, size in dense.items() if kind in limits}  # a size the model lacks: None
+        return schedule.width_curves(budgeted, self.narrowed(0.0), self.narrowed(0.5))
 
     def group_loads(self, sizes, goals):
         """``{kernel path: per-group share of the budgets}`` (:func:`.cut.group_loads`).
