@@ -610,6 +610,33 @@ def test_the_last_groups_of_a_layer_are_the_dearest_so_a_cut_does_not_leave_it_o
     assert cut._depletion(np.array([0.3, 0.1, 0.2, -1.0])) == pytest.approx([4 / 1, 4 / 3, 4 / 2, 4 / 4])
 
 
+def test_a_layer_above_its_ceiling_loses_its_weakest_groups_first():
+    from keras_group_lasso.budget import cut
+
+    # The same two layers: per share of the budget b's groups go first; with a ceiling of 5 live groups on the
+    # head, its 3 weakest are ranked right after the groups at zero (FORCED), and a cut takes them whatever it needs.
+    model = add_group_sparsity(keras.Sequential([
+        keras.Input((4,)), keras.layers.Dense(8, name="a"), keras.layers.Dense(8, name="b"),
+        keras.layers.Dense(1, name="head")]), 1e-3)
+    strengths = np.array([3, 1, 8, 5, 2, 7, 4, 6], dtype="float32")
+    model.get_layer("b").kernel.assign(np.ones((8, 8)) * strengths[:, None])
+    head = np.ones((8, 1)) * strengths[::-1, None]
+    head[0] = 0.0  # one group at zero already: it counts among the 8 - 5 to go
+    model.get_layer("head").kernel.assign(head)
+    paths = {name: model.get_layer(name).kernel.path for name in ("b", "head")}
+    loads = {paths["b"]: np.full(8, 10.0), paths["head"]: np.full(8, 1.0)}
+    dead = {(paths["head"], 0)}
+
+    ranked, variables = cut.ranked_groups(model, {"hidden"}, dead, loads, ceilings={paths["head"]: 5})
+    forced = [(variables[index].path, row) for score, ((index, row),), _ in ranked if score == cut.FORCED]
+    live_order = [int(r) for r in np.argsort(strengths[::-1]) if r != 0]
+    assert sorted(forced) == sorted((paths["head"], row) for row in live_order[:2])  # 7 live, 5 kept: 2 weakest
+    assert [score for score, _, _ in ranked[:3]] == [-1.0, cut.FORCED, cut.FORCED]  # after the one at zero
+    # A ceiling above the live groups forces nothing.
+    ranked, _ = cut.ranked_groups(model, {"hidden"}, dead, loads, ceilings={paths["head"]: 7})
+    assert all(score != cut.FORCED for score, _, _ in ranked)
+
+
 def test_input_features_keep_their_own_score_and_hidden_units_pay_for_what_is_left():
     from keras_group_lasso.budget import cut
 

@@ -127,6 +127,32 @@ def test_the_schedule_of_a_kind_with_a_width_curve_narrows_evenly_in_width():
     assert decide(state, [1.0, 1.0], {"flops": 900.0}, plan, Check(progress=0.5, step=0.1)).goals == {
         "flops": pytest.approx(562.5)}
 
+def test_the_least_and_most_widths_follow_the_schedule_around_its_width_and_end_at_the_plans():
+    """No layer runs ahead of the schedule nor lags behind it: along the way a cut takes no layer below the plan's
+    least width scaled by the schedule's width over the width that meets the budget (always below the schedule's
+    width, so its goals can be met), and a layer above as much over it loses its weakest groups first; settling
+    keeps the plan's own least width."""
+    dense, limits, curves = {"flops": 1000.0}, {"flops": 250.0}, {"flops": (0.0, 2.0)}  # the budget at width 0.5
+    plan = Plan(dense, limits, power=2.0, curves=curves, least_width=0.45)
+    state = BudgetState().started_from([1.0, 1.0])
+    least = []
+    for progress in (0.0, 0.25, 0.5, 0.75, 1.0 - 1e-9):
+        decision = decide(state, [1.0, 1.0], {"flops": 1000.0}, plan, Check(progress=progress, step=0.0,
+                                                                             epoch_end=False))
+        width = schedule.width_at(0.5, progress, 2.0)
+        assert decision.least_width == pytest.approx(0.9 * width)
+        assert decision.most_width == pytest.approx(min(1.0, width / 0.9))  # as far above: no layer lags behind
+        least.append(decision.least_width)
+    assert least == sorted(least, reverse=True) and least[-1] == pytest.approx(0.45)
+    # Within the budget no layer must lose more.
+    assert decide(state, [1.0, 1.0], {"flops": 240.0}, plan, Check(progress=0.5, epoch_end=False)).most_width == 1.0
+    settled = decide(state, [1.0, 1.0], {"flops": 240.0}, plan, Check(progress=1.0, search_over=True))
+    assert settled.settle and settled.least_width == 0.45
+    # Narrowing alike cannot meet the budget (nothing to scale by): the plan's least width all along.
+    flat = Plan(dense, {"flops": 10.0}, curves={"flops": (100.0, 2.0)}, least_width=0.2)
+    assert decide(state, [1.0, 1.0], {"flops": 1000.0}, flat, Check(progress=0.1, step=0.1)).least_width == 0.2
+
+
 def test_a_decision_is_a_function_of_its_arguments_alone():
     plan = Plan({"units": 100}, {"units": 25})
     state = BudgetState().started_from([1.0, 1.0])

@@ -6,6 +6,7 @@ begins, lands between 0.8 and 1.0 of it, cuts a small share of the groups at
 any one check and takes no layer below its least width.
 """
 
+import inspect
 import math
 import warnings
 
@@ -22,7 +23,8 @@ from keras_group_lasso.declared import group_sparse_penalties
 from keras_group_lasso.graph import model_graph
 
 EPOCHS = 6
-REACHED = math.ceil(2 / 3 * EPOCHS)  # epochs of search: the budget holds from the end of this one on
+# Epochs of search (the first half by default): the budget holds from the end of this one on.
+REACHED = math.ceil((1 - inspect.signature(SparsityBudget).parameters["settle"].default) * EPOCHS)
 
 
 def data(rng, n=320, features=16, informative=4):
@@ -64,13 +66,13 @@ def test_a_size_is_all_you_give(rng, kind, fraction, optimizer):
     history, _ = fit(model, x, y, budget, None if optimizer == "proximal" else keras.optimizers.Adam(1e-2))
     limit = math.floor(fraction * dense)
     sizes = history[f"budget_{kind}"]
-    # Within the budget from the end of the search on (two thirds of the epochs), and not far below it.
+    # Within the budget from the end of the search on, and not far below it.
     assert all(size <= limit for size in sizes[REACHED - 1:]), sizes
     assert 0.8 * limit <= getattr(sparsity_report(model), SIZE[kind]) <= limit
     # Steps along the way rather than one cut at the end: the sizes shrink over the searching epochs, no single
     # check cuts more than a tenth of the groups (one group is 2 % of this network's 48), and the cut when the
     # search ends (each check takes its share of what is left of the way) no more than SMALL_CUT of them.
-    assert sizes[0] > sizes[2] > sizes[REACHED - 1]
+    assert sizes[0] > sizes[REACHED - 2] > sizes[REACHED - 1]
     assert budget.cuts and max(groups for _, groups in budget.cuts) <= 0.1 * groups_of(model), budget.cuts
     assert sum(groups for when, groups in budget.cuts if when >= REACHED) <= SMALL_CUT * groups_of(model), budget.cuts
     assert history["budget_multiplier_hidden"][REACHED:] == [0.0] * (EPOCHS - REACHED)
@@ -290,4 +292,5 @@ def test_a_flop_budget_cuts_about_as_many_groups_at_each_check():
     counts = [groups for _, groups in budget.cuts]
     half = len(counts) // 2
     assert len(counts) >= 8 and sum(counts[half:]) <= 1.5 * sum(counts[:half]), budget.cuts
-    assert max(counts) <= SMALL_CUT * groups_of(model), budget.cuts
+    assert max(counts) <= 0.1 * groups_of(model), budget.cuts  # 16 checks share about two thirds of the 65
+    assert sum(groups for when, groups in budget.cuts if when >= REACHED) <= SMALL_CUT * groups_of(model)

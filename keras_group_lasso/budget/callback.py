@@ -77,7 +77,8 @@ class SparsityBudget(keras.callbacks.Callback):
     groups. When settling begins a model still over its budget is cut to it, every zero group is held at zero
     and the survivors train without the penalties, so ``fit`` ends within the budget. A group's weakness is
     counted per share of the budget its unit frees, no layer goes below its least width (``min_width``) while the
-    budget can be met without, and after a cut ``BatchNormalization`` statistics renew; with ``round_to`` > 1
+    budget can be met without (along the way, least and most widths follow the schedule:
+    :func:`.schedule.least_width_at`, :func:`.schedule.most_width_at`), and after a cut ``BatchNormalization`` statistics renew; with ``round_to`` > 1
     the settled widths are multiples of it (``rounded``, ``spared``). The guide says how each part works.
 
     The epoch's ``logs`` get ``budget_multiplier_input``, ``budget_multiplier_hidden``, ``budget_phase`` (0
@@ -108,7 +109,8 @@ class SparsityBudget(keras.callbacks.Callback):
             paper's 1e-3; ``Proximal`` training has exact zeros). Prune the
             trained model with the same threshold.
         settle: the fraction of the epochs, at the end, that trains within
-            the budget (in [0, 1)). Default 1/3.
+            the budget (in [0, 1)). Default 1/2: the second half recovers from the cuts while the learning
+            rate is still high enough to (a decaying one is low in the last third).
         max_strength: the multipliers stay within this factor (>= 1) of the
             strength the training started with.
         schedule_power: the exponent of the schedule (> 0).
@@ -154,7 +156,7 @@ class SparsityBudget(keras.callbacks.Callback):
     """
 
     def __init__(self, max_features=None, max_units=None, max_params=None, max_flops=None, *, max_latency=None,
-                 latency_table=None, latency_check=True, threshold=1e-3, settle=1 / 3, max_strength=20.0,
+                 latency_table=None, latency_check=True, threshold=1e-3, settle=1 / 2, max_strength=20.0,
                  schedule_power=1.0, round_to=1, update_freq="auto", spare_block=False, pace="gradual",
                  min_width="auto"):
         super().__init__()
@@ -286,7 +288,7 @@ class SparsityBudget(keras.callbacks.Callback):
         if self.limits is None:
             return None
         return controller.Plan(self.dense, self.limits, self.schedule_power, self.max_strength, self.pace == "gradual",
-                               self._curves)
+                               self._curves, self._share)
 
     # ------------------------------------------------------------------ measuring, and where training is
 
@@ -445,7 +447,8 @@ class SparsityBudget(keras.callbacks.Callback):
         self._declared.set_multiplier(*decision.multiplier)
         if decision.goals is None and not decision.closing:
             return sizes
-        removed, sizes = self._cut_weakest_groups(epoch, sizes, decision.goals or {}, decision.closing)
+        removed, sizes = self._cut_weakest_groups(epoch, sizes, decision.goals or {}, decision.closing,
+                                                  (decision.least_width, decision.most_width))
         if removed:
             _LOG.info("%s: %d groups set to zero in epoch %d to follow the schedule.", _OWNER, removed, epoch + 1)
             self._update(cut=self.state.cut + removed)
@@ -627,16 +630,25 @@ class SparsityBudget(keras.callbacks.Callback):
 
     # ------------------------------------------------------------------ setting groups to zero
 
-    def _cut_weakest_groups(self, epoch, sizes, goals=None, closing=0.0):
+    def _cut_weakest_groups(self, epoch, sizes, goals=None, closing=0.0, widths=(0.0, 1.0)):
         """Zero the fewest weakest groups that meet the budget, or ``goals``, and record it; returns ``(newly, sizes)``.
 
-        ``goals``: sizes on the way to the budget, and ``closing`` the share of the groups still to go before the
-        budget that go as well (:func:`.measure.cut_to`). The cut to the budget says what it could not meet, or
-        that it cut more than a small last step.
+        ``goals``: sizes on the way to the budget, ``closing`` the share of the groups still to go before the
+        budget that go as well (:func:`.measure.cut_to`), and ``widths`` the shares of its width no layer goes
+        below on the way (besides the least widths, ``floors``) and above which its weakest groups go first. The
+        cut to the budget says what it could not meet, or that it cut more than a small last step.
         """
         final = goals is None
-        newly, best = measure.cut_to(self._meter(), sizes, self.limits if final else goals, self.floors, final,
-                                     self.limits, closing)
+        floors, ceilings = self.floors, None
+        if not final:
+            least, most = widths
+            if least > 0.0:
+                floors = {path: max(keep, self.floors.get(path, 0))
+                          for path, keep in cut.least_groups(self.model, least, least=1).items()}
+            if most < 1.0:
+                ceilings = cut.least_groups(self.model, most)
+        newly, best = measure.cut_to(self._meter(), sizes, self.limits if final else goals, floors, final,
+                                     self.limits, closing, ceilings)
         if newly:
             self.cuts.append((self._elapsed(epoch), newly))
         if not final:  # a step along the schedule: the final cut says what it could not meet

@@ -25,6 +25,8 @@ class Plan:
         gradual: the gradual pace (cut the weakest groups along the schedule), or the penalties alone.
         curves: ``{kind: (c0, p)}``, each size as a curve of the share of its width every prunable layer keeps
             (:func:`~.schedule.width_curves`): the schedule narrows those kinds evenly in width, not in size.
+        least_width: the share of its width below which no layer goes when the schedule ends (``min_width``);
+            along the way it follows the schedule (:func:`~.schedule.least_width_at`).
     """
 
     dense: dict
@@ -33,6 +35,7 @@ class Plan:
     max_strength: float = 20.0
     gradual: bool = True
     curves: dict = None
+    least_width: float = 0.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -84,12 +87,18 @@ class Decision:
             within its limits that go now as well (:func:`~.schedule.closing_share`); 0: none.
         settle: the structure is fixed from here (round the widths, cut down to the limits if over them, hold
             every group at zero, train the survivors without the penalties).
+        least_width: the share of its width below which a cut now takes no layer (the plan's ``least_width``
+            along the schedule, :func:`~.schedule.least_width_at`; the budget's own least widths when settling).
+        most_width: the share of its width above which a cut along the schedule takes a layer's weakest groups
+            first (:func:`~.schedule.most_width_at`); 1: none.
     """
 
     multiplier: tuple
     goals: dict = None
     closing: float = 0.0
     settle: bool = False
+    least_width: float = 0.0
+    most_width: float = 1.0
 
 
 def decide(state, multiplier, sizes, plan, check):
@@ -120,18 +129,19 @@ def decide(state, multiplier, sizes, plan, check):
         >>> plan = Plan(dense={"units": 100}, limits={"units": 25}, gradual=False)
         >>> state = BudgetState().started_from([1.0, 1.0])
         >>> decide(state, [1.0, 1.0], {"units": 100}, plan, Check(progress=0.5))  # nothing gone yet: stronger
-        Decision(multiplier=(1.0, 1.6), goals=None, closing=0.0, settle=False)
+        Decision(multiplier=(1.0, 1.6), goals=None, closing=0.0, settle=False, least_width=0.0, most_width=1.0)
         >>> gradual = dataclasses.replace(plan, gradual=True)  # and behind the schedule: cut on the way
         >>> decide(state, [1.0, 2.0], {"units": 70}, gradual, Check(progress=0.5, step=0.25))
-        Decision(multiplier=(1.0, 2.2...), goals={'units': 62.5}, closing=0.5, settle=False)
+        Decision(multiplier=(1.0, 2.2...), goals={'units': 62.5}, closing=0.5, settle=False, least_width=0.0, most_width=1.0)
         >>> decide(state, [1.0, 2.0], {"units": 30}, gradual, Check(progress=1.0, search_over=True))
-        Decision(multiplier=(1.0, 2.0), goals={'units': 25}, closing=0.0, settle=True)
+        Decision(multiplier=(1.0, 2.0), goals={'units': 25}, closing=0.0, settle=True, least_width=0.0, most_width=1.0)
     """
     limits = plan.limits
     over = schedule.over(sizes, limits)
     if check.epoch_end and (state.settling or check.search_over or (
             over <= 1.0 and schedule.near_budget(plan.dense, limits, check.progress, plan.power, plan.curves))):
-        return Decision(tuple(multiplier), dict(limits) if over > 1.0 else None, settle=True)
+        return Decision(tuple(multiplier), dict(limits) if over > 1.0 else None, settle=True,
+                        least_width=plan.least_width)
     goals = schedule.targets(plan.dense, limits, check.progress, plan.power, plan.curves)
     steered = schedule.steer(multiplier, state.initial, sizes, state.last_sizes or plan.dense, plan.dense, limits,
                              goals, plan.max_strength, check.fraction)
@@ -139,4 +149,8 @@ def decide(state, multiplier, sizes, plan, check):
         return Decision(tuple(steered))
     closing = (schedule.closing_share(check.progress, check.step, plan.power) if check.progress > 0.0 and over > 1.0
                else 0.0)
-    return Decision(tuple(steered), goals if schedule.over(sizes, goals) > 1.0 else None, closing)
+    even = schedule.even_share(plan.dense, plan.curves or {}, limits)
+    least = schedule.least_width_at(plan.least_width, even, check.progress, plan.power)
+    most = schedule.most_width_at(plan.least_width, even, check.progress, plan.power) if over > 1.0 else 1.0
+    return Decision(tuple(steered), goals if schedule.over(sizes, goals) > 1.0 else None, closing, least_width=least,
+                    most_width=most)

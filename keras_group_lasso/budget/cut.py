@@ -14,7 +14,7 @@ from keras_group_lasso.graph import registry
 from keras_group_lasso.regularizers import CoupledGroupLasso, GroupSparseRegularizer
 
 __all__ = ["FrozenGroups", "strength", "ranked_groups", "fewest", "fixed_units", "narrowed", "group_loads", "zeroed",
-           "zero_rows", "penalised_kernels", "dead_groups", "zero_dead_groups", "hold_groups", "freeze_groups",
+           "zero_rows", "penalised_kernels", "dead_groups", "zero_dead_groups", "least_groups", "FORCED", "hold_groups", "freeze_groups",
            "hold_live", "zero_groups", "release_frozen_groups", "spare_floors"]
 
 
@@ -173,7 +173,26 @@ def spare_floors(model, share, least=0):
     one are returned: no cut takes those groups while the budget can be met without (:func:`cut_weakest`'s
     ``floors``).
     """
-    floors = {}
+    keeps = least_groups(model, share, least)
+    for variable in penalised_kernels(model):
+        if variable.path in keeps:
+            variable.regularizer.spared = keeps[variable.path]
+    return {path: keep for path, keep in keeps.items() if keep > 1}
+
+
+def least_groups(model, share, least=0):
+    """``{kernel path: groups}``: the strongest groups each trainable penalised kernel keeps at a least width of
+    ``share`` of its hidden groups (``ceil(share * groups)``; input groups: none), at least ``least``; kernels that
+    keep none are left out.
+
+    Example:
+        >>> model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(10, name="hidden"),
+        ...                           keras.layers.Dense(2, name="out")])
+        >>> from keras_group_lasso import add_group_sparsity
+        >>> least_groups(add_group_sparsity(model), 0.25)
+        {'out/kernel': 3}
+    """
+    keeps = {}
     for variable in penalised_kernels(model):
         penalty = variable.regularizer
         if not variable.trainable:
@@ -182,10 +201,8 @@ def spare_floors(model, share, least=0):
         kept = 0.0 if penalty.group_role == "input" else share
         keep = max(least, min(groups, int(math.ceil(kept * groups))))
         if keep:
-            penalty.spared = keep
-        if keep > 1:
-            floors[variable.path] = keep
-    return floors
+            keeps[variable.path] = keep
+    return keeps
 
 
 class FrozenGroups(keras.constraints.Constraint):
@@ -226,7 +243,7 @@ def strength(penalty):
     return max([penalty.factor, penalty.l1, *scales])
 
 
-def ranked_groups(model, roles, cut_before=frozenset(), loads=None, floors=None):
+def ranked_groups(model, roles, cut_before=frozenset(), loads=None, floors=None, ceilings=None):
     """``([(score, ((variable index, row), ...), all zero), ...] weakest first, [variables])``.
 
     A group is a row along axis -2 of a penalty's group view (a unit that the
@@ -254,6 +271,9 @@ def ranked_groups(model, roles, cut_before=frozenset(), loads=None, floors=None)
     ``floors``: ``{kernel path: k}``: the ``k`` strongest groups of that kernel are left out too (a layer's
     least width; for a kernel that reads a residual stream, the coupled groups of its ``k`` strongest rows: the
     stream's least width).
+
+    ``ceilings``: ``{kernel path: k}``: a kernel with more than ``k`` groups above zero has its weakest ones beyond
+    ``k`` (of its own hidden groups, not coupled ones) ranked right after the groups at zero (score ``FORCED``).
     """
     variables, entries, coupled, kept_keys = [], [], {}, set()
     input_keys = {key for v in model.weights if isinstance(getattr(v, "regularizer", None), CoupledGroupLasso)
@@ -284,6 +304,11 @@ def ranked_groups(model, roles, cut_before=frozenset(), loads=None, floors=None)
         scores = np.array([-1.0 if (variable.path, row) in cut_before else rms[row] / scale / per_load[row]
                            for row in range(view[-2])])
         depleted = scores * _depletion(scores)
+        most = (ceilings or {}).get(variable.path)
+        if most is not None and penalty.group_role != "input":
+            live = [row for row in np.argsort(depleted, kind="stable") if scores[row] >= 0.0 and rms[row] > 0]
+            eligible = [row for row in live if keys[row] < 0 and row != strongest and row not in kept_rows]
+            depleted[eligible[:max(0, len(live) - most)]] = FORCED
         for row, key in enumerate(keys):
             is_input = penalty.group_role == "input" if key < 0 else key in input_keys
             if ("input" if is_input else "hidden") not in roles:
@@ -302,6 +327,10 @@ def ranked_groups(model, roles, cut_before=frozenset(), loads=None, floors=None)
             entries.append((score / parts, tuple(rows), zero))
     entries.sort(key=lambda entry: entry[0])
     return entries, variables
+
+
+#: The score of a group above its kernel's ceiling (:func:`ranked_groups`): after the groups at zero, before the rest.
+FORCED = -0.5
 
 
 def fewest(ranked, sizes_at, within):
@@ -340,7 +369,8 @@ def fewest(ranked, sizes_at, within):
     return high, True
 
 
-def cut_weakest(model, threshold, roles, loads, floors, measure, within, floors_yield=True, closing=None):
+def cut_weakest(model, threshold, roles, loads, floors, measure, within, floors_yield=True, closing=None,
+                ceilings=None):
     """Set to zero the fewest of the weakest groups of ``roles`` (:func:`ranked_groups`) that make the model's sizes
     ``within`` (a predicate on sizes); returns how many of them were above ``threshold`` (the ones that went now).
 
@@ -350,10 +380,12 @@ def cut_weakest(model, threshold, roles, loads, floors, measure, within, floors_
     it cannot (a budget comes before the floors; a step along the schedule leaves them).
 
     ``closing``: ``(share, within the budget)``: at least ``share`` of the groups (rounded up) that the fewest cut
-    meeting that predicate would set to zero go too.
+    meeting that predicate would set to zero go too. ``ceilings`` (:func:`ranked_groups`): the groups of each kernel
+    beyond its ceiling go in any case.
     """
     dead, below = dead_groups(model, threshold, exact=True), dead_groups(model, threshold)
-    groups, variables = ranked_groups(model, roles, dead, loads, floors)
+    groups, variables = ranked_groups(model, roles, dead, loads, floors, ceilings)
+    forced = sum(1 for score, _, _ in groups if score < 0.0)  # at zero already, or above a ceiling
     values = [np.array(keras.ops.convert_to_numpy(v)) for v in variables]
 
     def sizes_at(count):
@@ -370,6 +402,7 @@ def cut_weakest(model, threshold, roles, loads, floors, measure, within, floors_
             values = [np.array(keras.ops.convert_to_numpy(v)) for v in variables]
             count, met = fewest(groups, sizes_at, within)
         count = max(count, least or 0)
+    count = max(count, forced)
     for variable, value in zip(variables, zeroed(values, groups[:count], variables)):
         variable.assign(value)
     # Groups at or below the threshold count as gone already (the sizes do not count them).

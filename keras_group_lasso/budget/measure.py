@@ -102,7 +102,7 @@ class Meter:
         return cut.group_loads(found.graph, self.model, costs, cut.fixed_units(found.graph))
 
 
-def cut_to(meter, sizes, goals, floors, final=True, limits=None, closing=0.0):
+def cut_to(meter, sizes, goals, floors, final=True, limits=None, closing=0.0, ceilings=None):
     """Zero the fewest weakest groups that bring the model within ``goals``; returns ``(newly zeroed, sizes after)``.
 
     ``sizes``: the model's sizes now. Only input groups when only feature goals are exceeded, only hidden groups
@@ -112,7 +112,8 @@ def cut_to(meter, sizes, goals, floors, final=True, limits=None, closing=0.0):
     nor the strongest groups a layer keeps under ``floors`` (``{kernel path: groups}``) while the goals can be met
     without (a step along the schedule, not ``final``, leaves them in any case: :func:`.cut.cut_weakest`).
     ``closing`` > 0 with ``limits``: at least that share of the groups the fewest cut within ``limits`` would take
-    go too (ranked by the ``limits``).
+    go too (ranked by the ``limits``). ``ceilings`` (``{kernel path: groups}``): the weakest groups of a kernel
+    beyond its ceiling go in any case (:func:`.cut.ranked_groups`).
     """
     within = goals if not closing or limits is None else limits
     input_over, hidden_over = schedule.entry_overs(sizes, within)
@@ -124,7 +125,7 @@ def cut_to(meter, sizes, goals, floors, final=True, limits=None, closing=0.0):
         also = (closing, lambda measured: schedule.over(measured, limits) <= 1.0)
     newly = cut.cut_weakest(meter.model, meter.threshold, roles, meter.group_loads(sizes, within), floors, meter.now,
                             lambda measured: schedule.over(measured, goals or {}) <= 1.0, floors_yield=final,
-                            closing=also)
+                            closing=also, ceilings=ceilings)
     return newly, meter.now()
 
 

@@ -124,8 +124,54 @@ def targets(dense, limits, progress, power, curves=None):
             way[kind] = limit + (dense[kind] - limit) * (1.0 - progress) ** power
         else:
             end = _width(curve, dense[kind], limit)
-            way[kind] = max(float(limit), _size(curve, dense[kind], end + (1.0 - end) * (1.0 - progress) ** power))
+            way[kind] = max(float(limit), _size(curve, dense[kind], width_at(end, progress, power)))
     return way
+
+
+def width_at(end, progress, power):
+    """The share of its width every prunable layer keeps on the schedule at ``progress``:
+    ``end + (1 - end) * (1 - progress) ** power``, from all of it at the start to ``end`` (the share that meets the
+    budget, :func:`even_share`) when the schedule ends.
+
+    Example:
+        >>> width_at(0.25, 0.5, 1.0)
+        0.625
+    """
+    return end + (1.0 - end) * (1.0 - progress) ** power
+
+
+def least_width_at(least, end, progress, power):
+    """The least width of every layer at ``progress``: ``least`` (the share no layer goes below when the schedule
+    ends) times the schedule's width then over ``end`` (:func:`width_at`), so that along the way no layer runs far
+    ahead of the others (cutting one layer alone when the others have reached their least widths starves it in the
+    last checks); ``least`` itself when narrowing alike cannot meet the budget (``end`` 0).
+
+    Example:
+        >>> least_width_at(0.18, 0.2, 0.5, 1.0)  # 0.9 of the schedule's width 0.6
+        0.54
+        >>> least_width_at(0.18, 0.2, 1.0, 1.0)
+        0.18
+    """
+    if end <= 0.0:
+        return least
+    return min(1.0, least * width_at(end, progress, power) / end)
+
+
+def most_width_at(least, end, progress, power):
+    """The most width a layer keeps at ``progress``: the schedule's width (:func:`width_at`) times ``end / least``,
+    as far above it as :func:`least_width_at` is below, so that no layer lags far behind the others either (a layer
+    left whole while the others narrow is cut alone in the last checks, too fast to recover); 1 (none) without a
+    least width or when narrowing alike cannot meet the budget.
+
+    Example:
+        >>> round(most_width_at(0.18, 0.2, 0.5, 1.0), 4)  # the schedule's width 0.6 over 0.9
+        0.6667
+        >>> most_width_at(0.0, 0.2, 0.5, 1.0)
+        1.0
+    """
+    if least <= 0.0 or end <= 0.0:
+        return 1.0
+    return min(1.0, width_at(end, progress, power) * end / least)
 
 
 def closing_share(progress, step, power=1.0):
