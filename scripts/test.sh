@@ -23,6 +23,13 @@ export TF_CPP_MIN_LOG_LEVEL=2
 # XLA's CPU code built without LLVM's optimizations compiles in about two thirds of the time (the tests check
 # values, not speed; benchmarks/ do not use this). A value the caller set is kept.
 jax_flags="${XLA_FLAGS:---xla_backend_optimization_level=0}"
+# Side by side, three processes share the cores: each computes its ops on one thread (a thread pool per process
+# of as many threads as cores spins and switches more than it computes here; measured on 2 cores, three test files
+# per backend side by side: 245 s -> 229 s of wall time, every backend faster). Values the caller set are kept.
+if [[ "${TEST_SERIAL:-0}" != "1" ]]; then
+  export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}" TF_NUM_INTRAOP_THREADS="${TF_NUM_INTRAOP_THREADS:-1}"
+  [[ -n "${XLA_FLAGS:-}" ]] || jax_flags="$jax_flags --xla_cpu_multi_thread_eigen=false"
+fi
 xla_flags_for() { if [[ "$1" == "jax" ]]; then echo "$jax_flags"; else echo "${XLA_FLAGS:-}"; fi; }
 if [[ -n "${TEST_BACKENDS:-}" ]]; then
   read -r -a backends <<<"$TEST_BACKENDS"
