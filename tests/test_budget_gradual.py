@@ -56,6 +56,7 @@ SIZE = {"features": "n_selected_features", "units": "live_neurons", "params": "p
 DENSE = {"features": "n_features", "units": "neurons", "params": "params_before", "flops": "flops_before"}
 
 
+@pytest.mark.turns  # one size per backend (every other gradual-pace test runs on each)
 @pytest.mark.parametrize("kind, fraction, optimizer", [
     ("units", 0.5, "proximal"), ("params", 0.25, "adam"), ("flops", 0.25, "proximal")])
 def test_a_size_is_all_you_give(rng, kind, fraction, optimizer):

@@ -92,6 +92,7 @@ def latency_budget():
     return penalty_paced(max_latency=0.75, settle=0.3, latency_check=False)
 
 
+@pytest.mark.turns  # 4 cases over the backends (the resume of every budget is tested on each in test_nothing_lost)
 @pytest.mark.parametrize("interrupt", [3, 8], ids=["searching", "settling"])
 @pytest.mark.parametrize("budget_first", [True, False], ids=["budget first", "backup first"])
 def test_a_resumed_latency_budget_counts_with_the_table_it_measured_first(tmp_path, noisy_machine, interrupt,

@@ -136,6 +136,7 @@ def monitor_epoch(model, tmp):
     assert "sparsity" in logs
 
 
+@pytest.mark.turns  # 26 cases alike: each function and model on one backend (they copy and compare numpy values)
 @pytest.mark.parametrize("kind", ["mlp", "cnn"])
 @pytest.mark.parametrize("name", sorted(PUBLIC))
 def test_public_function_leaves_the_model_as_it_was(name, kind, tmp_path):

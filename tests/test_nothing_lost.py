@@ -99,6 +99,7 @@ def uninterrupted(kind="add_group_sparsity", variant="default"):
     return _UNINTERRUPTED[kind, variant]
 
 
+@pytest.mark.turns  # 12 cases: each backend resumes 4 of them (the other resume tests run on every backend)
 @pytest.mark.parametrize("interrupt", [3, 8], ids=["searching", "settling"])
 @pytest.mark.parametrize("budget_first", [True, False], ids=["budget first", "backup first"])
 @pytest.mark.parametrize("variant", sorted(VARIANTS))
