@@ -40,8 +40,11 @@ else
   backends=(tensorflow jax)
 fi
 # Tests marked `turns` (many cases alike: model families, documentation blocks) deal their cases out over these
-# backends, each case on one of them (tests/conftest.py); TEST_TURNS="" runs every case on every backend.
-export TEST_TURNS="${TEST_TURNS-${backends[*]}}"
+# backends, each case on one of them (tests/conftest.py); TEST_TURNS="" runs every case on every backend. PyTorch's
+# leg is the shortest (eager steps of small models are quick): it is named twice and takes two shares.
+turns=("${backends[@]}")
+if [[ " ${backends[*]} " == *" torch "* ]]; then turns+=(torch); fi
+export TEST_TURNS="${TEST_TURNS-${turns[*]}}"
 status=0
 if [[ "${TEST_SERIAL:-0}" == "1" ]]; then
   for backend in "${backends[@]}"; do

@@ -9,7 +9,8 @@ def deal(tests, backends):
 
     The cases of one test go round the ``backends`` in turn, from a backend that depends on the test's name (so
     that tests of one case each do not all land on the first backend): every case on exactly one backend, and each
-    backend gets a share of every test's cases that differs from another's by at most one.
+    backend gets a share of every test's cases that differs from another's by at most one. A backend named twice
+    takes two shares (a faster leg of the run).
     """
     dealt = collections.Counter()
     out = []

@@ -23,6 +23,12 @@ def test_every_case_goes_to_one_backend_and_each_gets_an_even_share_of_every_tes
         assert max(counts) - min(counts) <= 1
 
 
+def test_a_backend_named_twice_takes_two_shares():
+    tests = ["docs::block"] * 40
+    shares = collections.Counter(deal(tests, BACKENDS + ("torch",)))
+    assert shares == {"torch": 20, "tensorflow": 10, "jax": 10}
+
+
 def test_tests_of_one_case_each_spread_over_the_backends():
     dealt = deal([f"test_x.py::test_{i}" for i in range(30)], BACKENDS)
     assert set(dealt) == set(BACKENDS)
