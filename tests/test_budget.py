@@ -580,13 +580,9 @@ def test_the_cut_ranks_groups_by_weakness_per_share_of_the_budget():
     assert [round(score, 6) for score, _, _ in ranked] == sorted(round(score, 6) for score, _, _ in ranked)
 
 
-def test_the_last_groups_of_a_layer_are_the_dearest_so_a_cut_does_not_leave_it_one_unit_wide():
-    from keras_group_lasso.budget import cut
-
-    # b's groups (a's units) free ten times more of the budget than the head's (b's units), and within each layer
-    # the groups are as weak as 1, 2, ..., 8. Per share of the budget alone every group of b but its strongest
-    # would go before any of the head's; the j-th weakest of n groups scores n / (n - j) times, so the cut
-    # spreads over both layers, and within a layer it still takes the weakest first.
+def _two_layers_of_eight():
+    """``(model, strengths, kernel paths, loads)``: b's groups (a's units) as strong as ``strengths``, the head's (b's
+    units) in reverse, b's groups freeing ten times more of the budget."""
     model = add_group_sparsity(keras.Sequential([
         keras.Input((4,)), keras.layers.Dense(8, name="a"), keras.layers.Dense(8, name="b"),
         keras.layers.Dense(1, name="head")]), 1e-3)
@@ -594,8 +590,17 @@ def test_the_last_groups_of_a_layer_are_the_dearest_so_a_cut_does_not_leave_it_o
     model.get_layer("b").kernel.assign(np.ones((8, 8)) * strengths[:, None])
     model.get_layer("head").kernel.assign(np.ones((8, 1)) * strengths[::-1, None])
     paths = {name: model.get_layer(name).kernel.path for name in ("b", "head")}
-    loads = {paths["b"]: np.full(8, 10.0), paths["head"]: np.full(8, 1.0)}
+    return model, strengths, paths, {paths["b"]: np.full(8, 10.0), paths["head"]: np.full(8, 1.0)}
 
+
+def test_the_last_groups_of_a_layer_are_the_dearest_so_a_cut_does_not_leave_it_one_unit_wide():
+    from keras_group_lasso.budget import cut
+
+    # b's groups (a's units) free ten times more of the budget than the head's (b's units), and within each layer
+    # the groups are as weak as 1, 2, ..., 8. Per share of the budget alone every group of b but its strongest
+    # would go before any of the head's; the j-th weakest of n groups scores n / (n - j) times, so the cut
+    # spreads over both layers, and within a layer it still takes the weakest first.
+    model, strengths, paths, loads = _two_layers_of_eight()
     ranked, variables = cut.ranked_groups(model, {"hidden"}, loads=loads)
     first = [(variables[index].path, row) for _, ((index, row),), _ in ranked[:7]]
     from_b = [row for path, row in first if path == paths["b"]]
@@ -615,16 +620,10 @@ def test_a_layer_above_its_ceiling_loses_its_weakest_groups_first():
 
     # The same two layers: per share of the budget b's groups go first; with a ceiling of 5 live groups on the
     # head, its 3 weakest are ranked right after the groups at zero (FORCED), and a cut takes them whatever it needs.
-    model = add_group_sparsity(keras.Sequential([
-        keras.Input((4,)), keras.layers.Dense(8, name="a"), keras.layers.Dense(8, name="b"),
-        keras.layers.Dense(1, name="head")]), 1e-3)
-    strengths = np.array([3, 1, 8, 5, 2, 7, 4, 6], dtype="float32")
-    model.get_layer("b").kernel.assign(np.ones((8, 8)) * strengths[:, None])
+    model, strengths, paths, loads = _two_layers_of_eight()
     head = np.ones((8, 1)) * strengths[::-1, None]
     head[0] = 0.0  # one group at zero already: it counts among the 8 - 5 to go
     model.get_layer("head").kernel.assign(head)
-    paths = {name: model.get_layer(name).kernel.path for name in ("b", "head")}
-    loads = {paths["b"]: np.full(8, 10.0), paths["head"]: np.full(8, 1.0)}
     dead = {(paths["head"], 0)}
 
     ranked, variables = cut.ranked_groups(model, {"hidden"}, dead, loads, ceilings={paths["head"]: 5})
