@@ -78,8 +78,8 @@ class SparsityBudget(keras.callbacks.Callback):
     and the survivors train without the penalties, so ``fit`` ends within the budget. A group's weakness is
     counted per share of the budget its unit frees, no layer goes below its least width (``min_width``) while the
     budget can be met without (along the way, least and most widths follow the schedule:
-    :func:`.schedule.least_width_at`, :func:`.schedule.most_width_at`), and after a cut ``BatchNormalization`` statistics renew; with ``round_to`` > 1
-    the settled widths are multiples of it (``rounded``, ``spared``). The guide says how each part works.
+    :func:`.schedule.least_width_at`, :func:`.schedule.most_width_at`), and after a cut ``BatchNormalization``
+    statistics renew; with ``round_to`` > 1 the settled widths are multiples of it (``rounded``, ``spared``). The guide says how each part works.
 
     The epoch's ``logs`` get ``budget_multiplier_input``, ``budget_multiplier_hidden``, ``budget_phase`` (0
     searching, 1 within the budget, 2 groups were cut), ``budget_over`` (the largest size / budget),

@@ -14,8 +14,8 @@ from keras_group_lasso.graph import registry
 from keras_group_lasso.regularizers import CoupledGroupLasso, GroupSparseRegularizer
 
 __all__ = ["FrozenGroups", "strength", "ranked_groups", "fewest", "fixed_units", "narrowed", "group_loads", "zeroed",
-           "zero_rows", "penalised_kernels", "dead_groups", "zero_dead_groups", "least_groups", "FORCED", "hold_groups", "freeze_groups",
-           "hold_live", "zero_groups", "release_frozen_groups", "spare_floors"]
+           "zero_rows", "penalised_kernels", "dead_groups", "zero_dead_groups", "least_groups", "FORCED", "hold_groups",
+           "freeze_groups", "hold_live", "zero_groups", "release_frozen_groups", "spare_floors"]
 
 
 def penalised_kernels(model):
