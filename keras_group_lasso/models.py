@@ -1,7 +1,6 @@
 """Attach group-sparse penalties to an existing model."""
 
 import dataclasses
-import inspect
 import math
 import warnings
 
@@ -301,16 +300,8 @@ def _roles_by_layer(owner, model):
 
 
 def _from_config(layer):
-    """A new layer of ``layer``'s class from its config; a block whose constructor takes no ``**kwargs`` (keras.io's
-    ``super().__init__()``) gets the entries its constructor names."""
-    config = layer.get_config()
-    try:
-        return type(layer).from_config(config)
-    except TypeError:
-        parameters = inspect.signature(type(layer).__init__).parameters
-        if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values()):
-            raise
-        return type(layer).from_config({key: value for key, value in config.items() if key in parameters})
+    """A new layer of ``layer``'s class from its config (:func:`~keras_group_lasso.graph.registry.layer_from_config`)."""
+    return registry.layer_from_config(layer, layer.get_config())
 
 
 def _penalise_sublayers(block, new, penalised, found=None):
@@ -320,6 +311,8 @@ def _penalise_sublayers(block, new, penalised, found=None):
     block's config does not hold its sublayers' penalties)."""
     for original, made in _paired_sublayers(block, new):
         made.name = original.name
+        if registry.units_rule(original) is None:
+            continue  # no group penalty goes on it (a block's own MLP, which KerasHub made without a config)
         for key, value in penalised(original).items():
             if not key.endswith("_regularizer") or value is getattr(original, key, None):
                 continue
@@ -520,7 +513,7 @@ def add_group_sparsity(model, factor=1e-3, *, l1=None, input_factor=None, penalt
             new = _from_config(layer)  # a layer the graph cannot read, copied as it is (said below)
             new.name = layer.name
             return new
-        return type(layer).from_config(penalised(layer))
+        return registry.layer_from_config(layer, penalised(layer))
 
     def penalised(layer):
         """``layer``'s config with the group penalties of its role."""

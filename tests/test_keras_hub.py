@@ -416,3 +416,52 @@ def test_a_parameter_budget_trains_gpt2_to_its_size_and_the_decoders_lose_neuron
     want = keras.ops.convert_to_numpy(sparse(x))
     np.testing.assert_allclose(keras.ops.convert_to_numpy(small(x)), want, rtol=0,
                                atol=1e-5 * max(1.0, float(np.max(np.abs(want)))))
+
+
+# A ViT's patches and positions come from one layer with weights and math of its own (a patch convolution, the class
+# token, the position table): it is kept whole (its image channels and the stream it makes stay); the encoder blocks
+# (ViTEncoderBlock inside ViTEncoder) are traced into the graph, their heads and MLP neurons pruned. KerasHub 0.32's
+# ViTPatchingAndEmbedding writes a config it cannot load (`num_patches`); the package's copies write one that loads.
+def _vit():
+    return M.ViTBackbone(image_shape=(16, 16, 3), patch_size=4, num_layers=2, num_heads=2, hidden_dim=16, mlp_dim=32)
+
+
+VISION = {
+    "ViT": _vit,
+    "ViTImageClassifier": lambda: M.ViTImageClassifier(backbone=_vit(), num_classes=5, preprocessor=None),
+}
+
+
+@pytest.mark.parametrize("family", sorted(VISION))
+def test_a_keras_hub_vision_transformer_prunes_heads_and_neurons_exactly(family, rng, tmp_path):
+    from test_traced_blocks import sparsify as sparsify_blocks
+
+    model = VISION[family]()
+    sparse, said = _bare_kernel_warnings(model)
+    assert said == []
+    penalised = {v.path for v in sparse.trainable_weights if v.regularizer is not None}
+    for block in (1, 2):  # each block's heads (the output projection's rows) and MLP neurons
+        assert {f"vit_encoder/transformer_block_{block}/mha/attention_output/kernel",
+                f"vit_encoder/transformer_block_{block}/mlp/dense_1/kernel"} <= penalised
+    sparse.save(tmp_path / "sparse.keras")  # the penalised copy saves and loads, every penalty with it
+    again = keras.saving.load_model(tmp_path / "sparse.keras")
+    assert {v.path for v in again.trainable_weights if v.regularizer is not None} == penalised
+    sparsify_blocks(model, rng)
+    x = rng.normal(size=(3, 16, 16, 3)).astype("float32")
+    small = assert_prunes_exactly_and_reloads(model, x, tmp_path)
+    report = small.pruning_report
+    assert report.uninterpreted_layers == () and report.params_after < report.params_before
+
+
+def test_a_vit_whose_blocks_lose_as_many_neurons_is_a_vit_backbone_again(rng, tmp_path):
+    model = _vit()
+    dead = rng.permutation(32)[:9]
+    for variable in model.weights:  # each block loses 9 MLP neurons; the heads all stay
+        if variable.path.endswith("mlp/dense_1/kernel"):
+            kernel = keras.ops.convert_to_numpy(variable).copy()
+            kernel[:, dead] = 0.0
+            variable.assign(kernel)
+    x = rng.normal(size=(3, 16, 16, 3)).astype("float32")
+    small = assert_prunes_exactly_and_reloads(model, x, tmp_path)
+    assert type(small) is M.ViTBackbone and small.rebuilt_model and small.mlp_dim == 23
+    assert small.rebuilt_blocks["vit_encoder"].changed == {"mlp_dim": (32, 23)}

@@ -345,3 +345,56 @@ def test_a_normalization_of_ones_own_declared_as_tail_keeps_its_channels_and_the
         assert_same_outputs(small, model, x, rtol=1e-5)
     finally:
         unregister_layer(RMSNorm)
+
+
+@keras.saving.register_keras_serializable("test_own_units_layers")
+class TokenProjection(L.Layer):
+    """``x W + P``: a projection of each position with a table of position values, math and weights of its own (as a
+    ViT's patch embedding adds its position table)."""
+
+    def __init__(self, units, **kwargs):
+        super().__init__(**kwargs)
+        self.units = units
+
+    def build(self, input_shape):
+        self.w = self.add_weight(shape=(input_shape[-1], self.units), initializer="glorot_uniform")
+        self.table = self.add_weight(shape=(input_shape[-2], self.units), initializer="random_normal")
+
+    def call(self, x):
+        return ops.matmul(x, self.w) + self.table
+
+    def get_config(self):
+        return {**super().get_config(), "units": self.units}
+
+
+def test_a_layer_of_ones_own_declared_whole_is_copied_as_it_is_and_the_rest_prunes(tmp_path):
+    keras.utils.set_random_seed(0)
+    inputs = keras.Input((5, 3))
+    hidden = L.Dense(10, activation="relu", name="hidden")(TokenProjection(6, name="tokens")(inputs))
+    model = keras.Model(inputs, L.Dense(4, name="out")(hidden))
+    kernel, bias = model.get_layer("out").get_weights()
+    kernel[[2, 5, 7]] = 0.0  # hidden units 2, 5 and 7 feed nothing
+    model.get_layer("out").set_weights([kernel, bias])
+    with pytest.raises(UnsupportedModelError, match="'tokens' \\(TokenProjection\\)"):
+        prune_model(model, T)
+    rule = register_layer(TokenProjection, "whole")
+    try:
+        assert rule.kind == "whole"
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            sparse = add_group_sparsity(model, 1e-3)
+        assert [w for w in caught if issubclass(w.category, UserWarning)] == []  # no layer it cannot read
+        assert sparse.get_layer("tokens").w.regularizer is None  # kept whole: no group penalty
+        report = sparsity_report(model, T)
+        assert [layer.name for layer in report.layers] == ["hidden", "out"]
+        small = prune_model(model, T)
+        assert small.get_layer("hidden").units == 7 and small.get_layer("out").get_weights()[0].shape == (7, 4)
+        for got, want in zip(small.get_layer("tokens").get_weights(), model.get_layer("tokens").get_weights()):
+            np.testing.assert_array_equal(got, want)
+        x = np.random.default_rng(1).normal(size=(8, 5, 3)).astype("float32")
+        assert_same_outputs(small, model, x, rtol=1e-5)
+        small.save(tmp_path / "small.keras")
+        again = keras.saving.load_model(tmp_path / "small.keras")
+        np.testing.assert_allclose(outputs(again, x)[0], outputs(small, x)[0], rtol=0, atol=1e-6)
+    finally:
+        unregister_layer(TokenProjection)

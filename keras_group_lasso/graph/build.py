@@ -53,7 +53,7 @@ class Node:
         kind: ``"input"`` or the layer's registry kind (``"units"``,
             ``"per_unit"``, ``"per_element"``, ``"flatten"``, ``"global_pool"``,
             ``"merge"``, ``"concat"``, ``"tail"``, ``"slice"``: entries of its
-            input's last axis, ``"mix"``: reads every unit and makes new ones that
+            input's last axis, ``"whole"``: reads every unit and makes new ones that
             all stay), or ``"constant"``: a tensor no input reaches (positions from ``keras.ops.arange``; its value is
             the :class:`~keras_group_lasso.graph.registry.ConstantValue` in ``layers``).
         inputs: the nodes it reads, in call order.
@@ -308,7 +308,7 @@ class ModelGraph:
         channels of a residual stream, a channels-first pooling), each with the unit ids of its input: every one
         of them stays while the layer does."""
         return tuple((node, self.tensor(node.inputs[0]).ids) for node in self.nodes
-                     if node.kind in (Kind.TAIL, Kind.MIX) and node.inputs)
+                     if node.kind in (Kind.TAIL, Kind.WHOLE) and node.inputs)
 
     @property
     def first(self):
@@ -1666,13 +1666,12 @@ def _units_graph(order, layers, producers, consumers, kinds, input_names, output
                 for a, b in zip(first["ids"], s["ids"]):
                     ids.union(a, b)
             info[name] = dict(first)
-        elif kind == Kind.MIX:  # reads every channel; its outputs are new units (a channels-first pooling)
-            shape = _input_shape(layer)
-            if first["elements"] or first["positions"] != 1 or not shape or shape[0] is None:
-                flagged.setdefault(name, "a channels-first pooling of a flattened map, of the input's elements or "
-                                         "of a map whose first axis has a variable size")
+        elif kind == Kind.WHOLE:  # reads every channel; its outputs are new units (a channels-first pooling)
+            width, reason = registry.rule_of(layer).new_units(layer, first["elements"] or first["positions"] != 1)
+            if width is None:
+                flagged.setdefault(name, reason)
                 return None
-            info[name] = dict(ids=ids.new(int(shape[0])), positions=1, elements=False)
+            info[name] = dict(ids=ids.new(width), positions=1, elements=False)
         elif kind == Kind.SLICE:
             if first["elements"] or first["positions"] != 1 or first["ids"].size != layer.width:
                 flagged.setdefault(name, "a slice of the channels of a flattened map or of the input's elements")

@@ -166,14 +166,14 @@ def compute_masks(graph, weights, threshold, round_to=1):
             depends[node.name] = np.any([depends[i] for i in node.inputs], axis=0)
         elif node.kind == Kind.CONCAT:
             depends[node.name] = np.concatenate([depends[i] for i in node.inputs])
-        elif node.kind in (Kind.TAIL, Kind.MIX):
+        elif node.kind in (Kind.TAIL, Kind.WHOLE):
             depends[node.name] = np.full(node.ids.size, depends[node.inputs[0]].any())
         elif node.kind == Kind.SLICE:
             depends[node.name] = depends[node.inputs[0]][_entries_of(layers[node.name])]
         else:
             depends[node.name] = depends[node.inputs[0]].copy()
         # a constant varies along its positions: not one per channel
-        if node.kind in (Kind.INPUT, Kind.CONSTANT, Kind.MIX):
+        if node.kind in (Kind.INPUT, Kind.CONSTANT, Kind.WHOLE):
             const[node.name] = np.full(node.ids.size, np.nan)
         elif node.kind == Kind.UNITS:
             const[node.name] = _units_constants(layers[node.name], units[node.name], weights[node.name],
@@ -215,9 +215,9 @@ def compute_masks(graph, weights, threshold, round_to=1):
     for node in graph.nodes:
         if node.name in detached:
             continue
-        if node.kind in (Kind.TAIL, Kind.MIX):
+        if node.kind in (Kind.TAIL, Kind.WHOLE):
             needed[graph.tensor(node.inputs[0]).ids] = True
-        if node.kind == Kind.MIX:  # its outputs are positions: no layer makes or removes them
+        if node.kind == Kind.WHOLE:  # its outputs are positions: no layer makes or removes them
             needed[node.ids] = True
         if node.kind == Kind.UNITS and rules[node.name].mixes_units(layers[node.name]):
             needed[units[node.name].out_ids] = True

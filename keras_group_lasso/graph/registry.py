@@ -71,6 +71,7 @@ from keras_group_lasso.graph.rules.base import (
     call_activation,
     call_on_constants,
     layer_config,
+    layer_from_config,
     output_shape,
     threshold_array,
     variable_axes,
@@ -92,6 +93,7 @@ from keras_group_lasso.graph.rules.shape import (
     ConstantValue,
     FlattenRule,
     GlobalPoolRule,
+    WholeRule,
     is_constant_array,
     split_slices,
 )
@@ -125,6 +127,7 @@ __all__ = [
     "call_activation",
     "call_on_constants",
     "layer_config",
+    "layer_from_config",
     "threshold_array",
     "split_slices",
     "dense_equation",
@@ -136,7 +139,7 @@ __all__ = [
 _RULES = {}
 _CHANGES = [0]  # bumped by every (un)registration: a cached graph from before is stale
 _USER_KINDS = {"per_unit": LayerRule, "per_element": PerElementRule, "flatten": FlattenRule,
-               "global_pool": GlobalPoolRule, "tail": TailRule}
+               "global_pool": GlobalPoolRule, "tail": TailRule, "whole": WholeRule}
 
 
 def table_version():
@@ -159,7 +162,9 @@ def register_layer(cls, kind="per_unit", *, slicer=None, constants="call", descr
             subclasses), or a :class:`LayerRule` instance (the other
             arguments are then not used).
         kind: ``"per_unit"`` (default), ``"units"``, ``"per_element"``,
-            ``"flatten"``, ``"global_pool"`` or ``"tail"``.
+            ``"flatten"``, ``"global_pool"``, ``"tail"`` or ``"whole"`` (a
+            layer with weights and math of its own kept as it is: every unit
+            it reads and makes stays, see :class:`WholeRule`).
         slicer: ``(layer, kept) -> (config, weights)``: the config and weights
             of the layer restricted to the channels ``kept`` (an int array);
             ``None`` if it has no per-channel weights (its config is copied).
@@ -262,6 +267,8 @@ _BY_NAME = {  # module.name: (kind, description, rule of the class)
     "keras_hub.src.layers.modeling.cached_multi_head_attention.CachedMultiHeadAttention": (
         "units", "CachedMultiHeadAttention (KerasHub; called without a cache)",
         attention.AttentionRule),
+    "keras_hub.src.models.vit.vit_layers.ViTPatchingAndEmbedding": (
+        "whole", "ViTPatchingAndEmbedding (KerasHub)", WholeRule),
 }
 
 
@@ -340,6 +347,7 @@ def supported_text():
                  "coupled)",
         "concat": "concatenation",
         "tail": "layers that mix units (every unit they read is kept)",
+        "whole": "layers kept whole (every unit they read or make is kept)",
     }
     return "; ".join(f"{titles[k]}: {', '.join(groups[k])}" for k in KINDS if k in groups and k in titles)
 
@@ -363,6 +371,7 @@ def supported_markdown():
         "merge": "merge same-shape tensors or broadcast a gate over a map: their channels are one unit",
         "concat": "concatenate on the last axis: the operands' channels side by side",
         "tail": "mix the units they read: every one of them stays",
+        "whole": "kept whole: every unit they read and every unit they make stays; copied with their weights",
     }
     groups = {kind: supported_of(kind) for kind in KINDS if supported_of(kind)}
     lines = ["| kind | what the analysis and surgery do | layers |", "|---|---|---|"]

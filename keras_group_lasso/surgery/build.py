@@ -678,10 +678,10 @@ def _new_layer(layer, config, weights, initializers):
     initializers in its config (:func:`_restore_initializers`).
     """
     if not weights:
-        return type(layer).from_config(config), weights
+        return registry.layer_from_config(layer, config), weights
     originals = {key: value for key, value in config.items() if key.endswith("_initializer") and value is not None}
     config = dict(config, **{key: "zeros" for key in originals})
-    new = type(layer).from_config(config)
+    new = registry.layer_from_config(layer, config)
     initializers[id(new)] = originals
     return new, weights
 

@@ -374,7 +374,7 @@ class _Planner:
             self.concat(node, src)
         elif node.kind == Kind.SLICE:
             self.slice_channels(node, src)
-        elif node.kind == Kind.MIX:  # every channel it reads stays, and so does every output
+        elif node.kind == Kind.WHOLE:  # every channel it reads stays, and so does every output
             self.present[node.name] = np.ones(node.ids.size, bool)
             self.made.add(node.name)
             self.steps.append(SlicePerUnit(node.name, src[0]))

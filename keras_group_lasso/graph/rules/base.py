@@ -11,10 +11,10 @@ import numpy as np
 class Kind(enum.StrEnum):
     """How units flow through a node of the graph (a string too: ``Kind.UNITS == "units"``).
 
-    The kinds a rule gives its layers (see :mod:`keras_group_lasso.graph.registry`), and the ones the graph
-    derives: ``UNITS_MIXING`` (a units layer whose activation mixes units), ``ACTIVATION_TAIL`` (an Activation
-    that mixes them), ``MIX`` (reads every channel and makes new units, a channels-first pooling), ``SLICE`` (a
-    slice of the channels) and ``OTHER`` (refused, with a reason).
+    The kinds a rule gives its layers (see :mod:`keras_group_lasso.graph.registry`; ``WHOLE`` reads every channel
+    and makes new units, all kept: a layer kept whole, a channels-first pooling), and the ones the graph derives:
+    ``UNITS_MIXING`` (a units layer whose activation mixes units), ``ACTIVATION_TAIL`` (an Activation that mixes
+    them), ``SLICE`` (a slice of the channels) and ``OTHER`` (refused, with a reason).
     """
 
     INPUT = "input"
@@ -29,14 +29,14 @@ class Kind(enum.StrEnum):
     CONCAT = "concat"
     TAIL = "tail"
     ACTIVATION_TAIL = "activation_tail"
-    MIX = "mix"
+    WHOLE = "whole"
     SLICE = "slice"
     OTHER = "other"
 
 
 #: The kinds of the table, in the order of the supported layers' list.
 KINDS = (Kind.UNITS, Kind.PER_UNIT, Kind.PER_ELEMENT, Kind.FLATTEN, Kind.GLOBAL_POOL, Kind.MERGE, Kind.CONCAT,
-         Kind.TAIL, Kind.INPUT, Kind.CONSTANT)
+         Kind.TAIL, Kind.WHOLE, Kind.INPUT, Kind.CONSTANT)
 CONSTANTS = ("call", "identity", "zero_only", None)
 
 # Keras activations that act on each scalar on its own (softmax, log_softmax,
@@ -121,6 +121,41 @@ def threshold_array(values, threshold):
     """``values`` with every ``|w| <= threshold`` set to an exact 0 (a new array)."""
     values = np.asarray(values)
     return np.where(np.abs(values) <= threshold, np.zeros((), values.dtype), values)
+
+
+def layer_from_config(layer, config):
+    """A new layer of ``layer``'s class from ``config`` (its config, changed or not).
+
+    Two kinds of classes cannot take their own config back, and get the entries
+    their constructors name: a block whose constructor takes no ``**kwargs``
+    (keras.io's ``super().__init__()``), and a layer whose config holds values
+    its class derives (KerasHub's ``ViTPatchingAndEmbedding`` writes
+    ``num_patches``), the latter only when the new layer's config is ``config``.
+    Such a new layer writes the config it was made from, less those values, so
+    that a model saved with it loads (with plain Keras: a layer its class made
+    again writes its class's config, which does not load).
+    """
+    try:
+        return type(layer).from_config(config)
+    except TypeError:
+        parameters = inspect.signature(type(layer).__init__).parameters
+        if not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values()):
+            return type(layer).from_config({key: value for key, value in config.items() if key in parameters})
+        named = {name for cls in type(layer).__mro__ if issubclass(cls, keras.layers.Layer)
+                 for name in inspect.signature(cls.__init__).parameters}
+        try:
+            new = type(layer).from_config({key: value for key, value in config.items() if key in named})
+        except TypeError:
+            new = None
+        if new is None or new.get_config() != config:
+            raise
+        own = type(new).get_config
+
+        def get_config():
+            return {key: value for key, value in own(new).items() if key in named}
+
+        new.get_config = get_config
+        return new
 
 
 # ----------------------------------------------------------------------------- the rule classes

@@ -181,13 +181,46 @@ class ChannelsFirstPoolRule(LayerRule):
     all stay too. What follows (a Dense head) reads them as features.
     """
 
-    kind = Kind.MIX
+    kind = Kind.WHOLE
     constants = None
 
     def refusal(self, layer):
         if getattr(layer, "keepdims", False):
             return "a global pooling with data_format='channels_first' and keepdims=True"
         return None
+
+    def new_units(self, layer, flat):
+        """``(units, None)``: how many units it makes, one per position of its input; ``(None, reason)``."""
+        shape = tuple(layer.input.shape[1:])
+        if flat or not shape or shape[0] is None:
+            return None, ("a channels-first pooling of a flattened map, of the input's elements or of a map whose "
+                          "first axis has a variable size")
+        return int(shape[0]), None
+
+
+class WholeRule(LayerRule):
+    """A layer kept whole: it reads every channel of its input and makes new units, all of which stay.
+
+    For a layer with weights and math of its own that the graph cannot see
+    into (KerasHub's ``ViTPatchingAndEmbedding``: a patch convolution, a class
+    token and position embeddings added): what it reads stays, what it makes
+    stays, and surgery copies it with its weights. The layers around it are
+    pruned as anywhere else. Its own weights take no group penalty and are not
+    counted in the report's parameters and FLOPs (as a normalization's).
+    """
+
+    kind = Kind.WHOLE
+    constants = None
+
+    def new_units(self, layer, flat):
+        """``(units, None)``: the size of its output's last axis; ``(None, reason)``."""
+        try:
+            width = layer.output.shape[-1]
+        except Exception:  # noqa: BLE001 - a layer called more than once, or never
+            width = None
+        if width is None:
+            return None, "a layer kept whole whose output's last axis has no known size"
+        return int(width), None
 
 class PadRule(LayerRule):
     """``keras.ops.pad`` of the positions (not the batch or channels), with zeros or with ``-inf``.
