@@ -144,22 +144,28 @@ def test_a_keras_hub_image_classifier_prunes_exactly_with_its_backbone_inside(rn
 
 @pytest.mark.skipif(keras.backend.backend() == "jax", reason="85 s on JAX; JAX reloads these models in-process above")
 def test_pruned_keras_hub_backbones_load_in_a_process_without_this_package(rng, tmp_path):
-    # CSPNet's parts of a split are keras.ops slices, EfficientNetV2's traced blocks plain Keras layers: KerasHub
-    # and Keras load them, with this package nowhere to import
-    x = rng.uniform(-1, 1, size=(2, 32, 32, 3)).astype("float32")
-    for family in ("CSPDarkNet", "EfficientNetV2"):
-        model = BACKBONES[family]()
-        sparsify(model, rng)
+    # CSPNet's parts of a split are keras.ops slices, EfficientNetV2's traced blocks plain Keras layers, ViT's
+    # blocks plain Keras layers after its kept-whole ViTPatchingAndEmbedding (whose config, as this package writes it,
+    # loads): KerasHub and Keras load them, with this package nowhere to import
+    from test_traced_blocks import sparsify as sparsify_blocks
+
+    families = {"CSPDarkNet": (BACKBONES["CSPDarkNet"], sparsify, (2, 32, 32, 3)),
+                "EfficientNetV2": (BACKBONES["EfficientNetV2"], sparsify, (2, 32, 32, 3)),
+                "ViT": (_vit, sparsify_blocks, (2, 16, 16, 3))}
+    for family, (build, sparsify_model, shape) in families.items():
+        model = build()
+        sparsify_model(model, rng)
         small = prune_model(model, 1e-3)
+        x = rng.uniform(-1, 1, size=shape).astype("float32")
         small.save(tmp_path / f"{family}.keras")
+        np.save(tmp_path / f"{family}_x.npy", x)
         np.save(tmp_path / f"{family}.npy", keras.ops.convert_to_numpy(keras.tree.flatten(small(x))[0]))
-    np.save(tmp_path / "x.npy", x)
     script = textwrap.dedent(f"""
         import sys
         sys.modules["keras_group_lasso"] = None  # importing this package fails
         import keras, numpy as np
-        x = np.load({str(tmp_path / "x.npy")!r})
-        for family in ("CSPDarkNet", "EfficientNetV2"):
+        for family in {sorted(families)!r}:
+            x = np.load({str(tmp_path)!r} + f"/{{family}}_x.npy")
             small = keras.saving.load_model({str(tmp_path)!r} + f"/{{family}}.keras")
             got = keras.ops.convert_to_numpy(keras.tree.flatten(small(x, training=False))[0])
             np.testing.assert_allclose(got, np.load({str(tmp_path)!r} + f"/{{family}}.npy"), rtol=0, atol=1e-5)
@@ -465,3 +471,25 @@ def test_a_vit_whose_blocks_lose_as_many_neurons_is_a_vit_backbone_again(rng, tm
     small = assert_prunes_exactly_and_reloads(model, x, tmp_path)
     assert type(small) is M.ViTBackbone and small.rebuilt_model and small.mlp_dim == 23
     assert small.rebuilt_blocks["vit_encoder"].changed == {"mlp_dim": (32, 23)}
+
+
+def test_a_flop_budget_trains_a_vit_classifier_to_its_size_and_prunes_it_exactly(rng):
+    """``ViTImageClassifier``, group penalties, Proximal(Adam) and ``SparsityBudget(max_flops=0.6)``: heads or MLP
+    neurons go during training, the FLOPs land within the budget, and the pruned model is exact."""
+    from keras_group_lasso import Proximal, SparsityBudget, sparsity_report
+
+    keras.utils.set_random_seed(0)
+    sparse = add_group_sparsity(VISION["ViTImageClassifier"](), 1e-3)
+    x = rng.normal(size=(128, 16, 16, 3)).astype("float32")
+    y = (x[:, :8].mean(axis=(1, 2, 3)) > x[:, 8:].mean(axis=(1, 2, 3))).astype("int32")  # top half brighter
+    sparse.compile(optimizer=Proximal(keras.optimizers.Adam(1e-2)),
+                   loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    sparse.fit(x, y, epochs=4, batch_size=32, verbose=0, callbacks=[SparsityBudget(max_flops=0.6)])
+    report = sparsity_report(sparse, T)
+    assert 0.48 <= report.flops_after / report.flops_before <= 0.6
+    small = prune_model(sparse, T)
+    assert small.count_params() < sparse.count_params()
+    apply_threshold(sparse, T)
+    want = keras.ops.convert_to_numpy(sparse(x))
+    np.testing.assert_allclose(keras.ops.convert_to_numpy(small(x)), want, rtol=0,
+                               atol=1e-5 * max(1.0, float(np.max(np.abs(want)))))
