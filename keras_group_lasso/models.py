@@ -485,8 +485,11 @@ def add_group_sparsity(model, factor=1e-3, *, l1=None, input_factor=None, penalt
         latency_table.check_model(model, owner=owner)
     roles = _roles_by_layer(owner, model)
     if not roles:
+        unread = model_graph(model).unread_kernels()
+        inside = (f"; its kernels are inside {registry.unread_text(unread)} (see 'Your own layers' in the docs)"
+                  if unread else "")
         fail(owner, "model", "a model with at least one Dense or convolution layer (the layers group penalties "
-             "go on); the copy would have no penalty", model)
+             f"go on); the copy would have no penalty{inside}", model)
     input_l1 = l1 if penalty == "sgl" else 0.0
     replaced = []
 

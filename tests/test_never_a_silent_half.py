@@ -57,8 +57,9 @@ def test_add_group_sparsity_names_each_layer_it_cannot_penalise_before_any_train
     messages = [str(w.message) for w in caught if "get no group penalty" in str(w.message)]
     assert messages == [
         ("add_group_sparsity: the kernels of 2 layers whose computation cannot be read: 'block0' (GatedDense, "
-        "2 kernels: a layer that surgery cannot interpret), 'block1' (GatedDense, 2 kernels: a layer that surgery "
-        "cannot interpret) get no group penalty: their units keep their size, a budget counts them as they are, and "
+        "2 kernels: a layer with weights of its own ('kernel'), whose math needs a rule), 'block1' (GatedDense, 2 "
+        "kernels: a layer with weights of its own ('kernel'), whose math needs a rule) get no group penalty: their "
+        "units keep their size, a budget counts them as they are, and "
         f"prune_model refuses the model. {registry.WHAT_TO_DO}")]
     bare = [v.path for v in sparse.trainable_weights if len(v.shape) == 2 and v.regularizer is None]
     assert sorted(bare) == sorted(v.path for name in ("block0", "block1")
@@ -81,10 +82,11 @@ def test_a_refusal_is_at_most_three_lines():
         prune_model(model)
     lines = str(info.value).splitlines()
     assert lines == [
-        "prune_model: cannot prune layer 'block0' (GatedDense): a layer that surgery cannot interpret.",
-        ("Also not supported: 'block1' (GatedDense): a layer that surgery cannot interpret, 'block2' "
-        "(GatedDense): a layer that surgery cannot interpret, 'block3' (GatedDense): a layer that surgery "
-        "cannot interpret and 1 more layer."),
+        ("prune_model: cannot prune layer 'block0' (GatedDense): a layer with weights of its own ('kernel'), whose "
+         "math needs a rule."),
+        ("Also not supported: 'block1' (GatedDense): a layer with weights of its own ('kernel'), whose math needs a "
+         "rule, 'block2' (GatedDense): a layer with weights of its own ('kernel'), whose math needs a rule, 'block3' "
+         "(GatedDense): a layer with weights of its own ('kernel'), whose math needs a rule and 1 more layer."),
         registry.WHAT_TO_DO,
     ]
     assert len(info.value.others) == 4 and "Dense" in info.value.supported

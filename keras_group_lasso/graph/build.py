@@ -710,11 +710,19 @@ def _trace(layer):
         call = [x], {}, [x]
     try:
         traced, y, catcher, constants, call = _traced_call(layer, call)
-    except Exception:  # noqa: BLE001 - a call that does not trace symbolically stays one node
+    except Exception as error:  # noqa: BLE001 - a call that does not trace symbolically stays one node
+        if layer.weights:  # a block of layers that cannot be seen into: why, in the refusal
+            said = " ".join(str(error).split())
+            _UNTRACED[layer] = (f"a block whose call does not run on symbolic inputs ({type(error).__name__}: "
+                                f"{said[:160]}{'...' if len(said) > 160 else ''})")
         return None
     args, kwargs, inputs = call
     held = {id(v) for sub in traced.layers for v in sub.weights}
-    if any(id(v) not in held for v in layer.weights) or any(y is x for x in inputs):
+    own = [v for v in layer.weights if id(v) not in held]
+    if own:
+        _UNTRACED[layer] = f"a layer with weights of its own ('{own[0].path.rsplit('/', 1)[-1]}'), whose math needs a rule"
+        return None
+    if any(y is x for x in inputs):
         return None
     if constants:
         _CONSTANT_INPUTS[traced] = {tensor._keras_history[0].name: value for tensor, value in catcher.found}
