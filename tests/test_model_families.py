@@ -606,8 +606,8 @@ def test_unregistered_per_channel_scales_and_inference_identities_are_recognized
     serving = {layer.name: layer for layer in export_layers(small)}
     assert type(serving["drop"]) is L.Identity  # the identity at inference, served as one
     shifted = net(lambda h: _Shift(name="shift")(h))
-    with pytest.raises(UnsupportedModelError, match=r"cannot prune layer 'shift' \(_Shift\): a layer that surgery "
-                                                     r"cannot interpret"):
+    with pytest.raises(UnsupportedModelError, match=r"cannot prune layer 'shift' \(_Shift\): a layer with weights "
+                                                     r"of its own \('beta'\), whose math needs a rule"):
         prune_model(shifted, T)
 
 

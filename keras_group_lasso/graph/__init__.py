@@ -11,12 +11,19 @@ from keras_group_lasso.graph.registry import (
     supported_text,
     unregister_layer,
 )
+from keras_group_lasso.graph.rules.shape import WholeRule
+from keras_group_lasso.graph.rules.units import UnitsCost, UnitsGraph, UnitsPenalties, UnitsSlicing
 
 __all__ = [
     "Kind",
     "KernelUnitsRule",
     "LayerRule",
     "UnitsRule",
+    "UnitsGraph",
+    "UnitsPenalties",
+    "UnitsSlicing",
+    "UnitsCost",
+    "WholeRule",
     "ModelGraph",
     "UnitsNode",
     "model_graph",

@@ -720,7 +720,8 @@ def _trace(layer):
     held = {id(v) for sub in traced.layers for v in sub.weights}
     own = [v for v in layer.weights if id(v) not in held]
     if own:
-        _UNTRACED[layer] = f"a layer with weights of its own ('{own[0].path.rsplit('/', 1)[-1]}'), whose math needs a rule"
+        named = next((key for key, value in vars(layer).items() if value is own[0]), own[0].path.rsplit("/", 1)[-1])
+        _UNTRACED[layer] = f"a layer with weights of its own ('{named}'), whose math needs a rule"
         return None
     if any(y is x for x in inputs):
         return None

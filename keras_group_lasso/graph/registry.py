@@ -154,8 +154,10 @@ def register_layer(cls, kind="per_unit", *, slicer=None, constants="call", descr
     A class that acts on each channel on its own (``kind="per_unit"``, with a
     ``slicer`` when it has per-channel weights); a class that makes units from
     kernels of its own (``kind="units"``, with ``kernels`` and ``width``: see
-    :class:`KernelUnitsRule` for what it must compute); or a rule object, an
-    instance of a :class:`LayerRule` subclass, whose methods say everything.
+    :class:`KernelUnitsRule` for what it must compute); one with weights and
+    math of its own left as it is (``kind="whole"``); or a rule object, an
+    instance of a :class:`LayerRule` subclass, whose methods say everything (a
+    :class:`UnitsRule`'s, one small interface per concern).
 
     Args:
         cls: a ``keras.layers.Layer`` subclass (matched exactly, not its

@@ -23,122 +23,26 @@ from keras_group_lasso.groups import GroupView
 # ----------------------------------------------------------------------------- layers that make units
 
 
-class UnitsRule(LayerRule):
-    """A layer that makes units: one kernel ``(..., in, out)`` (Dense, Conv1D/2D/3D) and an optional bias.
+class UnitsGraph:
+    """How a units layer makes units, as the graph and the masks read it.
 
-    The group of input unit ``i`` is the slice ``[..., i, :]`` of the kernel
-    (:attr:`view`). Subclasses change the kernels (SeparableConv) or the axis
-    of the groups (transposed convolutions).
+    The defaults are a kernel ``(..., in, out)`` read as ``(positions, in_units, out_units)`` by a
+    :class:`~keras_group_lasso.groups.GroupView`; a layer of another shape overrides :meth:`kernel_shape`,
+    :meth:`unit_shape` and :meth:`units_view`; one with a recurrence, coupled halves or tied units says so.
     """
 
-    kind = Kind.UNITS
-    thresholded = True
-    #: ``prune_model(fold_batchnorm=True)`` may merge a BatchNormalization that follows it.
-    merges_batchnorm = True
-    #: A 0/1 selection Dense may go right before it to pick the kept input features.
-    selects_rows = False
     #: Where the groups of its kernels lie.
     view = GroupView()
-    #: A budget's ``round_to`` may re-initialize its columns: one kernel ``(..., in, out)``.
-    rounds = True
+
     #: Its units stand for the input it reads (an Embedding's dimensions): a layer reading them has input groups.
     represents_input = False
+
     #: A unit whose incoming weights are all zero outputs a constant (not so for a recurrent layer).
     constant_outputs = True
-    #: Surgery checks each copy it makes on random inputs (a layer declared with ``register_layer``).
-    checks_copies = False
-
-    def refusal(self, layer):
-        reason = adapted(layer)
-        if reason is None and not activation_is_elementwise(layer.activation):
-            return MIXES_UNITS
-        return reason
-
-    def classify(self, layer):
-        reason = self.refusal(layer)
-        if reason == MIXES_UNITS:
-            return Kind.UNITS_MIXING, reason  # fine as the output layer
-        return (Kind.OTHER, reason) if reason else (self.kind, None)
 
     def mixes_units(self, layer):
         """Its activation mixes the units it makes (softmax): it may only be the output layer."""
         return not activation_is_elementwise(layer.activation)
-
-    def kernels(self, layer):
-        """``{role: variable}`` of its kernels: ``{"kernel": ...}`` (a SeparableConv: ``"kernel"``, ``"pointwise"``)."""
-        return {"kernel": layer.kernel}
-
-    def regularizer_attributes(self, layer):
-        """The ``*_regularizer`` attributes that carry its group penalties, one per kernel."""
-        return ("kernel_regularizer",)
-
-    def own_unit_attributes(self, layer):
-        """The ``*_regularizer`` attributes whose groups are the units the layer makes (a recurrent kernel's rows)."""
-        return ()
-
-    def penalty_layers(self, layer):
-        """The layers that hold its penalties (a ``Bidirectional``: its two directions)."""
-        return (layer,)
-
-    def recurrence(self, layer, weights):
-        """bool ``(out_units, out_units)``: unit ``j`` feeds unit ``k`` inside the layer; ``None``: no recurrence."""
-        return None
-
-    def paired_halves(self, layer):
-        """The first and second half of its units must keep as many units each (a ``Bidirectional``)."""
-        return False
-
-    def view_of(self, layer):
-        """The :class:`~keras_group_lasso.groups.GroupView` of its kernels (:attr:`view`, or one for this layer)."""
-        return self.view
-
-    def tied_units(self, layer):
-        """``[(input unit indices, unit indices), ...]``: sets of its inputs and units that stay or go as one
-        (a grouped convolution's groups); ``[]``."""
-        return []
-
-    def group_norms(self, layer, in_units):
-        """The L2 norm of each input unit's group in its kernel, ``(in_units,)``."""
-        return self.view_of(layer).norms(self.weights(layer)["kernel"], in_units)
-
-    def group_size(self, layer, positions, out_units):
-        """The weights in one input unit's group: ``positions * out_units`` (its row at every position)."""
-        return positions * out_units
-
-    def head_kernel(self, layer):
-        """The variable whose groups are inner units of the layer (an attention layer's heads), or ``None``."""
-        return None
-
-    def keeps_heads_whole(self, layer):
-        """It has heads (inner units) that surgery keeps whole here (an attention layer inside a block traced at
-        probe sizes): they get no penalty."""
-        return False
-
-    def inner_units(self, layer, weights, kept_out):
-        """``(alive, total)`` of its inner units (an attention layer's heads), or ``None``."""
-        return None
-
-    def kept_cost(self, layer, positions, kept_in, kept_out, output_shape, has_bias, weights, kept_mask):
-        """``(FLOPs, params)`` reading ``kept_in`` and making ``kept_out`` units (``weights``: thresholded)."""
-        return (self.flops(layer, positions, kept_in, kept_out, output_shape),
-                self.params(layer, positions, kept_in, kept_out, has_bias))
-
-    def bias(self, layer):
-        return layer.bias if getattr(layer, "use_bias", False) and layer.bias is not None else None
-
-    def weights(self, layer, read=to_numpy):
-        """Its weights by role, numpy: ``{"kernel", ["pointwise",] "bias"}`` (``bias`` ``None`` without one).
-
-        ``read(variable)`` gives a variable's value (by default the one it holds; the budget reads candidate
-        values this way without writing them into the model)."""
-        out = {role: read(variable) for role, variable in self.kernels(layer).items()}
-        bias = self.bias(layer)
-        out["bias"] = None if bias is None else read(bias)
-        return out
-
-    def thresholded_variables(self, layer):
-        bias = self.bias(layer)
-        return list(self.kernels(layer).values()) + ([bias] if bias is not None else [])
 
     def kernel_shape(self, layer):
         """``(kernel rows per input unit (its window), input units, output units)`` from the kernel's shape."""
@@ -154,6 +58,10 @@ class UnitsRule(LayerRule):
         if positions != 1 or kernel_in != channels:
             return None
         return channels, window
+
+    def view_of(self, layer):
+        """The :class:`~keras_group_lasso.groups.GroupView` of its kernels (:attr:`view`, or one for this layer)."""
+        return self.view
 
     def units_view(self, weights, in_units, layer=None):
         """The kernel (numpy, from :meth:`weights`) as ``(positions, in_units, out_units)`` (``layer``: the one
@@ -182,6 +90,102 @@ class UnitsRule(LayerRule):
         """A constant input is not constant at every output position (only a constant 0 passes)."""
         return pads(layer)
 
+    def recurrence(self, layer, weights):
+        """bool ``(out_units, out_units)``: unit ``j`` feeds unit ``k`` inside the layer; ``None``: no recurrence."""
+        return None
+
+    def paired_halves(self, layer):
+        """The first and second half of its units must keep as many units each (a ``Bidirectional``)."""
+        return False
+
+    def tied_units(self, layer):
+        """``[(input unit indices, unit indices), ...]``: sets of its inputs and units that stay or go as one
+        (a grouped convolution's groups); ``[]``."""
+        return []
+
+    def inner_units(self, layer, weights, kept_out):
+        """``(alive, total)`` of its inner units (an attention layer's heads), or ``None``."""
+        return None
+
+
+class UnitsPenalties:
+    """Where a units layer's group penalties go, and what ``apply_threshold`` zeroes.
+
+    The defaults: one kernel, ``layer.kernel``, penalised through ``kernel_regularizer``, and its bias. A layer
+    with other kernels overrides :meth:`kernels` and :meth:`regularizer_attributes`; one with heads,
+    :meth:`head_kernel`.
+    """
+
+    thresholded = True
+
+    def kernels(self, layer):
+        """``{role: variable}`` of its kernels: ``{"kernel": ...}`` (a SeparableConv: ``"kernel"``, ``"pointwise"``)."""
+        return {"kernel": layer.kernel}
+
+    def regularizer_attributes(self, layer):
+        """The ``*_regularizer`` attributes that carry its group penalties, one per kernel."""
+        return ("kernel_regularizer",)
+
+    def own_unit_attributes(self, layer):
+        """The ``*_regularizer`` attributes whose groups are the units the layer makes (a recurrent kernel's rows)."""
+        return ()
+
+    def penalty_layers(self, layer):
+        """The layers that hold its penalties (a ``Bidirectional``: its two directions)."""
+        return (layer,)
+
+    def head_kernel(self, layer):
+        """The variable whose groups are inner units of the layer (an attention layer's heads), or ``None``."""
+        return None
+
+    def keeps_heads_whole(self, layer):
+        """It has heads (inner units) that surgery keeps whole here (an attention layer inside a block traced at
+        probe sizes): they get no penalty."""
+        return False
+
+    def bias(self, layer):
+        return layer.bias if getattr(layer, "use_bias", False) and layer.bias is not None else None
+
+    def weights(self, layer, read=to_numpy):
+        """Its weights by role, numpy: ``{"kernel", ["pointwise",] "bias"}`` (``bias`` ``None`` without one).
+
+        ``read(variable)`` gives a variable's value (by default the one it holds; the budget reads candidate
+        values this way without writing them into the model)."""
+        out = {role: read(variable) for role, variable in self.kernels(layer).items()}
+        bias = self.bias(layer)
+        out["bias"] = None if bias is None else read(bias)
+        return out
+
+    def group_norms(self, layer, in_units):
+        """The L2 norm of each input unit's group in its kernel, ``(in_units,)``."""
+        return self.view_of(layer).norms(self.weights(layer)["kernel"], in_units)
+
+    def thresholded_variables(self, layer):
+        bias = self.bias(layer)
+        return list(self.kernels(layer).values()) + ([bias] if bias is not None else [])
+
+
+class UnitsSlicing:
+    """How surgery and a latency table cut a units layer.
+
+    The default slices the kernel's :meth:`~UnitsGraph.units_view` to the kept input and output units and sets
+    the config's :attr:`width_key`; a layer whose weights are laid out otherwise overrides :meth:`slice_units`.
+    """
+
+    #: ``prune_model(fold_batchnorm=True)`` may merge a BatchNormalization that follows it.
+    merges_batchnorm = True
+
+    #: A 0/1 selection Dense may go right before it to pick the kept input features.
+    selects_rows = False
+
+    #: A budget's ``round_to`` may re-initialize its columns: one kernel ``(..., in, out)``.
+    rounds = True
+
+    #: Surgery checks each copy it makes on random inputs (a layer declared with ``register_layer``).
+    checks_copies = False
+
+    width_key = "filters"
+
     def slice_units(self, layer, weights, in_units, kept_in, kept_out):
         """``(config, weights)`` keeping input units ``kept_in`` and output units ``kept_out``."""
         kept_in = np.asarray(kept_in, dtype=int)
@@ -195,8 +199,6 @@ class UnitsRule(LayerRule):
             new_kernel = view.reshape(kernel.shape[:-2] + (kept_in.size, kept_out.size))
         config[self.width_key] = int(kept_out.size)
         return config, self._with_bias([np.ascontiguousarray(new_kernel)], weights, kept_out)
-
-    width_key = "filters"
 
     def width_step(self, layer):
         """``None``: its input and output widths vary apart; else ``k``: it makes a multiple of ``k`` units and
@@ -214,6 +216,11 @@ class UnitsRule(LayerRule):
             new.append(np.ascontiguousarray(weights["bias"][kept_out]))
         return new
 
+
+class UnitsCost:
+    """What a units layer costs: multiply-adds and parameters, with all its units or those kept.
+    """
+
     def flops(self, layer, positions, in_units, out_units, output_shape):
         """Multiply-adds per sample reading ``in_units`` and making ``out_units``.
 
@@ -228,6 +235,45 @@ class UnitsRule(LayerRule):
     def params(self, layer, positions, in_units, out_units, has_bias):
         """Parameters (kernels and bias) reading ``in_units`` and making ``out_units``."""
         return positions * in_units * out_units + (out_units if has_bias else 0)
+
+    def kept_cost(self, layer, positions, kept_in, kept_out, output_shape, has_bias, weights, kept_mask):
+        """``(FLOPs, params)`` reading ``kept_in`` and making ``kept_out`` units (``weights``: thresholded)."""
+        return (self.flops(layer, positions, kept_in, kept_out, output_shape),
+                self.params(layer, positions, kept_in, kept_out, has_bias))
+
+    def group_size(self, layer, positions, out_units):
+        """The weights in one input unit's group: ``positions * out_units`` (its row at every position)."""
+        return positions * out_units
+
+
+class UnitsRule(UnitsGraph, UnitsPenalties, UnitsSlicing, UnitsCost, LayerRule):
+    """A layer that makes units: one kernel ``(..., in, out)`` (Dense, Conv1D/2D/3D) and an optional bias.
+
+    The group of input unit ``i`` is the slice ``[..., i, :]`` of the kernel
+    (:attr:`view`). Its protocol is one small interface per concern:
+    :class:`UnitsGraph` (how it makes units), :class:`UnitsPenalties` (where
+    its penalties go), :class:`UnitsSlicing` (how surgery cuts it) and
+    :class:`UnitsCost` (what it costs). Their defaults serve such a kernel; the
+    rule of another layer overrides the methods of the concerns where it
+    differs (SeparableConv: its kernels and their slicing; a transposed
+    convolution: the axis of its groups). A layer of your own whose kernels are
+    contracted with its input's channels needs no method at all:
+    ``register_layer(cls, "units", kernels=..., width=...)``.
+    """
+
+    kind = Kind.UNITS
+
+    def refusal(self, layer):
+        reason = adapted(layer)
+        if reason is None and not activation_is_elementwise(layer.activation):
+            return MIXES_UNITS
+        return reason
+
+    def classify(self, layer):
+        reason = self.refusal(layer)
+        if reason == MIXES_UNITS:
+            return Kind.UNITS_MIXING, reason  # fine as the output layer
+        return (Kind.OTHER, reason) if reason else (self.kind, None)
 
 
 def _spatial(shape):
