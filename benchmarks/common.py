@@ -262,6 +262,23 @@ def write_section(key, title, body, path=RESULTS_MD):
     return path
 
 
+def publish(name, title, text, records, args, started, elapsed):
+    """Write a run's results: ``<name>.md`` (``# title``, then ``text``) and ``<name>.json`` (command, date, wall
+    seconds, machine, ``args`` and ``records``) in benchmarks/results/ (benchmarks/out/ with ``args.quick``), and
+    unless quick the section ``name`` of RESULTS.md; print ``text``. Returns the ``.md`` path."""
+    out = Path(default_output(name, args.quick))
+    out.parent.mkdir(parents=True, exist_ok=True)
+    write_text_atomically(out.with_suffix(".md"), f"# {title}\n\n" + text)
+    payload = {"command": command_line(), "date": f"{started:%Y-%m-%d %H:%M} UTC", "wall_seconds": elapsed,
+               "machine": machine_info(), "args": vars(args), "records": records}
+    write_text_atomically(out.with_suffix(".json"), json.dumps(payload, indent=1, default=float))
+    if not args.quick:
+        write_section(name, title, text)
+    print(text)
+    say(f"wrote {out.with_suffix('.md')} and .json in {elapsed / 60:.1f} min")
+    return out.with_suffix(".md")
+
+
 def save_json(name, payload):
     """Raw numbers next to the figures, for anyone who wants to re-plot them."""
     RESULTS_DIR.mkdir(parents=True, exist_ok=True)

@@ -33,7 +33,6 @@ Usage:
 """
 
 import argparse
-import json
 import sys
 import time
 from pathlib import Path
@@ -256,16 +255,7 @@ def main(argv=None):
             + table(records, bert) + "\n")
     title = ("KerasHub's BERT classifier under a FLOP budget" if bert else
              "keras.io's text Transformer under a FLOP budget")
-    out = Path(common.default_output(name, args.quick))
-    out.parent.mkdir(parents=True, exist_ok=True)
-    common.write_text_atomically(out.with_suffix(".md"), f"# {title}\n\n" + text)
-    payload = {"command": common.command_line(), "date": f"{started:%Y-%m-%d %H:%M} UTC", "wall_seconds": elapsed,
-               "machine": common.machine_info(), "args": vars(args), "records": records}
-    common.write_text_atomically(out.with_suffix(".json"), json.dumps(payload, indent=1, default=float))
-    if not args.quick:
-        common.write_section(name, title, text)
-    print(text)
-    common.say(f"wrote {out.with_suffix('.md')} and .json in {elapsed / 60:.1f} min")
+    common.publish(name, title, text, records, args, started, elapsed)
     return 0
 
 

@@ -27,7 +27,6 @@ Usage:
 """
 
 import argparse
-import json
 import re
 import sys
 import time
@@ -237,16 +236,7 @@ def main(argv=None):
     text = (common.header(common.command_line(), seeds, started, elapsed, notes) + "\n\n"
             + table(records, epochs, finetune) + "\n")
     title = "KerasHub's ViT on Fashion-MNIST under a FLOP budget"
-    out = Path(common.default_output(NAME, args.quick))
-    out.parent.mkdir(parents=True, exist_ok=True)
-    common.write_text_atomically(out.with_suffix(".md"), f"# {title}\n\n" + text)
-    payload = {"command": common.command_line(), "date": f"{started:%Y-%m-%d %H:%M} UTC", "wall_seconds": elapsed,
-               "machine": common.machine_info(), "args": vars(args), "records": records}
-    common.write_text_atomically(out.with_suffix(".json"), json.dumps(payload, indent=1, default=float))
-    if not args.quick:
-        common.write_section(NAME, title, text)
-    print(text)
-    common.say(f"wrote {out.with_suffix('.md')} and .json in {elapsed / 60:.1f} min")
+    common.publish(NAME, title, text, records, args, started, elapsed)
     return 0
 
 
