@@ -457,6 +457,9 @@ def test_a_keras_hub_vision_transformer_prunes_heads_and_neurons_exactly(family,
     small = assert_prunes_exactly_and_reloads(model, x, tmp_path)
     report = small.pruning_report
     assert report.uninterpreted_layers == () and report.params_after < report.params_before
+    # the penalised copy pruned too (a copy of a copy of ViTPatchingAndEmbedding): it saves a config that loads
+    sparsify_blocks(again, rng)
+    assert_prunes_exactly_and_reloads(again, x, tmp_path)
 
 
 def test_a_vit_whose_blocks_lose_as_many_neurons_is_a_vit_backbone_again(rng, tmp_path):

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from keras_group_lasso import (
+    InvalidParameterError,
     SparsityBudget,
     UnsupportedModelError,
     add_group_sparsity,
@@ -160,3 +161,41 @@ def test_a_slice_of_the_positions_prunes_and_a_strided_slice_of_the_channels_is_
                                          r"a slice x\[\.\.\.\] that is not of the positions alone"):
         sparse = add_group_sparsity(strided, 1e-3)
     assert all(v.regularizer is not None for v in sparse.trainable_weights if len(v.shape) == 2)
+
+
+class ScoredDense(L.Layer):
+    """A block that returns its output and ``None`` (KerasHub's DeiT encoder blocks return ``(y, None)``)."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.dense = L.Dense(4)
+
+    def call(self, x):
+        return self.dense(x), None
+
+
+class ScoringEncoder(L.Layer):
+    """A block whose call reads a block returning ``None``: a node cannot hold ``None``, so it does not trace."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.inner = ScoredDense()
+
+    def call(self, x):
+        y, _ = self.inner(x)
+        return y
+
+
+def test_a_block_that_does_not_trace_is_named_with_its_error_and_a_model_of_only_such_blocks_is_refused():
+    reason = "a block whose call does not run on symbolic inputs (ValueError: All operation outputs must be tensors."
+    inputs = keras.Input((4,))
+    with pytest.warns(UserWarning) as caught:
+        add_group_sparsity(keras.Model(inputs, L.Dense(1, name="out")(ScoringEncoder(name="encoder")(inputs))), 1e-3)
+    said = [str(w.message) for w in caught if "get no group penalty" in str(w.message)]
+    assert len(said) == 1 and f"'encoder' (ScoringEncoder, 1 kernel: {reason}" in said[0]
+    with pytest.raises(InvalidParameterError) as info:
+        add_group_sparsity(keras.Model(inputs, ScoringEncoder(name="encoder")(inputs)), 1e-3)
+    assert str(info.value).startswith(
+        "add_group_sparsity: argument `model` must be a model with at least one Dense or convolution layer (the "
+        "layers group penalties go on); the copy would have no penalty; its kernels are inside 1 layer whose "
+        f"computation cannot be read: 'encoder' (ScoringEncoder, 1 kernel: {reason}")

@@ -370,11 +370,15 @@ class TokenProjection(L.Layer):
 def test_a_layer_of_ones_own_declared_whole_is_copied_as_it_is_and_the_rest_prunes(tmp_path):
     keras.utils.set_random_seed(0)
     inputs = keras.Input((5, 3))
-    hidden = L.Dense(10, activation="relu", name="hidden")(TokenProjection(6, name="tokens")(inputs))
+    before = L.Dense(4, activation="tanh", name="before")(inputs)
+    hidden = L.Dense(10, activation="relu", name="hidden")(TokenProjection(6, name="tokens")(before))
     model = keras.Model(inputs, L.Dense(4, name="out")(hidden))
     kernel, bias = model.get_layer("out").get_weights()
     kernel[[2, 5, 7]] = 0.0  # hidden units 2, 5 and 7 feed nothing
     model.get_layer("out").set_weights([kernel, bias])
+    kernel, bias = model.get_layer("before").get_weights()
+    kernel[:, 1] = 0.0  # unit 1 of `before` is a constant, tanh(b): the layer kept whole reads it, so it stays
+    model.get_layer("before").set_weights([kernel, bias + 0.5])
     with pytest.raises(UnsupportedModelError, match="'tokens' \\(TokenProjection\\)"):
         prune_model(model, T)
     rule = register_layer(TokenProjection, "whole")
@@ -386,9 +390,10 @@ def test_a_layer_of_ones_own_declared_whole_is_copied_as_it_is_and_the_rest_prun
         assert [w for w in caught if issubclass(w.category, UserWarning)] == []  # no layer it cannot read
         assert sparse.get_layer("tokens").w.regularizer is None  # kept whole: no group penalty
         report = sparsity_report(model, T)
-        assert [layer.name for layer in report.layers] == ["hidden", "out"]
+        assert [layer.name for layer in report.layers] == ["before", "hidden", "out"]
         small = prune_model(model, T)
         assert small.get_layer("hidden").units == 7 and small.get_layer("out").get_weights()[0].shape == (7, 4)
+        assert small.get_layer("before").units == 4
         for got, want in zip(small.get_layer("tokens").get_weights(), model.get_layer("tokens").get_weights()):
             np.testing.assert_array_equal(got, want)
         x = np.random.default_rng(1).normal(size=(8, 5, 3)).astype("float32")

@@ -12,7 +12,12 @@ from keras_group_lasso.graph.registry import (
     unregister_layer,
 )
 from keras_group_lasso.graph.rules.shape import WholeRule
-from keras_group_lasso.graph.rules.units import UnitsCost, UnitsGraph, UnitsPenalties, UnitsSlicing
+from keras_group_lasso.graph.rules.units import (
+    UnitsCost,
+    UnitsGraph,
+    UnitsPenalties,
+    UnitsSlicing,
+)
 
 __all__ = [
     "Kind",

@@ -720,7 +720,8 @@ def _trace(layer):
     held = {id(v) for sub in traced.layers for v in sub.weights}
     own = [v for v in layer.weights if id(v) not in held]
     if own:
-        named = next((key for key, value in vars(layer).items() if value is own[0]), own[0].path.rsplit("/", 1)[-1])
+        named = next((key for key, value in vars(layer).items() if value is own[0] and not key.startswith("_")),
+                     own[0].path.rsplit("/", 1)[-1])
         _UNTRACED[layer] = f"a layer with weights of its own ('{named}'), whose math needs a rule"
         return None
     if any(y is x for x in inputs):
@@ -1676,7 +1677,11 @@ def _units_graph(order, layers, producers, consumers, kinds, input_names, output
                     ids.union(a, b)
             info[name] = dict(first)
         elif kind == Kind.WHOLE:  # reads every channel; its outputs are new units (a channels-first pooling)
-            width, reason = registry.rule_of(layer).new_units(layer, first["elements"] or first["positions"] != 1)
+            new_units = getattr(registry.rule_of(layer), "new_units", None)
+            if new_units is None:
+                flagged.setdefault(name, "a rule of kind 'whole' without new_units (subclass WholeRule)")
+                return None
+            width, reason = new_units(layer, first["elements"] or first["positions"] != 1)
             if width is None:
                 flagged.setdefault(name, reason)
                 return None

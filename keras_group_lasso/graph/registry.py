@@ -211,6 +211,10 @@ def register_layer(cls, kind="per_unit", *, slicer=None, constants="call", descr
     if kind not in _USER_KINDS:
         fail("register_layer", "kind", "one of " + ", ".join(repr(k) for k in _USER_KINDS)
              + " (a layer of another kind is registered as a LayerRule subclass instance)", kind)
+    if kind == "whole":
+        for name, value, default in (("slicer", slicer, None), ("constants", constants, "call")):
+            if value != default:
+                fail("register_layer", name, 'left out with kind="whole" (the layer is kept as it is)', value)
     if constants not in CONSTANTS and not callable(constants):
         fail("register_layer", "constants", "one of 'call', 'identity', 'zero_only', None", constants)
     if slicer is not None and not callable(slicer):

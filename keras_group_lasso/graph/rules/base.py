@@ -128,34 +128,74 @@ def layer_from_config(layer, config):
 
     Two kinds of classes cannot take their own config back, and get the entries
     their constructors name: a block whose constructor takes no ``**kwargs``
-    (keras.io's ``super().__init__()``), and a layer whose config holds values
-    its class derives (KerasHub's ``ViTPatchingAndEmbedding`` writes
-    ``num_patches``), the latter only when the new layer's config is ``config``.
-    Such a new layer writes the config it was made from, less those values, so
-    that a model saved with it loads (with plain Keras: a layer its class made
-    again writes its class's config, which does not load).
+    (keras.io's ``super().__init__()``; its name and whether it trains are set
+    on it after), and a layer whose config holds values its class derives
+    (KerasHub's ``ViTPatchingAndEmbedding`` writes ``num_patches``), the latter
+    only when the new layer derives the same values. A new layer of such a
+    class writes its config less those values (however it was made: from its
+    class's config or from one written so), so that a model saved with it loads
+    (with plain Keras: a layer that Keras itself makes again from a file writes
+    its class's config once more).
     """
+    cls = type(layer)
+    used = config
     try:
-        return type(layer).from_config(config)
+        new = cls.from_config(config)
     except TypeError:
-        parameters = inspect.signature(type(layer).__init__).parameters
+        parameters = inspect.signature(cls.__init__).parameters
         if not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values()):
-            return type(layer).from_config({key: value for key, value in config.items() if key in parameters})
-        named = {name for cls in type(layer).__mro__ if issubclass(cls, keras.layers.Layer)
-                 for name in inspect.signature(cls.__init__).parameters}
+            new = cls.from_config({key: value for key, value in config.items() if key in parameters})
+            new.name = config.get("name", new.name)
+            new.trainable = config.get("trainable", new.trainable)
+            return new
+        named = _constructor_names(cls)
+        derived = {key: value for key, value in config.items() if key not in named}
+        used = {key: value for key, value in config.items() if key in named}
         try:
-            new = type(layer).from_config({key: value for key, value in config.items() if key in named})
-        except TypeError:
-            new = None
-        if new is None or new.get_config() != config:
+            new = cls.from_config(used)
+            written = cls.get_config(new)
+            same = all(_equal(written.get(key, _UNSET), value) for key, value in derived.items())
+        except Exception:  # noqa: BLE001 - a config it refuses, or values that do not compare: not the same layer
+            same = False
+        if not same:
             raise
-        own = type(new).get_config
+    _write_loadable_config(new, used)
+    return new
 
-        def get_config():
-            return {key: value for key, value in own(new).items() if key in named}
 
-        new.get_config = get_config
-        return new
+def _constructor_names(cls):
+    """The argument names of the constructors of ``cls`` and of its bases up to ``keras.layers.Layer``."""
+    return {name for base in cls.__mro__ if isinstance(base, type) and issubclass(base, keras.layers.Layer)
+            for name in inspect.signature(base.__init__).parameters}
+
+
+def _equal(a, b):
+    try:
+        return bool(a == b) or (isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)) and list(a) == list(b))
+    except Exception:  # noqa: BLE001 - arrays and other values without a plain truth value
+        return False
+
+
+def _write_loadable_config(new, config):
+    """Give ``new`` a ``get_config`` without the entries its class writes but no constructor takes (and that
+    ``config``, the one it was made from, did not hold): the config of a layer like ``ViTPatchingAndEmbedding``,
+    then, loads."""
+    try:
+        written = type(new).get_config(new)
+    except Exception:  # noqa: BLE001 - a layer without a config of its own: nothing is written for it
+        return
+    missing = set(written) - set(config)
+    if not missing:
+        return  # the usual case: the class writes what it was given
+    extra = missing - _constructor_names(type(new))
+    if not extra:
+        return
+    own = type(new).get_config
+
+    def get_config():
+        return {key: value for key, value in own(new).items() if key not in extra}
+
+    new.get_config = get_config
 
 
 # ----------------------------------------------------------------------------- the rule classes

@@ -191,7 +191,10 @@ class ChannelsFirstPoolRule(LayerRule):
 
     def new_units(self, layer, flat):
         """``(units, None)``: how many units it makes, one per position of its input; ``(None, reason)``."""
-        shape = tuple(layer.input.shape[1:])
+        try:
+            shape = tuple(layer.input.shape[1:])
+        except Exception:  # noqa: BLE001 - an input of unknown shape
+            shape = ()
         if flat or not shape or shape[0] is None:
             return None, ("a channels-first pooling of a flattened map, of the input's elements or of a map whose "
                           "first axis has a variable size")
@@ -214,12 +217,12 @@ class WholeRule(LayerRule):
 
     def new_units(self, layer, flat):
         """``(units, None)``: the size of its output's last axis; ``(None, reason)``."""
-        try:
+        try:  # the first call's output: a layer's width is the same at every call
             width = layer.output.shape[-1]
-        except Exception:  # noqa: BLE001 - a layer called more than once, or never
+        except Exception:  # noqa: BLE001 - several outputs, or never called
             width = None
         if width is None:
-            return None, "a layer kept whole whose output's last axis has no known size"
+            return None, "a layer kept whole with several outputs, or whose output's last axis has no known size"
         return int(width), None
 
 class PadRule(LayerRule):
@@ -297,7 +300,10 @@ class PositionSliceRule(LayerRule):
 def positions_only(key, shape):
     """``key`` indexes or slices the positions of a tensor of ``shape`` (batch axis included) and takes every
     entry of the batch axis and the last (channels): ``x[:, 0]``, ``x[:, 0, :]``, ``x[:, 1:4, ...]``."""
-    items = list(key) if isinstance(key, tuple) else [key]
+    # a model loaded from a file holds the key x[:, 0] as the list [slice, 0] (Keras writes tuples as lists)
+    as_tuple = isinstance(key, tuple) or (isinstance(key, list) and any(isinstance(i, slice) or i is Ellipsis
+                                                                          for i in key))
+    items = list(key) if as_tuple else [key]
     if len(shape) < 3 or any(not (isinstance(i, (slice, int, np.integer)) or i is Ellipsis) for i in items):
         return False
     items = _every_axis(items, len(shape), pad=True)

@@ -256,7 +256,9 @@ class UnitsRule(UnitsGraph, UnitsPenalties, UnitsSlicing, UnitsCost, LayerRule):
     :class:`UnitsCost` (what it costs). Their defaults serve such a kernel; the
     rule of another layer overrides the methods of the concerns where it
     differs (SeparableConv: its kernels and their slicing; a transposed
-    convolution: the axis of its groups). A layer of your own whose kernels are
+    convolution: the axis of its groups). The four are parts of this class, not
+    rules on their own (each reads the others' methods, and the registry knows a
+    units layer by this class). A layer of your own whose kernels are
     contracted with its input's channels needs no method at all:
     ``register_layer(cls, "units", kernels=..., width=...)``.
     """
