@@ -269,6 +269,15 @@ def test_a_bad_declaration_names_the_argument(kwargs, message):
     assert str(info.value).startswith("register_layer: " + message)
 
 
+def test_a_layer_kept_whole_takes_no_slicer_and_no_constants():
+    for kwargs, name in (({"slicer": len}, "slicer"), ({"constants": "identity"}, "constants")):
+        with pytest.raises(InvalidParameterError) as info:
+            register_layer(TokenProjection, "whole", **kwargs)
+        assert str(info.value).startswith(f'register_layer: argument `{name}` must be left out with kind="whole" '
+                                          "(the layer is kept as it is); received ")
+    assert registry.rule_of(TokenProjection(3)) is None  # the failed calls left the table as it was
+
+
 def test_kernels_and_width_are_for_units_layers_only():
     with pytest.raises(InvalidParameterError, match=r'argument `kernels` must be given only with kind="units"; '
                                                     r"received \('kernel',\)\."):
