@@ -75,7 +75,8 @@ def run_budget(label, data, args, seed, group_weight=None, weight_table=None, **
         optimizer = cnn_fashion.optimizer_for("proximal", args.epochs, len(data["x_train"]))
     if args.defaults:  # nothing chosen but the budget: add_group_sparsity's and SparsityBudget's defaults
         network = add_group_sparsity(cnn_fashion.build_cnn(seed))
-        budget = SparsityBudget(threshold=cnn_fashion.THRESHOLD, **budget_args)
+        min_width = "auto" if args.min_width == "auto" else float(args.min_width)
+        budget = SparsityBudget(threshold=cnn_fashion.THRESHOLD, min_width=min_width, **budget_args)
     else:
         network = cnn_fashion.sparse_cnn(seed, args.factor, "group", group_weight or args.group_weight,
                                          latency_table=weight_table)
@@ -186,6 +187,8 @@ def main(argv=None):
     parser.add_argument("--table", default=None,
                         help="a latency table file (LatencyTable.save): loaded when it exists, else measured and "
                              "saved there (runs that compare settings then share one measurement)")
+    parser.add_argument("--min-width", default="auto",
+                        help="with --defaults: SparsityBudget's min_width ('auto', its default, or a fraction)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--note", action="append", default=[], help="a line added to the result's header")
     parser.add_argument("--output", default=None)
