@@ -11,14 +11,12 @@ Each backbone is built from its constructor with a tiny configuration (no downlo
 kernel without a warning, and prunes exactly into a plain functional model that reloads with plain Keras.
 """
 
-import subprocess
-import sys
-import textwrap
 import warnings
 
 import keras
 import numpy as np
 import pytest
+from _fresh_process import assert_loads_without_this_package
 from test_applications import sparsify
 from test_model_families import T, assert_prunes_exactly_and_reloads
 
@@ -152,29 +150,12 @@ def test_pruned_keras_hub_backbones_load_in_a_process_without_this_package(rng, 
     families = {"CSPDarkNet": (BACKBONES["CSPDarkNet"], sparsify, (2, 32, 32, 3)),
                 "EfficientNetV2": (BACKBONES["EfficientNetV2"], sparsify, (2, 32, 32, 3)),
                 "ViT": (_vit, sparsify_blocks, (2, 16, 16, 3))}
+    pruned = {}
     for family, (build, sparsify_model, shape) in families.items():
         model = build()
         sparsify_model(model, rng)
-        small = prune_model(model, 1e-3)
-        x = rng.uniform(-1, 1, size=shape).astype("float32")
-        small.save(tmp_path / f"{family}.keras")
-        np.save(tmp_path / f"{family}_x.npy", x)
-        np.save(tmp_path / f"{family}.npy", keras.ops.convert_to_numpy(keras.tree.flatten(small(x))[0]))
-    script = textwrap.dedent(f"""
-        import sys
-        sys.modules["keras_group_lasso"] = None  # importing this package fails
-        import keras, numpy as np
-        for family in {sorted(families)!r}:
-            x = np.load({str(tmp_path)!r} + f"/{{family}}_x.npy")
-            small = keras.saving.load_model({str(tmp_path)!r} + f"/{{family}}.keras")
-            got = keras.ops.convert_to_numpy(keras.tree.flatten(small(x, training=False))[0])
-            np.testing.assert_allclose(got, np.load({str(tmp_path)!r} + f"/{{family}}.npy"), rtol=0, atol=1e-5)
-        print("loaded")
-    """)
-    result = subprocess.run([sys.executable, "-c", script], check=False, capture_output=True, text=True,
-                            cwd=tmp_path)
-    assert result.returncode == 0, result.stderr[-2000:]
-    assert "loaded" in result.stdout
+        pruned[family] = (prune_model(model, 1e-3), rng.uniform(-1, 1, size=shape).astype("float32"))
+    assert_loads_without_this_package(pruned, tmp_path)
 
 
 # ----------------------------------------------------------------------------- Transformer encoders

@@ -13,6 +13,7 @@ import warnings
 import keras
 import numpy as np
 import pytest
+from _fresh_process import assert_loads_without_this_package
 from test_model_families import T, assert_prunes_exactly_and_reloads
 
 from keras_group_lasso import (
@@ -839,34 +840,14 @@ def test_keras_io_models_pruned_into_plain_layers_load_in_a_process_without_this
     """keras.io's residual blocks (their layers in the block's place: ``blocks="flatten"``; built again as their
     class they would need this test's module), a fully subclassed model and the timeseries Transformer, pruned: Keras
     loads each with this package (and the test's classes) nowhere to import."""
-    import subprocess
-    import sys
-    import textwrap
-
     subclassed = KerasIoModel()
     subclassed(rng.normal(size=(1, 6)).astype("float32"))
     cases = {"residual": (residual_model(), (8, 6)), "subclassed": (subclassed, (8, 6)),
              "timeseries": (timeseries_transformer(), (4, 16, 1))}
+    pruned = {}
     for name, (model, shape) in cases.items():
         sparsify(graph_model(model), rng)
         small = prune_model(model, T, blocks="flatten")
         assert not any(type(layer).__module__.startswith("test_") for layer in small.layers)
-        x = rng.normal(size=shape).astype("float32")
-        small.save(tmp_path / f"{name}.keras")
-        np.save(tmp_path / f"{name}_x.npy", x)
-        np.save(tmp_path / f"{name}.npy", keras.ops.convert_to_numpy(small(x)))
-    script = textwrap.dedent(f"""
-        import sys
-        sys.modules["keras_group_lasso"] = None  # importing this package fails
-        import keras, numpy as np
-        for name in {sorted(cases)!r}:
-            x = np.load({str(tmp_path)!r} + f"/{{name}}_x.npy")
-            small = keras.saving.load_model({str(tmp_path)!r} + f"/{{name}}.keras")
-            got = keras.ops.convert_to_numpy(small(x, training=False))
-            np.testing.assert_allclose(got, np.load({str(tmp_path)!r} + f"/{{name}}.npy"), rtol=0, atol=1e-5)
-        print("loaded")
-    """)
-    result = subprocess.run([sys.executable, "-c", script], check=False, capture_output=True, text=True,
-                            cwd=tmp_path)
-    assert result.returncode == 0, result.stderr[-2000:]
-    assert "loaded" in result.stdout
+        pruned[name] = (small, rng.normal(size=shape).astype("float32"))
+    assert_loads_without_this_package(pruned, tmp_path)
