@@ -477,3 +477,63 @@ def test_a_flop_budget_trains_a_vit_classifier_to_its_size_and_prunes_it_exactly
     want = keras.ops.convert_to_numpy(sparse(x))
     np.testing.assert_allclose(keras.ops.convert_to_numpy(small(x)), want, rtol=0,
                                atol=1e-5 * max(1.0, float(np.max(np.abs(want)))))
+
+
+# Gemma's decoder blocks use grouped-query attention (4 query heads reading 2 key-value heads here, rotary
+# embeddings, a head size of its own) and a gated feed-forward, gelu(gate(x)) * up(x): a query head goes with its
+# slice of the output projection, a key-value head with the last query head that reads it, a neuron from the gate,
+# the up and the down projections together. The blocks are traced at probe sizes (their causal mask) and built
+# again as GemmaDecoderBlock with the heads and neurons they kept.
+def _gemma():
+    return M.GemmaBackbone(vocabulary_size=50, num_layers=2, num_query_heads=4, num_key_value_heads=2, hidden_dim=16,
+                           intermediate_dim=48, head_dim=8)
+
+
+def _kill_gemma(model, block, heads, neurons):
+    """Zero the output projection of query ``heads`` and the down-projection rows of feed-forward ``neurons``."""
+    layer = model.get_layer(f"decoder_block_{block}")
+    for variable, dead in ((layer.attention.output_dense.kernel, heads), (layer.ffw_linear.kernel, neurons)):
+        values = keras.ops.convert_to_numpy(variable).copy()
+        values[list(dead)] = 0.0
+        variable.assign(values)
+
+
+def test_gemma_loses_query_heads_key_value_heads_and_neurons_exactly_and_stays_gemma_decoders(rng, tmp_path):
+    from test_model_families import assert_same_outputs
+
+    model = _gemma()
+    sparse, said = _bare_kernel_warnings(model)
+    assert said == []  # every head and neuron is penalised: nothing kept whole
+    penalised = {v.path for v in sparse.trainable_weights if v.regularizer is not None}
+    assert {f"decoder_block_{i}/{part}/kernel" for i in (0, 1)
+            for part in ("attention/attention_output", "ffw_gating", "ffw_gating_2", "ffw_linear")} <= penalised
+    # block 0: query head 1 dead, but its group keeps as many query heads as the other one (2); block 1: query heads
+    # 0 and 1 (the whole first group, so its key-value head too) and 3 dead: one query head on one key-value head
+    _kill_gemma(model, 0, [1], [0, 3, 5, 7])
+    _kill_gemma(model, 1, [0, 1, 3], [2, 3, 4])
+    small = assert_prunes_exactly_and_reloads(model, _token_batch(model, rng), tmp_path)
+    assert_same_outputs(small, model, _token_batch(model, rng, length=5), 1e-5)  # the causal mask at any length
+    assert not isinstance(small, M.GemmaBackbone) and not small.rebuilt_model
+    changed = {call: found.changed for call, found in small.rebuilt_blocks.items()}
+    assert changed == {"decoder_block_0": {"intermediate_dim": (48, 40)},
+                       "decoder_block_1": {"intermediate_dim": (48, 42), "num_query_heads": (4, 1),
+                                           "num_key_value_heads": (2, 1)}}
+    for call in changed:
+        assert type(small.get_layer(call)).__name__ == "GemmaDecoderBlock"
+    report = small.pruning_report
+    assert report.uninterpreted_layers == () and report.params_after < report.params_before
+    assert_loads_without_this_package({"gemma": (small, _token_batch(model, rng))}, tmp_path)
+
+
+def test_a_gemma_whose_blocks_keep_as_many_heads_and_neurons_is_a_gemma_backbone_again_and_generates(rng, tmp_path):
+    model = _gemma()
+    for block in (0, 1):  # the second key-value group and 3 neurons go from each block
+        _kill_gemma(model, block, [2, 3], [1, 4, 7])
+    small = assert_prunes_exactly_and_reloads(model, _token_batch(model, rng), tmp_path)
+    assert type(small) is M.GemmaBackbone and small.rebuilt_model
+    assert (small.num_query_heads, small.num_key_value_heads, small.intermediate_dim, small.head_dim) == (2, 1, 42, 8)
+    lm = M.GemmaCausalLM(backbone=small, preprocessor=None)
+    prompt = {"token_ids": np.array([[5, 6, 7, 0, 0, 0]], "int32"),
+              "padding_mask": np.array([[1, 1, 1, 0, 0, 0]], "int32")}
+    tokens = keras.ops.convert_to_numpy(lm.generate(prompt, stop_token_ids=None)["token_ids"])
+    assert tokens.shape == (1, 6) and tokens[0, :3].tolist() == [5, 6, 7] and (tokens < 50).all()

@@ -1267,7 +1267,7 @@ def _node_config(model):
             return {"class_name": "__keras_tensor__",
                     "config": {"shape": tuple(value.shape), "dtype": value.dtype,
                                "keras_history": [operation.name, numbers[(id(operation), index)], tensor_index]}}
-        if registry.is_constant_array(value):  # a tensor no input reaches, as Keras serializes one
+        if registry.is_constant_array(value) or _is_number_tensor(value):  # no input reaches it: as Keras writes it
             array = np.asarray(keras.ops.convert_to_numpy(value))
             return {"class_name": "__tensor__",
                     "config": {"value": array, "dtype": keras.backend.standardize_dtype(array.dtype)}}
@@ -1293,6 +1293,16 @@ def _node_config(model):
     return {"name": model.name, "layers": layers,
             "input_layers": keras.tree.map_structure(endpoint, model.input),
             "output_layers": keras.tree.map_structure(endpoint, model.output)}
+
+
+def _is_number_tensor(value):
+    """``value`` is a concrete tensor of no axes (``ops.cast(ops.sqrt(16), x.dtype)``, Gemma's embedding scale)."""
+    if isinstance(value, keras.KerasTensor) or not keras.ops.is_tensor(value):
+        return False
+    try:
+        return np.asarray(keras.ops.convert_to_numpy(value)).ndim == 0
+    except Exception:  # noqa: BLE001 - a tensor being traced has no value
+        return False
 
 
 def _is_functional(layer):

@@ -273,6 +273,11 @@ _BY_NAME = {  # module.name: (kind, description, rule of the class)
     "keras_hub.src.layers.modeling.cached_multi_head_attention.CachedMultiHeadAttention": (
         "units", "CachedMultiHeadAttention (KerasHub; called without a cache)",
         attention.AttentionRule),
+    "keras_hub.src.models.gemma.gemma_attention.CachedGemmaAttention": (
+        "units", "CachedGemmaAttention (KerasHub Gemma; grouped-query heads pruned, called without a cache)",
+        attention.GroupedQueryAttentionRule),
+    "keras_hub.src.models.gemma.rms_normalization.RMSNormalization": (
+        "tail", "RMSNormalization (KerasHub Gemma; its channels stay)", channels.LastAxisNormalizationRule),
     "keras_hub.src.models.vit.vit_layers.ViTPatchingAndEmbedding": (
         "whole", "ViTPatchingAndEmbedding (KerasHub)", WholeRule),
 }

@@ -21,8 +21,6 @@ from keras_group_lasso.graph.build import block_arguments, block_operands
 
 __all__ = ["Rebuilt", "rebuilt_block", "built_block", "same_outputs", "zero_initializers"]
 
-#: How far each integer argument is moved to see what it sets (prime, so that its multiples stand out).
-_PROBE = 7
 
 
 @dataclasses.dataclass(frozen=True)
@@ -63,7 +61,7 @@ def widths(block, config, targets, shapes, dtypes, probes=None):
     """``{argument: (old, new)}``: the integer arguments of ``config`` to change so that the block's weights have
     the shapes ``targets`` on inputs of ``shapes``, or ``None`` where no such change is found.
 
-    Each argument ``k`` of value ``v`` is probed once: the block built with ``v + 7`` (on inputs whose channels
+    Each argument ``k`` of value ``v`` is probed once: the block built with ``2 v`` (on inputs whose channels
     equal ``v`` widened alike, for an argument the input's width must match) tells which dimensions it sets and
     by how much per step; a dimension set by one argument alone gives that argument's new value. The others
     follow the inputs' widths, or nothing: the caller builds the block on the new inputs and compares.
@@ -137,7 +135,8 @@ def _slopes(block, config, key, base, original, dtypes):
     """``{(weight, axis): change of that dimension per unit of argument ``key``}``, from one probe (see
     :func:`widths`)."""
     value = config[key]
-    probe = dict(config, **{key: value + _PROBE})
+    probe = dict(config, **{key: 2 * value})  # doubled: what divides it still does (heads by key-value heads, a
+    # width halved by its class, as Gemma's feed-forward is)
     built = built_block(block, probe, original, dtypes)
     if built is None:  # an argument the input's width must equal (a residual block's channels)
         built = built_block(block, probe, [_widened(s, value) for s in original], dtypes)
@@ -146,13 +145,13 @@ def _slopes(block, config, key, base, original, dtypes):
     slopes = {}
     for i, (old, new) in enumerate(zip(base, [tuple(w.shape) for w in built.weights], strict=True)):
         if len(old) == len(new):
-            slopes.update({(i, axis): (b - a) / _PROBE for axis, (a, b) in enumerate(zip(old, new, strict=True))
+            slopes.update({(i, axis): (b - a) / value for axis, (a, b) in enumerate(zip(old, new, strict=True))
                            if a != b})
     return slopes
 
 
 def _widened(shape, value):
-    return shape[:-1] + (shape[-1] + _PROBE,) if shape and shape[-1] == value else shape
+    return shape[:-1] + (2 * value,) if shape and shape[-1] == value else shape
 
 
 def built_block(block, config, shapes, dtypes):

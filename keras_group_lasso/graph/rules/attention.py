@@ -1,11 +1,11 @@
-"""The rule of MultiHeadAttention: a head is a unit."""
+"""The rules of attention layers: a head is a unit (MultiHeadAttention; grouped-query attention, KerasHub's Gemma)."""
 
 import math
 
 import keras
 import numpy as np
 
-from keras_group_lasso.graph.rules.base import adapted, probe_sized, to_numpy
+from keras_group_lasso.graph.rules.base import adapted, layer_config, probe_sized, to_numpy
 from keras_group_lasso.graph.rules.recurrent import SequenceRule
 from keras_group_lasso.groups import GroupView
 
@@ -225,3 +225,214 @@ class AttentionRule(SequenceRule):
 def builtin_rules():
     """The rule of Keras's MultiHeadAttention."""
     return [AttentionRule(keras.layers.MultiHeadAttention, "MultiHeadAttention (self-attention; heads pruned)")]
+
+
+def _einsum_parts(layer):
+    """``(input letters, kernel letters, output letters)`` of an EinsumDense's equation (``"btd,ndh->btnh"``)."""
+    left, output = layer.equation.split("->")
+    inputs, kernel = left.split(",")
+    return inputs, kernel, output
+
+
+def _projection_axes(layer):
+    """The kernel axes ``(model, heads, head dim)`` of an EinsumDense that projects a sequence ``(b, t, model)``
+    into heads ``(b, t, heads, head dim)`` (a query, key or value); ``None`` for any other equation."""
+    inputs, kernel, output = _einsum_parts(layer)
+    if len(inputs) != 3 or len(output) != 4 or len(kernel) != 3 or inputs[:2] != output[:2]:
+        return None
+    axes = (inputs[2], output[2], output[3])
+    if sorted(axes) != sorted(kernel) or inputs[2] in output:
+        return None
+    return tuple(kernel.index(letter) for letter in axes)
+
+
+def _output_axes(layer):
+    """The kernel axes ``(heads, head dim, model)`` of an EinsumDense that sums heads ``(b, t, heads, head dim)``
+    back into a sequence ``(b, t, model)``; ``None`` for any other equation."""
+    inputs, kernel, output = _einsum_parts(layer)
+    if len(inputs) != 4 or len(output) != 3 or len(kernel) != 3 or inputs[:2] != output[:2]:
+        return None
+    axes = (inputs[2], inputs[3], output[2])
+    if sorted(axes) != sorted(kernel):
+        return None
+    return tuple(kernel.index(letter) for letter in axes)
+
+
+class GroupedQueryAttentionRule(AttentionRule):
+    """Grouped-query attention of KerasHub's decoders (Gemma's ``CachedGemmaAttention``): ``num_query_heads``
+    query heads read ``num_key_value_heads`` key-value heads, each key-value head read by the ``g =
+    num_query_heads // num_key_value_heads`` query heads of its group, one after another.
+
+    As in :class:`AttentionRule`, the group of query head ``h`` is its slice of the output kernel, and input unit
+    ``i`` reaches the output through its rows of the query, key and value kernels. A query head whose output
+    slice is zero adds nothing. A key-value head goes with the last query head of its group; the class gives
+    every group as many query heads, so a group keeps as many as the group that keeps most (its live heads first,
+    then dead ones, whose output rows are zero). The head size stays (the rotary embedding pairs dimension ``i``
+    with ``i + head_dim / 2``, and the class scales the scores by ``1 / sqrt(head_dim)``). The kernels' axes are
+    read from their equations: the projections ``(b, t, model) -> (b, t, heads, head_dim)`` in any kernel order,
+    the output ``(b, t, heads, head_dim) -> (b, t, model)``.
+    """
+
+    width_key = None
+    side_arguments = ("attention_mask",)
+    _PARTS = (("query", "query"), ("key", "key"), ("value", "value"), ("attention_output", "output"))
+
+    def _layers(self, layer):
+        """``{role: EinsumDense}`` of its four projections, found by their names (``query``, ``key``, ``value``,
+        ``attention_output``)."""
+        found = {}
+        for sub in layer._flatten_layers(include_self=False, recursive=False):  # noqa: SLF001 - Keras's own walk
+            role = dict(self._PARTS).get(sub.name)
+            if role is not None and isinstance(sub, keras.layers.EinsumDense):
+                found[role] = sub
+        return found
+
+    def refusal(self, layer):
+        reason = adapted(layer, "attention layer")
+        if reason:
+            return reason
+        if not layer.built:
+            return "a grouped-query attention layer that is not built"
+        parts = self._layers(layer)
+        if set(parts) != {"query", "key", "value", "output"}:
+            return "a grouped-query attention layer without EinsumDense query, key, value and attention_output"
+        for role, sub in parts.items():
+            reason = adapted(sub, "projection")
+            if reason:
+                return reason
+            axes = _output_axes(sub) if role == "output" else _projection_axes(sub)
+            if axes is None:
+                return f"a grouped-query attention whose {role} equation is {sub.equation!r}"
+            if sub.bias is not None:
+                return f"a grouped-query attention whose {role} projection has a bias"
+        if not getattr(layer, "query_head_dim_normalize", True):
+            return "a grouped-query attention with query_head_dim_normalize=False (its scale follows the heads)"
+        heads, groups = int(layer.num_query_heads), int(layer.num_key_value_heads)
+        if heads % groups:
+            return "a grouped-query attention whose query heads are not a multiple of its key-value heads"
+        return None
+
+    def kernels(self, layer):
+        return {role: sub.kernel for role, sub in self._layers(layer).items()}
+
+    def head_kernel(self, layer):
+        """The output kernel, whose groups along its heads axis are the query heads."""
+        if self.keeps_heads_whole(layer):
+            return None
+        output = self._layers(layer)["output"]
+        return output.kernel if _output_axes(output)[0] == 0 else None
+
+    def keeps_heads_whole(self, layer):
+        return False
+
+    def bias(self, layer):
+        return None
+
+    def weights(self, layer, read=to_numpy):
+        """The kernels in :class:`AttentionRule`'s layout: ``query (model, heads, dim)``, ``key`` and ``value``
+        ``(model, key-value heads, dim)``, ``output (heads, dim, model)``."""
+        parts = self._layers(layer)
+        found = {}
+        for role, sub in parts.items():
+            axes = _output_axes(sub) if role == "output" else _projection_axes(sub)
+            found[role] = np.transpose(read(sub.kernel), axes)
+        return found | {"bias": None}
+
+    def thresholded_variables(self, layer):
+        return [sub.kernel for sub in self._layers(layer).values()]
+
+    def kernel_shape(self, layer):
+        parts = self._layers(layer)
+        model = int(parts["query"].kernel.shape[_projection_axes(parts["query"])[0]])
+        out = int(parts["output"].kernel.shape[_output_axes(parts["output"])[2]])
+        return 1, model, out
+
+    def _group(self, layer_or_weights):
+        """The number of query heads per key-value head."""
+        weights = layer_or_weights
+        return weights["query"].shape[1] // weights["key"].shape[1]
+
+    def _per_query_head(self, weights):
+        """``weights`` with the key and value kernels repeated to one head per query head."""
+        group = self._group(weights)
+        return dict(weights, key=np.repeat(weights["key"], group, axis=1),
+                    value=np.repeat(weights["value"], group, axis=1))
+
+    def units_view(self, weights, in_units, layer=None):
+        return super().units_view(self._per_query_head(weights), in_units, layer)
+
+    def group_norms(self, layer, in_units):
+        weights = self.weights(layer)
+        return np.sqrt(sum(np.sum(np.square(weights[role].astype(np.float32)), axis=(1, 2))
+                           for role in ("query", "key", "value")))
+
+    def kept_heads(self, weights, kept_out):
+        """``(query heads, key-value heads)`` that stay, in order, every kept group with as many query heads."""
+        group = self._group(weights)
+        live = self.live_heads(weights, kept_out).reshape(-1, group)  # (key-value heads, group)
+        groups = np.flatnonzero(live.any(axis=1))
+        if groups.size == 0:  # a layer has at least one head: one whose output weights are zero adds nothing
+            groups = np.arange(1)
+        count = max(1, int(live[groups].sum(axis=1).max()))
+        heads = [g * group + np.sort(np.argsort(~live[g], kind="stable")[:count]) for g in groups]
+        return np.concatenate(heads), groups
+
+    def kept_shape(self, weights, kept_out, whole=False):
+        heads = np.arange(weights["query"].shape[1]) if whole else self.kept_heads(weights, kept_out)[0]
+        key_dim, value_dim = weights["query"].shape[-1], weights["value"].shape[-1]
+        return heads, [np.arange(key_dim)] * heads.size, [np.arange(value_dim)] * heads.size
+
+    def slice_units(self, layer, weights, in_units, kept_in, kept_out):
+        kept_in = np.asarray(kept_in, dtype=int)
+        kept_out = np.asarray(kept_out, dtype=int)
+        heads, groups = self.kept_heads(weights, kept_out)
+        parts = self._layers(layer)
+        chosen = {"query": weights["query"][kept_in][:, heads], "key": weights["key"][kept_in][:, groups],
+                  "value": weights["value"][kept_in][:, groups], "output": weights["output"][heads][..., kept_out]}
+        new = []
+        for role in ("query", "key", "value", "output"):
+            axes = _output_axes(parts[role]) if role == "output" else _projection_axes(parts[role])
+            new.append(np.ascontiguousarray(np.transpose(chosen[role], np.argsort(axes))))
+        order = [sub.kernel.path for sub in (parts[role] for role in ("query", "key", "value", "output"))]
+        by_path = dict(zip(order, new))
+        config = dict(layer_config(layer), num_query_heads=int(heads.size), num_key_value_heads=int(groups.size))
+        return config, [by_path[variable.path] for variable in layer.weights]
+
+    def call(self, layer, x, options=None):
+        return layer(x, **(options or {}))
+
+    def _sizes(self, layer):
+        weights = {role: np.empty(tuple(int(d) for d in variable.shape), np.int8)
+                   for role, variable in self.kernels(layer).items()}
+        parts = self._layers(layer)
+        try:
+            steps = layer.input[0].shape[1] if isinstance(layer.input, (list, tuple)) else layer.input.shape[1]
+        except Exception:  # noqa: BLE001 - a layer with several calls or none
+            steps = None
+        query = np.transpose(weights["query"], _projection_axes(parts["query"]))
+        key = np.transpose(weights["key"], _projection_axes(parts["key"]))
+        return query.shape[1], key.shape[1], query.shape[2], 1 if steps is None else int(steps)
+
+    def flops(self, layer, positions, in_units, out_units, output_shape, heads=None, groups=None):
+        """``T * in * dim * (H + 2 K)`` (projections) ``+ 2 T^2 * H * dim`` (scores, weighted values) ``+ T * H *
+        dim * out`` (output) multiply-adds per sample: ``H`` query heads, ``K`` key-value heads."""
+        total, kv, dim, steps = self._sizes(layer)
+        heads = total if heads is None else heads
+        kv = kv if groups is None else groups
+        return steps * in_units * dim * (heads + 2 * kv) + 2 * steps * steps * heads * dim + steps * heads * dim * out_units
+
+    def params(self, layer, positions, in_units, out_units, has_bias, heads=None, groups=None):
+        total, kv, dim, _ = self._sizes(layer)
+        heads = total if heads is None else heads
+        kv = kv if groups is None else groups
+        return in_units * dim * (heads + 2 * kv) + heads * dim * out_units
+
+    def inner_units(self, layer, weights, kept_out):
+        """``(live query heads, query heads)`` with the units ``kept_out`` kept."""
+        return int(self.kept_heads(weights, kept_out)[0].size), int(weights["output"].shape[0])
+
+    def kept_cost(self, layer, positions, kept_in, kept_out, output_shape, has_bias, weights, kept_mask):
+        heads, groups = self.kept_heads(weights, np.flatnonzero(kept_mask))
+        shape = dict(heads=int(heads.size), groups=int(groups.size))
+        return (self.flops(layer, positions, kept_in, kept_out, output_shape, **shape),
+                self.params(layer, positions, kept_in, kept_out, has_bias, **shape))

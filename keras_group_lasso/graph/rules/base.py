@@ -64,8 +64,9 @@ def activation_is_elementwise(function):
     return isinstance(name, str) and name in ELEMENTWISE_ACTIVATIONS
 
 
-#: Elementwise activations other packages register for serialization (KerasHub's BERT uses the first).
-_ELEMENTWISE_REGISTERED = frozenset({"keras_hub>gelu_approximate"})
+#: Elementwise activations registered for serialization by other packages (KerasHub's BERT uses the first) and by
+#: this one (:func:`~keras_group_lasso.graph.rules.operations.gelu_approximate`).
+_ELEMENTWISE_REGISTERED = frozenset({"keras_hub>gelu_approximate", "keras_group_lasso>gelu_approximate"})
 
 
 def to_numpy(variable):
@@ -202,17 +203,38 @@ def _write_loadable_config(new, config):
 
 
 def layer_config(layer):
-    """``layer.get_config()``; for a layer whose constructor takes nothing of its own (``Identity``) but that was
-    made with a value its automatic config cannot hold (a dtype policy object, as KerasHub passes), the config
-    every layer has: its name, whether it trains, its dtype policy."""
+    """``layer.get_config()``; for a layer whose class writes no config of its own but that was made with a value
+    Keras's automatic config cannot hold (a dtype policy object, as KerasHub passes), the config every layer has
+    (its name, whether it trains, its dtype policy) and each of its constructor's arguments, read from the
+    attribute of that name (or that name after ``_``) where the layer keeps it (KerasHub's ``CachedGemmaAttention``);
+    raises where one is not kept."""
     try:
         return layer.get_config()
     except NotImplementedError:
-        own = set(inspect.signature(type(layer).__init__).parameters) - {"self", "name", "dtype", "trainable", "kwargs"}
-        if own or not isinstance(layer, keras.layers.Layer):
+        if not isinstance(layer, keras.layers.Layer):
             raise
-        return {"name": layer.name, "trainable": layer.trainable,
-                "dtype": keras.dtype_policies.serialize(layer.dtype_policy)}
+        config = {"name": layer.name, "trainable": layer.trainable,
+                  "dtype": keras.dtype_policies.serialize(layer.dtype_policy)}
+        parameters = inspect.signature(type(layer).__init__).parameters
+        for key, parameter in parameters.items():
+            if key in ("self", "name", "dtype", "trainable") or parameter.kind in (
+                    inspect.Parameter.VAR_KEYWORD, inspect.Parameter.VAR_POSITIONAL):
+                continue
+            found = next((vars(layer)[at] for at in (key, f"_{key}") if at in vars(layer)), _UNSET)
+            if isinstance(found, (keras.initializers.Initializer, keras.regularizers.Regularizer,
+                                  keras.constraints.Constraint)):
+                found = keras.saving.serialize_keras_object(found)
+            elif not _plain(found):  # not kept, or a value a config cannot hold (a function)
+                raise
+            config[key] = found
+        return config
+
+
+def _plain(value):
+    """``value`` is what a config holds as it is: ``None``, a bool, number or string, or lists of those."""
+    if isinstance(value, (list, tuple)):
+        return all(_plain(item) for item in value)
+    return value is None or isinstance(value, (bool, int, float, str))
 
 
 class LayerRule:

@@ -124,6 +124,14 @@ class MixingNormalizationRule(TailRule):
         return int(layer.input.shape[-1])
 
 
+class LastAxisNormalizationRule(MixingNormalizationRule):
+    """A normalization of its own class that normalizes over the channels alone, by construction (KerasHub's
+    RMS normalizations of Gemma and Llama): every channel it normalizes is kept, with its weights."""
+
+    def refusal(self, layer):
+        return None
+
+
 class GroupNormRule(LayerRule):
     """``GroupNormalization`` (last axis): a group of channels stays or goes whole.
 

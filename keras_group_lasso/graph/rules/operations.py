@@ -63,8 +63,10 @@ def _one_tensor_layer(operation, inbound_nodes):
         return None
     if name in _UNARY_ACTIVATIONS:
         layer = keras.layers.Activation(_UNARY_ACTIVATIONS[name], name=operation.name, dtype=dtype)
-    elif name == "Gelu" and getattr(operation, "approximate", None) is False:
-        layer = keras.layers.Activation("gelu", name=operation.name, dtype=dtype)
+    elif name == "Gelu":
+        approximate = getattr(operation, "approximate", None)
+        layer = keras.layers.Activation("gelu" if approximate is False else gelu_approximate, name=operation.name,
+                                        dtype=dtype)
     elif name == "Cast" and "float" in str(dtype) and "float" in str(getattr(operation, "dtype", "")):
         # ``ops.cast`` between float dtypes (an activation computed in float32 inside a float16 model): an
         # Identity of the target dtype, which casts what it reads element by element, as the operation does.
@@ -79,6 +81,27 @@ def _one_tensor_layer(operation, inbound_nodes):
         return None
     layer(keras.KerasTensor(shape, dtype=dtype))
     return layer
+
+
+@keras.saving.register_keras_serializable(package="keras_group_lasso", name="gelu_approximate")
+def gelu_approximate(x):
+    """``keras.ops.gelu(x, approximate=True)`` as an activation (Gemma's feed-forward computes it): the layer that
+    stands for that operation. A model holding it loads once ``keras_group_lasso`` is imported; a KerasHub block
+    that computes it is built again as itself, so the pruned block does not hold it."""
+    return keras.activations.gelu(x, approximate=True)
+
+
+def _scalar(argument):
+    """A call argument that is one number: a Python int or float, or a constant array of no axes (``ops.sqrt(16)``
+    cast to the input's dtype); else ``None``."""
+    if isinstance(argument, bool):
+        return None
+    if isinstance(argument, (int, float)):
+        return float(argument)
+    if (isinstance(argument, dict) and argument.get("class_name") in ("__tensor__", "__numpy__")
+            and np.asarray(argument["config"]["value"]).ndim == 0):
+        return float(np.asarray(argument["config"]["value"]))
+    return None
 
 
 def is_constant_value(argument):
@@ -164,9 +187,9 @@ def operation_layer(operation, inbound_nodes):
     first = tensors[0]
     tensor, number = (args[0], args[1]) if first else (args[1], args[0])
     dtype = tensor["config"].get("dtype")
-    if isinstance(number, bool) or not isinstance(number, (int, float)) or "float" not in str(dtype):
+    number = _scalar(number)
+    if number is None or "float" not in str(dtype):
         return None
-    number = float(number)
     if name == "add":
         scale, offset = 1.0, number
     elif name == "subtract":
