@@ -275,7 +275,11 @@ def _roles_by_layer(owner, model):
     roles = dense_roles(model)
     channels = model_graph(model).flatten_channels
     by_layer = {}
-    for name, layer, parents in _dense_inside(model):
+    found = list(_dense_inside(model))
+    read = {id(layer) for name, layer, _ in found if name in roles}
+    for name, layer, parents in found:
+        if name not in roles and id(layer) in read:
+            continue  # a layer the model calls again outside the nested model that holds it (a tied embedding)
         if name not in roles:
             rule = registry.rule_of(layer)
             reason = rule.refusal(layer) if rule is not None and rule.refusal else None

@@ -537,3 +537,30 @@ def test_a_gemma_whose_blocks_keep_as_many_heads_and_neurons_is_a_gemma_backbone
               "padding_mask": np.array([[1, 1, 1, 0, 0, 0]], "int32")}
     tokens = keras.ops.convert_to_numpy(lm.generate(prompt, stop_token_ids=None)["token_ids"])
     assert tokens.shape == (1, 6) and tokens[0, :3].tolist() == [5, 6, 7] and (tokens < 50).all()
+
+
+def test_a_gemma_causal_lm_prunes_exactly_with_its_tied_logits_and_is_a_gemma_causal_lm_again(rng, tmp_path):
+    """``GemmaCausalLM``: the logits are the token table again (``ReversibleEmbedding`` called with
+    ``reverse=True``), kept whole, so the table keeps its columns; heads and neurons go from the blocks. Blocks that
+    keep different widths: a functional model, exact; the same widths: a ``GemmaCausalLM`` again, whose ``generate``
+    gives what the thresholded original's gives."""
+    lm = M.GemmaCausalLM(backbone=_gemma(), preprocessor=None)
+    sparse, said = _bare_kernel_warnings(lm)
+    assert said == []
+    assert {f"decoder_block_{i}/attention/attention_output/kernel" for i in (0, 1)} <= {
+        v.path for v in sparse.trainable_weights if v.regularizer is not None}
+    for block in (0, 1):
+        _kill_gemma(lm.backbone, block, [2, 3], [1, 4, 7])
+    small = assert_prunes_exactly_and_reloads(lm, _token_batch(lm, rng), tmp_path)
+    assert type(small) is M.GemmaCausalLM and small.rebuilt_model
+    assert (small.backbone.num_query_heads, small.backbone.intermediate_dim) == (2, 42)
+    prompt = {"token_ids": np.array([[5, 6, 7, 0, 0, 0]], "int32"),
+              "padding_mask": np.array([[1, 1, 1, 0, 0, 0]], "int32")}
+    apply_threshold(lm, T)
+    want = keras.ops.convert_to_numpy(lm.generate(prompt, stop_token_ids=None)["token_ids"])
+    np.testing.assert_array_equal(keras.ops.convert_to_numpy(small.generate(prompt, stop_token_ids=None)["token_ids"]),
+                                  want)
+    _kill_gemma(lm.backbone, 0, [0], [])  # block 0 keeps 3 query heads (2 per group), block 1 keeps 2: different
+    small = assert_prunes_exactly_and_reloads(lm, _token_batch(lm, rng), tmp_path)
+    assert not isinstance(small, M.GemmaCausalLM) and not small.rebuilt_model
+    assert small.output.shape[-1] == 50  # the logits: one per token of the vocabulary

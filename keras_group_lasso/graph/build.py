@@ -930,6 +930,8 @@ def _flat_graph(model):
         for index, node in enumerate(nodes):
             node_name = call_name(name, index)
             layers[node_name] = layers[name]
+            if registry.is_reverse_call(layers[name], node):  # a language model's logits from its token table
+                layers[node_name] = registry.ReverseCall(layers[name])
             producers[node_name] = []
             node, side = _without_side(_without_mask(node), layers[name])
             if _is_functional(layers[name]):  # a nested model's inputs are its dict's entries in sorted order
@@ -1350,6 +1352,8 @@ def is_operation(layer):
 
 def class_name(layer):
     """The class shown in messages: the layer's, or ``keras.ops.<Op>`` for an operation."""
+    if isinstance(layer, registry.ReverseCall):
+        return f"{type(layer.layer).__name__} (reverse=True)"
     return f"keras.ops.{type(layer).__name__}" if is_operation(layer) else type(layer).__name__
 
 
@@ -1575,10 +1579,11 @@ def _shared_calls(order, layers, input_names):
         layer = layers.get(name)
         if layer is None or name in input_names:
             continue
-        if id(layer) in first:
-            calls[name] = first[id(layer)]
+        key = id(layer.layer if isinstance(layer, registry.ReverseCall) else layer)  # the logits call its layer
+        if key in first:
+            calls[name] = first[key]
         else:
-            first[id(layer)] = name
+            first[key] = name
     return calls
 
 
@@ -1724,7 +1729,10 @@ def _units_graph(order, layers, producers, consumers, kinds, input_names, output
         if kinds[name] in ("per_unit", "activation_tail", "global_pool") and not getattr(layers[name], "weights", ()):
             continue  # nothing per channel to share (a Dropout called after two layers of different widths)
         pairs = [(info[first]["ids"], info[name]["ids"])]
-        if first in units_info:
+        if isinstance(layers[name], registry.ReverseCall) and first in units_info and producers.get(name):
+            # the logits read the channels the table's columns make: one unit each (they all stay)
+            pairs = [(units_info[first]["out_ids"], info[producers[name][0]]["ids"])]
+        elif first in units_info:
             pairs = [(units_info[first]["in_ids"], units_info[name]["in_ids"]),
                      (units_info[first]["out_ids"], units_info[name]["out_ids"])]
         elif kinds[name] not in ("merge", "concat") and len(producers.get(name, [])) == 1:

@@ -93,8 +93,11 @@ from keras_group_lasso.graph.rules.shape import (
     ConstantValue,
     FlattenRule,
     GlobalPoolRule,
+    ReverseCall,
+    ReverseCallRule,
     WholeRule,
     is_constant_array,
+    is_reverse_call,
     split_slices,
 )
 from keras_group_lasso.graph.rules.units import KernelUnitsRule, UnitsRule, dense_equation
@@ -290,6 +293,8 @@ def rule_of(layer):
         return _CONSTANT_RULE
     if isinstance(layer, ChannelSlice):
         return _SLICE_RULE
+    if isinstance(layer, ReverseCall):
+        return _REVERSE_RULE
     rule = _RULES.get(type(layer))
     if rule is None and f"{type(layer).__module__}.{type(layer).__qualname__}" in _BY_NAME:
         _, description, make = _BY_NAME[f"{type(layer).__module__}.{type(layer).__qualname__}"]
@@ -403,4 +408,5 @@ def _register_builtin():
 _register_builtin()
 # Not in the table: no layer class of the user's is a constant, and the list of supported layers stays the layers'.
 _CONSTANT_RULE = ConstantRule(ConstantValue, "a tensor no model input reaches")
+_REVERSE_RULE = ReverseCallRule(ReverseCall, "ReversibleEmbedding called with reverse=True (kept whole)")
 _SLICE_RULE = ChannelSliceRule(ChannelSlice, "x[..., a:b] and keras.ops.split on the last axis (channels)")

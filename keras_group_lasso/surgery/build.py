@@ -1,6 +1,7 @@
 """Build the smaller model: apply the steps of the plan to a thresholded copy of the weights, with constants folded."""
 
 import collections
+import copy
 import warnings
 
 import keras
@@ -352,12 +353,18 @@ def _rebuilt_model(model, small, rebuilt):
         config = model.get_config()
     except Exception:  # noqa: BLE001 - a model whose config cannot be written
         return None
-    if not changes[0] or any(config.get(key) != old for key, (old, _) in changes[0].items()):
+    config = copy.deepcopy(config)
+    widths = config
+    backbone = config.get("backbone")
+    if not all(key in config for key in changes[0]) and isinstance(backbone, dict) and isinstance(
+            backbone.get("config"), dict):
+        widths = backbone["config"]  # a Task (a CausalLM around its Backbone): the widths are its Backbone's
+    if not changes[0] or any(widths.get(key) != old for key, (old, _) in changes[0].items()):
         return None
-    values = {v.path: v for v in small.weights}
-    if sorted(values) != sorted(v.path for v in model.weights):
+    values = _weights_by_path(model, small)
+    if values is None:
         return None  # a layer was added (a feature selection, a folded constant) or removed
-    config = dict(config, **{key: new for key, (_, new) in changes[0].items()})
+    widths.update({key: new for key, (_, new) in changes[0].items()})
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
@@ -369,6 +376,21 @@ def _rebuilt_model(model, small, rebuilt):
     except Exception:  # noqa: BLE001 - a config its class refuses
         return None
     return again if blocks_module.same_outputs(small, None, again, None) else None
+
+
+def _weights_by_path(model, small):
+    """``{path: variable of small}`` for every weight path of ``model``: the variable of ``small`` of that path, or
+    of that path after the name of the nested model that held it (``gemma_backbone_token_embedding/embeddings``
+    for a Task's Backbone's ``token_embedding/embeddings``); ``None`` unless that pairs every weight once."""
+    found, used = {}, set()
+    for variable in model.weights:
+        candidates = [v for v in small.weights if v.path == variable.path] or [
+            v for v in small.weights if v.path.endswith(f"_{variable.path}")]
+        if len(candidates) != 1 or id(candidates[0]) in used:
+            return None
+        found[variable.path] = candidates[0]
+        used.add(id(candidates[0]))
+    return found if len(used) == len(small.weights) else None
 
 
 def _thresholded_block(block, tensors, threshold):

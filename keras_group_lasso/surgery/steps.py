@@ -376,6 +376,8 @@ class _Planner:
             self.slice_channels(node, src)
         elif node.kind == Kind.WHOLE:  # every channel it reads stays, and so does every output
             self.present[node.name] = np.ones(node.ids.size, bool)
+            if self.call_shared(node, src[0]):  # a ReversibleEmbedding's logits: its new layer called again
+                return
             self.made.add(node.name)
             self.steps.append(SlicePerUnit(node.name, src[0]))
         else:

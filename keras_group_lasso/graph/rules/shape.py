@@ -225,6 +225,42 @@ class WholeRule(LayerRule):
             return None, "a layer kept whole with several outputs, or whose output's last axis has no known size"
         return int(width), None
 
+class ReverseCall:
+    """A ``ReversibleEmbedding`` called with ``reverse=True`` (a language model's logits from its token table), as
+    a node of the graph: the layer's later call, kept whole (every channel it reads stays; its outputs, one per
+    token of the vocabulary, are new units). Its weights are the layer's, counted at its forward call.
+
+    Args:
+        layer: the ``ReversibleEmbedding``.
+    """
+
+    trainable_weights = ()
+    weights = ()
+
+    def __init__(self, layer):
+        self.layer = layer
+        self.name = layer.name
+
+    def __repr__(self):
+        return f"ReverseCall({self.name!r})"
+
+
+def is_reverse_call(layer, node):
+    """``node`` (a serialized call of ``layer``) calls a ``ReversibleEmbedding`` with ``reverse=True``."""
+    if type(layer).__name__ != "ReversibleEmbedding" or not isinstance(node, dict):
+        return False
+    args, kwargs = node.get("args", []), node.get("kwargs", {})
+    return kwargs.get("reverse") is True or (len(args) > 1 and args[1] is True)
+
+
+class ReverseCallRule(WholeRule):
+    """A :class:`ReverseCall`: every channel it reads stays, and it makes one logit per token (the table's rows).
+    Surgery calls the new embedding again with ``reverse=True`` (the same layer, so a tied table stays tied)."""
+
+    def new_units(self, layer, flat):
+        return int(layer.layer.input_dim), None
+
+
 class PadRule(LayerRule):
     """``keras.ops.pad`` of the positions (not the batch or channels), with zeros or with ``-inf``.
 

@@ -783,19 +783,20 @@ class EmbeddingRule(UnitsRule):
 
 class ReversibleEmbeddingRule(EmbeddingRule):
     """``ReversibleEmbedding`` called forward (indices to vectors), as an ``Embedding``: its output dimensions are
-    units. Its table is also the output projection when the layer is called with ``reverse=True`` (a language
-    model's logits): that use is refused by name. Without tied weights, the rows of the reverse projection go
-    with the columns of the table."""
+    units. Its later calls with ``reverse=True`` (a language model's logits, from the same table when tied) are
+    kept whole (:class:`~keras_group_lasso.graph.rules.shape.ReverseCall`): every channel they read stays, so the
+    table keeps its columns. Without tied weights, the rows of the reverse projection go with the columns of the
+    table."""
 
     def refusal(self, layer):
         reason = adapted(layer)
         if reason:
             return reason
-        for node in getattr(layer, "_inbound_nodes", ()):
-            args, kwargs = node.arguments.args, node.arguments.kwargs
+        nodes = getattr(layer, "_inbound_nodes", ())
+        if nodes:
+            args, kwargs = nodes[0].arguments.args, nodes[0].arguments.kwargs
             if kwargs.get("reverse") is True or (len(args) > 1 and args[1] is True):
-                return ("a ReversibleEmbedding also called with reverse=True (its table is the output projection "
-                        "too)")
+                return "a ReversibleEmbedding called first with reverse=True (its logits before its vectors)"
         return None
 
     def slice_units(self, layer, weights, in_units, kept_in, kept_out):
