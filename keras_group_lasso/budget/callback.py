@@ -93,7 +93,10 @@ class SparsityBudget(keras.callbacks.Callback):
         max_features: selected input features.
         max_units: live hidden units (neurons, channels).
         max_params: parameters of the Dense and convolution layers.
-        max_flops: multiply-adds per sample of those layers.
+        max_flops: multiply-adds per sample of those layers; per position (a
+            token) for a model on sequences of any length whose every
+            counted layer works per position (a language model; the
+            attention's products over the positions are counted at one).
         max_latency: a float in (0, 1], a fraction of the dense model's
             measured time, or ``(seconds, batch size)``, a time per batch
             of that size. The table is measured at that batch size, or at
@@ -136,7 +139,8 @@ class SparsityBudget(keras.callbacks.Callback):
             ``fit`` starts, a model whose layers carry no penalty of this
             package, whose group penalties all have ``factor`` 0, or (on JAX) a
             plain Sequential (see :mod:`keras_group_lasso.declared`); a
-            ``max_flops`` for a model with inputs of variable size; a
+            ``max_flops`` for a model with inputs of variable size whose
+            layers are counted some per position and some per sample; a
             ``latency_table`` measured for another model; a ``max_latency``
             below the predicted time of the narrowest model the budget can
             reach (every prunable layer one unit wide), before the first step.
@@ -340,9 +344,11 @@ class SparsityBudget(keras.callbacks.Callback):
             fail(_OWNER, "model", "a model with group penalties of factor > 0 (the budget scales their strength)",
                  self.model)
         report = analysis.sparsity_report(self.model, threshold=self.threshold)
-        if self.max_flops is not None and getattr(report, "flops_per_position", False):
-            fail(_OWNER, "max_flops", "None for a model with inputs of variable size (its multiply-adds are "
-                 "counted per position, not per sample): use max_params or max_units", self.max_flops)
+        per_position = {layer.flops_per_position for layer in report.layers if layer.flops_before}
+        if self.max_flops is not None and len(per_position) > 1:
+            fail(_OWNER, "max_flops", "None for a model with inputs of variable size whose layers are counted some "
+                 "per position and some per sample (after a global pooling): use max_params or max_units",
+                 self.max_flops)
         self.dense = {"features": report.n_features, "units": report.neurons, "params": report.params_before,
                       "flops": report.flops_before}
         self.limits, above = schedule.limits_of({"features": self.max_features, "units": self.max_units,

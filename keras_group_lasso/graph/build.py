@@ -31,7 +31,7 @@ import keras
 import numpy as np
 
 from keras_group_lasso.graph import registry
-from keras_group_lasso.graph.rules.base import Kind, mark_probe_sized, probe_sized
+from keras_group_lasso.graph.rules.base import PROBE_SIZES, Kind, mark_probe_sized, probe_sized
 
 __all__ = ["Node", "UnitsNode", "Stream", "ModelGraph", "model_graph", "flat_graph", "is_graph_model", "graph_model",
            "traced_block", "BlockCall", "block_arguments", "block_operands", "fixed_sizes"]
@@ -735,9 +735,6 @@ def _trace(layer):
 _CALLS = weakref.WeakKeyDictionary()  # traced block -> (args, kwargs, inputs) of the call it was traced on
 
 
-#: The sizes that stand for the unknown axes of a block's inputs (batch first, then each other axis) when its call
-#: takes a size as a number (:func:`_traced_call`): small, distinct, and unlike any channel count of a tiny model.
-PROBE_SIZES = (2, 7)
 
 
 def _traced_call(layer, call):

@@ -23,6 +23,17 @@ def _attention_variables(layer):
     return found
 
 
+def _steps(layer):
+    """The length of the sequence ``layer`` reads, ``None`` where unknown (any length; a layer with several calls
+    or none; one called only inside a block traced at probe sizes)."""
+    if probe_sized(layer):
+        return None
+    try:
+        return layer.input[0].shape[1] if isinstance(layer.input, (list, tuple)) else layer.input.shape[1]
+    except Exception:  # noqa: BLE001 - a layer with several calls or none
+        return None
+
+
 class AttentionRule(SequenceRule):
     """``MultiHeadAttention`` (self-attention: query, key and value read one tensor): heads are its inner units.
 
@@ -185,10 +196,7 @@ class AttentionRule(SequenceRule):
         variables = _attention_variables(layer)
         heads, key_dim = (int(d) for d in variables["query"].shape[1:])
         value_dim = int(variables["value"].shape[-1])
-        try:
-            steps = layer.input[0].shape[1] if isinstance(layer.input, (list, tuple)) else layer.input.shape[1]
-        except Exception:  # noqa: BLE001 - a layer with several calls or none
-            steps = None
+        steps = _steps(layer)
         return heads, key_dim, value_dim, 1 if steps is None else int(steps)
 
     def flops(self, layer, positions, in_units, out_units, output_shape, heads=None, key_dim=None, value_dim=None):
@@ -405,10 +413,7 @@ class GroupedQueryAttentionRule(AttentionRule):
         weights = {role: np.empty(tuple(int(d) for d in variable.shape), np.int8)
                    for role, variable in self.kernels(layer).items()}
         parts = self._layers(layer)
-        try:
-            steps = layer.input[0].shape[1] if isinstance(layer.input, (list, tuple)) else layer.input.shape[1]
-        except Exception:  # noqa: BLE001 - a layer with several calls or none
-            steps = None
+        steps = _steps(layer)
         query = np.transpose(weights["query"], _projection_axes(parts["query"]))
         key = np.transpose(weights["key"], _projection_axes(parts["key"]))
         return query.shape[1], key.shape[1], query.shape[2], 1 if steps is None else int(steps)

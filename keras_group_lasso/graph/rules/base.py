@@ -350,11 +350,16 @@ class InputRule(LayerRule):
     kind = Kind.INPUT
 
 def output_shape(layer, out_units):
-    """The layer's output shape, ``(None, out_units)`` for a layer inside a model the graph cannot see into."""
+    """The layer's output shape, ``(None, out_units)`` for a layer inside a model the graph cannot see into. A
+    layer called only inside a block traced at probe sizes (:data:`PROBE_SIZES`) has its batch and the axes of
+    those sizes unknown again (``None``): they take any size."""
     try:
-        return tuple(layer.output.shape)
+        shape = tuple(layer.output.shape)
     except Exception:  # noqa: BLE001 - Keras raises several types for a layer with no single output
         return (None, out_units)
+    if probe_sized(layer) and shape:
+        shape = (None,) + tuple(None if d == PROBE_SIZES[1] else d for d in shape[1:-1]) + shape[-1:]
+    return shape
 
 
 def variable_axes(output_shape):
@@ -394,6 +399,11 @@ def pads(layer):
     window = getattr(layer, "kernel_size", None)
     return not (window and all(int(k) == 1 for k in window))
 
+
+#: The sizes that stand for the unknown axes of a block's inputs (batch first, then each other axis) when its call
+#: takes a size as a number (:func:`keras_group_lasso.graph.build.fixed_sizes`): small, distinct, and unlike any
+#: channel count of a tiny model.
+PROBE_SIZES = (2, 7)
 
 _PROBE_SIZED = weakref.WeakKeyDictionary()  # layers called while a block was traced at probe sizes
 
