@@ -564,3 +564,29 @@ def test_a_gemma_causal_lm_prunes_exactly_with_its_tied_logits_and_is_a_gemma_ca
     small = assert_prunes_exactly_and_reloads(lm, _token_batch(lm, rng), tmp_path)
     assert not isinstance(small, M.GemmaCausalLM) and not small.rebuilt_model
     assert small.output.shape[-1] == 50  # the logits: one per token of the vocabulary
+
+
+@pytest.mark.skipif(keras.backend.backend() == "jax", reason="compiles slowly on JAX; Gemma prunes there above")
+def test_a_flop_budget_per_token_trains_a_gemma_causal_lm_to_its_size_and_prunes_it_exactly(rng):
+    """``SparsityBudget(max_flops=0.6)`` on a ``GemmaCausalLM`` (sequences of any length: its FLOPs are counted per
+    token), group penalties and Proximal(Adam): heads or neurons go during training, the FLOPs land within the
+    budget, and the pruned model is exact against the thresholded one."""
+    from keras_group_lasso import Proximal, SparsityBudget, sparsity_report
+
+    keras.utils.set_random_seed(0)
+    sparse = add_group_sparsity(M.GemmaCausalLM(backbone=_gemma(), preprocessor=None), 1e-3)
+    ids = rng.integers(1, 50, size=(256, 10)).astype("int32")
+    ids[:, 1::2] = (ids[:, ::2] * 7) % 50  # every other token follows from the one before
+    x = {"token_ids": ids, "padding_mask": np.ones_like(ids)}
+    sparse.compile(optimizer=Proximal(keras.optimizers.Adam(1e-2)),
+                   loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    sparse.fit(x, np.roll(ids, -1, axis=1), epochs=4, batch_size=32, verbose=0,
+               callbacks=[SparsityBudget(max_flops=0.6)])
+    report = sparsity_report(sparse, T)
+    assert report.flops_per_position and 0.48 <= report.flops_after / report.flops_before <= 0.6
+    small = prune_model(sparse, T)
+    assert small.count_params() < sparse.count_params()
+    apply_threshold(sparse, T)
+    want = keras.ops.convert_to_numpy(sparse(x))
+    np.testing.assert_allclose(keras.ops.convert_to_numpy(small(x)), want, rtol=0,
+                               atol=1e-5 * max(1.0, float(np.max(np.abs(want)))))

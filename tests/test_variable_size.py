@@ -228,3 +228,31 @@ def test_sparsity_monitor_logs_and_tensorboard_on_a_variable_length_model(tmp_pa
             tags.update(value.tag for value in event.summary.value)
     assert {"flops/after_per_position", "flops/ratio", "live_units/c0", "group_norms/c0"} <= tags
     assert "flops/after" not in tags and "input_feature_strength" not in tags
+
+
+def test_a_flop_budget_counts_a_model_on_sequences_of_any_length_per_position(rng):
+    """Every counted layer works per position (a per-token model, as a language model is): ``max_flops`` is a limit
+    per position and lands; with a global pooling before its head some layers count per sample: refused, naming
+    the argument."""
+    from keras_group_lasso import InvalidParameterError, Proximal, SparsityBudget, add_group_sparsity
+
+    keras.utils.set_random_seed(0)
+    inputs = keras.Input((None, 6))
+    hidden = L.Dense(24, activation="relu", name="hidden")(inputs)
+    model = keras.Model(inputs, L.Dense(3, name="out")(L.Dense(16, activation="relu", name="second")(hidden)))
+    sparse = add_group_sparsity(model, 1e-3)
+    sparse.compile(optimizer=Proximal(keras.optimizers.Adam(1e-2)), loss="mse")
+    x = rng.normal(size=(256, 5, 6)).astype("float32")
+    y = x[..., :3] * 2.0
+    sparse.fit(x, y, epochs=4, batch_size=32, verbose=0, callbacks=[SparsityBudget(max_flops=0.5)])
+    report = sparsity_report(sparse, T)
+    assert report.flops_per_position and 0.4 <= report.flops_after / report.flops_before <= 0.5
+    _assert_same_outputs(prune_model(sparse, T), sparse, x[:8, :3])
+
+    pooled = keras.Model(inputs, L.Dense(3, name="head")(L.GlobalAveragePooling1D()(L.Dense(8, name="d")(inputs))))
+    pooled = add_group_sparsity(pooled, 1e-3)
+    pooled.compile(optimizer="adam", loss="mse")
+    with pytest.raises(InvalidParameterError, match=r"SparsityBudget: argument `max_flops` must be None for a model "
+                                                    r"with inputs of variable size whose layers are counted some per "
+                                                    r"position and some per sample"):
+        pooled.fit(x, y[:, 0], epochs=1, verbose=0, callbacks=[SparsityBudget(max_flops=0.5)])

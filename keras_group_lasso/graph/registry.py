@@ -331,7 +331,8 @@ def supported_of(kind):
     """
     named = {description: rule_kind for rule_kind, description, _ in _BY_NAME.values()}
     return tuple(rule.description for rule in _RULES.values() if rule.kind == kind and rule.description not in named
-                 ) + tuple(description for description, rule_kind in named.items() if rule_kind == kind)
+                 ) + tuple(description for description, rule_kind in named.items() if rule_kind == kind) + tuple(
+        rule.description for rule in (_REVERSE_RULE,) if rule.kind == kind)
 
 
 #: What a refusal says to do (the list of supported layers is long: it is in the README, not in a message).
