@@ -305,7 +305,7 @@ def _roles_by_layer(owner, model):
 
 def _from_config(layer):
     """A new layer of ``layer``'s class from its config (:func:`~keras_group_lasso.graph.registry.layer_from_config`)."""
-    return registry.layer_from_config(layer, layer.get_config())
+    return registry.layer_from_config(layer, registry.layer_config(layer))
 
 
 def _penalise_sublayers(block, new, penalised, found=None):

@@ -261,43 +261,76 @@ def test_an_encoder_that_lost_feed_forward_neurons_only_is_a_keras_hub_transform
     assert len(small.rebuilt_blocks) == 2
 
 
-def _llama():
-    return M.LlamaBackbone(vocabulary_size=50, num_layers=1, num_query_heads=4, num_key_value_heads=2, hidden_dim=16,
-                           intermediate_dim=24)
+DECODERS = {  # grouped-query attention whose class ties the size of a head to the width: heads stay whole
+    family: (lambda cls=cls: getattr(M, cls)(vocabulary_size=50, num_layers=2, num_query_heads=4,
+                                              num_key_value_heads=2, hidden_dim=16, intermediate_dim=24))
+    for family, cls in (("Llama", "LlamaBackbone"), ("Mistral", "MistralBackbone"), ("Qwen2", "QwenBackbone"),
+                        ("Phi3", "Phi3Backbone"))
+}
+# each family on one backend or two (the suite's time on 2 cores): the parts are Llama's, and Gemma's rule (the
+# same one, heads pruned) runs on all three
+DECODER_BACKENDS = {"Llama": ("tensorflow", "torch"), "Mistral": ("torch",), "Qwen2": ("tensorflow",),
+                    "Phi3": ("jax",)}
 
 
-def test_a_llama_decoder_is_traced_at_probe_sizes_and_its_attention_is_what_is_left(rng):
-    """KerasHub's decoders take the sequence length as a number (``ops.arange(ops.shape(x)[1])`` for the causal mask
-    and the rotary positions): traced at probe sizes, the decoder's layers are nodes of the graph. Its gated feed
-    forward and its norms are read; its grouped-query attention (EinsumDense into heads, rotary embedding, repeated
-    key-value heads) and the mask it is given are what the graph still names."""
-    from keras_hub.src.models.llama.llama_layernorm import LlamaLayerNorm
+def _decoder_params():
+    return [pytest.param(family, marks=(pytest.mark.skipif(
+        keras.backend.backend() not in DECODER_BACKENDS[family],
+        reason=f"tested on {', '.join(DECODER_BACKENDS[family])} (the parts are Llama's)"),)) for family in DECODERS]
 
-    from keras_group_lasso.graph import register_layer, unregister_layer
-    from keras_group_lasso.graph.build import fixed_sizes, traced_block
 
-    model = _llama()
-    decoder = model.get_layer("transformer_layer_0")
-    x = {"token_ids": rng.integers(1, 50, size=(2, 5)).astype("int32"), "padding_mask": np.ones((2, 5), "int32")}
-    before = keras.ops.convert_to_numpy(model(x))
-    register_layer(LlamaLayerNorm, "tail")
-    try:
-        assert traced_block(decoder) is not None and fixed_sizes(decoder)
-        graph = model_graph(model)
-    finally:
-        unregister_layer(LlamaLayerNorm)
-    for name in ("feedforward_gate_dense", "feedforward_intermediate_dense", "feedforward_output_dense",
-                 "self_attention/query", "self_attention/attention_output"):
-        assert f"transformer_layer_0/{name}" in graph.layers
-    assert fixed_sizes(decoder._self_attention_layer)
-    mask_operations = {"ExpandDims", "Cast", "Minimum"}  # the padding mask merged with the causal mask
-    left = [(name, cls) for name, cls, _ in graph.problems
-            if not name.startswith("transformer_layer_0/self_attention/")]
-    assert left and all(cls.split(".")[-1] in mask_operations for _, cls in left), left
-    refused = {cls for name, cls, _ in graph.problems if name.startswith("transformer_layer_0/self_attention/")}
-    assert "EinsumDense" in refused and "keras.ops.Repeat" in refused
-    # tracing changes nothing the model computes
-    np.testing.assert_allclose(keras.ops.convert_to_numpy(model(x)), before, rtol=1e-6, atol=1e-6)
+def _kill_neurons(model, dead):
+    """Zero the down-projection rows of feed-forward neurons ``dead[i]`` in decoder ``i``."""
+    for i, neurons in enumerate(dead):
+        variable = next(v for v in model.weights
+                        if v.path == f"transformer_layer_{i}/feedforward_output_dense/kernel")
+        values = keras.ops.convert_to_numpy(variable).copy()
+        values[list(neurons)] = 0.0
+        variable.assign(values)
+
+
+@pytest.mark.parametrize("family", _decoder_params())
+def test_llama_style_decoders_lose_gated_neurons_exactly_with_their_heads_whole(family, rng, tmp_path):
+    """KerasHub's Llama, Mistral, Qwen2 and Phi-3 decoders: traced at probe sizes (their causal mask and rotary
+    positions), read as a grouped-query attention kept whole (their classes derive the size of a head from the
+    width and the number of heads; said once) and a gated feed-forward whose neurons go from gate, up and down
+    together; built again as their own class (KerasHub 0.32's Llama decoder writes no config it can read: the
+    pruned one writes its arguments), saved, loaded without this package."""
+    from test_model_families import assert_same_outputs
+
+    model = DECODERS[family]()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        sparse = add_group_sparsity(model, 1e-3)
+    said = [str(w.message) for w in caught if issubclass(w.category, UserWarning)]
+    assert len(said) == 1 and "get no group penalty and stay whole" in said[0], said
+    penalised = {v.path for v in sparse.trainable_weights if v.regularizer is not None}
+    assert {f"transformer_layer_{i}/feedforward_{part}_dense/kernel" for i in (0, 1)
+            for part in ("gate", "intermediate", "output")} <= penalised
+    _kill_neurons(model, ([1, 4, 7], [0, 2]))
+    small = assert_prunes_exactly_and_reloads(model, _token_batch(model, rng), tmp_path)
+    assert_same_outputs(small, model, _token_batch(model, rng, length=5), 1e-5)
+    assert {call: found.changed for call, found in small.rebuilt_blocks.items()} == {
+        "transformer_layer_0": {"intermediate_dim": (24, 21)}, "transformer_layer_1": {"intermediate_dim": (24, 22)}}
+    assert small.pruning_report.uninterpreted_layers == ()
+    assert_loads_without_this_package({family: (small, _token_batch(model, rng))}, tmp_path)
+
+
+@pytest.mark.skipif(keras.backend.backend() == "jax", reason="compiles slowly on JAX; a Task built again is tested "
+                                                             "there with Gemma")
+def test_a_llama_causal_lm_whose_decoders_keep_as_many_neurons_is_a_llama_causal_lm_again_and_generates(rng,
+                                                                                                       tmp_path):
+    lm = M.LlamaCausalLM(backbone=DECODERS["Llama"](), preprocessor=None)
+    _kill_neurons(lm.backbone, ([1, 4, 7], [2, 5, 9]))
+    small = assert_prunes_exactly_and_reloads(lm, _token_batch(lm, rng), tmp_path)
+    assert type(small) is M.LlamaCausalLM and small.rebuilt_model and small.backbone.intermediate_dim == 21
+    prompt = {"token_ids": np.array([[5, 6, 7, 0, 0, 0]], "int32"),
+              "padding_mask": np.array([[1, 1, 1, 0, 0, 0]], "int32")}
+    apply_threshold(lm, T)
+    for model in (small, lm):
+        model.compile(sampler="greedy")  # Llama samples from the top k by default
+    np.testing.assert_array_equal(keras.ops.convert_to_numpy(small.generate(prompt, stop_token_ids=None)["token_ids"]),
+                                  keras.ops.convert_to_numpy(lm.generate(prompt, stop_token_ids=None)["token_ids"]))
 
 
 def _gpt2():

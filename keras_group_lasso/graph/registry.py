@@ -70,6 +70,7 @@ from keras_group_lasso.graph.rules.base import (
     LayerRule,
     call_activation,
     call_on_constants,
+    keep_config,
     layer_config,
     layer_from_config,
     output_shape,
@@ -279,6 +280,27 @@ _BY_NAME = {  # module.name: (kind, description, rule of the class)
     "keras_hub.src.models.gemma.gemma_attention.CachedGemmaAttention": (
         "units", "CachedGemmaAttention (KerasHub Gemma; grouped-query heads pruned, called without a cache)",
         attention.GroupedQueryAttentionRule),
+    "keras_hub.src.models.llama.llama_attention.LlamaAttention": (
+        "units", "LlamaAttention (KerasHub Llama; heads kept whole, called without a cache)",
+        attention.WholeHeadsAttentionRule),
+    "keras_hub.src.models.llama.llama_layernorm.LlamaLayerNorm": (
+        "tail", "LlamaLayerNorm (KerasHub Llama; its channels stay)", channels.LastAxisNormalizationRule),
+    "keras_hub.src.models.mistral.mistral_attention.CachedMistralAttention": (
+        "units", "CachedMistralAttention (KerasHub Mistral; heads kept whole, called without a cache)",
+        attention.WholeHeadsAttentionRule),
+    "keras_hub.src.models.mistral.mistral_layer_norm.MistralLayerNormalization": (
+        "tail", "MistralLayerNormalization (KerasHub Mistral; its channels stay)",
+        channels.LastAxisNormalizationRule),
+    "keras_hub.src.models.qwen.qwen_attention.QwenAttention": (
+        "units", "QwenAttention (KerasHub Qwen2; heads kept whole, called without a cache)",
+        attention.WholeHeadsAttentionRule),
+    "keras_hub.src.models.qwen.qwen_layernorm.QwenLayerNorm": (
+        "tail", "QwenLayerNorm (KerasHub Qwen2; its channels stay)", channels.LastAxisNormalizationRule),
+    "keras_hub.src.models.phi3.phi3_attention.Phi3Attention": (
+        "units", "Phi3Attention (KerasHub Phi-3; heads kept whole, called without a cache)",
+        attention.WholeHeadsAttentionRule),
+    "keras_hub.src.models.phi3.phi3_layernorm.Phi3LayerNorm": (
+        "tail", "Phi3LayerNorm (KerasHub Phi-3; its channels stay)", channels.LastAxisNormalizationRule),
     "keras_hub.src.models.gemma.rms_normalization.RMSNormalization": (
         "tail", "RMSNormalization (KerasHub Gemma; its channels stay)", channels.LastAxisNormalizationRule),
     "keras_hub.src.models.vit.vit_layers.ViTPatchingAndEmbedding": (

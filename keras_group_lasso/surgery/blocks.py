@@ -54,6 +54,7 @@ def rebuilt_block(block, weights, tensors, name, probes=None):
     if new is None or [tuple(w.shape) for w in new.weights] != targets:
         return Rebuilt(None, {}, "no integer argument of its config gives the pruned widths")
     new.set_weights(weights)
+    registry.keep_config(new, dict(config, **{key: value for key, (_, value) in changed.items()}))
     return Rebuilt(new, changed)
 
 

@@ -522,7 +522,7 @@ class _Builder:
         args, kwargs = block_arguments(block.layer, [self.tensors[name] for name in block.operands])
         new = self.blocks.get(id(layer))
         if new is None:  # a fresh copy: the checked one was also called on inputs of its own
-            new = self.blocks[id(layer)] = registry.layer_from_config(layer, layer.get_config())
+            new = self.blocks[id(layer)] = registry.layer_from_config(layer, registry.layer_config(layer))
             self.taken.add(new.name)
             with blocks_module.zero_initializers(new):
                 outputs = keras.tree.flatten(new(*args, **kwargs))
@@ -572,7 +572,7 @@ class _Builder:
             # Fresh layers: those above were called on a functional input already.
             fresh = []
             for layer, new in built:
-                clone = registry.layer_from_config(layer, layer.get_config())
+                clone = registry.layer_from_config(layer, registry.layer_config(layer))
                 if id(layer) in self.initializers:
                     self.initializers[id(clone)] = self.initializers.pop(id(layer))
                 fresh.append((clone, new))

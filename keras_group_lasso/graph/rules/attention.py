@@ -311,17 +311,21 @@ class GroupedQueryAttentionRule(AttentionRule):
             axes = _output_axes(sub) if role == "output" else _projection_axes(sub)
             if axes is None:
                 return f"a grouped-query attention whose {role} equation is {sub.equation!r}"
-            if sub.bias is not None:
-                return f"a grouped-query attention whose {role} projection has a bias"
+            if sub.bias is not None and self._refused_bias(role):
+                return self._refused_bias(role)
         if not getattr(layer, "query_head_dim_normalize", True):
             return "a grouped-query attention with query_head_dim_normalize=False (its scale follows the heads)"
-        heads, groups = int(layer.num_query_heads), int(layer.num_key_value_heads)
+        heads, groups = (int(next(getattr(layer, name) for name in (key, f"_{key}") if hasattr(layer, name)))
+                         for key in ("num_query_heads", "num_key_value_heads"))  # Mistral keeps them as _...
         if heads % groups:
             return "a grouped-query attention whose query heads are not a multiple of its key-value heads"
         return None
 
     def kernels(self, layer):
         return {role: sub.kernel for role, sub in self._layers(layer).items()}
+
+    def _refused_bias(self, role):
+        return f"a grouped-query attention whose {role} projection has a bias"
 
     def head_kernel(self, layer):
         """The output kernel, whose groups along its heads axis are the query heads."""
@@ -374,9 +378,12 @@ class GroupedQueryAttentionRule(AttentionRule):
         return np.sqrt(sum(np.sum(np.square(weights[role].astype(np.float32)), axis=(1, 2))
                            for role in ("query", "key", "value")))
 
-    def kept_heads(self, weights, kept_out):
-        """``(query heads, key-value heads)`` that stay, in order, every kept group with as many query heads."""
+    def kept_heads(self, weights, kept_out, whole=False):
+        """``(query heads, key-value heads)`` that stay, in order, every kept group with as many query heads
+        (``whole``: all of them)."""
         group = self._group(weights)
+        if whole:
+            return np.arange(weights["query"].shape[1]), np.arange(weights["key"].shape[1])
         live = self.live_heads(weights, kept_out).reshape(-1, group)  # (key-value heads, group)
         groups = np.flatnonzero(live.any(axis=1))
         if groups.size == 0:  # a layer has at least one head: one whose output weights are zero adds nothing
@@ -386,14 +393,14 @@ class GroupedQueryAttentionRule(AttentionRule):
         return np.concatenate(heads), groups
 
     def kept_shape(self, weights, kept_out, whole=False):
-        heads = np.arange(weights["query"].shape[1]) if whole else self.kept_heads(weights, kept_out)[0]
+        heads = self.kept_heads(weights, kept_out, whole)[0]
         key_dim, value_dim = weights["query"].shape[-1], weights["value"].shape[-1]
         return heads, [np.arange(key_dim)] * heads.size, [np.arange(value_dim)] * heads.size
 
     def slice_units(self, layer, weights, in_units, kept_in, kept_out):
         kept_in = np.asarray(kept_in, dtype=int)
         kept_out = np.asarray(kept_out, dtype=int)
-        heads, groups = self.kept_heads(weights, kept_out)
+        heads, groups = self.kept_heads(weights, kept_out, self.keeps_heads_whole(layer))
         parts = self._layers(layer)
         chosen = {"query": weights["query"][kept_in][:, heads], "key": weights["key"][kept_in][:, groups],
                   "value": weights["value"][kept_in][:, groups], "output": weights["output"][heads][..., kept_out]}
@@ -401,8 +408,8 @@ class GroupedQueryAttentionRule(AttentionRule):
         for role in ("query", "key", "value", "output"):
             axes = _output_axes(parts[role]) if role == "output" else _projection_axes(parts[role])
             new.append(np.ascontiguousarray(np.transpose(chosen[role], np.argsort(axes))))
-        order = [sub.kernel.path for sub in (parts[role] for role in ("query", "key", "value", "output"))]
-        by_path = dict(zip(order, new))
+        by_path = {variable.path: to_numpy(variable) for variable in layer.weights}  # biases: whole heads only
+        by_path.update(zip([parts[role].kernel.path for role in ("query", "key", "value", "output")], new))
         config = dict(layer_config(layer), num_query_heads=int(heads.size), num_key_value_heads=int(groups.size))
         return config, [by_path[variable.path] for variable in layer.weights]
 
@@ -434,10 +441,25 @@ class GroupedQueryAttentionRule(AttentionRule):
 
     def inner_units(self, layer, weights, kept_out):
         """``(live query heads, query heads)`` with the units ``kept_out`` kept."""
-        return int(self.kept_heads(weights, kept_out)[0].size), int(weights["output"].shape[0])
+        heads = self.kept_heads(weights, kept_out, self.keeps_heads_whole(layer))[0]
+        return int(heads.size), int(weights["output"].shape[0])
 
     def kept_cost(self, layer, positions, kept_in, kept_out, output_shape, has_bias, weights, kept_mask):
-        heads, groups = self.kept_heads(weights, np.flatnonzero(kept_mask))
+        heads, groups = self.kept_heads(weights, np.flatnonzero(kept_mask), self.keeps_heads_whole(layer))
         shape = dict(heads=int(heads.size), groups=int(groups.size))
         return (self.flops(layer, positions, kept_in, kept_out, output_shape, **shape),
                 self.params(layer, positions, kept_in, kept_out, has_bias, **shape))
+
+
+class WholeHeadsAttentionRule(GroupedQueryAttentionRule):
+    """Grouped-query attention whose class derives the size of a head from the model's width and the number of
+    heads (KerasHub's Llama, Mistral, Qwen and Phi-3: ``head_dim = hidden_dim // num_query_heads``): built with
+    fewer heads it would compute something else, so its heads stay whole (no group penalty, said by
+    ``add_group_sparsity``) and the layers around it (the gated feed-forward) are pruned. Its projections may
+    have biases (Qwen's)."""
+
+    def _refused_bias(self, role):
+        return None
+
+    def keeps_heads_whole(self, layer):
+        return True

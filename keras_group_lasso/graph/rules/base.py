@@ -161,6 +161,7 @@ def layer_from_config(layer, config):
         if not same:
             raise
     _write_loadable_config(new, used)
+    keep_config(new, used)
     return new
 
 
@@ -210,7 +211,7 @@ def layer_config(layer):
     raises where one is not kept."""
     try:
         return layer.get_config()
-    except NotImplementedError:
+    except (NotImplementedError, AttributeError):  # no config of its own, or one that reads a missing attribute
         if not isinstance(layer, keras.layers.Layer):
             raise
         config = {"name": layer.name, "trainable": layer.trainable,
@@ -224,10 +225,32 @@ def layer_config(layer):
             if isinstance(found, (keras.initializers.Initializer, keras.regularizers.Regularizer,
                                   keras.constraints.Constraint)):
                 found = keras.saving.serialize_keras_object(found)
+            elif callable(found) and isinstance(_activation_name(found), str):  # an activation: by its name
+                found = _activation_name(found)
             elif not _plain(found):  # not kept, or a value a config cannot hold (a function)
                 raise
             config[key] = found
         return config
+
+
+def _activation_name(function):
+    try:
+        return keras.activations.serialize(function)
+    except Exception:  # noqa: BLE001 - not a Keras activation
+        return None
+
+
+def keep_config(layer, config):
+    """Give ``layer`` (made from ``config``) a ``get_config`` that returns ``config`` where its class's own raises
+    (KerasHub 0.32's ``LlamaTransformerDecoder`` reads an attribute it never sets): a model holding it saves, and
+    loads wherever its class can be imported."""
+    try:
+        type(layer).get_config(layer)
+    except (NotImplementedError, AttributeError):
+        def get_config():
+            return dict(config, name=layer.name)
+
+        layer.get_config = get_config
 
 
 def _plain(value):
