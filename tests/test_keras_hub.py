@@ -623,3 +623,20 @@ def test_a_flop_budget_per_token_trains_a_gemma_causal_lm_to_its_size_and_prunes
     want = keras.ops.convert_to_numpy(sparse(x))
     np.testing.assert_allclose(keras.ops.convert_to_numpy(small(x)), want, rtol=0,
                                atol=1e-5 * max(1.0, float(np.max(np.abs(want)))))
+
+
+@pytest.mark.skipif(keras.backend.backend() != "torch", reason="tested on torch (Gemma's rule, tested everywhere)")
+def test_gemma3_loses_heads_and_neurons_exactly_with_its_query_and_key_norms(rng, tmp_path):
+    """Gemma3's attention normalizes each head's queries and keys (one scale over the head size, shared by the
+    heads): heads go as Gemma's do and the norms stay as they are."""
+    model = M.Gemma3Backbone(vocabulary_size=50, image_size=16, num_layers=2, num_query_heads=4, num_key_value_heads=2,
+                             hidden_dim=16, intermediate_dim=48, head_dim=8)
+    sparse, said = _bare_kernel_warnings(model)
+    assert said == []
+    _kill_gemma(model, 0, [1], [0, 3])
+    _kill_gemma(model, 1, [0, 1, 3], [2, 4])
+    small = assert_prunes_exactly_and_reloads(model, _token_batch(model, rng), tmp_path)
+    assert {call: found.changed for call, found in small.rebuilt_blocks.items()} == {
+        "decoder_block_0": {"intermediate_dim": (48, 46)},
+        "decoder_block_1": {"intermediate_dim": (48, 46), "num_query_heads": (4, 1), "num_key_value_heads": (2, 1)}}
+    assert_loads_without_this_package({"gemma3": (small, _token_batch(model, rng))}, tmp_path)

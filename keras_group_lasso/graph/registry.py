@@ -301,6 +301,11 @@ _BY_NAME = {  # module.name: (kind, description, rule of the class)
         attention.WholeHeadsAttentionRule),
     "keras_hub.src.models.phi3.phi3_layernorm.Phi3LayerNorm": (
         "tail", "Phi3LayerNorm (KerasHub Phi-3; its channels stay)", channels.LastAxisNormalizationRule),
+    "keras_hub.src.models.gemma3.gemma3_attention.CachedGemma3Attention": (
+        "units", "CachedGemma3Attention (KerasHub Gemma3; grouped-query heads pruned, called without a cache)",
+        attention.GroupedQueryAttentionRule),
+    "keras_hub.src.models.gemma3.gemma3_layers.RMSNormalization": (
+        "tail", "RMSNormalization (KerasHub Gemma3; its channels stay)", channels.LastAxisNormalizationRule),
     "keras_hub.src.models.gemma.rms_normalization.RMSNormalization": (
         "tail", "RMSNormalization (KerasHub Gemma; its channels stay)", channels.LastAxisNormalizationRule),
     "keras_hub.src.models.vit.vit_layers.ViTPatchingAndEmbedding": (
