@@ -264,13 +264,13 @@ def test_an_encoder_that_lost_feed_forward_neurons_only_is_a_keras_hub_transform
 DECODERS = {  # grouped-query attention whose class ties the size of a head to the width: heads stay whole
     family: (lambda cls=cls: getattr(M, cls)(vocabulary_size=50, num_layers=2, num_query_heads=4,
                                               num_key_value_heads=2, hidden_dim=16, intermediate_dim=24))
-    for family, cls in (("Llama", "LlamaBackbone"), ("Mistral", "MistralBackbone"), ("Qwen2", "QwenBackbone"),
-                        ("Phi3", "Phi3Backbone"))
+    for family, cls in (("Llama", "LlamaBackbone"), ("Llama3", "Llama3Backbone"), ("Mistral", "MistralBackbone"),
+                        ("Qwen2", "QwenBackbone"), ("Phi3", "Phi3Backbone"))
 }
 # each family on one backend or two (the suite's time on 2 cores): the parts are Llama's, and Gemma's rule (the
 # same one, heads pruned) runs on all three
-DECODER_BACKENDS = {"Llama": ("tensorflow", "torch"), "Mistral": ("torch",), "Qwen2": ("tensorflow",),
-                    "Phi3": ("jax",)}
+DECODER_BACKENDS = {"Llama": ("tensorflow", "torch"), "Llama3": ("torch",), "Mistral": ("torch",),
+                    "Qwen2": ("tensorflow",), "Phi3": ("jax",)}
 
 
 def _decoder_params():
@@ -291,7 +291,7 @@ def _kill_neurons(model, dead):
 
 @pytest.mark.parametrize("family", _decoder_params())
 def test_llama_style_decoders_lose_gated_neurons_exactly_with_their_heads_whole(family, rng, tmp_path):
-    """KerasHub's Llama, Mistral, Qwen2 and Phi-3 decoders: traced at probe sizes (their causal mask and rotary
+    """KerasHub's Llama (and Llama 3), Mistral, Qwen2 and Phi-3 decoders: traced at probe sizes (their causal mask and rotary
     positions), read as a grouped-query attention kept whole (their classes derive the size of a head from the
     width and the number of heads; said once) and a gated feed-forward whose neurons go from gate, up and down
     together; built again as their own class (KerasHub 0.32's Llama decoder writes no config it can read: the

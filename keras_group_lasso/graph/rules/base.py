@@ -210,27 +210,45 @@ def layer_config(layer):
     attribute of that name (or that name after ``_``) where the layer keeps it (KerasHub's ``CachedGemmaAttention``);
     raises where one is not kept."""
     try:
-        return layer.get_config()
+        config = layer.get_config()
     except (NotImplementedError, AttributeError):  # no config of its own, or one that reads a missing attribute
         if not isinstance(layer, keras.layers.Layer):
             raise
         config = {"name": layer.name, "trainable": layer.trainable,
                   "dtype": keras.dtype_policies.serialize(layer.dtype_policy)}
-        parameters = inspect.signature(type(layer).__init__).parameters
-        for key, parameter in parameters.items():
-            if key in ("self", "name", "dtype", "trainable") or parameter.kind in (
-                    inspect.Parameter.VAR_KEYWORD, inspect.Parameter.VAR_POSITIONAL):
-                continue
-            found = next((vars(layer)[at] for at in (key, f"_{key}") if at in vars(layer)), _UNSET)
-            if isinstance(found, (keras.initializers.Initializer, keras.regularizers.Regularizer,
-                                  keras.constraints.Constraint)):
-                found = keras.saving.serialize_keras_object(found)
-            elif callable(found) and isinstance(_activation_name(found), str):  # an activation: by its name
-                found = _activation_name(found)
-            elif not _plain(found):  # not kept, or a value a config cannot hold (a function)
+        for key in _own_arguments(layer):
+            found = _argument_value(layer, key)
+            if found is _UNSET:  # not kept, or a value a config cannot hold (a function)
                 raise
             config[key] = found
         return config
+    # a required argument its class forgets to write (KerasHub 0.32's Qwen3 decoder: head_dim), read where kept
+    for key in _own_arguments(layer, required=True):
+        if key not in config:
+            found = _argument_value(layer, key)
+            if found is not _UNSET:
+                config[key] = found
+    return config
+
+
+def _own_arguments(layer, required=False):
+    """The names of the arguments of ``layer``'s constructor beyond those of every layer (all, or those without a
+    default)."""
+    return [key for key, parameter in inspect.signature(type(layer).__init__).parameters.items()
+            if key not in ("self", "name", "dtype", "trainable")
+            and parameter.kind not in (inspect.Parameter.VAR_KEYWORD, inspect.Parameter.VAR_POSITIONAL)
+            and (not required or parameter.default is inspect.Parameter.empty)]
+
+
+def _argument_value(layer, key):
+    """The value of constructor argument ``key`` as a config holds it, from the attribute of that name (or that
+    name after ``_``); ``_UNSET`` where the layer keeps no such attribute or its value cannot be written."""
+    found = next((vars(layer)[at] for at in (key, f"_{key}") if at in vars(layer)), _UNSET)
+    if isinstance(found, (keras.initializers.Initializer, keras.regularizers.Regularizer, keras.constraints.Constraint)):
+        return keras.saving.serialize_keras_object(found)
+    if callable(found) and isinstance(_activation_name(found), str):  # an activation: by its name
+        return _activation_name(found)
+    return found if _plain(found) else _UNSET
 
 
 def _activation_name(function):
