@@ -15,7 +15,8 @@ For every seed, E = ``--epochs`` epochs at batch ``BATCH``, Adam(``LR``):
 
 1. **dense**: the model trained E epochs.
 2. **budget**: ``add_group_sparsity(model)`` (default strength), ``Proximal(Adam(LR))``,
-   ``SparsityBudget(max_flops=BUDGET)`` with no other argument, E epochs; then ``prune_model``, no fine-tuning.
+   ``SparsityBudget(max_flops=BUDGET)`` with no other argument, E epochs; then ``prune_model``, no fine-tuning;
+   and the pruned model fine-tuned ``--finetune`` epochs (the peers' recipe: prune, then a fine-tuning tail).
 3. **magnitude**: the dense model, the same share of query heads (a key-value head goes with the last query head of
    its group) and of feed-forward neurons removed in every block (smallest L2 norm of their outgoing weights), the
    least share that meets the budget's FLOPs, ``prune_model``; then fine-tuned ``--finetune`` epochs.
@@ -220,6 +221,11 @@ def run_seed(seed, data, epochs, finetune):
     widths = block_widths(small)
     common.say(f"seed {seed} budget: perplexity {pruned_ppl:.3f} at {report.flops_after / report.flops_before:.3f} "
                f"of the counted FLOPs, widths {widths}, {type(small).__name__}")
+    pruned_class, pruned_generates = type(small).__name__, generated(small, data)
+    compiled(small, keras.optimizers.Adam(LR))  # the peers' recipe: a fine-tuning tail on the pruned model
+    _, tail_s, _ = common.fit_recording_warnings(small, data, BATCH, finetune)
+    tail_ppl = perplexity(small, data)
+    common.say(f"seed {seed} budget + {finetune} epoch(s) of fine-tuning: perplexity {tail_ppl:.3f}")
 
     cut, share, cut_ratio = magnitude_pruned(dense, report.flops_after / report.flops_before)
     cut_ppl = perplexity(cut, data)
@@ -234,7 +240,8 @@ def run_seed(seed, data, epochs, finetune):
             "flops_ratio": report.flops_after / report.flops_before,
             "total_flops_before": full, "total_flops_after": flops_per_byte(widths),
             "gap": gap, "widths_before": block_widths(dense), "widths_after": widths,
-            "pruned_class": type(small).__name__, "pruned_generates": generated(small, data),
+            "pruned_class": pruned_class, "pruned_generates": pruned_generates,
+            "budget_finetuned_perplexity": tail_ppl, "budget_finetune_s": tail_s,
             "magnitude_share": share, "magnitude_flops_ratio": cut_ratio,
             "magnitude_total_flops": flops_per_byte(block_widths(cut)), "magnitude_widths": block_widths(cut),
             "magnitude_class": type(cut).__name__, "magnitude_generates": generated(cut, data),
@@ -264,6 +271,9 @@ def table(records, epochs, finetune):
          cell("pruned_perplexity"), versus("pruned_perplexity"), cell("flops_ratio"), total("total_flops_after"),
          "; ".join(width_text(r["widths_after"]) for r in records), f"{max(r['gap'] for r in records):.1e}",
          common.mean_std([r["budget_s"] + r["prune_s"] for r in records], 0)],
+        [f"budget + {finetune} epoch(s) of fine-tuning", f"{epochs} + {finetune}",
+         cell("budget_finetuned_perplexity"), versus("budget_finetuned_perplexity"), cell("flops_ratio"),
+         total("total_flops_after"), "as above", "-", common.mean_std([r["budget_finetune_s"] for r in records], 0)],
         ["magnitude (same share per block), no fine-tuning", str(epochs), cell("magnitude_perplexity"),
          versus("magnitude_perplexity"), cell("magnitude_flops_ratio"), total("magnitude_total_flops"),
          "; ".join(width_text(r["magnitude_widths"]) for r in records), "-", "-"],
