@@ -341,3 +341,43 @@ def fit_recording_warnings(model, data, batch_size, epochs, callbacks=()):
     for message in messages:
         say(f"    warning: {message}")
     return {k: [float(v) for v in values] for k, values in history.history.items()}, wall, messages
+
+
+def flops_ratio(model, threshold):
+    """FLOPs after / before as ``sparsity_report`` counts them at ``threshold``."""
+    from keras_group_lasso import sparsity_report
+
+    report = sparsity_report(model, threshold)
+    return report.flops_after / report.flops_before
+
+
+def magnitude_pruned(dense, kernels, max_flops, steps=12):
+    """Magnitude pruning of units at a FLOP target: ``(pruned copy, share, its FLOPs ratio)``.
+
+    ``kernels``: variables of ``dense`` whose rows (axis 0) are the units' outgoing weights (a head's slice of an
+    attention output kernel, a neuron's row of a down projection). In each, the weakest ``share`` of rows (smallest
+    L2 norm) is zeroed, the least share (by bisection) whose FLOPs meet ``max_flops``; ``prune_model(dense, 0.0)``
+    then removes exactly those, and ``dense`` gets its weights back."""
+    import keras
+
+    from keras_group_lasso import prune_model
+
+    values = {v.path: keras.ops.convert_to_numpy(v) for v in kernels}
+    norms = {path: np.sqrt(np.sum(w.reshape(w.shape[0], -1) ** 2, axis=1)) for path, w in values.items()}
+
+    def zeroed(share):
+        for variable in kernels:
+            w = values[variable.path].copy()
+            w[np.argsort(norms[variable.path])[: round(share * w.shape[0])]] = 0.0
+            variable.assign(w)
+        return flops_ratio(dense, 0.0)  # counted as prune_model(dense, 0.0) below cuts
+
+    low, high = 0.0, 1.0
+    for _ in range(steps):
+        middle = (low + high) / 2
+        low, high = (low, middle) if zeroed(middle) <= max_flops else (middle, high)
+    ratio = zeroed(high)
+    small = prune_model(dense, 0.0)  # only what was zeroed goes
+    for variable in kernels:  # the dense model as it was
+        variable.assign(values[variable.path])
+    return small, high, ratio

@@ -158,36 +158,6 @@ def flops_per_byte(widths):
     return total
 
 
-def flops_ratio(model, threshold=T):
-    report = sparsity_report(model, threshold)
-    return report.flops_after / report.flops_before
-
-
-def magnitude_pruned(dense, max_flops, steps=12):
-    """A copy of ``dense`` with, in every block, the weakest ``share`` of its query heads and neurons zeroed (the
-    least share, found by bisection, whose budget-counted FLOPs meet ``max_flops``), and that share."""
-    kernels = list(_kernels(dense).values())
-    values = {v.path: keras.ops.convert_to_numpy(v) for v in kernels}
-    norms = {path: np.sqrt(np.sum(w.reshape(w.shape[0], -1) ** 2, axis=1)) for path, w in values.items()}
-
-    def zeroed(share):
-        for variable in kernels:
-            w = values[variable.path].copy()
-            w[np.argsort(norms[variable.path])[: round(share * w.shape[0])]] = 0.0
-            variable.assign(w)
-        return flops_ratio(dense, 0.0)
-
-    low, high = 0.0, 1.0
-    for _ in range(steps):
-        middle = (low + high) / 2
-        low, high = (low, middle) if zeroed(middle) <= max_flops else (middle, high)
-    ratio = zeroed(high)
-    small = prune_model(dense, 0.0)
-    for variable in kernels:
-        variable.assign(values[variable.path])
-    return small, high, ratio
-
-
 def generated(model, data):
     """A few bytes ``generate()`` adds to the start of a held-out window, where ``model`` is a CausalLM."""
     if not hasattr(model, "generate"):
@@ -227,7 +197,8 @@ def run_seed(seed, data, epochs, finetune):
     tail_ppl = perplexity(small, data)
     common.say(f"seed {seed} budget + {finetune} epoch(s) of fine-tuning: perplexity {tail_ppl:.3f}")
 
-    cut, share, cut_ratio = magnitude_pruned(dense, report.flops_after / report.flops_before)
+    cut, share, cut_ratio = common.magnitude_pruned(dense, list(_kernels(dense).values()),
+                                                    report.flops_after / report.flops_before)
     cut_ppl = perplexity(cut, data)
     compiled(cut, keras.optimizers.Adam(LR))
     _, finetune_s, _ = common.fit_recording_warnings(cut, data, BATCH, finetune)

@@ -99,38 +99,6 @@ def block_widths(model):
     return [(w.get("heads"), w.get("mlp")) for _, w in sorted(found.items())]
 
 
-def flops_ratio(model, threshold=T):
-    report = sparsity_report(model, threshold)
-    return report.flops_after / report.flops_before
-
-
-def magnitude_pruned(dense, max_flops, steps=12):
-    """A copy of ``dense`` with, in every block, the weakest ``share`` of its heads and MLP neurons zeroed (the
-    least share, found by bisection, whose FLOPs meet ``max_flops``), and that share."""
-    kernels = [v for v in dense.weights if v.path.endswith(("/mha/attention_output/kernel",
-                                                             "/mlp/dense_2/kernel"))]
-    values = {v.path: keras.ops.convert_to_numpy(v) for v in kernels}
-    # a head's outgoing weights: its (head_dim, hidden) slice; a neuron's: its row
-    norms = {path: np.sqrt(np.sum(w.reshape(w.shape[0], -1) ** 2, axis=1)) for path, w in values.items()}
-
-    def zeroed(share):
-        for variable in kernels:
-            w = values[variable.path].copy()
-            w[np.argsort(norms[variable.path])[: round(share * w.shape[0])]] = 0.0
-            variable.assign(w)
-        return flops_ratio(dense, 0.0)  # counted as prune_model(dense, 0.0) below cuts
-
-    low, high = 0.0, 1.0
-    for _ in range(steps):
-        middle = (low + high) / 2
-        low, high = (low, middle) if zeroed(middle) <= max_flops else (middle, high)
-    ratio = zeroed(high)
-    small = prune_model(dense, 0.0)  # only what was zeroed goes
-    for variable in kernels:  # the dense model as it was
-        variable.assign(values[variable.path])
-    return small, high, ratio
-
-
 def run_seed(seed, data, epochs, finetune):
     dense = compiled(build(seed), keras.optimizers.Adam(LR))
     _, dense_s, _ = common.fit_recording_warnings(dense, data, BATCH, epochs)
@@ -153,7 +121,9 @@ def run_seed(seed, data, epochs, finetune):
     common.say(f"seed {seed} budget: {100 * pruned_acc:.2f} % at {report.flops_after / report.flops_before:.3f} "
                f"of the FLOPs, widths {block_widths(small)}")
 
-    cut, share, cut_ratio = magnitude_pruned(dense, report.flops_after / report.flops_before)
+    # a head's outgoing weights: its (head_dim, hidden) slice of the output kernel; a neuron's: its row
+    kernels = [v for v in dense.weights if v.path.endswith(("/mha/attention_output/kernel", "/mlp/dense_2/kernel"))]
+    cut, share, cut_ratio = common.magnitude_pruned(dense, kernels, report.flops_after / report.flops_before)
     cut_acc = common.accuracy(cut, data["x_test"], data["y_test"])
     compiled(cut, keras.optimizers.Adam(LR))
     _, finetune_s, _ = common.fit_recording_warnings(cut, data, BATCH, finetune)

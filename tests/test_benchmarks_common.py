@@ -206,3 +206,21 @@ def test_the_peers_picture_reads_a_log_and_a_json_and_draws_every_seed(tmp_path)
     assert budget == {0: 0.8586, 1: 0.8626, 2: 0.857}  # RESULTS.md's row: 85.86 / 86.26 / 85.70
     path = peers_cnn.plot(records, peers_cnn.macs(peers_cnn.filter_counts(), [peers_cnn.UNITS]), tmp_path / "p.png")
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_magnitude_pruning_meets_its_flop_target_and_leaves_the_dense_model_as_it_was():
+    import keras
+    import numpy as np
+
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential([keras.Input((6,)), keras.layers.Dense(16, activation="relu", name="hidden"),
+                              keras.layers.Dense(3, name="out")])
+    before = [np.array(w) for w in model.get_weights()]
+    out = model.get_layer("out").kernel  # its rows: the hidden units' outgoing weights
+    small, share, ratio = common.magnitude_pruned(model, [out], 0.5)
+    assert ratio <= 0.5 and 0 < share < 1
+    assert small.get_layer("hidden").units == 16 - round(share * 16)
+    kept = np.sort(np.argsort(np.linalg.norm(before[2], axis=1))[round(share * 16):])  # the strongest rows stay
+    np.testing.assert_array_equal(small.get_layer("out").get_weights()[0], before[2][kept])
+    for got, want in zip(model.get_weights(), before):
+        np.testing.assert_array_equal(got, want)
