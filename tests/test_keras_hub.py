@@ -640,3 +640,18 @@ def test_gemma3_loses_heads_and_neurons_exactly_with_its_query_and_key_norms(rng
         "decoder_block_0": {"intermediate_dim": (48, 46)},
         "decoder_block_1": {"intermediate_dim": (48, 46), "num_query_heads": (4, 1), "num_key_value_heads": (2, 1)}}
     assert_loads_without_this_package({"gemma3": (small, _token_batch(model, rng))}, tmp_path)
+
+
+def test_attention_in_a_decoder_of_fixed_length_is_counted_at_that_length():
+    """A decoder traced at probe sizes only for its batch axis (its input has a fixed length of 16): its
+    attention's multiply-adds are counted at the 16 positions, as its Dense layers are."""
+    from keras_group_lasso import sparsity_report
+
+    inputs = keras.Input((16, 8))
+    hidden = keras_hub.layers.TransformerDecoder(intermediate_dim=12, num_heads=2)(inputs)
+    model = keras.Model(inputs, keras.layers.Dense(3)(hidden))
+    layers = {layer.kind: layer for layer in sparsity_report(model, T).layers}
+    attention = layers["CachedMultiHeadAttention"]
+    # T * in * H * (2 kd + vd) + T^2 * H * (kd + vd) + T * H * vd * out, with T 16, in and out 8, H 2, kd = vd = 4
+    assert attention.flops_before == 16 * 8 * 2 * 12 + 256 * 2 * 8 + 16 * 2 * 4 * 8
+    assert not attention.flops_per_position

@@ -735,8 +735,6 @@ def _trace(layer):
 _CALLS = weakref.WeakKeyDictionary()  # traced block -> (args, kwargs, inputs) of the call it was traced on
 
 
-
-
 def _traced_call(layer, call):
     """``(traced model, outputs, catcher, constants, call)``: ``layer.call`` run on the symbolic ``call``; raises
     where it does not trace.
@@ -924,14 +922,15 @@ def _flat_graph(model):
                 layers[name] = _operation_layer(operation, layer_config.get("inbound_nodes"))
         nodes = layer_config.get("inbound_nodes") or [None]
         # A layer called several times (shared) is one node per call: ``name``, ``name#1``, ...
+        layer = layers[name]
         for index, node in enumerate(nodes):
             node_name = call_name(name, index)
-            layers[node_name] = layers[name]
-            if registry.is_reverse_call(layers[name], node):  # a language model's logits from its token table
-                layers[node_name] = registry.ReverseCall(layers[name])
+            layers[node_name] = layer
+            if registry.is_reverse_call(layer, node):  # a language model's logits from its token table
+                layers[node_name] = registry.ReverseCall(layer)
             producers[node_name] = []
-            node, side = _without_side(_without_mask(node), layers[name])
-            if _is_functional(layers[name]):  # a nested model's inputs are its dict's entries in sorted order
+            node, side = _without_side(_without_mask(node), layer)
+            if _is_functional(layer):  # a nested model's inputs are its dict's entries in sorted order
                 node = _sorted_dicts(node)
             if side:  # an attention mask: not units, computed again in the pruned model (side_tensors below)
                 side_ends[node_name] = {key: _output_of(call_name(h[0], h[1]), h[2]) for key, h in side.items()}
@@ -945,7 +944,7 @@ def _flat_graph(model):
                     order.append(leaf)
                     producers[leaf] = []
                     producers[node_name].append(leaf)
-            parts = _split_parts(node_name, layers[name], node)
+            parts = _split_parts(node_name, layer, node)
             if parts:  # keras.ops.split along the channels: one node per output (``split``, ``split/@1``, ...)
                 for part in parts:
                     layers[part.name] = part

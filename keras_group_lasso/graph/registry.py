@@ -70,6 +70,7 @@ from keras_group_lasso.graph.rules.base import (
     LayerRule,
     call_activation,
     call_on_constants,
+    config_is_read,
     keep_config,
     layer_config,
     layer_from_config,

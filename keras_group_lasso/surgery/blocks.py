@@ -22,7 +22,6 @@ from keras_group_lasso.graph.build import block_arguments, block_operands
 __all__ = ["Rebuilt", "rebuilt_block", "built_block", "same_outputs", "zero_initializers"]
 
 
-
 @dataclasses.dataclass(frozen=True)
 class Rebuilt:
     """What became of a block: ``layer``, its class built again with ``changed`` (``{argument: (old, new)}``), or
@@ -47,6 +46,9 @@ def rebuilt_block(block, weights, tensors, name, probes=None):
     targets = [tuple(w.shape) for w in weights]
     shapes = [tuple(x.shape) for x in tensors]
     dtypes = [x.dtype for x in tensors]
+    if registry.config_is_read(block) and not _computes_as(block, config):
+        return Rebuilt(None, {}, "its class writes no config it can load, and the one read from its attributes "
+                                 "makes a block that computes something else")
     changed = widths(block, config, targets, shapes, dtypes, probes)
     if changed is None:
         return Rebuilt(None, {}, "no integer argument of its config gives the pruned widths")
@@ -101,6 +103,37 @@ def widths(block, config, targets, shapes, dtypes, probes=None):
     return {key: (config[key], value) for key, value in solved.items() if value != config[key]}
 
 
+def _computes_as(block, config, seed=0):
+    """A block of ``block``'s class made from ``config``, holding ``block``'s weights, computes what ``block``
+    computes (random operands of the shapes it was traced on, to 1e-5 of the output's scale; both called eagerly,
+    so ``block`` gains no node)."""
+    operands = block_operands(block)
+    copy = built_block(block, config, [tuple(x.shape) for x in operands], [x.dtype for x in operands])
+    if copy is None or len(copy.weights) != len(block.weights):
+        return False
+    try:
+        copy.set_weights([keras.ops.convert_to_numpy(v) for v in block.weights])
+    except ValueError:
+        return False
+    rng = np.random.default_rng(seed)
+    values = [keras.ops.convert_to_tensor(random_values(tuple(x.shape), x.dtype, rng)) for x in operands]
+    args, kwargs = block_arguments(block, values)
+    return _close(keras.tree.flatten(block(*args, **kwargs)), keras.tree.flatten(copy(*args, **kwargs)))
+
+
+def _close(want, got):
+    if len(want) != len(got):
+        return False
+    for a, b in zip(want, got, strict=True):
+        a, b = keras.ops.convert_to_numpy(a), keras.ops.convert_to_numpy(b)
+        if a.shape != b.shape:
+            return False
+        scale = max(1.0, float(np.max(np.abs(a))) if a.size else 1.0)
+        if not np.allclose(a, b, rtol=0.0, atol=1e-5 * scale):
+            return False
+    return True
+
+
 def same_outputs(reference, block, new, tensors, seed=0):
     """Whether ``new`` (built again from the traced ``block``) computes what the model ``reference`` (the pruned
     layers it stands for, from the same operands) computes, on random operands shaped as ``tensors`` (to 1e-5 of
@@ -120,16 +153,7 @@ def same_outputs(reference, block, new, tensors, seed=0):
             got = keras.tree.flatten(new(*args, **kwargs))  # called outside fit: inference, as the reference
     except Exception:  # noqa: BLE001 - what does not run does not stand in for the layers
         return False
-    if len(want) != len(got):
-        return False
-    for a, b in zip(want, got, strict=True):
-        a, b = keras.ops.convert_to_numpy(a), keras.ops.convert_to_numpy(b)
-        if a.shape != b.shape:
-            return False
-        scale = max(1.0, float(np.max(np.abs(a))) if a.size else 1.0)
-        if not np.allclose(a, b, rtol=0.0, atol=1e-5 * scale):
-            return False
-    return True
+    return _close(want, got)
 
 
 def _slopes(block, config, key, base, original, dtypes):

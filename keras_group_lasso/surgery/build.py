@@ -365,10 +365,17 @@ def _rebuilt_model(model, small, rebuilt):
     if values is None:
         return None  # a layer was added (a feature selection, a folded constant) or removed
     widths.update({key: new for key, (_, new) in changes[0].items()})
+    # a Task's preprocessor writes no vocabulary in its config (KerasHub keeps it as an asset): the same object
+    # goes with the new Task
+    preprocessor = getattr(model, "preprocessor", None) if "preprocessor" in config else None
+    if preprocessor is not None:
+        config["preprocessor"] = None
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             again = type(model).from_config(config)
+            if preprocessor is not None:
+                again.preprocessor = preprocessor
         if [v.path for v in again.weights] != [v.path for v in model.weights] or any(
                 tuple(v.shape) != tuple(values[v.path].shape) for v in again.weights):
             return None

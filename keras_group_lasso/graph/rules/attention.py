@@ -5,7 +5,7 @@ import math
 import keras
 import numpy as np
 
-from keras_group_lasso.graph.rules.base import adapted, layer_config, probe_sized, to_numpy
+from keras_group_lasso.graph.rules.base import PROBE_SIZES, adapted, layer_config, probe_sized, to_numpy
 from keras_group_lasso.graph.rules.recurrent import SequenceRule
 from keras_group_lasso.groups import GroupView
 
@@ -25,13 +25,12 @@ def _attention_variables(layer):
 
 def _steps(layer):
     """The length of the sequence ``layer`` reads, ``None`` where unknown (any length; a layer with several calls
-    or none; one called only inside a block traced at probe sizes)."""
-    if probe_sized(layer):
-        return None
+    or none; a length that stands for any inside a block traced at probe sizes)."""
     try:
-        return layer.input[0].shape[1] if isinstance(layer.input, (list, tuple)) else layer.input.shape[1]
+        steps = layer.input[0].shape[1] if isinstance(layer.input, (list, tuple)) else layer.input.shape[1]
     except Exception:  # noqa: BLE001 - a layer with several calls or none
         return None
+    return None if probe_sized(layer) and steps == PROBE_SIZES[1] else steps
 
 
 class AttentionRule(SequenceRule):
@@ -315,8 +314,10 @@ class GroupedQueryAttentionRule(AttentionRule):
                 return self._refused_bias(role)
         if not getattr(layer, "query_head_dim_normalize", True):
             return "a grouped-query attention with query_head_dim_normalize=False (its scale follows the heads)"
-        heads, groups = (int(next(getattr(layer, name) for name in (key, f"_{key}") if hasattr(layer, name)))
+        heads, groups = (next((getattr(layer, name) for name in (key, f"_{key}") if hasattr(layer, name)), None)
                          for key in ("num_query_heads", "num_key_value_heads"))  # Mistral keeps them as _...
+        if not isinstance(heads, int) or not isinstance(groups, int) or groups < 1:
+            return "a grouped-query attention without num_query_heads and num_key_value_heads"
         if heads % groups:
             return "a grouped-query attention whose query heads are not a multiple of its key-value heads"
         return None
@@ -359,9 +360,9 @@ class GroupedQueryAttentionRule(AttentionRule):
         out = int(parts["output"].kernel.shape[_output_axes(parts["output"])[2]])
         return 1, model, out
 
-    def _group(self, layer_or_weights):
+    @staticmethod
+    def _group(weights):
         """The number of query heads per key-value head."""
-        weights = layer_or_weights
         return weights["query"].shape[1] // weights["key"].shape[1]
 
     def _per_query_head(self, weights):
@@ -372,11 +373,6 @@ class GroupedQueryAttentionRule(AttentionRule):
 
     def units_view(self, weights, in_units, layer=None):
         return super().units_view(self._per_query_head(weights), in_units, layer)
-
-    def group_norms(self, layer, in_units):
-        weights = self.weights(layer)
-        return np.sqrt(sum(np.sum(np.square(weights[role].astype(np.float32)), axis=(1, 2))
-                           for role in ("query", "key", "value")))
 
     def kept_heads(self, weights, kept_out, whole=False):
         """``(query heads, key-value heads)`` that stay, in order, every kept group with as many query heads
@@ -391,11 +387,6 @@ class GroupedQueryAttentionRule(AttentionRule):
         count = max(1, int(live[groups].sum(axis=1).max()))
         heads = [g * group + np.sort(np.argsort(~live[g], kind="stable")[:count]) for g in groups]
         return np.concatenate(heads), groups
-
-    def kept_shape(self, weights, kept_out, whole=False):
-        heads = self.kept_heads(weights, kept_out, whole)[0]
-        key_dim, value_dim = weights["query"].shape[-1], weights["value"].shape[-1]
-        return heads, [np.arange(key_dim)] * heads.size, [np.arange(value_dim)] * heads.size
 
     def slice_units(self, layer, weights, in_units, kept_in, kept_out):
         kept_in = np.asarray(kept_in, dtype=int)
@@ -417,13 +408,13 @@ class GroupedQueryAttentionRule(AttentionRule):
         return layer(x, **(options or {}))
 
     def _sizes(self, layer):
-        weights = {role: np.empty(tuple(int(d) for d in variable.shape), np.int8)
-                   for role, variable in self.kernels(layer).items()}
+        """``(query heads, key-value heads, head size, sequence length or 1)``."""
         parts = self._layers(layer)
+        query, key = ([int(d) for d in parts[role].kernel.shape] for role in ("query", "key"))
+        _, heads, dim = (query[a] for a in _projection_axes(parts["query"]))
+        groups = key[_projection_axes(parts["key"])[1]]
         steps = _steps(layer)
-        query = np.transpose(weights["query"], _projection_axes(parts["query"]))
-        key = np.transpose(weights["key"], _projection_axes(parts["key"]))
-        return query.shape[1], key.shape[1], query.shape[2], 1 if steps is None else int(steps)
+        return heads, groups, dim, 1 if steps is None else int(steps)
 
     def flops(self, layer, positions, in_units, out_units, output_shape, heads=None, groups=None):
         """``T * in * dim * (H + 2 K)`` (projections) ``+ 2 T^2 * H * dim`` (scores, weighted values) ``+ T * H *
@@ -459,7 +450,13 @@ class WholeHeadsAttentionRule(GroupedQueryAttentionRule):
     have biases (Qwen's)."""
 
     def _refused_bias(self, role):
-        return None
+        return f"a grouped-query attention whose {role} projection has a bias" if role == "output" else None
 
     def keeps_heads_whole(self, layer):
         return True
+
+    def slice_units(self, layer, weights, in_units, kept_in, kept_out):
+        if np.asarray(kept_in).size != in_units:  # pragma: no cover - the norm before it keeps every channel
+            raise RuntimeError(f"the channels that '{layer.name}' reads were to be sliced, but its class derives its "
+                               "head size from them; please report this")
+        return super().slice_units(layer, weights, in_units, kept_in, kept_out)

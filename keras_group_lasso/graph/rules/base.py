@@ -231,6 +231,16 @@ def layer_config(layer):
     return config
 
 
+def config_is_read(layer):
+    """``layer``'s config is (in part) read from its attributes by :func:`layer_config`: its class writes none that
+    it can load (its ``get_config`` raises, or leaves out an argument its constructor requires)."""
+    try:
+        written = layer.get_config()
+    except (NotImplementedError, AttributeError):
+        return True
+    return any(key not in written for key in _own_arguments(layer, required=True))
+
+
 def _own_arguments(layer, required=False):
     """The names of the arguments of ``layer``'s constructor beyond those of every layer (all, or those without a
     default)."""

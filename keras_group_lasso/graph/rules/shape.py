@@ -228,7 +228,8 @@ class WholeRule(LayerRule):
 class ReverseCall:
     """A ``ReversibleEmbedding`` called with ``reverse=True`` (a language model's logits from its token table), as
     a node of the graph: the layer's later call, kept whole (every channel it reads stays; its outputs, one per
-    token of the vocabulary, are new units). Its weights are the layer's, counted at its forward call.
+    token of the vocabulary, are new units). Its weights are the layer's, counted at its forward call; its
+    multiply-adds (``hidden * vocabulary`` per position) are not counted, as no layer kept whole is.
 
     Args:
         layer: the ``ReversibleEmbedding``.
@@ -259,6 +260,10 @@ class ReverseCallRule(WholeRule):
 
     def new_units(self, layer, flat):
         return int(layer.layer.input_dim), None
+
+    def call(self, layer, x, options=None):
+        """The new embedding on ``x`` with ``reverse=True`` (also where the model passed it by position)."""
+        return layer(x, **dict(options or {}, reverse=True))
 
 
 class PadRule(LayerRule):
