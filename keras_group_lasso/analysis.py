@@ -30,7 +30,7 @@ import numpy as np
 from keras_group_lasso._validation import NonFiniteError, check_non_negative, check_positive_int, fail
 from keras_group_lasso.graph import Kind, registry
 from keras_group_lasso.graph.build import class_name, graph_model, is_graph_model, model_graph, traced_block
-from keras_group_lasso.graph.masks import UnitMasks, compute_masks, needed_units, threshold_array
+from keras_group_lasso.graph.masks import UnitMasks, block_siblings, compute_masks, needed_units, threshold_array
 
 __all__ = [
     "SparsityReport",
@@ -667,7 +667,7 @@ class Analysis:
         return self.report.threshold
 
 
-def analyze(model, threshold=1e-3, owner="analyze", round_to=1, values=None):
+def analyze(model, threshold=1e-3, owner="analyze", round_to=1, values=None, uniform=False):
     """The :class:`Analysis` of ``model`` at ``threshold``: graph, thresholded weights, masks, report.
 
     What surgery builds on; the report and masks are the ones
@@ -677,7 +677,9 @@ def analyze(model, threshold=1e-3, owner="analyze", round_to=1, values=None):
     what :func:`~keras_group_lasso.prune_model` with that ``round_to`` builds.
     With ``values`` (``{variable path: numpy array}``) the analysis is of the
     model as if those weights held those values; the model is not changed
-    (how a budget weighs candidate cuts).
+    (how a budget weighs candidate cuts). With ``uniform``, the layers at the
+    same place of blocks of one class keep as many units each, and their
+    attention layers as many heads (``prune_model(blocks="uniform")``).
 
     Raises:
         InvalidParameterError: for a bad ``threshold`` or ``model``.
@@ -686,9 +688,28 @@ def analyze(model, threshold=1e-3, owner="analyze", round_to=1, values=None):
     graph, threshold = _check_model(owner, model, threshold)
     weights = _thresholded(_read_weights(graph, owner, values), threshold)
     round_to = check_positive_int(owner, "round_to", round_to)
-    masks = compute_masks(graph, weights, threshold, round_to)
+    masks = compute_masks(graph, weights, threshold, round_to, uniform=uniform)
+    if uniform:
+        weights = _even_heads(graph, weights, masks)
     report = _report_from(graph, weights, masks, threshold)
     return Analysis(graph, weights, masks, report)
+
+
+def _even_heads(graph, weights, masks):
+    """``weights`` with, for the attention layers at the same place of blocks of one class
+    (:func:`~keras_group_lasso.graph.masks.block_siblings`) whose rule can keep more heads
+    (``UnitsRule.head_floor``), the floor each must keep (``weights[name]["head_floor"]``)."""
+    weights = dict(weights)
+    for names in block_siblings(graph):
+        rules = [registry.units_rule(graph.layers[name]) for name in names]
+        if not all(hasattr(rule, "head_floor") for rule in rules):
+            continue
+        shapes = [rule.head_floor(graph.layers[name], weights[name], np.flatnonzero(masks.units[name]))
+                  for rule, name in zip(rules, names)]
+        floor = np.max(np.asarray(shapes), axis=0)
+        for name in names:
+            weights[name] = dict(weights[name], head_floor=floor)
+    return weights
 
 
 def _kernels(layer, weights):

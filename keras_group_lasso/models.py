@@ -140,8 +140,11 @@ class GroupSparseModel(_MultiplierState, keras.Model):
         # the constructor as a functional model's).
         # ``block_penalties``: ``{variable path: penalty}`` on the weights of the sublayers of blocks written as
         # layers (a block's config does not hold its sublayers' penalties).
+        # ``source_model``: the class and config (``keras.saving.serialize_keras_object``) of the model this one
+        # copies when its class is not Keras's own (a KerasHub Task): what prune_model builds again.
         head_penalties = kwargs.pop("head_penalties", None) or {}
         block_penalties = kwargs.pop("block_penalties", None) or {}
+        self.source_model = kwargs.pop("source_model", None)
         super().__init__(inputs=inputs, outputs=outputs, name=name, **kwargs)
         heads = _attach_head_penalties(self, head_penalties)
         inside = _attach_block_penalties(self, block_penalties)
@@ -158,6 +161,8 @@ class GroupSparseModel(_MultiplierState, keras.Model):
             if getattr(self, key):
                 config[key] = {name: keras.saving.serialize_keras_object(penalty)
                                for name, penalty in getattr(self, key).items()}
+        if self.source_model is not None:
+            config["source_model"] = self.source_model
         return config
 
 
@@ -301,6 +306,19 @@ def _roles_by_layer(owner, model):
             )
         by_layer[id(layer)] = (roles[name], channels.get(name), name)
     return by_layer
+
+
+def _source_model(model):
+    """The class and config of ``model`` where its class is not Keras's own (a KerasHub Backbone or Task), or of
+    the model a penalised copy was made from; else ``None``."""
+    if getattr(model, "source_model", None) is not None:
+        return model.source_model
+    if type(model).__module__.split(".")[0] in ("keras", "keras_group_lasso"):
+        return None
+    try:
+        return keras.saving.serialize_keras_object(model)
+    except Exception:  # noqa: BLE001 - a model whose config cannot be written: pruned as a functional model
+        return None
 
 
 def _from_config(layer):
@@ -638,9 +656,11 @@ def add_group_sparsity(model, factor=1e-3, *, l1=None, input_factor=None, penalt
         outputs = inputs
         for layer in copy.layers:
             outputs = layer(outputs)
-        copy = GroupSparseModel(inputs, outputs, name=name, head_penalties=heads, block_penalties=inside)
+        copy = GroupSparseModel(inputs, outputs, name=name, head_penalties=heads, block_penalties=inside,
+                                source_model=_source_model(model))
     else:  # the functional copy's own input and output structures (a dict stays a dict)
-        copy = GroupSparseModel(copy.input, copy.output, name=name, head_penalties=heads, block_penalties=inside)
+        copy = GroupSparseModel(copy.input, copy.output, name=name, head_penalties=heads, block_penalties=inside,
+                                source_model=_source_model(model))
     copy.set_weights([keras.ops.convert_to_numpy(v) for v in layer_weights(model)])
     _refresh_normalization(copy)
     return copy

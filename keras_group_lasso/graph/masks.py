@@ -132,11 +132,13 @@ def _entries_of(part):
     return slice(part.start, part.stop)
 
 
-def compute_masks(graph, weights, threshold, round_to=1):
+def compute_masks(graph, weights, threshold, round_to=1, uniform=False):
     """The :class:`UnitMasks` of ``graph`` with the thresholded ``weights`` (``{name: UnitsRule.weights}``).
 
     ``round_to``: keep a multiple of it of the units each hidden layer makes
     (:func:`_round_up`); 1 keeps exactly the units the fixed point needs.
+    ``uniform``: the layers at the same place of the calls of blocks of one
+    class keep as many units each (:func:`_even_out`).
     """
     layers = graph.layers
     rules = {n.name: registry.units_rule(layers[n.name]) for n in graph.units}
@@ -246,6 +248,9 @@ def compute_masks(graph, weights, threshold, round_to=1):
     _pair_halves(graph, conn, foldable, needed, detached, live_path, recur)
     if round_to > 1:
         _round_up(graph, conn, foldable, needed, detached, live_path, round_to, recur)
+        _pair_halves(graph, conn, foldable, needed, detached, live_path, recur)
+    if uniform:
+        _even_out(graph, conn, foldable, needed, detached, live_path, recur)
         _pair_halves(graph, conn, foldable, needed, detached, live_path, recur)
 
     inputs, kept, constant, folded, fold_values, fold_in = {}, {}, {}, {}, {}, {}
@@ -365,11 +370,7 @@ def _round_up(graph, conn, foldable, needed, detached, live_path, multiple, recu
     layers (a residual stream) are rounded once; a layer that keeps no
     unit, the output layer and input features are left as they are.
     """
-    makers = {}
-    for node in graph.units:
-        if node.is_output or node.name in detached or node.out_ids.min() < (graph.n_features or 0):
-            continue
-        makers.setdefault(tuple(int(i) for i in node.out_ids), []).append(node)
+    makers = _makers(graph, detached)
     changed = True
     while changed:
         changed = False
@@ -379,15 +380,73 @@ def _round_up(graph, conn, foldable, needed, detached, live_path, multiple, recu
             short = -kept % multiple
             if not kept or not short or kept == ids.size:
                 continue
-            dead = np.flatnonzero(~needed[ids])
-            cost = np.zeros(dead.size, dtype=np.int64)
-            for node in nodes:
-                reads = conn[node.name][:, dead] & (~foldable[node.name] & ~needed[node.in_ids])[:, None]
-                cost += reads.sum(axis=0)
-            order = np.lexsort((dead, cost))[:short]
-            needed[ids[dead[order]]] = True
-            _settle(graph, conn, foldable, needed, detached, live_path, recur)
+            _keep_dead(graph, conn, foldable, needed, detached, live_path, recur, ids, nodes, short)
             changed = True
+
+
+def _makers(graph, detached):
+    """``{unit ids: [units nodes making them]}`` of the hidden units a layer may keep more of."""
+    makers = {}
+    for node in graph.units:
+        if node.is_output or node.name in detached or node.out_ids.min() < (graph.n_features or 0):
+            continue
+        makers.setdefault(tuple(int(i) for i in node.out_ids), []).append(node)
+    return makers
+
+
+def _keep_dead(graph, conn, foldable, needed, detached, live_path, recur, ids, nodes, count):
+    """Keep ``count`` more of the dead units ``ids``: those that make the fewest other units needed first (then
+    the lowest index); the fixed point settles again."""
+    dead = np.flatnonzero(~needed[ids])
+    cost = np.zeros(dead.size, dtype=np.int64)
+    for node in nodes:
+        reads = conn[node.name][:, dead] & (~foldable[node.name] & ~needed[node.in_ids])[:, None]
+        cost += reads.sum(axis=0)
+    order = np.lexsort((dead, cost))[:count]
+    needed[ids[dead[order]]] = True
+    _settle(graph, conn, foldable, needed, detached, live_path, recur)
+
+
+def block_siblings(graph):
+    """Lists of units nodes at the same place of the calls of blocks of one class and config (a model's repeated
+    decoder blocks): ``<call>/<path>`` for each call of the class, by ``<path>``. A block inside another is
+    matched by its innermost call."""
+    calls = sorted(graph.blocks, key=len, reverse=True)  # the innermost call first
+    kinds = {}
+    for call in calls:
+        layer = graph.blocks[call].layer
+        try:
+            config = {key: value for key, value in registry.layer_config(layer).items() if key != "name"}
+        except Exception:  # noqa: BLE001 - a block without a config: not matched
+            continue
+        kinds[call] = (type(layer), repr(sorted(config.items())))
+    found = {}
+    for node in graph.units:
+        call = next((c for c in calls if node.name.startswith(f"{c}/")), None)
+        if call in kinds:
+            found.setdefault((kinds[call], node.name[len(call) + 1:], node.out_units), []).append(node.name)
+    return [names for names in found.values() if len(names) > 1]
+
+
+def _even_out(graph, conn, foldable, needed, detached, live_path, recur):
+    """Keep (in place) more units so that the layers at the same place of blocks of one class keep as many each
+    (:func:`block_siblings`): the narrower ones keep some dead units (their outputs unchanged), so that every
+    block can be its class again with one config (``prune_model(blocks="uniform")``)."""
+    makers = _makers(graph, detached)
+    by_name = {node.name: (ids, nodes) for ids, nodes in makers.items() for node in nodes}
+    changed = True
+    while changed:
+        changed = False
+        for names in block_siblings(graph):
+            found = [by_name[name] for name in names if name in by_name]
+            if len(found) != len(names):
+                continue
+            counts = [int(needed[np.asarray(ids)].sum()) for ids, _ in found]
+            for (ids, nodes), kept in zip(found, counts):
+                if kept < max(counts):
+                    _keep_dead(graph, conn, foldable, needed, detached, live_path, recur, np.asarray(ids), nodes,
+                               max(counts) - kept)
+                    changed = True
 
 
 def _detached(graph, merge_folds):

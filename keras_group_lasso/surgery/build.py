@@ -26,7 +26,7 @@ from keras_group_lasso.surgery import steps
 __all__ = ["prune_model"]
 
 #: What a block traced into the graph becomes (``prune_model(blocks=)``).
-BLOCKS = ("rebuild", "flatten")
+BLOCKS = ("rebuild", "uniform", "flatten")
 
 
 def prune_model(model, threshold=1e-3, inputs="original", round_to=1, fold_batchnorm=False, blocks="rebuild"):
@@ -161,7 +161,12 @@ def prune_model(model, threshold=1e-3, inputs="original", round_to=1, fold_batch
             further no longer normalizes batches). Default ``False``.
         blocks: ``"rebuild"`` (default): a block traced into the graph is
             its own class again where its config can say its new widths (see
-            above); ``"flatten"``: its layers, plain Keras, which load
+            above); ``"uniform"``: as ``"rebuild"``, and the calls of blocks
+            of one class keep as many units and heads each (the narrower
+            ones keep some dead ones, outputs unchanged), so that a model of
+            repeated blocks (a KerasHub Backbone or ``CausalLM``) is its
+            class again, with one width per block kind, and ``generate``
+            works; ``"flatten"``: its layers, plain Keras, which load
             without the block's code.
 
     Returns:
@@ -219,7 +224,8 @@ def prune_as_if(model, values, threshold=0.0, owner="prune_as_if"):
 def _pruned(owner, model, threshold, round_to, inputs, fold_batchnorm, values=None, blocks="flatten"):
     model = graph_model(model)  # a subclassed model: the functional model of the layers its call runs
     plan = planning.build_plan(owner, model, threshold, round_to, inputs=inputs, fold_batchnorm=fold_batchnorm,
-                               values=values)
+                               values=values, uniform=blocks == "uniform")
+    blocks = "rebuild" if blocks == "uniform" else blocks
     graph_blocks = plan.analysis.graph.blocks
     # A block traced at probe sizes (a KerasHub decoder: its causal mask from its input's length) is pruned only
     # as itself, built again from its config: its layers alone hold that mask at the probe sizes.
@@ -340,8 +346,9 @@ def _rebuilt_block(builder, call, block, probes, threshold):
 
 
 def _rebuilt_model(model, small, rebuilt):
-    """``model``'s own class again (a KerasHub Backbone: a functional model whose config holds its constructor's
-    arguments), from its config with the widths every block changed alike, holding the weights of ``small``;
+    """``model``'s own class again (a KerasHub Backbone or Task: a functional model whose config holds its
+    constructor's arguments; for the penalised copy ``add_group_sparsity`` made of one, the class it copied), from
+    its config with the widths every block changed alike, holding the weights of ``small``;
     ``None`` unless every block was built again with the same changes, the weights match ``small``'s by path and
     shape, and it computes what ``small`` computes (random inputs, 1e-5 of the output scale)."""
     if type(model).__module__.split(".")[0] == "keras" or not rebuilt:
@@ -349,11 +356,16 @@ def _rebuilt_model(model, small, rebuilt):
     changes = [found.changed for found in rebuilt.values()]
     if any(found.layer is None for found in rebuilt.values()) or any(c != changes[0] for c in changes):
         return None
+    # the class and config of the model, or of the model that add_group_sparsity copied (a KerasHub Task whose
+    # penalised copy is a GroupSparseModel)
+    source = getattr(model, "source_model", None)
     try:
-        config = model.get_config()
+        source = copy.deepcopy(source if source is not None else keras.saving.serialize_keras_object(model))
     except Exception:  # noqa: BLE001 - a model whose config cannot be written
         return None
-    config = copy.deepcopy(config)
+    config = source.get("config") if isinstance(source, dict) else None
+    if not isinstance(config, dict):
+        return None
     widths = config
     backbone = config.get("backbone")
     if not all(key in config for key in changes[0]) and isinstance(backbone, dict) and isinstance(
@@ -361,24 +373,21 @@ def _rebuilt_model(model, small, rebuilt):
         widths = backbone["config"]  # a Task (a CausalLM around its Backbone): the widths are its Backbone's
     if not changes[0] or any(widths.get(key) != old for key, (old, _) in changes[0].items()):
         return None
-    values = _weights_by_path(model, small)
-    if values is None:
-        return None  # a layer was added (a feature selection, a folded constant) or removed
     widths.update({key: new for key, (_, new) in changes[0].items()})
     # a Task's preprocessor writes no vocabulary in its config (KerasHub keeps it as an asset): the same object
     # goes with the new Task
     preprocessor = getattr(model, "preprocessor", None) if "preprocessor" in config else None
-    if preprocessor is not None:
+    if "preprocessor" in config:
         config["preprocessor"] = None
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            again = type(model).from_config(config)
+            again = keras.saving.deserialize_keras_object(source)
             if preprocessor is not None:
                 again.preprocessor = preprocessor
-        if [v.path for v in again.weights] != [v.path for v in model.weights] or any(
-                tuple(v.shape) != tuple(values[v.path].shape) for v in again.weights):
-            return None
+        values = _weights_by_path(again, small)
+        if values is None or any(tuple(v.shape) != tuple(values[v.path].shape) for v in again.weights):
+            return None  # a layer was added (a feature selection, a folded constant) or removed
         again.set_weights([keras.ops.convert_to_numpy(values[v.path]) for v in again.weights])
     except Exception:  # noqa: BLE001 - a config its class refuses
         return None
@@ -388,7 +397,7 @@ def _rebuilt_model(model, small, rebuilt):
 def _weights_by_path(model, small):
     """``{path: variable of small}`` for every weight path of ``model``: the variable of ``small`` of that path, or
     of that path after the name of the nested model that held it (``gemma_backbone_token_embedding/embeddings``
-    for a Task's Backbone's ``token_embedding/embeddings``); ``None`` unless that pairs every weight once."""
+    for a Task's Backbone's ``token_embedding/embeddings``); ``None`` unless that pairs every weight of both once."""
     found, used = {}, set()
     for variable in model.weights:
         candidates = [v for v in small.weights if v.path == variable.path] or [

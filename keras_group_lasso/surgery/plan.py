@@ -265,10 +265,12 @@ def plan_pruning(model, threshold=1e-3, round_to=1, inputs="original", fold_batc
     return build_plan(owner, model, threshold, round_to, inputs=inputs, fold_batchnorm=fold_batchnorm)
 
 
-def build_plan(owner, model, threshold, round_to=1, inputs="original", fold_batchnorm=False, values=None):
+def build_plan(owner, model, threshold, round_to=1, inputs="original", fold_batchnorm=False, values=None,
+               uniform=False):
     """The :class:`PruningPlan` of ``model`` with its steps, its :class:`~keras_group_lasso.analysis.Analysis` attached
-    (with ``values``, ``{variable path: numpy array}``: of the model as if those weights held those values)."""
-    result = analysis.analyze(model, threshold, owner=owner, round_to=round_to, values=values)
+    (with ``values``, ``{variable path: numpy array}``: of the model as if those weights held those values; with
+    ``uniform``, blocks of one class keep as many units and heads each)."""
+    result = analysis.analyze(model, threshold, owner=owner, round_to=round_to, values=values, uniform=uniform)
     check_supported(owner, model)
     graph, masks, report = result.graph, result.masks, result.report
     threshold = report.threshold

@@ -376,7 +376,9 @@ class GroupedQueryAttentionRule(AttentionRule):
 
     def kept_heads(self, weights, kept_out, whole=False):
         """``(query heads, key-value heads)`` that stay, in order, every kept group with as many query heads
-        (``whole``: all of them)."""
+        (``whole``: all of them). With ``weights["head_floor"]`` ``(groups, heads per group)`` (the most that
+        another block of the same class keeps, ``prune_model(blocks="uniform")``), at least that many: dead
+        groups in index order, dead heads after the live ones."""
         group = self._group(weights)
         if whole:
             return np.arange(weights["query"].shape[1]), np.arange(weights["key"].shape[1])
@@ -385,6 +387,12 @@ class GroupedQueryAttentionRule(AttentionRule):
         if groups.size == 0:  # a layer has at least one head: one whose output weights are zero adds nothing
             groups = np.arange(1)
         count = max(1, int(live[groups].sum(axis=1).max()))
+        floor = weights.get("head_floor")
+        if floor is not None:
+            more = int(floor[0]) - groups.size
+            if more > 0:
+                groups = np.sort(np.concatenate([groups, np.setdiff1d(np.arange(live.shape[0]), groups)[:more]]))
+            count = max(count, int(floor[1]))
         heads = [g * group + np.sort(np.argsort(~live[g], kind="stable")[:count]) for g in groups]
         return np.concatenate(heads), groups
 
@@ -429,6 +437,11 @@ class GroupedQueryAttentionRule(AttentionRule):
         heads = total if heads is None else heads
         kv = kv if groups is None else groups
         return in_units * dim * (heads + 2 * kv) + heads * dim * out_units
+
+    def head_floor(self, layer, weights, kept_out):
+        """``(key-value heads, query heads per key-value head)`` that stay with the units ``kept_out`` kept."""
+        heads, groups = self.kept_heads(weights, kept_out, self.keeps_heads_whole(layer))
+        return int(groups.size), int(heads.size // groups.size)
 
     def inner_units(self, layer, weights, kept_out):
         """``(live query heads, query heads)`` with the units ``kept_out`` kept."""
