@@ -672,6 +672,7 @@ def _kill_in(model, block, heads, neurons):
 
 @pytest.mark.skipif(keras.backend.backend() == "jax", reason="compiles slowly on JAX; Gemma's blocks prune "
                                                              "there above")
+@pytest.mark.quick
 def test_the_penalised_copy_of_a_gemma_causal_lm_prunes_into_a_gemma_causal_lm_with_uniform_blocks(rng):
     """``add_group_sparsity`` copies a ``GemmaCausalLM`` into a functional model that remembers the class it copied
     (``source_model``, in its config). Its blocks lose different heads and neurons: ``prune_model`` gives a
