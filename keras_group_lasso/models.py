@@ -125,6 +125,10 @@ class GroupSparseModel(_MultiplierState, keras.Model):
     it is a plain functional ``keras.Model`` (same call, same config).
     ``GroupSparseModel(model.inputs, model.outputs)`` gives these links to a
     functional model whose penalties were put on by hand (sharing its layers).
+    Its attribute ``source_model`` (saved in its config) holds the class and
+    config of the model ``add_group_sparsity`` copied when that class is not
+    Keras's own (a KerasHub Backbone or Task): ``prune_model`` builds that
+    class again where every block keeps the same widths.
 
     Example:
         >>> inputs = keras.Input((3,))
