@@ -94,9 +94,10 @@ def _add_prune(subparsers):
                    "8 often runs faster on CPUs and GPUs)")
     p.add_argument("--fold-batchnorm", action="store_true",
                    help="merge each BatchNormalization that follows a Dense or convolution layer into it")
-    p.add_argument("--blocks", choices=("rebuild", "flatten"), default="rebuild",
+    p.add_argument("--blocks", choices=("rebuild", "uniform", "flatten"), default="rebuild",
                    help="a block of the model's own class: 'rebuild' (default) makes it again with its new widths "
-                   "where its config can say them; 'flatten' writes its layers as plain Keras layers")
+                   "where its config can say them; 'uniform' too, with every block of one class as wide (a KerasHub "
+                   "Task stays its class); 'flatten' writes its layers as plain Keras layers")
     p.add_argument("--overwrite", action="store_true",
                    help="replace an earlier export in OUT_DIR: only saved_model/, model.keras, model.tflite, model.onnx, "
                    "model_int8.tflite and manifest.json are replaced or removed, other files stay")

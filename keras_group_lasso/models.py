@@ -1,6 +1,7 @@
 """Attach group-sparse penalties to an existing model."""
 
 import dataclasses
+import json
 import math
 import warnings
 
@@ -148,8 +149,10 @@ class GroupSparseModel(_MultiplierState, keras.Model):
         # copies when its class is not Keras's own (a KerasHub Task): what prune_model builds again.
         head_penalties = kwargs.pop("head_penalties", None) or {}
         block_penalties = kwargs.pop("block_penalties", None) or {}
-        self.source_model = kwargs.pop("source_model", None)
+        source = kwargs.pop("source_model", None)
         super().__init__(inputs=inputs, outputs=outputs, name=name, **kwargs)
+        # kept as JSON text, out of Keras's attribute tracking (a tracked dict would hold the model's layers)
+        object.__setattr__(self, "_source_model", None if source is None else json.dumps(source))
         heads = _attach_head_penalties(self, head_penalties)
         inside = _attach_block_penalties(self, block_penalties)
         self.head_penalties = {name: variable.regularizer for name, variable in heads.items()}  # read by get_config
@@ -158,6 +161,12 @@ class GroupSparseModel(_MultiplierState, keras.Model):
         # The declaration gives every weight a penalty object of its own: these are the ones on the kernels now.
         self.head_penalties = {name: variable.regularizer for name, variable in heads.items()}
         self.block_penalties = {path: variable.regularizer for path, variable in inside.items()}
+
+    @property
+    def source_model(self):
+        """The class and config (``keras.saving.serialize_keras_object``) of the model this one copies, a new dict
+        each time; ``None`` for a model of Keras's own classes."""
+        return None if self._source_model is None else json.loads(self._source_model)
 
     def get_config(self):
         config = super().get_config()
@@ -320,7 +329,9 @@ def _source_model(model):
     if type(model).__module__.split(".")[0] in ("keras", "keras_group_lasso"):
         return None
     try:
-        return keras.saving.serialize_keras_object(model)
+        source = keras.saving.serialize_keras_object(model)
+        source = {key: value for key, value in source.items() if key not in ("build_config", "compile_config")}
+        return json.loads(json.dumps(source))  # plain values only
     except Exception:  # noqa: BLE001 - a model whose config cannot be written: pruned as a functional model
         return None
 

@@ -680,7 +680,11 @@ def test_the_penalised_copy_of_a_gemma_causal_lm_prunes_into_a_gemma_causal_lm_w
     (one key-value group of two query heads in block 0 and two groups of one in block 1 make two groups of two
     in both), exactly, so that the result is a ``GemmaCausalLM`` again, which generates what the thresholded
     copy computes."""
-    sparse = add_group_sparsity(M.GemmaCausalLM(backbone=_gemma(), preprocessor=None), 1e-3)
+    # Gemma 2's layout: every other block attends over a sliding window (same widths, another config)
+    backbone = M.GemmaBackbone(vocabulary_size=50, num_layers=2, num_query_heads=4, num_key_value_heads=2,
+                               hidden_dim=16, intermediate_dim=48, head_dim=8, use_sliding_window_attention=True,
+                               sliding_window_size=4)
+    sparse = add_group_sparsity(M.GemmaCausalLM(backbone=backbone, preprocessor=None), 1e-3)
     assert sparse.source_model["class_name"] == "GemmaCausalLM"
     assert type(sparse).from_config(sparse.get_config()).source_model == sparse.source_model
     _kill_in(sparse, 0, [2, 3], [0, 3, 5, 7])

@@ -249,9 +249,10 @@ def compute_masks(graph, weights, threshold, round_to=1, uniform=False):
     if round_to > 1:
         _round_up(graph, conn, foldable, needed, detached, live_path, round_to, recur)
         _pair_halves(graph, conn, foldable, needed, detached, live_path, recur)
-    if uniform:
-        _even_out(graph, conn, foldable, needed, detached, live_path, recur)
-        _pair_halves(graph, conn, foldable, needed, detached, live_path, recur)
+    if uniform:  # until each pass keeps nothing more: pairing halves may widen one sibling again
+        siblings = block_siblings(graph)
+        while _even_out(graph, conn, foldable, needed, detached, live_path, recur, siblings):
+            _pair_halves(graph, conn, foldable, needed, detached, live_path, recur)
 
     inputs, kept, constant, folded, fold_values, fold_in = {}, {}, {}, {}, {}, {}
     for node in graph.units:
@@ -408,36 +409,30 @@ def _keep_dead(graph, conn, foldable, needed, detached, live_path, recur, ids, n
 
 
 def block_siblings(graph):
-    """Lists of units nodes at the same place of the calls of blocks of one class and config (a model's repeated
-    decoder blocks): ``<call>/<path>`` for each call of the class, by ``<path>``. A block inside another is
-    matched by its innermost call."""
+    """Lists of units nodes at the same place of the calls of blocks of one class (a model's repeated decoder
+    blocks, also where some attend over a sliding window and others not): ``<call>/<path>`` for each call of the
+    class, by ``<path>`` and width. A block inside another is matched by its innermost call."""
     calls = sorted(graph.blocks, key=len, reverse=True)  # the innermost call first
-    kinds = {}
-    for call in calls:
-        layer = graph.blocks[call].layer
-        try:
-            config = {key: value for key, value in registry.layer_config(layer).items() if key != "name"}
-        except Exception:  # noqa: BLE001 - a block without a config: not matched
-            continue
-        kinds[call] = (type(layer), repr(sorted(config.items())))
     found = {}
     for node in graph.units:
         call = next((c for c in calls if node.name.startswith(f"{c}/")), None)
-        if call in kinds:
-            found.setdefault((kinds[call], node.name[len(call) + 1:], node.out_units), []).append(node.name)
+        if call is not None:
+            key = (type(graph.blocks[call].layer), node.name[len(call) + 1:], node.out_units)
+            found.setdefault(key, []).append(node.name)
     return [names for names in found.values() if len(names) > 1]
 
 
-def _even_out(graph, conn, foldable, needed, detached, live_path, recur):
+def _even_out(graph, conn, foldable, needed, detached, live_path, recur, siblings):
     """Keep (in place) more units so that the layers at the same place of blocks of one class keep as many each
-    (:func:`block_siblings`): the narrower ones keep some dead units (their outputs unchanged), so that every
-    block can be its class again with one config (``prune_model(blocks="uniform")``)."""
+    (``siblings``, :func:`block_siblings`): the narrower ones keep some dead units (their outputs unchanged), so
+    that every block can be its class again with one config (``prune_model(blocks="uniform")``). Whether it kept
+    any."""
     makers = _makers(graph, detached)
     by_name = {node.name: (ids, nodes) for ids, nodes in makers.items() for node in nodes}
-    changed = True
+    kept_any, changed = False, True
     while changed:
         changed = False
-        for names in block_siblings(graph):
+        for names in siblings:
             found = [by_name[name] for name in names if name in by_name]
             if len(found) != len(names):
                 continue
@@ -446,7 +441,8 @@ def _even_out(graph, conn, foldable, needed, detached, live_path, recur):
                 if kept < max(counts):
                     _keep_dead(graph, conn, foldable, needed, detached, live_path, recur, np.asarray(ids), nodes,
                                max(counts) - kept)
-                    changed = True
+                    changed = kept_any = True
+    return kept_any
 
 
 def _detached(graph, merge_folds):

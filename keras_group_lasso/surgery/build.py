@@ -356,14 +356,13 @@ def _rebuilt_model(model, small, rebuilt):
     changes = [found.changed for found in rebuilt.values()]
     if any(found.layer is None for found in rebuilt.values()) or any(c != changes[0] for c in changes):
         return None
-    # the class and config of the model, or of the model that add_group_sparsity copied (a KerasHub Task whose
-    # penalised copy is a GroupSparseModel)
+    # the class and config of the model that add_group_sparsity copied (a KerasHub Task whose penalised copy is a
+    # GroupSparseModel; made again through Keras's deserialization, in safe mode, as a file's), else the model's own
     source = getattr(model, "source_model", None)
     try:
-        source = copy.deepcopy(source if source is not None else keras.saving.serialize_keras_object(model))
+        config = copy.deepcopy(model.get_config()) if source is None else source.get("config")
     except Exception:  # noqa: BLE001 - a model whose config cannot be written
         return None
-    config = source.get("config") if isinstance(source, dict) else None
     if not isinstance(config, dict):
         return None
     widths = config
@@ -382,7 +381,8 @@ def _rebuilt_model(model, small, rebuilt):
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            again = keras.saving.deserialize_keras_object(source)
+            again = type(model).from_config(config) if source is None else keras.saving.deserialize_keras_object(
+                source)
             if preprocessor is not None:
                 again.preprocessor = preprocessor
         values = _weights_by_path(again, small)
