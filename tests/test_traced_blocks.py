@@ -726,7 +726,7 @@ def test_blocks_flatten_and_a_bad_blocks_argument(rng):
     flat = prune_model(model, T, blocks="flatten")
     assert not any(isinstance(layer, Conditioned) for layer in flat.layers)
     with pytest.raises(InvalidParameterError, match=r"^prune_model: argument `blocks` must be one of "
-                                                    r"'rebuild', 'flatten'; received 'keep'\.$"):
+                                                    r"'rebuild', 'uniform', 'flatten'; received 'keep'\.$"):
         prune_model(model, T, blocks="keep")
 
 
