@@ -270,7 +270,7 @@ DECODERS = {  # grouped-query attention whose class ties the size of a head to t
 # each family on one backend or two (the suite's time on 2 cores): the parts are Llama's, and Gemma's rule (the
 # same one, heads pruned) runs on all three
 DECODER_BACKENDS = {"Llama": ("tensorflow", "torch"), "Llama3": ("torch",), "Mistral": ("torch",),
-                    "Qwen2": ("tensorflow",), "Phi3": ("jax",)}
+                    "Qwen2": ("tensorflow",), "Phi3": ("torch",)}
 
 
 def _decoder_params():
@@ -555,7 +555,8 @@ def test_gemma_loses_query_heads_key_value_heads_and_neurons_exactly_and_stays_g
         assert type(small.get_layer(call)).__name__ == "GemmaDecoderBlock"
     report = small.pruning_report
     assert report.uninterpreted_layers == () and report.params_after < report.params_before
-    assert_loads_without_this_package({"gemma": (small, _token_batch(model, rng))}, tmp_path)
+    if keras.backend.backend() != "jax":  # a fresh JAX process costs the suite 10 s; loaded so on the other two
+        assert_loads_without_this_package({"gemma": (small, _token_batch(model, rng))}, tmp_path)
 
 
 @pytest.mark.skipif(keras.backend.backend() == "jax", reason="compiles slowly on JAX; Gemma's blocks prune "
