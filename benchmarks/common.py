@@ -262,21 +262,84 @@ def write_section(key, title, body, path=RESULTS_MD):
     return path
 
 
-def publish(name, title, text, records, args, started, elapsed):
-    """Write a run's results: ``<name>.md`` (``# title``, then ``text``) and ``<name>.json`` (command, date, wall
-    seconds, machine, ``args`` and ``records``) in benchmarks/results/ (benchmarks/out/ with ``args.quick``), and
-    unless quick the section ``name`` of RESULTS.md; print ``text``. Returns the ``.md`` path."""
-    out = Path(default_output(name, args.quick))
-    out.parent.mkdir(parents=True, exist_ok=True)
-    write_text_atomically(out.with_suffix(".md"), f"# {title}\n\n" + text)
-    payload = {"command": command_line(), "date": f"{started:%Y-%m-%d %H:%M} UTC", "wall_seconds": elapsed,
-               "machine": machine_info(), "args": vars(args), "records": records}
-    write_text_atomically(out.with_suffix(".json"), json.dumps(payload, indent=1, default=float))
-    if not args.quick:
-        write_section(name, title, text)
-    print(text)
-    say(f"wrote {out.with_suffix('.md')} and .json in {elapsed / 60:.1f} min")
-    return out.with_suffix(".md")
+def arguments(doc, seeds=None, quick="a smoke run: results to benchmarks/out/, RESULTS.md untouched"):
+    """The arguments every benchmark takes: ``--quick`` (help ``quick``), ``--out-name`` (the results' file name,
+    default the script's) and, when ``seeds`` is a number, ``--seeds N`` (seeds 0..N-1, default ``seeds``). A script
+    adds its own arguments to the parser this returns and hands the parsed namespace to :class:`Run`."""
+    parser = argparse.ArgumentParser(description=doc.strip().splitlines()[0])
+    if seeds is not None:
+        parser.add_argument("--seeds", type=positive_int, default=seeds, help=f"seeds 0..N-1 (default {seeds})")
+    parser.add_argument("--quick", action="store_true", help=quick)
+    parser.add_argument("--out-name", default=None, help="results file name without extension (default the script's)")
+    return parser
+
+
+class Run:
+    """One benchmark run: its arguments, its clock, where it writes; :meth:`publish` writes its results once.
+
+    A full run writes ``benchmarks/results/<name>.md`` and ``.json`` and the section ``<name>`` of RESULTS.md; a
+    ``--quick`` run writes the same two files to ``benchmarks/out/`` and leaves RESULTS.md alone.
+
+    Example:
+        >>> run = Run("digits", parser.parse_args())
+        >>> records = [train(seed) for seed in run.seeds]
+        >>> run.publish("DIGITS sweep", table(records), records, notes=["200 epochs"])
+    """
+
+    def __init__(self, name, args, seeds=None):
+        self.args = args
+        self.name = getattr(args, "out_name", None) or name
+        self.quick = bool(getattr(args, "quick", False))
+        if seeds is None:
+            seeds = [0] if self.quick else list(range(getattr(args, "seeds", 1)))
+        self.seeds = list(seeds)
+        self.started = now()
+        self._clock = time.perf_counter()
+        self.out = HERE / "out" if self.quick else RESULTS_DIR
+
+    @property
+    def elapsed(self):
+        """Wall seconds since the run began."""
+        return time.perf_counter() - self._clock
+
+    def path(self, suffix):
+        """``<out>/<name><suffix>``: where this run writes a file of its own (a figure: ``run.path(".png")``)."""
+        return self.out / f"{self.name}{suffix}"
+
+    def staged(self):
+        """A scratch folder whose files land in this run's folder only when the block succeeds (figures)."""
+        return staged(self.out)
+
+    def header(self, notes=()):
+        """Command, date, wall time, machine, backend, seeds, then ``notes``: the lines every result starts with."""
+        return header(command_line(), self.seeds, self.started, self.elapsed, notes)
+
+    def publish(self, title, body, records, notes=(), section=True, **extra):
+        """Write the results: ``<name>.md`` (``# title``, the header with ``notes``, ``body``) and ``<name>.json``
+        (command, date, wall seconds, machine, arguments, ``records`` and ``extra``); unless quick, the same text as
+        a section of RESULTS.md: ``<name>`` when ``section`` is True, that key when it is a string, none when it is
+        False (a result the index links to). Prints the text; returns the .md path."""
+        elapsed = self.elapsed
+        text = self.header(notes) + "\n\n" + body.rstrip() + "\n"
+        self.out.mkdir(parents=True, exist_ok=True)
+        payload = {"command": command_line(), "date": f"{self.started:%Y-%m-%d %H:%M} UTC", "wall_seconds": elapsed,
+                   "machine": machine_info(), "args": vars(self.args), "records": records, **extra}
+        write_text_atomically(self.path(".json"), json.dumps(payload, indent=1, default=_plain))
+        markdown = write_text_atomically(self.path(".md"), f"# {title}\n\n" + text)
+        if section and not self.quick:
+            write_section(self.name if section is True else section, title, text)
+        print(text)
+        say(f"wrote {markdown} and .json in {elapsed / 60:.1f} min")
+        return markdown
+
+
+def _plain(value):
+    """JSON for what ``json`` does not know: numpy numbers and arrays, paths, anything else as text."""
+    if isinstance(value, np.ndarray):
+        return value.tolist()
+    if isinstance(value, np.generic):
+        return value.item()
+    return str(value) if isinstance(value, Path) else float(value)
 
 
 def save_json(name, payload):

@@ -34,7 +34,6 @@ Usage:
     KERAS_BACKEND=tensorflow python benchmarks/gemma_lm.py --quick    # 2,000 windows, 1 epoch, 1 seed -> benchmarks/out/
 """
 
-import argparse
 import sys
 import sysconfig
 import time
@@ -275,21 +274,20 @@ def table(records, epochs, finetune):
          "max |logit gap| vs thresholded", "wall (s)"], rows)
 
 
+QUICK = "2,000 windows, 1 epoch, 1 seed; to benchmarks/out/"
+
+
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--seeds", type=common.positive_int, default=3)
+    parser = common.arguments(__doc__, seeds=3, quick=QUICK)
     parser.add_argument("--epochs", type=common.positive_int, default=EPOCHS)
     parser.add_argument("--finetune", type=common.positive_int, default=FINETUNE)
-    parser.add_argument("--quick", action="store_true", help="2,000 windows, 1 epoch, 1 seed; to benchmarks/out/")
     args = parser.parse_args(argv)
     n_train, n_test = (2000, 500) if args.quick else (TRAIN, 4000)
-    seeds = [0] if args.quick else list(range(args.seeds))
     epochs = 1 if args.quick else args.epochs
     finetune = 1 if args.quick else args.finetune
     data = load(n_train, n_test)
-    started, clock = common.now(), time.perf_counter()
-    records = [run_seed(seed, data, epochs, finetune) for seed in seeds]
-    elapsed = time.perf_counter() - clock
+    run = common.Run(NAME, args)
+    records = [run_seed(seed, data, epochs, finetune) for seed in run.seeds]
     train_files, held = data["files"]
     notes = [
         (f"Model: KerasHub's `GemmaCausalLM` around a `GemmaBackbone` (byte vocabulary of {VOCAB}, hidden {HIDDEN}, "
@@ -314,10 +312,8 @@ def main(argv=None):
          f"{records[0]['seed']}, 24 held-out bytes then 24 generated: budget (uniform) "
          f"{records[0]['pruned_generates']!r}; magnitude {records[0]['magnitude_generates']!r}"),
     ]
-    text = (common.header(common.command_line(), seeds, started, elapsed, notes) + "\n\n"
-            + table(records, epochs, finetune) + "\n")
     title = "A Gemma-style byte-level language model under a FLOP budget"
-    common.publish(NAME, title, text, records, args, started, elapsed)
+    run.publish(title, table(records, epochs, finetune), records, notes=notes)
     return 0
 
 

@@ -32,7 +32,6 @@ Usage:
     KERAS_BACKEND=tensorflow python benchmarks/text_transformer.py --quick     # 2,000 sequences, 1 epoch, 1 seed -> benchmarks/out/
 """
 
-import argparse
 import sys
 import time
 from pathlib import Path
@@ -210,25 +209,24 @@ def table(records, bert=False):
          "max |output gap| vs thresholded", "wall (s)"], rows)
 
 
+QUICK = "2,000 sequences, 1 epoch, 1 seed; to benchmarks/out/"
+
+
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--seeds", type=common.positive_int, default=3)
+    parser = common.arguments(__doc__, seeds=3, quick=QUICK)
     parser.add_argument("--epochs", type=common.positive_int, default=EPOCHS)
-    parser.add_argument("--quick", action="store_true", help="2,000 sequences, 1 epoch, 1 seed; to benchmarks/out/")
     parser.add_argument("--model", choices=sorted(MODELS), default="keras_io",
                         help="keras.io's Transformer (default) or KerasHub's BertTextClassifier")
     args = parser.parse_args(argv)
     bert = args.model == "bert"
     name = f"{NAME}_bert" if bert else NAME
     n_train, n_test = (2000, 1000) if args.quick else (TRAIN, TEST)
-    seeds = [0] if args.quick else list(range(args.seeds))
     epochs = 1 if args.quick else args.epochs
     data = make_data(n_train, n_test)
     if bert:
         data = dict(data, x_train=bert_inputs(data["x_train"]), x_test=bert_inputs(data["x_test"]))
-    started, clock = common.now(), time.perf_counter()
-    records = [run_seed(seed, data, epochs, MODELS[args.model]) for seed in seeds]
-    elapsed = time.perf_counter() - clock
+    run = common.Run(name, args)
+    records = [run_seed(seed, data, epochs, MODELS[args.model]) for seed in run.seeds]
     flops = records[0]["flops_before"]
     model_note = (
         f"Model: KerasHub's `BertTextClassifier` around a `BertBackbone` (one `TransformerEncoder`, hidden {EMBED}, "
@@ -251,11 +249,9 @@ def main(argv=None):
         ("Output gap: pruned model vs the budget-trained model after `apply_threshold` (|w| <= 1e-3 set to 0), "
          "softmax outputs on 1,000 test sequences, max over seeds; wall: training (+ pruning) on 2 shared cores"),
     ]
-    text = (common.header(common.command_line(), seeds, started, elapsed, notes) + "\n\n"
-            + table(records, bert) + "\n")
     title = ("KerasHub's BERT classifier under a FLOP budget" if bert else
              "keras.io's text Transformer under a FLOP budget")
-    common.publish(name, title, text, records, args, started, elapsed)
+    run.publish(title, table(records, bert), records, notes=notes)
     return 0
 
 

@@ -27,7 +27,6 @@ Usage:
     KERAS_BACKEND=tensorflow python benchmarks/vit_fashion.py --quick    # 2,000 images, 1 epoch, 1 seed -> benchmarks/out/
 """
 
-import argparse
 import re
 import sys
 import time
@@ -174,21 +173,20 @@ def table(records, epochs, finetune):
          "heads/MLP neurons per block (per seed)", "max |output gap| vs thresholded", "wall (s)"], rows)
 
 
+QUICK = "2,000 images, 1 epoch, 1 seed; to benchmarks/out/"
+
+
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--seeds", type=common.positive_int, default=3)
+    parser = common.arguments(__doc__, seeds=3, quick=QUICK)
     parser.add_argument("--epochs", type=common.positive_int, default=EPOCHS)
     parser.add_argument("--finetune", type=common.positive_int, default=FINETUNE)
-    parser.add_argument("--quick", action="store_true", help="2,000 images, 1 epoch, 1 seed; to benchmarks/out/")
     args = parser.parse_args(argv)
     n_train, n_test = (2000, 1000) if args.quick else (TRAIN, TEST)
-    seeds = [0] if args.quick else list(range(args.seeds))
     epochs = 1 if args.quick else args.epochs
     finetune = 1 if args.quick else args.finetune
     data = load(n_train, n_test)
-    started, clock = common.now(), time.perf_counter()
-    records = [run_seed(seed, data, epochs, finetune) for seed in seeds]
-    elapsed = time.perf_counter() - clock
+    run = common.Run(NAME, args)
+    records = [run_seed(seed, data, epochs, finetune) for seed in run.seeds]
     notes = [
         (f"Model: KerasHub's `ViTImageClassifier` around a `ViTBackbone` (28x28x1 images, patches of {PATCH}, "
          f"hidden {HIDDEN}, {LAYERS} blocks of {HEADS} heads and {MLP} MLP neurons), built from its constructor with "
@@ -204,10 +202,8 @@ def main(argv=None):
         ("Output gap: the budget's pruned model vs its trained model after `apply_threshold` (|w| <= 1e-3 set to "
          "0), logits on 1,000 test images, max over seeds; wall: training (+ pruning) on 2 shared cores"),
     ]
-    text = (common.header(common.command_line(), seeds, started, elapsed, notes) + "\n\n"
-            + table(records, epochs, finetune) + "\n")
     title = "KerasHub's ViT on Fashion-MNIST under a FLOP budget"
-    common.publish(NAME, title, text, records, args, started, elapsed)
+    run.publish(title, table(records, epochs, finetune), records, notes=notes)
     return 0
 
 

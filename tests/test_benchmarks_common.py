@@ -108,6 +108,46 @@ def test_seeds_zero_is_refused_before_any_training_or_writing(monkeypatch, capsy
         assert f"error: argument {argv[0]}: must be an integer >= 1; received '0'" in capsys.readouterr().err
 
 
+def test_one_harness_parses_the_common_arguments_and_writes_a_run_once(tmp_path, monkeypatch, capsys):
+    import json
+
+    import numpy as np
+
+    monkeypatch.setattr(common, "RESULTS_DIR", tmp_path / "results")
+    monkeypatch.setattr(common, "HERE", tmp_path)
+    results_md = tmp_path / "RESULTS.md"
+    monkeypatch.setattr(common, "write_section", lambda key, title, body: written.append((key, title, body)))
+    parser = common.arguments("A benchmark.\n\nMore.", seeds=3, quick="one seed")
+    parser.add_argument("--epochs", type=common.positive_int, default=2)
+    assert parser.description == "A benchmark."
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--seeds", "0"])
+    assert "--seeds: must be an integer >= 1; received '0'" in capsys.readouterr().err
+
+    written = []
+    run = common.Run("bench", parser.parse_args(["--seeds", "2"]))
+    assert run.seeds == [0, 1] and run.out == tmp_path / "results" and run.elapsed >= 0
+    records = [{"seed": s, "accuracy": np.float32(0.5), "widths": np.array([3, 4])} for s in run.seeds]
+    path = run.publish("Title", "| a |\n|---|\n| 1 |", records, notes=["2 epochs"], dense_macs=np.int64(7))
+    assert path == tmp_path / "results" / "bench.md"
+    text = path.read_text()
+    assert text.startswith("# Title\n\n- Command: `") and "- Seeds: 0, 1\n- 2 epochs\n\n| a |" in text
+    payload = json.loads((tmp_path / "results" / "bench.json").read_text())
+    assert payload["records"][1] == {"seed": 1, "accuracy": 0.5, "widths": [3, 4]} and payload["dense_macs"] == 7
+    assert payload["args"] == {"seeds": 2, "quick": False, "out_name": None, "epochs": 2}
+    assert [(key, title) for key, title, _ in written] == [("bench", "Title")]
+    assert written[0][2] == text.split("\n\n", 1)[1]  # the section holds the same text, its title as a ##
+
+    written.clear()
+    quick = common.Run("bench", parser.parse_args(["--quick", "--out-name", "mine"]))
+    assert quick.seeds == [0] and quick.out == tmp_path / "out" and quick.path(".png") == tmp_path / "out" / "mine.png"
+    quick.publish("Title", "body", [])
+    assert (tmp_path / "out" / "mine.md").exists() and written == [] and not results_md.exists()
+    common.Run("other", parser.parse_args([])).publish("T", "body", [], section="digits")
+    common.Run("apart", parser.parse_args([])).publish("T", "body", [], section=False)
+    assert [key for key, _, _ in written] == ["digits"]
+
+
 def test_staged_results_replace_the_old_ones_only_when_the_run_succeeds(tmp_path):
     import pytest
 
