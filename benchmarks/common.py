@@ -248,8 +248,9 @@ def write_text_atomically(path, text):
     return path
 
 
-def write_section(key, title, body, path=RESULTS_MD):
-    """Insert or replace the section ``key`` of RESULTS.md (between HTML comment markers)."""
+def write_section(key, title, body, path=None):
+    """Insert or replace the section ``key`` of RESULTS.md (or ``path``) between HTML comment markers."""
+    path = Path(path or RESULTS_MD)
     begin, end = f"<!-- BEGIN {key} -->", f"<!-- END {key} -->"
     section = f"{begin}\n## {title}\n\n{body.rstrip()}\n{end}"
     text = path.read_text() if path.exists() else "# Benchmark results\n\nEach section is written by the script named in its command line.\n"
@@ -259,6 +260,45 @@ def write_section(key, title, body, path=RESULTS_MD):
     else:
         text = text.rstrip() + "\n\n" + section + "\n"
     write_text_atomically(path, text if text.endswith("\n") else text + "\n")
+    return path
+
+
+INDEX = "## Index of every experiment"
+
+
+def write_index_row(script, name, cells, path=None):
+    """Insert or replace the row of experiment ``name`` in RESULTS.md's index (or ``path``'s), under
+    ``### `benchmarks/<script>``` (a new heading goes in alphabetical order). ``cells``: what, command, date,
+    machine, files (Markdown; a ``|`` inside a cell is escaped)."""
+    path = Path(path or RESULTS_MD)
+    text = path.read_text() if path.exists() else f"# Benchmark results\n\n{INDEX}\n"
+    if INDEX not in text:
+        text = text.rstrip() + f"\n\n{INDEX}\n"
+    start = text.index(INDEX) + len(INDEX)
+    later = re.search(r"^(## |<!-- BEGIN )", text[start:], re.M)
+    end = start + later.start() if later else len(text)
+    index = text[start:end]
+    row = "| " + " | ".join(c.replace("|", "\\|") for c in [name, *cells]) + " |"
+    heading = f"### `benchmarks/{script}`"
+    if heading not in index:
+        blocks = re.split(r"(?=^### )", index, flags=re.M)
+        table = f"{heading}\n\n| experiment | what | command | date | machine | files |\n|---|---|---|---|---|---|\n"
+        at = next((i for i, b in enumerate(blocks) if b.startswith("### ") and b > heading), len(blocks))
+        blocks.insert(at, table + row + "\n\n")
+        index = "".join(blocks)
+    else:
+        begin = index.index(heading)
+        block_end = re.search(r"^### ", index[begin + len(heading):], re.M)
+        block_end = begin + len(heading) + block_end.start() if block_end else len(index)
+        block = index[begin:block_end]
+        mine = re.compile(r"^\| " + re.escape(name) + r"( \(seeds [^|]*\))? \|.*$", re.M)
+        if mine.search(block):
+            block = mine.sub(lambda _: row, block, count=1)
+        else:
+            lines = block.rstrip("\n").split("\n")
+            block = "\n".join(lines + [row]) + "\n\n"
+        index = index[:begin] + block + index[block_end:]
+    write_text_atomically(path, text[:start] + index + text[end:])
     return path
 
 
@@ -277,8 +317,9 @@ def arguments(doc, seeds=None, quick="a smoke run: results to benchmarks/out/, R
 class Run:
     """One benchmark run: its arguments, its clock, where it writes; :meth:`publish` writes its results once.
 
-    A full run writes ``benchmarks/results/<name>.md`` and ``.json`` and the section ``<name>`` of RESULTS.md; a
-    ``--quick`` run writes the same two files to ``benchmarks/out/`` and leaves RESULTS.md alone.
+    A full run writes ``benchmarks/results/<name>.md`` and ``.json``, the section ``<name>`` of RESULTS.md and the
+    run's row in its index; a ``--quick`` run writes the same two files to ``benchmarks/out/`` and leaves RESULTS.md
+    alone.
 
     Example:
         >>> run = Run("digits", parser.parse_args())
@@ -296,6 +337,8 @@ class Run:
         self.started = now()
         self._clock = time.perf_counter()
         self.out = HERE / "out" if self.quick else RESULTS_DIR
+        self._suffixes = [".md", ".json"]
+        self.script = Path(sys.argv[0]).name  # the index row's heading
 
     @property
     def elapsed(self):
@@ -303,7 +346,9 @@ class Run:
         return time.perf_counter() - self._clock
 
     def path(self, suffix):
-        """``<out>/<name><suffix>``: where this run writes a file of its own (a figure: ``run.path(".png")``)."""
+        """``<out>/<name><suffix>``: where this run writes a file of its own (a figure: ``run.path(".png")``);
+        listed in the run's RESULTS.md index row when it exists at :meth:`publish`."""
+        self._suffixes.append(suffix)
         return self.out / f"{self.name}{suffix}"
 
     def staged(self):
@@ -314,11 +359,12 @@ class Run:
         """Command, date, wall time, machine, backend, seeds, then ``notes``: the lines every result starts with."""
         return header(command_line(), self.seeds, self.started, self.elapsed, notes)
 
-    def publish(self, title, body, records, notes=(), section=True, **extra):
+    def publish(self, title, body, records, notes=(), section=True, summary=None, **extra):
         """Write the results: ``<name>.md`` (``# title``, the header with ``notes``, ``body``) and ``<name>.json``
         (command, date, wall seconds, machine, arguments, ``records`` and ``extra``); unless quick, the same text as
         a section of RESULTS.md: ``<name>`` when ``section`` is True, that key when it is a string, none when it is
-        False (a result the index links to). Prints the text; returns the .md path."""
+        False (a result the index links to), and the run's row in RESULTS.md's index (:func:`write_index_row`:
+        ``summary`` or the title, the command, date, machine and files). Prints the text; returns the .md path."""
         elapsed = self.elapsed
         text = self.header(notes) + "\n\n" + body.rstrip() + "\n"
         self.out.mkdir(parents=True, exist_ok=True)
@@ -326,11 +372,23 @@ class Run:
                    "machine": machine_info(), "args": vars(self.args), "records": records, **extra}
         write_text_atomically(self.path(".json"), json.dumps(payload, indent=1, default=_plain))
         markdown = write_text_atomically(self.path(".md"), f"# {title}\n\n" + text)
-        if section and not self.quick:
-            write_section(self.name if section is True else section, title, text)
+        if not self.quick:
+            if section:
+                write_section(self.name if section is True else section, title, text)
+            self._index_row(title if summary is None else summary, section)
         print(text)
         say(f"wrote {markdown} and .json in {elapsed / 60:.1f} min")
         return markdown
+
+    def _index_row(self, what, section):
+        info = machine_info()
+        files = [self.out / f"{self.name}{suffix}" for suffix in dict.fromkeys(self._suffixes)]
+        links = ", ".join(f"[{f.name}](results/{f.name})" for f in files if f.exists())
+        name = self.name if len(self.seeds) < 2 else f"{self.name} (seeds {', '.join(map(str, self.seeds))})"
+        write_index_row(self.script, name, [
+            what + ("; section below" if section else ""), f"`{command_line()}`",
+            f"{self.started:%Y-%m-%d %H:%M} UTC", f"{info['cores']} cores, {info['cpu']} (shared with other jobs "
+            "while it ran)", links])
 
 
 def _plain(value):

@@ -274,6 +274,21 @@ def table(records, epochs, finetune):
          "max |logit gap| vs thresholded", "wall (s)"], rows)
 
 
+def summary(records, epochs, finetune):
+    """The run in one line, for RESULTS.md's index."""
+    def ppl(key):
+        return common.mean_std([r[key] for r in records], 3)
+
+    return (f"KerasHub's `GemmaCausalLM` (byte-level, hidden {HIDDEN}, {LAYERS} blocks of {HEADS} query heads on "
+            f"{KV_HEADS} key-value heads, {NEURONS} gated neurons) on the standard library's `.py` files, whole files "
+            f"held out, `SparsityBudget(max_flops={BUDGET})` per token with its defaults, {epochs} epochs: "
+            f"{common.mean_std([r['flops_ratio'] for r in records], 3)} of the counted FLOPs, surgery "
+            f"output gap {max(r['gap'] for r in records):.1e}, held-out perplexity {ppl('pruned_perplexity')} vs dense "
+            f"{ppl('dense_perplexity')}, {ppl('budget_finetuned_perplexity')} after {finetune} epoch(s) of "
+            f"fine-tuning; magnitude pruning {ppl('magnitude_perplexity')}, {ppl('magnitude_finetuned_perplexity')} "
+            "after fine-tuning")
+
+
 QUICK = "2,000 windows, 1 epoch, 1 seed; to benchmarks/out/"
 
 
@@ -313,7 +328,7 @@ def main(argv=None):
          f"{records[0]['pruned_generates']!r}; magnitude {records[0]['magnitude_generates']!r}"),
     ]
     title = "A Gemma-style byte-level language model under a FLOP budget"
-    run.publish(title, table(records, epochs, finetune), records, notes=notes)
+    run.publish(title, table(records, epochs, finetune), records, notes=notes, summary=summary(records, epochs, finetune))
     return 0
 
 

@@ -251,7 +251,13 @@ def main(argv=None):
     ]
     title = ("KerasHub's BERT classifier under a FLOP budget" if bert else
              "keras.io's text Transformer under a FLOP budget")
-    run.publish(title, table(records, bert), records, notes=notes)
+    what = (f"{title}: `SparsityBudget({'max_params' if bert else 'max_flops'}={BUDGET})` with its defaults, "
+            f"{epochs} epoch(s), no fine-tuning: pruned "
+            f"{common.mean_std([100 * r['pruned_accuracy'] for r in records], 2)} % vs dense "
+            f"{common.mean_std([100 * r['dense_accuracy'] for r in records], 2)} %, at "
+            f"{common.mean_std([r['params_ratio' if bert else 'flops_ratio'] for r in records], 3)} of the "
+            f"{'parameters' if bert else 'FLOPs'}, {max(r['gap'] for r in records):.1e} output gap")
+    run.publish(title, table(records, bert), records, notes=notes, summary=what)
     return 0
 
 

@@ -85,17 +85,12 @@ def compiled(model, optimizer):
 
 
 def block_widths(model):
-    """``[(heads, MLP neurons), ...]`` per encoder block, counted from the kernels of any pruned model (its blocks
-    rebuilt, ``transformer_block_1/mha/...``, or flattened into layers, ``..._transformer_block_1_mha/...``)."""
-    found = {}
-    for variable in model.weights:
-        heads = re.search(r"transformer_block_(\d+)[/_]mha/attention_output/kernel$", variable.path)
-        neurons = re.search(r"transformer_block_(\d+)[/_]mlp[/_]dense_1/kernel$", variable.path)
-        if heads:
-            found.setdefault(int(heads.group(1)), {})["heads"] = int(variable.shape[0])
-        elif neurons:
-            found.setdefault(int(neurons.group(1)), {})["mlp"] = int(variable.shape[-1])
-    return [(w.get("heads"), w.get("mlp")) for _, w in sorted(found.items())]
+    """``[(heads, MLP neurons), ...]`` per encoder block, in order, counted from the kernels of any pruned model (its
+    blocks rebuilt, ``transformer_block_1/mha/...``, or flattened into layers, ``..._transformer_block_1_mha/...``
+    and a kept nested ``mlp_1/dense_1/...``)."""
+    heads = [int(v.shape[0]) for v in model.weights if re.search(r"mha/attention_output/kernel$", v.path)]
+    neurons = [int(v.shape[-1]) for v in model.weights if re.search(r"mlp(_\d+)?[/_]dense_1/kernel$", v.path)]
+    return list(zip(heads, neurons, strict=True))
 
 
 def run_seed(seed, data, epochs, finetune):
@@ -173,6 +168,19 @@ def table(records, epochs, finetune):
          "heads/MLP neurons per block (per seed)", "max |output gap| vs thresholded", "wall (s)"], rows)
 
 
+def summary(records, epochs, finetune):
+    """The run in one line, for RESULTS.md's index."""
+    def pct(key):
+        return common.mean_std([r[key] for r in records], 2, 100.0)
+
+    return (f"KerasHub's `ViTImageClassifier` ({LAYERS} blocks of {HEADS} heads and {MLP} MLP neurons) on Fashion-MNIST, "
+            f"`SparsityBudget(max_flops={BUDGET})` with its defaults, {epochs} epochs, no fine-tuning: "
+            f"{common.mean_std([r['flops_ratio'] for r in records], 3)} of the FLOPs, surgery "
+            f"output gap {max(r['gap'] for r in records):.1e}, {pct('pruned_accuracy')} % vs dense {pct('dense_accuracy')} %; "
+            f"magnitude pruning at the same FLOPs {pct('magnitude_accuracy')} %, {pct('magnitude_finetuned_accuracy')} % "
+            f"after {finetune} epoch(s) of fine-tuning")
+
+
 QUICK = "2,000 images, 1 epoch, 1 seed; to benchmarks/out/"
 
 
@@ -203,7 +211,7 @@ def main(argv=None):
          "0), logits on 1,000 test images, max over seeds; wall: training (+ pruning) on 2 shared cores"),
     ]
     title = "KerasHub's ViT on Fashion-MNIST under a FLOP budget"
-    run.publish(title, table(records, epochs, finetune), records, notes=notes)
+    run.publish(title, table(records, epochs, finetune), records, notes=notes, summary=summary(records, epochs, finetune))
     return 0
 
 

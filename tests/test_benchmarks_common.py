@@ -113,10 +113,13 @@ def test_one_harness_parses_the_common_arguments_and_writes_a_run_once(tmp_path,
 
     import numpy as np
 
+    results_md = tmp_path / "RESULTS.md"
+    results_md.write_text("# Results\n\n## Index of every experiment\n\n### `benchmarks/zeta.py`\n\n| experiment |"
+                          " what | command | date | machine | files |\n|---|---|---|---|---|---|\n| z | ... |\n\n"
+                          "<!-- BEGIN findings -->\n## What the numbers say\n<!-- END findings -->\n")
+    monkeypatch.setattr(common, "RESULTS_MD", results_md)
     monkeypatch.setattr(common, "RESULTS_DIR", tmp_path / "results")
     monkeypatch.setattr(common, "HERE", tmp_path)
-    results_md = tmp_path / "RESULTS.md"
-    monkeypatch.setattr(common, "write_section", lambda key, title, body: written.append((key, title, body)))
     parser = common.arguments("A benchmark.\n\nMore.", seeds=3, quick="one seed")
     parser.add_argument("--epochs", type=common.positive_int, default=2)
     assert parser.description == "A benchmark."
@@ -124,9 +127,11 @@ def test_one_harness_parses_the_common_arguments_and_writes_a_run_once(tmp_path,
         parser.parse_args(["--seeds", "0"])
     assert "--seeds: must be an integer >= 1; received '0'" in capsys.readouterr().err
 
-    written = []
     run = common.Run("bench", parser.parse_args(["--seeds", "2"]))
+    run.script = "bench.py"
     assert run.seeds == [0, 1] and run.out == tmp_path / "results" and run.elapsed >= 0
+    run.path(".png").parent.mkdir(parents=True)
+    run.path(".png").write_bytes(b"figure")
     records = [{"seed": s, "accuracy": np.float32(0.5), "widths": np.array([3, 4])} for s in run.seeds]
     path = run.publish("Title", "| a |\n|---|\n| 1 |", records, notes=["2 epochs"], dense_macs=np.int64(7))
     assert path == tmp_path / "results" / "bench.md"
@@ -135,17 +140,30 @@ def test_one_harness_parses_the_common_arguments_and_writes_a_run_once(tmp_path,
     payload = json.loads((tmp_path / "results" / "bench.json").read_text())
     assert payload["records"][1] == {"seed": 1, "accuracy": 0.5, "widths": [3, 4]} and payload["dense_macs"] == 7
     assert payload["args"] == {"seeds": 2, "quick": False, "out_name": None, "epochs": 2}
-    assert [(key, title) for key, title, _ in written] == [("bench", "Title")]
-    assert written[0][2] == text.split("\n\n", 1)[1]  # the section holds the same text, its title as a ##
+    markdown = results_md.read_text()
+    assert "<!-- BEGIN bench -->\n## Title\n\n" + text.split("\n\n", 1)[1] in markdown  # the same text
+    index = markdown[: markdown.index("<!-- BEGIN findings -->")]
+    assert index.index("### `benchmarks/bench.py`") < index.index("### `benchmarks/zeta.py`")  # alphabetical
+    (row,) = [line for line in index.splitlines() if line.startswith("| bench")]
+    assert row.startswith("| bench (seeds 0, 1) | Title; section below | `KERAS_BACKEND=")
+    assert row.endswith("| [bench.md](results/bench.md), [bench.json](results/bench.json), [bench.png](results/bench.png) |")
 
-    written.clear()
+    run.publish("Title", "again", records, summary="a | summary")  # a rerun replaces its row, nothing else
+    index = results_md.read_text()[: results_md.read_text().index("<!-- BEGIN findings -->")]
+    assert [line for line in index.splitlines() if line.startswith("| bench")][0].startswith(
+        "| bench (seeds 0, 1) | a \\| summary; section below |")
+    assert index.count("| bench") == 1 and "| z | ... |" in index
+
     quick = common.Run("bench", parser.parse_args(["--quick", "--out-name", "mine"]))
     assert quick.seeds == [0] and quick.out == tmp_path / "out" and quick.path(".png") == tmp_path / "out" / "mine.png"
+    before = results_md.read_text()
     quick.publish("Title", "body", [])
-    assert (tmp_path / "out" / "mine.md").exists() and written == [] and not results_md.exists()
+    assert (tmp_path / "out" / "mine.md").exists() and results_md.read_text() == before
     common.Run("other", parser.parse_args([])).publish("T", "body", [], section="digits")
     common.Run("apart", parser.parse_args([])).publish("T", "body", [], section=False)
-    assert [key for key, _, _ in written] == ["digits"]
+    markdown = results_md.read_text()
+    assert "<!-- BEGIN digits -->" in markdown and "<!-- BEGIN apart -->" not in markdown
+    assert "| apart (seeds 0, 1, 2) | T |" in markdown
 
 
 def test_staged_results_replace_the_old_ones_only_when_the_run_succeeds(tmp_path):
