@@ -96,6 +96,68 @@ SCRIPT = textwrap.dedent(
 )
 
 
+# A KerasHub Backbone sharded by its own layout map (GemmaBackbone.get_layout_map: embeddings, q/k/v/o and the
+# gated feed-forward kernels split over the "model" axis), its CausalLM penalised, trained with Proximal and a
+# FLOP budget: the weights, exact zeros, cuts and report of one device, and surgery exact.
+SHARDED_GEMMA = textwrap.dedent(
+    """
+    import os
+    os.environ["XLA_FLAGS"] = " ".join(os.environ.get("XLA_FLAGS", "").split()
+                                       + ["--xla_force_host_platform_device_count=2"])
+    os.environ["KERAS_BACKEND"] = "jax"
+    import keras
+    import keras_hub
+    import numpy as np
+    from keras_group_lasso import (Proximal, SparsityBudget, add_group_sparsity, apply_threshold, prune_model,
+                                   sparsity_report)
+
+    devices = keras.distribution.list_devices("cpu")
+    assert len(devices) == 2, devices
+    mesh = keras.distribution.DeviceMesh((1, 2), ["batch", "model"], devices)
+    layout = keras_hub.models.GemmaBackbone.get_layout_map(mesh)
+    rng = np.random.default_rng(0)
+    tokens = rng.integers(1, 64, size=(48, 17)).astype("int32")
+    x = {"token_ids": tokens[:, :-1], "padding_mask": np.ones((48, 16), "int32")}
+    y = tokens[:, 1:]
+
+
+    def train(distribution):
+        keras.distribution.set_distribution(distribution)
+        try:
+            keras.utils.set_random_seed(0)
+            backbone = keras_hub.models.GemmaBackbone(vocabulary_size=64, num_layers=2, num_query_heads=4,
+                                                      num_key_value_heads=2, hidden_dim=16, intermediate_dim=64,
+                                                      head_dim=8)
+            lm = add_group_sparsity(keras_hub.models.GemmaCausalLM(backbone=backbone, preprocessor=None), 1e-3)
+            lm.compile(Proximal(keras.optimizers.Adam(0.01)),
+                       keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+            history = lm.fit(x, y, epochs=4, batch_size=16, shuffle=False, verbose=0,
+                             callbacks=[SparsityBudget(max_flops=0.5)])
+            weights = [np.asarray(keras.ops.convert_to_numpy(w)) for w in lm.get_weights()]
+            return lm, weights, history.history["budget_cut"], sparsity_report(lm)
+        finally:
+            keras.distribution.set_distribution(None)
+
+
+    one, one_weights, one_cuts, one_report = train(None)
+    lm, weights, cuts, report = train(keras.distribution.ModelParallel(layout_map=layout, batch_dim_name="batch"))
+    query = next(w for w in lm.weights if w.path.endswith("decoder_block_0/attention/query/kernel"))
+    assert tuple(query.value.sharding.spec) == ("model", "batch", None), query.value.sharding
+    gap = max(float(np.max(np.abs(a - b))) for a, b in zip(one_weights, weights))
+    assert gap <= 1e-5, gap
+    assert all(np.array_equal(a == 0, b == 0) for a, b in zip(one_weights, weights))
+    assert cuts == one_cuts and sum(cuts) > 0, (cuts, one_cuts)
+    assert report.flops_after == one_report.flops_after <= 0.5 * report.flops_before
+    assert report.layer_sizes == one_report.layer_sizes and report.live_neurons == one_report.live_neurons
+    small = prune_model(lm)
+    apply_threshold(lm)
+    outputs = keras.ops.convert_to_numpy(lm.predict(x, verbose=0))
+    assert np.max(np.abs(keras.ops.convert_to_numpy(small.predict(x, verbose=0)) - outputs)) <= 1e-5
+    print("OK")
+    """
+)
+
+
 # One process of a JAX cluster on localhost (keras.distribution.initialize, gloo collectives on CPU), or the
 # single-process reference with the same global batches. Each process feeds its half of every global batch
 # (auto-sharding needs a tf.data pipeline), trains with Proximal and a SparsityMonitor writing TensorBoard,
@@ -157,6 +219,15 @@ def test_two_jax_processes_train_to_the_single_process_weights_and_only_the_chie
 def test_data_and_model_parallel_training_match_one_device(tmp_path):
     script = tmp_path / "distributed.py"
     script.write_text(SCRIPT)
+    env = dict(os.environ, KERAS_BACKEND="jax", TF_CPP_MIN_LOG_LEVEL="3")
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=400, env=env)
+    assert done.returncode == 0 and "OK" in done.stdout, done.stdout[-2000:] + done.stderr[-4000:]
+
+
+def test_a_keras_hub_backbone_sharded_by_its_own_layout_map_trains_to_the_one_device_result(tmp_path):
+    pytest.importorskip("keras_hub")
+    script = tmp_path / "sharded_gemma.py"
+    script.write_text(SHARDED_GEMMA)
     env = dict(os.environ, KERAS_BACKEND="jax", TF_CPP_MIN_LOG_LEVEL="3")
     done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=400, env=env)
     assert done.returncode == 0 and "OK" in done.stdout, done.stdout[-2000:] + done.stderr[-4000:]
