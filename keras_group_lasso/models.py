@@ -291,13 +291,17 @@ def _roles_by_layer(owner, model):
     map made by an earlier layer (its groups are whole channels), else ``None``.
     """
     roles = dense_roles(model)
-    channels = model_graph(model).flatten_channels
+    graph = model_graph(model)
+    channels = graph.flatten_channels
+    whole = {node.name for node in graph.nodes if node.kind == "whole"}
     by_layer = {}
     found = list(_dense_inside(model))
     read = {id(layer) for name, layer, _ in found if name in roles}
     for name, layer, parents in found:
         if name not in roles and id(layer) in read:
             continue  # a layer the model calls again outside the nested model that holds it (a tied embedding)
+        if name in whole:
+            continue  # kept whole by the graph (cross-attention): no penalty, every channel it reads stays
         if name not in roles:
             rule = registry.rule_of(layer)
             reason = rule.refusal(layer) if rule is not None and rule.refusal else None
@@ -676,9 +680,20 @@ def add_group_sparsity(model, factor=1e-3, *, l1=None, input_factor=None, penalt
     else:  # the functional copy's own input and output structures (a dict stays a dict)
         copy = GroupSparseModel(copy.input, copy.output, name=name, head_penalties=heads, block_penalties=inside,
                                 source_model=_source_model(model))
-    copy.set_weights([keras.ops.convert_to_numpy(v) for v in layer_weights(model)])
+    copy.set_weights([keras.ops.convert_to_numpy(v) for v in _in_order_of(layer_weights(model), copy)])
     _refresh_normalization(copy)
     return copy
+
+
+def _in_order_of(weights, copy):
+    """``weights`` (the source model's) in the order of ``copy``'s layer weights: by path where the paths name
+    them one to one (a functional copy may list its layers in another order than the model it copies: KerasHub's
+    BART lists its decoder's position embedding elsewhere), else as they are."""
+    by_path = {v.path: v for v in weights}
+    targets = [v.path for v in layer_weights(copy)]
+    if len(by_path) == len(weights) == len(targets) and set(targets) == set(by_path):
+        return [by_path[path] for path in targets]
+    return weights
 
 
 class _Coupling:

@@ -162,12 +162,41 @@ def test_group_view_of_heads():
         HiddenGroupLasso(1e-3, axis=1)
 
 
-def test_cross_attention_is_refused_by_name():
-    query, context = keras.Input((4, 6)), keras.Input((5, 6))
-    mha = L.MultiHeadAttention(2, 3, name="cross")
-    model = keras.Model([query, context], L.Dense(2)(L.Flatten()(mha(query, context))))
-    with pytest.raises(UnsupportedModelError, match="'cross'"):
-        prune_model(model, T)
+def _seq2seq(form, seed):
+    """A tiny encoder-decoder: the decoder's queries read the encoder's outputs through cross-attention (given
+    positionally, by keyword in another order, or with a key of its own), a feed-forward head after it."""
+    keras.utils.set_random_seed(seed)
+    source, target = keras.Input((6, 8), name="source"), keras.Input((5, 7), name="target")
+    encoded = L.Dense(16, activation="relu", name="encoder")(source)
+    keys = L.Dense(12, activation="relu", name="keys")(source)
+    decoded = L.Dense(10, activation="relu", name="decoder")(target)
+    mha = L.MultiHeadAttention(2, 4, name="cross")
+    mask = keras.ops.ones((1, 5, 6), dtype="bool")  # a constant mask given as a tensor: a side argument
+    if form == "positional":
+        attended = mha(decoded, encoded)
+    elif form == "keywords":
+        attended = mha(value=encoded, query=decoded, attention_mask=mask)
+    else:
+        attended = mha(decoded, encoded, keys)
+    hidden = L.Dense(12, activation="relu", name="hidden")(L.Concatenate()([attended, decoded]))
+    return keras.Model([source, target], L.Dense(3, name="out")(hidden))
+
+
+@pytest.mark.parametrize("form", ["positional", "keywords", "own_key"])
+def test_cross_attention_is_kept_whole_and_the_layers_around_it_prune_exactly(form, rng, tmp_path):
+    model = add_group_sparsity(_seq2seq(form, int(rng.integers(1000))), 1e-3)
+    penalised = {v.path for v in model.weights if getattr(v, "regularizer", None) is not None}
+    assert penalised and not any(path.startswith("cross/") for path in penalised)  # kept whole: no penalty
+    kill_rows(model, rng)
+    report = sparsity_report(model, T)
+    (whole,) = [(name, channels) for name, channels in report.kept_whole if name.startswith("cross")]
+    assert whole[1] == 10 + 16 + (12 if form == "own_key" else 0)  # every channel it reads stays
+    x = [rng.normal(size=(4, 6, 8)).astype("float32"), rng.normal(size=(4, 5, 7)).astype("float32")]
+    small = prune_model(model, T)
+    assert small.count_params() < model.count_params()
+    assert small.get_layer("cross").get_config()["num_heads"] == 2
+    assert_exact(small, model, x)
+    assert_reloads_plain(small, x, tmp_path)
 
 
 def test_a_recurrent_attention_model_exports_to_every_format(tmp_path):

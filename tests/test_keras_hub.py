@@ -243,6 +243,30 @@ def test_a_keras_hub_transformer_encoder_prunes_heads_and_neurons_exactly(family
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.skipif(keras.backend.backend() == "jax", reason="tested on TensorFlow and PyTorch (its parts are BERT's "
+                                                             "and GPT-2's, tested on JAX)")
+def test_bart_prunes_exactly_with_its_cross_attention_kept_whole(rng, tmp_path):
+    from test_traced_blocks import sparsify as sparsify_blocks
+
+    model = M.BartBackbone(vocabulary_size=50, num_layers=2, num_heads=2, hidden_dim=16, intermediate_dim=32,
+                           max_sequence_length=12)
+    graph = model_graph(model)
+    assert graph.supported, graph.problems
+    cross = [node.name for node in graph.nodes if node.name.endswith("/cross_attention")]
+    assert len(cross) == 2 and all(graph.tensor(name).kind == "whole" for name in cross)
+    sparse, said = _bare_kernel_warnings(model)
+    (heads_whole,) = said  # the decoders' self-attention heads: their class ties a head's size to their number
+    assert "the heads of 'transformer_decoder_layer_0/self_attention'" in heads_whole
+    assert not any("cross_attention" in v.path for v in sparse.trainable_weights if v.regularizer is not None)
+    sparsify_blocks(model, rng)
+    x = {f"{side}_{key}": value for side in ("encoder", "decoder") for key, value in _token_batch(model, rng).items()}
+    small = assert_prunes_exactly_and_reloads(model, x, tmp_path)
+    assert small.pruning_report.uninterpreted_layers == ()
+    # the decoders (traced at fixed sizes) are built again as themselves, their cross-attention inside them
+    assert [type(small.get_layer(f"transformer_decoder_layer_{k}")).__name__ for k in (0, 1)] == [
+        "TransformerDecoder"] * 2
+
+
 @pytest.mark.skipif(keras.backend.backend() == "jax", reason="40 s on JAX; blocks built again are tested there in "
                                                              "tests/test_traced_blocks.py")
 def test_an_encoder_that_lost_feed_forward_neurons_only_is_a_keras_hub_transformer_encoder_again(rng, tmp_path):

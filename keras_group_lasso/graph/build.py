@@ -305,10 +305,16 @@ class ModelGraph:
 
     def whole_readers(self):
         """``((node, ids), ...)``: the layers that mix the units they read (a ``LayerNormalization`` over the
-        channels of a residual stream, a channels-first pooling), each with the unit ids of its input: every one
-        of them stays while the layer does."""
-        return tuple((node, self.tensor(node.inputs[0]).ids) for node in self.nodes
-                     if node.kind in (Kind.TAIL, Kind.WHOLE) and node.inputs)
+        channels of a residual stream, a channels-first pooling, cross-attention), each with the unit ids of its
+        inputs: every one of them stays while the layer does."""
+        kinds = {node.name: node.kind for node in self.nodes}
+
+        def channels(node):  # of every tensor it reads once, less a constant (a fixed attention mask)
+            read = [self.tensor(name).ids for name in dict.fromkeys(node.inputs) if kinds[name] != Kind.CONSTANT]
+            return np.concatenate(read) if read else np.zeros(0, dtype=int)
+
+        return tuple((node, channels(node)) for node in self.nodes if node.kind in (Kind.TAIL, Kind.WHOLE)
+                     and node.inputs)
 
     @property
     def first(self):
@@ -1407,6 +1413,11 @@ def _model_graph(model, flat):
         kinds[name] = kind
         if kind == Kind.OTHER:
             flagged.setdefault(name, reason)
+    for name in order:  # a units layer reading two tensors (cross-attention): kept whole where its rule says how
+        read = {p for p in producers.get(name, []) if kinds.get(p) != Kind.CONSTANT}  # a fixed mask is no stream
+        if (kinds[name] in (Kind.UNITS, Kind.UNITS_MIXING) and len(read) > 1
+                and hasattr(registry.rule_of(layers[name]), "new_units")):
+            kinds[name] = Kind.WHOLE
     calls = _shared_calls(order, layers, input_names)
     all_units = tuple(n for n in order if kinds[n] in ("units", "units_mixing"))
     input_readers = tuple(n for n in all_units if _reads_input(n, producers, kinds, input_names, layers))
@@ -1636,7 +1647,7 @@ def _units_graph(order, layers, producers, consumers, kinds, input_names, output
         if kind in (Kind.UNITS, Kind.UNITS_MIXING) and len(set(sources)) == 1:
             sources = sources[:1]
         src = [info[s] for s in sources]
-        if kind not in (Kind.MERGE, Kind.CONCAT) and len(src) != 1:
+        if kind not in (Kind.MERGE, Kind.CONCAT, Kind.WHOLE) and len(src) != 1:
             flagged.setdefault(name, f"a layer reading {len(src)} tensors")
             return None
         first = src[0]
@@ -1692,7 +1703,7 @@ def _units_graph(order, layers, producers, consumers, kinds, input_names, output
             if new_units is None:
                 flagged.setdefault(name, "a rule of kind 'whole' without new_units (subclass WholeRule)")
                 return None
-            width, reason = new_units(layer, first["elements"] or first["positions"] != 1)
+            width, reason = new_units(layer, any(s["elements"] or s["positions"] != 1 for s in src))
             if width is None:
                 flagged.setdefault(name, reason)
                 return None

@@ -169,7 +169,7 @@ def compute_masks(graph, weights, threshold, round_to=1, uniform=False):
         elif node.kind == Kind.CONCAT:
             depends[node.name] = np.concatenate([depends[i] for i in node.inputs])
         elif node.kind in (Kind.TAIL, Kind.WHOLE):
-            depends[node.name] = np.full(node.ids.size, depends[node.inputs[0]].any())
+            depends[node.name] = np.full(node.ids.size, any(depends[i].any() for i in node.inputs))
         elif node.kind == Kind.SLICE:
             depends[node.name] = depends[node.inputs[0]][_entries_of(layers[node.name])]
         else:
@@ -218,7 +218,8 @@ def compute_masks(graph, weights, threshold, round_to=1, uniform=False):
         if node.name in detached:
             continue
         if node.kind in (Kind.TAIL, Kind.WHOLE):
-            needed[graph.tensor(node.inputs[0]).ids] = True
+            for name in node.inputs:  # every tensor it reads (cross-attention reads two)
+                needed[graph.tensor(name).ids] = True
         if node.kind == Kind.WHOLE:  # its outputs are positions: no layer makes or removes them
             needed[node.ids] = True
         if node.kind == Kind.UNITS and rules[node.name].mixes_units(layers[node.name]):
@@ -519,4 +520,11 @@ def needed_units(graph, masks):
     for node in graph.units:
         needed[node.in_ids] |= masks.inputs[node.name]
         needed[node.out_ids] |= masks.units[node.name]
+    # a constant that a layer kept whole reads (cross-attention's fixed mask) stays with it
+    constants = {node.name: node.ids for node in graph.nodes if node.kind == Kind.CONSTANT}
+    for node in graph.nodes:
+        if node.kind == Kind.WHOLE and node.name not in masks.detached:
+            for name in node.inputs:
+                if name in constants:
+                    needed[constants[name]] = True
     return needed

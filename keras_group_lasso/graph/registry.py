@@ -276,7 +276,7 @@ _BY_NAME = {  # module.name: (kind, description, rule of the class)
         "per_unit", "PositionEmbedding (KerasHub; its output is its table, sliced by channel)",
         channels.position_embedding_rule),
     "keras_hub.src.layers.modeling.cached_multi_head_attention.CachedMultiHeadAttention": (
-        "units", "CachedMultiHeadAttention (KerasHub; called without a cache)",
+        "units", "CachedMultiHeadAttention (KerasHub; called without a cache; cross-attention kept whole)",
         attention.AttentionRule),
     "keras_hub.src.models.gemma.gemma_attention.CachedGemmaAttention": (
         "units", "CachedGemmaAttention (KerasHub Gemma; grouped-query heads pruned, called without a cache)",

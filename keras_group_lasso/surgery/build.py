@@ -507,7 +507,7 @@ class _Builder:
             config, new = registry.rule_of(layer).slice(layer, np.asarray(step.entries, dtype=np.intp))
         if step.threshold is not None:  # a DepthwiseConv
             new = [threshold_array(w, step.threshold) for w in new]
-        self.make(step, config, new)
+        self.make(step, config, new, [self.tensors[name] for name in (step.source, *step.operands)])
 
     def slice_channels(self, step):
         self.tensors[step.name] = self.tensors[step.source][..., step.start : step.stop]
@@ -563,14 +563,16 @@ class _Builder:
             made[name] = _call_again(operation, [made[p] if p in made else self.tensors[p] for p in reads])
         return made[side.end] if side.end in made else self.tensors[side.end]
 
-    def make(self, step, config, new):
-        """Build the new layer of node ``step.name`` from ``(config, weights)`` and call it on ``step.source``."""
+    def make(self, step, config, new, operands=None):
+        """Build the new layer of node ``step.name`` from ``(config, weights)`` and call it on ``step.source`` (or
+        on the list ``operands``, when it reads several tensors)."""
         layer = self.layers[step.name]
         config["name"] = self.names[step.name]
         _drop_package_penalties(layer, config)
         new_layer, new = _new_layer(layer, config, new, self.initializers)
         self.made[step.name] = new_layer
-        self.tensors[step.name] = self.call(new_layer, new, self.tensors[step.source], step.name)
+        x = operands if operands is not None and len(operands) > 1 else self.tensors[step.source]
+        self.tensors[step.name] = self.call(new_layer, new, x, step.name)
 
     def call(self, layer, weights, x, name=None):
         """Call the new ``layer`` on ``x`` as node ``name`` called its original (the original's rule: a layer
@@ -641,8 +643,9 @@ def _constant_tensor(value, anchor):
     Keras saves and loads. ``zeros_like`` reads no value: an input holding
     NaN or infinity still gives ``value``.
     """
-    zero = keras.ops.zeros_like(keras.ops.sum(anchor), dtype=keras.backend.standardize_dtype(value.dtype))
-    return keras.ops.add(zero, value)
+    dtype = keras.backend.standardize_dtype(value.dtype)
+    zero = keras.ops.zeros_like(keras.ops.sum(anchor), dtype=dtype)
+    return keras.ops.logical_or(zero, value) if dtype == "bool" else keras.ops.add(zero, value)  # a boolean mask
 
 
 def _structured(tensors, structure):

@@ -190,6 +190,8 @@ class SlicePerUnit(_Step):
         entries: indices of the entries of its last axis it keeps, or ``None``: copied as it is.
         threshold: its weights with ``|w| <= threshold`` are set to 0 (a
             DepthwiseConv), or ``None``.
+        operands: the other tensors a layer kept whole reads, after ``source`` (cross-attention's value and key),
+            or ``()``.
     """
 
     kind: typing.ClassVar[str] = "slice_per_unit"
@@ -197,6 +199,7 @@ class SlicePerUnit(_Step):
     source: str
     entries: typing.Optional[tuple] = None
     threshold: typing.Optional[float] = None
+    operands: tuple = ()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -379,7 +382,10 @@ class _Planner:
             if self.call_shared(node, src[0]):  # a ReversibleEmbedding's logits: its new layer called again
                 return
             self.made.add(node.name)
-            self.steps.append(SlicePerUnit(node.name, src[0]))
+            # a Dense or convolution kept whole (cross-attention) is thresholded, as apply_threshold does it
+            rule = registry.rule_of(self.graph.layers[node.name])
+            self.steps.append(SlicePerUnit(node.name, src[0], threshold=self.threshold if rule.thresholded else None,
+                                           operands=tuple(src[1:])))
         else:
             self.per_unit(node, src)
 

@@ -1,5 +1,6 @@
 """The rules of attention layers: a head is a unit (MultiHeadAttention; grouped-query attention, KerasHub's Gemma)."""
 
+import copy
 import math
 
 import keras
@@ -7,6 +8,7 @@ import numpy as np
 
 from keras_group_lasso.graph.rules.base import PROBE_SIZES, adapted, layer_config, probe_sized, to_numpy
 from keras_group_lasso.graph.rules.recurrent import SequenceRule
+from keras_group_lasso.graph.rules.shape import is_constant_array
 from keras_group_lasso.groups import GroupView
 
 _ATTENTION_PARTS = ("query", "key", "value", "attention_output")
@@ -31,6 +33,24 @@ def _steps(layer):
     except Exception:  # noqa: BLE001 - a layer with several calls or none
         return None
     return None if probe_sized(layer) and steps == PROBE_SIZES[1] else steps
+
+
+def _operand_roles(layer):
+    """``("query", "value"[, "key"], ...)``: the keywords of a MultiHeadAttention's operands, in the order the graph
+    lists them (given positionally, or by keyword in any order; a constant mask is one too); ``()`` for a layer
+    never called."""
+    try:
+        arguments = layer._inbound_nodes[0].arguments  # noqa: SLF001 - the call Keras recorded
+    except (AttributeError, IndexError):
+        return ()
+    def operand(value):  # what the graph lists as an operand: a tensor, or a constant array (a fixed mask)
+        return isinstance(value, keras.KerasTensor) or is_constant_array(value)
+
+    roles = [role for role, value in zip(("query", "value", "key"), arguments.args) if operand(value)]
+    # a mask given as a tensor is a side argument, computed again apart (see AttentionRule.side_arguments)
+    roles += [key for key, value in arguments.kwargs.items() if operand(value)
+              and not (key in AttentionRule.side_arguments and isinstance(value, keras.KerasTensor))]
+    return tuple(roles)
 
 
 class AttentionRule(SequenceRule):
@@ -188,8 +208,29 @@ class AttentionRule(SequenceRule):
         return config, new
 
     def call(self, layer, x, options=None):
-        """Call ``layer`` as the model did: on ``x`` as query and value, with the same keyword options."""
+        """Call ``layer`` as the model did: on ``x`` as query and value, with the same keyword options; ``x`` a
+        list (cross-attention): its tensors in the roles (query, value, key) the model gave them."""
+        if isinstance(x, (list, tuple)):
+            return layer(**dict(zip(self.roles, x, strict=True)), **(options or {}))
         return layer(x, x, **(options or {}))
+
+    #: The roles of the tensors it reads, in the graph's order of its operands (its variant for a layer given them
+    #: otherwise: by keyword, a key of its own).
+    roles = ("query", "value")
+
+    def variant(self, layer):
+        roles = _operand_roles(layer)
+        if len(roles) < 2 or roles == self.roles:
+            return self
+        found = copy.copy(self)
+        found.roles = roles
+        return found
+
+    def new_units(self, layer, flat):
+        """Cross-attention (the query read from one tensor, the key and value from another: a decoder reading
+        its encoder) is kept whole: every channel it reads stays, and so do its heads and outputs; ``(units,
+        None)``. Its weights take no group penalty and are not counted, as a layer kept whole's."""
+        return self.out_units(layer), None
 
     def _sizes(self, layer):
         variables = _attention_variables(layer)
@@ -231,7 +272,7 @@ class AttentionRule(SequenceRule):
 
 def builtin_rules():
     """The rule of Keras's MultiHeadAttention."""
-    return [AttentionRule(keras.layers.MultiHeadAttention, "MultiHeadAttention (self-attention; heads pruned)")]
+    return [AttentionRule(keras.layers.MultiHeadAttention, "MultiHeadAttention (self-attention: heads pruned; cross-attention: kept whole)")]
 
 
 def _einsum_parts(layer):
