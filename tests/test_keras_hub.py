@@ -265,6 +265,13 @@ def test_bart_prunes_exactly_with_its_cross_attention_kept_whole(rng, tmp_path):
     # the decoders (traced at fixed sizes) are built again as themselves, their cross-attention inside them
     assert [type(small.get_layer(f"transformer_decoder_layer_{k}")).__name__ for k in (0, 1)] == [
         "TransformerDecoder"] * 2
+    # its Task too: the logits are the token table again (tied), the backbone inside it prunes the same
+    lm = M.BartSeq2SeqLM(backbone=model, preprocessor=None)
+    small_lm = prune_model(lm, T)
+    apply_threshold(lm, T)
+    np.testing.assert_allclose(keras.ops.convert_to_numpy(small_lm(x)), keras.ops.convert_to_numpy(lm(x)),
+                               rtol=1e-5, atol=1e-5)
+    assert small_lm.count_params() < lm.count_params()
 
 
 @pytest.mark.skipif(keras.backend.backend() == "jax", reason="40 s on JAX; blocks built again are tested there in "
