@@ -178,11 +178,11 @@ def path_run(seed, args):
     return run
 
 
-def digits_part(args):
+def digits_part(args, seeds):
     from keras_group_lasso.datasets import load_dataset
 
     budget_rows, path_rows = [], []
-    for seed in range(args.seeds):
+    for seed in seeds:
         data = load_dataset("digits", seed=seed)
         for budget in BUDGETS:
             for name in OPTIMIZERS:
@@ -382,7 +382,7 @@ def _digits_lines(args, budget_rows, path_rows):
         "| seed | method | " + " | ".join(f"≤{b}" for b in BUDGETS) + " |",
         "|---|---|" + "---|" * len(BUDGETS),
     ]
-    for seed in range(args.seeds):
+    for seed in dict.fromkeys(r["seed"] for r in budget_rows):
         for name in OPTIMIZERS:
             cells = []
             for b in BUDGETS:
@@ -480,27 +480,38 @@ def _fashion_lines(fashion):
     ] + ([f"Warning: {w}" for w in b["cut_warnings"]] + [""] if b["cut_warnings"] else [])
 
 
+TITLE = "SparsityBudget: feature and parameter budgets"
+
+
 def render(payloads, rendered_by=None):
     """The Markdown results from one or more JSON payloads of this script (e.g. DIGITS and Fashion run apart)."""
-    lines = ["# SparsityBudget: feature and parameter budgets", ""]
+    lines = [f"# {TITLE}", ""]
     if rendered_by:
         lines += [f"Written by `{rendered_by}` from the JSON results of these runs (one process each):", ""]
     for payload in payloads:
         info = payload["machine"]
+        wall = payload["wall_seconds"] if "wall_seconds" in payload else payload["elapsed_s"]  # before common.Run
         lines += [
             f"- Command: `{payload['command']}`",
-            f"- Date: {payload['date']}; wall time {payload['elapsed_s'] / 60:.1f} min",
+            f"- Date: {payload['date']}; wall time {wall / 60:.1f} min",
             f"- Machine: {info['cores']} cores, {info['cpu']}, {info['os']} (shared with other jobs while it ran: "
             "timings are noisy)",
             f"- Backend: {info['backend']}; {info['versions']}",
         ]
     lines.append("")
+    return "\n".join(lines + _sections(payloads)) + "\n"
+
+
+def _sections(payloads):
+    """The DIGITS and Fashion sections of the payloads' runs, as lines."""
+    lines = []
     for payload in payloads:
         args = argparse.Namespace(**payload["args"])
-        if payload.get("digits_budget"):
+        budget_rows = payload["records"] if "records" in payload else payload.get("digits_budget")  # before common.Run
+        if budget_rows:
             # JSON keeps the path's per-budget keys as strings.
             paths = [dict(p, budgets={int(k): v for k, v in p["budgets"].items()}) for p in payload["digits_path"]]
-            lines += _digits_lines(args, payload["digits_budget"], paths)
+            lines += _digits_lines(args, budget_rows, paths)
     fashion = [payload["fashion"] for payload in payloads if payload.get("fashion")]
     def setting(run):
         return run["epochs"], run.get("settle", 0.2), run.get("schedule_power", 3.0)
@@ -511,7 +522,7 @@ def render(payloads, rendered_by=None):
             lines += _fashion_seeds_lines(runs)
     for one in fashion:
         lines += _fashion_lines(one)
-    return "\n".join(lines) + "\n"
+    return lines
 
 
 def _settings(run):
@@ -546,9 +557,12 @@ def _fashion_seeds_lines(runs):
     return [title, ""] + table.splitlines() + [""]
 
 
+NAME = "budget"
+QUICK = "1 seed, 20 epochs, 2 Fashion epochs on 6,000 images; results to benchmarks/out/"
+
+
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--seeds", type=common.positive_int, default=3)
+    parser = common.arguments(__doc__, seeds=3, quick=QUICK)
     parser.add_argument("--epochs", type=common.positive_int, default=200, help="DIGITS epochs (fit and path)")
     parser.add_argument("--batch-size", type=common.positive_int, default=200)
     parser.add_argument("--fashion-epochs", type=common.positive_int, default=30)
@@ -563,35 +577,29 @@ def main(argv=None):
                         help="SparsityBudget's schedule_power in every budgeted fit (default 1, its default)")
     parser.add_argument("--skip-digits", action="store_true")
     parser.add_argument("--skip-fashion", action="store_true")
-    parser.add_argument("--quick", action="store_true", help="1 seed, 20 epochs, 2 Fashion epochs on 6,000 images; "
-                        "results to benchmarks/out/")
-    parser.add_argument("--out-name", default="budget", help="results file name, without extension")
     parser.add_argument("--render", nargs="+", metavar="JSON", help="only write <out-name>.md from these JSON "
                         "results of earlier runs (DIGITS and Fashion run as two processes)")
     args = parser.parse_args(argv)
     if args.quick:
-        args.seeds, args.epochs, args.fashion_epochs = 1, 20, 2
-    out_dir = common.HERE / "out" if args.quick else common.RESULTS_DIR
+        args.epochs, args.fashion_epochs = 20, 2
+    run = common.Run(NAME, args, seeds=[args.fashion_seed] if args.skip_digits else None)
     if args.render:
         payloads = [json.loads(Path(p).read_text()) for p in args.render]
-        md = common.write_text_atomically(out_dir / f"{args.out_name}.md", render(payloads, common.command_line()))
+        md = common.write_text_atomically(run.path(".md"), render(payloads, common.command_line()))
         common.say(f"wrote {md}")
         return 0
 
-    started, t0 = common.now(), time.perf_counter()
-    payload = {"command": common.command_line(), "date": f"{started:%Y-%m-%d %H:%M} UTC",
-               "machine": common.machine_info(), "args": vars(args)}
+    budget_rows, extra = [], {}
     if not args.skip_digits:
-        payload["digits_budget"], payload["digits_path"] = digits_part(args)
-        payload["elapsed_s"] = time.perf_counter() - t0
-        # The raw numbers first, so a long Fashion run that fails cannot lose them.
-        common.write_text_atomically(out_dir / f"{args.out_name}.json", json.dumps(payload, indent=1, default=float))
+        budget_rows, extra["digits_path"] = digits_part(args, run.seeds)
+    checkpoint = run.out / f".{run.name}.partial.json"
     if not args.skip_fashion:
-        payload["fashion"] = fashion_part(args)
-    payload["elapsed_s"] = time.perf_counter() - t0
-    common.write_text_atomically(out_dir / f"{args.out_name}.json", json.dumps(payload, indent=1, default=float))
-    md = common.write_text_atomically(out_dir / f"{args.out_name}.md", render([payload]))
-    common.say(f"wrote {md}")
+        if budget_rows:  # the DIGITS numbers first, so a long Fashion run that fails cannot lose them
+            common.write_text_atomically(checkpoint, json.dumps({"records": budget_rows, **extra}, default=float))
+        extra["fashion"] = fashion_part(args)
+    body = _sections([{"args": vars(args), "records": budget_rows, **extra}])
+    run.publish(TITLE, "\n".join(body), budget_rows, section=False, **extra)
+    checkpoint.unlink(missing_ok=True)
     return 0
 
 

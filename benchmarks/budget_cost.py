@@ -15,10 +15,9 @@ round). Reported per variant: the median wall and CPU seconds of the whole
 
 Usage:
     KERAS_BACKEND=jax python benchmarks/budget_cost.py                  # benchmarks/results/budget_cost_jax.md
-    KERAS_BACKEND=tensorflow python benchmarks/budget_cost.py --quick   # 512 images, 2 epochs, 1 round
+    KERAS_BACKEND=tensorflow python benchmarks/budget_cost.py --quick   # 512 images, 2 epochs, 1 round -> benchmarks/out/
 """
 
-import argparse
 import os
 import statistics
 import sys
@@ -59,31 +58,33 @@ def one_fit(network, data, epochs, batch, budget):
     return {"wall": wall, "cpu": cpu, "forced": sum(forced), "flops": report.flops_after / report.flops_before}
 
 
+QUICK = "512 images, 2 epochs, 1 round; to benchmarks/out/"
+
+
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = common.arguments(__doc__, quick=QUICK)
     parser.add_argument("--network", choices=modern_cnn.NETWORKS, default="mobilenetv2")
     parser.add_argument("--train", type=common.positive_int, default=4096, help="training images (default 4096)")
     parser.add_argument("--epochs", type=common.positive_int, default=6)
     parser.add_argument("--batch", type=common.positive_int, default=128)
     parser.add_argument("--rounds", type=common.positive_int, default=2)
-    parser.add_argument("--out-name", default=None, help="result file stem (default budget_cost_<backend>)")
-    parser.add_argument("--quick", action="store_true", help="512 images, 2 epochs, 1 round, print only")
     args = parser.parse_args(argv)
     if args.quick:
         args.train, args.epochs, args.rounds = 512, 2, 1
 
     import keras
 
-    started, clock = common.now(), time.perf_counter()
+    backend = keras.backend.backend()
+    run = common.Run(f"budget_cost_{backend}", args)
     data = modern_cnn.load(None, False, args.train)
     runs = {"Proximal": [], "Proximal + SparsityBudget(max_flops=0.25)": []}
     names = list(runs)
     for round_ in range(args.rounds):
         for name in names if round_ % 2 == 0 else names[::-1]:
-            run = one_fit(args.network, data, args.epochs, args.batch, budget=name != names[0])
-            runs[name].append(run)
-            common.say(f"round {round_ + 1} {name}: wall {run['wall']:.1f} s, cpu {run['cpu']:.1f} s, "
-                       f"forced traces {run['forced']}, flops {run['flops']:.3f}")
+            fit = one_fit(args.network, data, args.epochs, args.batch, budget=name != names[0])
+            runs[name].append(fit)
+            common.say(f"round {round_ + 1} {name}: wall {fit['wall']:.1f} s, cpu {fit['cpu']:.1f} s, "
+                       f"forced traces {fit['forced']}, flops {fit['flops']:.3f}")
     reference = {clock_: statistics.median(r[clock_] for r in runs[names[0]]) for clock_ in ("wall", "cpu")}
     rows = []
     for name, found in runs.items():
@@ -95,16 +96,14 @@ def main(argv=None):
         rows.append(cells)
     table = common.markdown_table(["variant", "fit wall [s]", "vs Proximal", "fit CPU [s]", "vs Proximal",
                                    "forced traces", "FLOPs after / before"], rows)
-    body = common.header(common.command_line(), [0], started, time.perf_counter() - clock, notes=[
+    notes = [
         f"Network: `modern_cnn.py`'s {args.network} ({modern_cnn.describe(args.network)}); the first {args.train:,} "
         f"Fashion-MNIST training images; {args.epochs} epochs of batch {args.batch}; medians of {args.rounds} "
-        "alternating fits per variant, each a fresh model with its first compile"]) + "\n\n" + table + "\n"
-    print(body)
-    if not args.quick:
-        stem = args.out_name or f"budget_cost_{keras.backend.backend()}"
-        common.write_text_atomically(common.RESULTS_DIR / f"{stem}.md", body)
-        common.save_json(f"{stem}.json", {"args": vars(args), "runs": runs})
+        "alternating fits per variant, each a fresh model with its first compile"]
+    run.publish(f"What a SparsityBudget adds to the time of a training ({backend})", table,
+                [{"variant": name, **fit} for name, fits in runs.items() for fit in fits], notes=notes, section=False)
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -69,7 +69,6 @@ later run with the same network, epochs, data and seed (the result says so), so
 a budget experiment trains only its own network.
 """
 
-import argparse
 import json
 import os
 import shutil
@@ -648,11 +647,13 @@ def inference_table(result, flop_ratio):
     return common.markdown_table(header, rows)
 
 
+NAME = "cnn_fashion"
+QUICK = "smoke run: 3,000 training images, 1 epoch, 1 seed, one lambda; -> benchmarks/out/"
+
+
 def main(argv=None):
     global CHANNELS, CONVS, UNITS, SGD_LR
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--seeds", type=common.positive_int, default=3,
-                        help="seeds 0..N-1 for the dense network, the chosen lambdas and the peer (default 3)")
+    parser = common.arguments(__doc__, seeds=3, quick=QUICK)
     parser.add_argument("--epochs", type=common.positive_int, default=None, help=f"training epochs (default {EPOCHS})")
     parser.add_argument("--finetune-epochs", type=common.positive_int, default=3, help="peer fine-tuning epochs")
     parser.add_argument("--subgradient", type=float, nargs="+", default=None, metavar="LAMBDA",
@@ -702,11 +703,9 @@ def main(argv=None):
                         help="load row (a)'s dense networks from DIR when an earlier run with the same network, "
                              "epochs, data and seed saved them there (and save them there otherwise)")
     parser.add_argument("--threads", type=common.positive_int, default=2, help="TensorFlow intra-op threads")
-    parser.add_argument("--quick", action="store_true",
-                        help="smoke run: 3,000 training images, 1 epoch, 1 seed, one lambda; -> benchmarks/out/")
     parser.add_argument("--output", default=None,
-                        help="Markdown result (default benchmarks/results/cnn_fashion.md; benchmarks/out/ with --quick); "
-                        "the JSON goes next to it")
+                        help="Markdown result, the JSON next to it (default benchmarks/results/<--out-name>.md; "
+                        "benchmarks/out/ with --quick)")
     args = parser.parse_args(argv)
     if args.scratch and not args.budget_flops:
         parser.error("--scratch needs --budget-flops (it trains row (e)'s structure)")
@@ -726,8 +725,6 @@ def main(argv=None):
     set_threads(args.threads)
     jit_compile = keras.backend.backend() != "tensorflow"  # measured below: XLA convolutions are slower on CPU
     epochs = args.epochs or (1 if args.quick else EPOCHS)
-    seeds = list(range(args.first_seed, args.first_seed + (1 if args.quick else args.seeds)))
-    s0 = seeds[0]
     grid = {
         "subgradient": args.subgradient or (QUICK_GRID if args.quick else GRID)["subgradient"],
         "proximal": args.proximal or (QUICK_GRID if args.quick else GRID)["proximal"],
@@ -738,12 +735,12 @@ def main(argv=None):
         del grid["proximal"]
     if args.budget_only:
         grid = {}
-    output = Path(args.output or common.default_output("cnn_fashion", args.quick))
-    checkpoint = output.parent / f".{output.stem}.partial.json"
-    output.parent.mkdir(parents=True, exist_ok=True)
-
     revision = package_revision()
-    started, t0, cpu0 = common.now(), time.perf_counter(), time.process_time()
+    run = common.Run(NAME, args, seeds=range(args.first_seed, args.first_seed + (1 if args.quick else args.seeds)),
+                     output=args.output)
+    seeds, s0 = run.seeds, run.seeds[0]
+    checkpoint = run.out / f".{run.name}.partial.json"
+    cpu0 = time.process_time()
     data = load(args.quick)
     common.say(f"Fashion-MNIST CNN: {len(data['x_train'])} train / {len(data['x_val'])} val / "
                f"{len(data['x_test'])} test images, {epochs} epochs, seeds {seeds}, grid {grid}")
@@ -754,7 +751,7 @@ def main(argv=None):
         common.write_text_atomically(checkpoint, json.dumps(records, indent=1, default=float))
         shown = {k: record[k] for k in ("row", "factor", "seed", "test_accuracy", "val_accuracy", "flop_reduction",
                                         "channels", "dense_units") if k in record}
-        common.say(f"{shown} (elapsed {(time.perf_counter() - t0) / 60:.1f} min)")
+        common.say(f"{shown} (elapsed {run.elapsed / 60:.1f} min)")
 
     # Is XLA worth it for training? (TensorFlow only; JAX always compiles.)
     step = {}
@@ -840,7 +837,7 @@ def main(argv=None):
         infer[key] = inference(dense_models[s0], sparse_models[(method, factor, s0)], data, repeats, min_time)
         infer[key]["flop_reduction"] = of(method, factor, s0)[0]["flop_reduction"]
         infer[key]["flops_after"] = of(method, factor, s0)[0]["flops_after"]
-    elapsed, cpu = time.perf_counter() - t0, time.process_time() - cpu0
+    cpu = time.process_time() - cpu0
 
     # ------------------------------------------------------------------ write
     dense_test = _mean(dense_rows, "test_accuracy")
@@ -932,7 +929,8 @@ def main(argv=None):
             f"{'met' if speedup >= 0.6 * flop_ratio else 'NOT met'}.",
         ]
     weight = ', group_weight="flops"' if args.group_weight == "flops" else ""
-    notes = [
+    notes = ([f"Package: keras_group_lasso at commit {revision}"] if revision else []) + [
+        f"CPU time {cpu / 60:.1f} min (this process).",
         f"Network: {network_text()}; {records[0]['flops_before']:,} multiply-adds per sample, "
         f"{records[0]['params_before']:,} parameters.",
         f"Data: {len(data['x_train']):,} training images, {len(data['x_val']):,} validation images held out of the "
@@ -963,15 +961,7 @@ def main(argv=None):
     ] + [f"Dense network of seed {r['seed']} loaded from `{r['dense_from']}`, trained by an earlier run of this "
          "script with the same network, epochs, data and seed (its training times are that run's)."
          for r in records if r.get("dense_from")]
-    info = "\n".join([
-        f"- Command: `{common.command_line()}`",
-        f"- Date: {started:%Y-%m-%d %H:%M} UTC; wall time {elapsed / 60:.1f} min, CPU time {cpu / 60:.1f} min",
-        f"- Machine: {common.machine_line()} (shared with other jobs while it ran)",
-        f"- Backend: {keras.backend.backend()}; seeds {', '.join(map(str, seeds))}",
-    ] + ([f"- Package: keras_group_lasso at commit {revision}"] if revision else []) + [f"- {n}" for n in notes])
     body = "\n\n".join([
-        "# Fashion-MNIST CNN: group-sparse channel pruning vs magnitude filter pruning",
-        info,
         "## Results (means ± std over seeds)",
         table,
         f"Target: at least {TARGET_FLOPS:g}x fewer FLOPs and at most {TARGET_POINTS:g} point lower test accuracy "
@@ -983,17 +973,10 @@ def main(argv=None):
         "tensor made once outside the timed calls. The dense SavedModel is `model.export`, the pruned one "
         "`export_pruned`.",
     ] + infer_sections)
-    payload = {"command": common.command_line(), "date": f"{started:%Y-%m-%d %H:%M} UTC",
-               "wall_seconds": elapsed, "cpu_seconds": cpu, "machine": common.machine_line(),
-               "backend": keras.backend.backend(), "package_revision": revision, "epochs": epochs, "seeds": seeds, "grid": grid,
-               "chosen": chosen, "budgets": budgets,
-               "training_step_seconds": step, "records": records, "inference": infer}
-    with common.staged(output.parent) as stage:
-        (stage / output.name).write_text(body + "\n")
-        (stage / f"{output.stem}.json").write_text(json.dumps(payload, indent=1, default=float))
+    run.publish("Fashion-MNIST CNN: group-sparse channel pruning vs magnitude filter pruning", body, records,
+                notes=notes, section=False, cpu_seconds=cpu, package_revision=revision, epochs=epochs, seeds=seeds,
+                grid=grid, chosen=chosen, budgets=budgets, training_step_seconds=step, inference=infer)
     checkpoint.unlink(missing_ok=True)
-    print(body)
-    common.say(f"wrote {output} in {elapsed / 60:.1f} min")
     return 0
 
 

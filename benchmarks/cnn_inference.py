@@ -36,15 +36,13 @@ Usage::
 
     KERAS_BACKEND=tensorflow python benchmarks/cnn_inference.py --channels 16 32 64 --convs-per-stage 2 \\
         --keep 7 4 6 6 30 35 --output benchmarks/results/cnn_inference_vgg.md
+    KERAS_BACKEND=tensorflow python benchmarks/cnn_inference.py --keep 8 16 --quick   # -> benchmarks/out/
 """
 
-import argparse
-import json
 import os
 import shutil
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 if __package__ in (None, ""):
@@ -52,6 +50,8 @@ if __package__ in (None, ""):
 
 from benchmarks import cnn_fashion, common  # noqa: E402
 
+NAME = "cnn_inference"
+QUICK = "3 rounds of >= 0.05 s per function; to benchmarks/out/"
 BATCHES = (1, 256)
 TARGET = 0.6
 FOLDED = ("dense, BN folded", "pruned, BN folded", "floor, BN folded")
@@ -98,7 +98,7 @@ def with_statistics(model, seed):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = common.arguments(__doc__, quick=QUICK)
     parser.add_argument("--channels", type=common.positive_int, nargs="+", default=list(cnn_fashion.CHANNELS))
     parser.add_argument("--convs-per-stage", type=common.positive_int, default=cnn_fashion.CONVS)
     parser.add_argument("--units", type=common.positive_int, default=cnn_fashion.UNITS)
@@ -107,8 +107,12 @@ def main(argv=None):
     parser.add_argument("--rounds", type=common.positive_int, default=9)
     parser.add_argument("--min-time", type=float, default=0.2, help="seconds per round and function (default 0.2)")
     parser.add_argument("--threads", type=common.positive_int, default=2)
-    parser.add_argument("--output", default=None, help="Markdown result (default benchmarks/out/cnn_inference.md)")
+    parser.add_argument("--output", default=None,
+                        help="Markdown result, the .json next to it (default benchmarks/results/cnn_inference.md; "
+                        "benchmarks/out/ with --quick)")
     args = parser.parse_args(argv)
+    if args.quick:
+        args.rounds, args.min_time = 3, 0.05
     cnn_fashion.CHANNELS = tuple(args.channels)
     cnn_fashion.CONVS = args.convs_per_stage
     cnn_fashion.UNITS = args.units
@@ -127,7 +131,7 @@ def main(argv=None):
     from keras_group_lasso import prune_model, sparsity_report
 
     cnn_fashion.set_threads(args.threads)
-    started, t0 = common.now(), time.perf_counter()
+    run = common.Run(NAME, args, output=args.output)
     dense = with_statistics(cnn_fashion.build_cnn(0), 0)
     zeroed = cnn_fashion.remove_filters(dense, args.keep)
     models = {
@@ -192,7 +196,6 @@ def main(argv=None):
                 common.say(f"batch {batch} {label}: dense {d[0]:,.0f}/s pruned {p[0]:,.0f}/s ({p[0] / d[0]:.2f}x)")
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
-    elapsed = time.perf_counter() - t0
 
     header = ["path", "batch", "dense [samples/s]", "pruned [samples/s]", "pruned / dense (best)", "(median)",
               "best / FLOP reduction"]
@@ -212,29 +215,17 @@ def main(argv=None):
         f"(TFLite) faster than dense, both BN folded: no channel pruning can speed it up more here. The target "
         f"at {ratio:.2f}x fewer FLOPs asks for {TARGET * ratio:.2f}x"
         f"{' (above the floor: out of reach for this network on this machine)' if TARGET * ratio > max(floor.values()) else ''}.")
-    body = "\n\n".join([
-        "# Channel-pruned CNN vs dense: inference, with and without BatchNormalization folded",
-        "\n".join([
-            f"- Command: `{common.command_line()}`",
-            f"- Date: {started:%Y-%m-%d %H:%M} UTC; wall time {elapsed / 60:.1f} min",
-            f"- Machine: {common.machine_line()}",
-            f"- Network: {cnn_fashion.network_text()}; channels kept per convolution {args.keep} of {counts} "
-            f"(set by hand, random weights); {flops['dense']:,} -> {flops['pruned']:,} multiply-adds per sample "
-            f"({ratio:.2f}x fewer); {models['dense'].count_params():,} -> {models['pruned'].count_params():,} "
-            "parameters.",
-            f"- TensorFlow backend, {args.threads} intra-op threads; best (and median) of {args.rounds} interleaved "
-            f"rounds of >= {args.min_time:g} s per function; every path checked against the Keras model first.",
-        ]),
-        table,
-        "\n".join(verdict),
-    ])
-    output = Path(args.output or common.HERE / "out" / "cnn_inference.md")
-    output.parent.mkdir(parents=True, exist_ok=True)
-    common.write_text_atomically(output, body + "\n")
-    common.write_text_atomically(output.with_suffix(".json"), json.dumps(
-        {"command": common.command_line(), "date": f"{started:%Y-%m-%d %H:%M} UTC", "machine": common.machine_line(),
-         "keep": args.keep, "filters": counts, "flops": flops, "rows": rows}, indent=1, default=float))
-    print(body)
+    notes = [
+        f"Network: {cnn_fashion.network_text()}; channels kept per convolution {args.keep} of {counts} "
+        f"(set by hand, random weights); {flops['dense']:,} -> {flops['pruned']:,} multiply-adds per sample "
+        f"({ratio:.2f}x fewer); {models['dense'].count_params():,} -> {models['pruned'].count_params():,} "
+        "parameters.",
+        f"TensorFlow backend, {args.threads} intra-op threads; best (and median) of {args.rounds} interleaved "
+        f"rounds of >= {args.min_time:g} s per function; every path checked against the Keras model first.",
+    ]
+    run.publish("Channel-pruned CNN vs dense: inference, with and without BatchNormalization folded",
+                table + "\n\n" + "\n".join(verdict), rows, notes=notes, section=False, keep=args.keep, filters=counts,
+                flops=flops)
     return 0
 
 

@@ -17,18 +17,20 @@ Usage::
     KERAS_BACKEND=tensorflow python benchmarks/cnn_scratch.py --seed 1 --epochs 15 --channels 32 64 128 \\
         --convs-per-stage 2 --structure 16,16,16,16,32,32:64 11,11,22,22,45,45:64 \\
         --dense-cache benchmarks/out/dense --output benchmarks/results/cnn_scratch_vgg_wide_s1.md
+    KERAS_BACKEND=tensorflow python benchmarks/cnn_scratch.py --quick --structure 8,16:32   # 3,000 images, 1 epoch
 """
 
 import argparse
-import json
 import sys
-import time
 from pathlib import Path
 
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks import cnn_fashion, common  # noqa: E402
+
+NAME = "cnn_scratch"
+QUICK = "3,000 training images, 1 epoch; -> benchmarks/out/"
 
 
 def structure(text):
@@ -45,11 +47,12 @@ def structure(text):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = common.arguments(__doc__, quick=QUICK)
     parser.add_argument("--structure", type=structure, nargs="+", required=True, metavar="C1,C2,...:UNITS",
                         help="the narrower networks to train, one filter count per convolution and the Dense units")
     parser.add_argument("--seed", type=int, default=0, help="the seed of the data split, weights and shuffling")
-    parser.add_argument("--epochs", type=common.positive_int, default=cnn_fashion.EPOCHS)
+    parser.add_argument("--epochs", type=common.positive_int, default=None,
+                        help=f"training epochs (default {cnn_fashion.EPOCHS}; 1 with --quick)")
     parser.add_argument("--channels", type=common.positive_int, nargs="+", default=None, metavar="C",
                         help="the dense network's filters per stage (as cnn_fashion.py)")
     parser.add_argument("--convs-per-stage", type=common.positive_int, default=cnn_fashion.CONVS)
@@ -57,7 +60,9 @@ def main(argv=None):
     parser.add_argument("--dense-cache", default=None, metavar="DIR",
                         help="as cnn_fashion.py: load the dense network an earlier run saved there")
     parser.add_argument("--threads", type=common.positive_int, default=2, help="TensorFlow intra-op threads")
-    parser.add_argument("--output", default=None, help="Markdown result (default benchmarks/out/cnn_scratch.md)")
+    parser.add_argument("--output", default=None,
+                        help="Markdown result, the JSON next to it (default benchmarks/results/<--out-name>.md; "
+                        "benchmarks/out/ with --quick)")
     args = parser.parse_args(argv)
     cnn_fashion.CHANNELS = tuple(args.channels or cnn_fashion.CHANNELS)
     cnn_fashion.CONVS = args.convs_per_stage
@@ -71,10 +76,10 @@ def main(argv=None):
 
     cnn_fashion.set_threads(args.threads)
     jit_compile = keras.backend.backend() != "tensorflow"
-    output = Path(args.output or common.default_output("cnn_scratch", True))
-    started, t0 = common.now(), time.perf_counter()
-    data = cnn_fashion.load(False, args.seed)
-    _, record = cnn_fashion.train_dense(args.seed, data, args.epochs, jit_compile, args.dense_cache)
+    epochs = args.epochs or (1 if args.quick else cnn_fashion.EPOCHS)
+    run = common.Run(NAME, args, seeds=[args.seed], output=args.output)
+    data = cnn_fashion.load(args.quick, args.seed)
+    _, record = cnn_fashion.train_dense(args.seed, data, epochs, jit_compile, args.dense_cache)
     dense_flops = record["flops_before"]
     rows = [{"structure": "dense", "channels": counts, "units": cnn_fashion.UNITS, "flops": dense_flops,
              "test_accuracy": record["test_accuracy"], "val_accuracy": record["val_accuracy"],
@@ -82,11 +87,11 @@ def main(argv=None):
     for filters, units in args.structure:
         alone = cnn_fashion.train_scratch({"seed": args.seed, "channels": filters, "dense_units": [units],
                                            "flops_before": dense_flops, "params_before": record["params_before"]},
-                                          data, args.epochs, jit_compile)
+                                          data, epochs, jit_compile)
         rows.append({"structure": "scratch", "channels": filters, "units": units, "flops": alone["flops_after"],
                      "test_accuracy": alone["test_accuracy"], "val_accuracy": alone["val_accuracy"],
                      "train_seconds": alone["train_seconds"]})
-        common.say(f"{rows[-1]} (elapsed {(time.perf_counter() - t0) / 60:.1f} min)")
+        common.say(f"{rows[-1]} (elapsed {run.elapsed / 60:.1f} min)")
 
     dense_test = rows[0]["test_accuracy"]
     table = common.markdown_table(
@@ -97,22 +102,15 @@ def main(argv=None):
           f"{100 * r['test_accuracy']:.2f}", f"{100 * (r['test_accuracy'] - dense_test):+.2f}",
           f"{100 * r['val_accuracy']:.2f}", f"{r['train_seconds']:.0f}"] for r in rows])
     notes = [f"Network: {cnn_fashion.network_text()}; every row trained with Adam lr {cnn_fashion.ADAM_LR:g} "
-             f"(cosine decay to 0), batch {cnn_fashion.BATCH}, {args.epochs} epoch{'s' if args.epochs > 1 else ''}, "
+             f"(cosine decay to 0), batch {cnn_fashion.BATCH}, {epochs} epoch{'s' if epochs > 1 else ''}, "
              f"seed {args.seed} "
              f"(data split, weights, shuffling); {len(data['x_train']):,} training, "
              f"{len(data['x_test']):,} test images.",
              f"TensorFlow intra-op threads {args.threads}; jit_compile={jit_compile}."]
-    body = "\n\n".join([
-        "# A CNN family's small networks trained from scratch",
-        common.header(common.command_line(), [args.seed], started, time.perf_counter() - t0, notes),
-        table,
-    ])
-    common.write_text_atomically(output, body + "\n")
-    common.write_text_atomically(output.with_suffix(".json"), json.dumps(
-        {"command": common.command_line(), "date": started.isoformat(), "machine": common.machine_info(),
-         "seed": args.seed, "epochs": args.epochs, "rows": rows}, indent=1, default=float))
-    common.say(f"wrote {output}")
+    run.publish("A CNN family's small networks trained from scratch", table, rows, notes=notes, section=False,
+                seed=args.seed, epochs=epochs)
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -160,8 +160,9 @@ def header(command, seeds, started, elapsed, notes=()):
         f"- Date: {started:%Y-%m-%d %H:%M} UTC; wall time {elapsed / 60:.1f} min",
         f"- Machine: {info['cores']} cores, {info['cpu']}, {info['os']} (shared with other jobs while it ran)",
         f"- Backend: {info['backend']}; {info['versions']}",
-        f"- Seeds: {', '.join(map(str, seeds))}",
     ]
+    if seeds:
+        lines.append(f"- Seeds: {', '.join(map(str, seeds))}")
     lines += [f"- {note}" for note in notes]
     return "\n".join(lines)
 
@@ -318,8 +319,8 @@ class Run:
     """One benchmark run: its arguments, its clock, where it writes; :meth:`publish` writes its results once.
 
     A full run writes ``benchmarks/results/<name>.md`` and ``.json``, the section ``<name>`` of RESULTS.md and the
-    run's row in its index; a ``--quick`` run writes the same two files to ``benchmarks/out/`` and leaves RESULTS.md
-    alone.
+    run's row in its index; a ``--quick`` run writes the same two files to ``benchmarks/out/``, and a run given an
+    ``output`` (a file name ``x.md``, a prefix ``x`` or a folder) writes them there; both leave RESULTS.md alone.
 
     Example:
         >>> run = Run("digits", parser.parse_args())
@@ -327,18 +328,30 @@ class Run:
         >>> run.publish("DIGITS sweep", table(records), records, notes=["200 epochs"])
     """
 
-    def __init__(self, name, args, seeds=None):
+    def __init__(self, name, args, seeds=None, output=None):
         self.args = args
         self.name = getattr(args, "out_name", None) or name
         self.quick = bool(getattr(args, "quick", False))
-        if seeds is None:
-            seeds = [0] if self.quick else list(range(getattr(args, "seeds", 1)))
+        if seeds is None:  # a timing without seeds: none said
+            seeds = ([0] if self.quick else list(range(args.seeds))) if hasattr(args, "seeds") else []
         self.seeds = list(seeds)
         self.started = now()
         self._clock = time.perf_counter()
         self.out = HERE / "out" if self.quick else RESULTS_DIR
-        self._suffixes = [".md", ".json"]
+        if output is not None:  # a file name (``x.md`` or a prefix ``x``) or a folder
+            output = Path(output)
+            if output.suffix in (".md", ".json") or not output.is_dir():
+                self.out, self.name = output.parent, output.name.removesuffix(".md").removesuffix(".json")
+            else:
+                self.out = output
+        self._files = []  # besides <name>.md and .json
         self.script = Path(sys.argv[0]).name  # the index row's heading
+
+    @property
+    def writes_results_md(self):
+        """A full run into ``benchmarks/results/`` writes its RESULTS.md section and index row; a quick run, or one
+        written elsewhere (``output``), does not."""
+        return not self.quick and Path(self.out).resolve() == Path(RESULTS_DIR).resolve()
 
     @property
     def elapsed(self):
@@ -348,8 +361,13 @@ class Run:
     def path(self, suffix):
         """``<out>/<name><suffix>``: where this run writes a file of its own (a figure: ``run.path(".png")``);
         listed in the run's RESULTS.md index row when it exists at :meth:`publish`."""
-        self._suffixes.append(suffix)
-        return self.out / f"{self.name}{suffix}"
+        return self.file(f"{self.name}{suffix}")
+
+    def file(self, filename):
+        """``<out>/<filename>``: a file of this run under another name (a figure the README links by name), listed
+        in its index row as :meth:`path`'s are."""
+        self._files.append(filename)
+        return self.out / filename
 
     def staged(self):
         """A scratch folder whose files land in this run's folder only when the block succeeds (figures)."""
@@ -359,30 +377,33 @@ class Run:
         """Command, date, wall time, machine, backend, seeds, then ``notes``: the lines every result starts with."""
         return header(command_line(), self.seeds, self.started, self.elapsed, notes)
 
-    def publish(self, title, body, records, notes=(), section=True, summary=None, **extra):
+    def publish(self, title, body, records, notes=(), section=True, summary=None, quiet=False, **extra):
         """Write the results: ``<name>.md`` (``# title``, the header with ``notes``, ``body``) and ``<name>.json``
         (command, date, wall seconds, machine, arguments, ``records`` and ``extra``); unless quick, the same text as
         a section of RESULTS.md: ``<name>`` when ``section`` is True, that key when it is a string, none when it is
         False (a result the index links to), and the run's row in RESULTS.md's index (:func:`write_index_row`:
-        ``summary`` or the title, the command, date, machine and files). Prints the text; returns the .md path."""
+        ``summary`` or the title, the command, date, machine and files). Prints the text unless ``quiet`` (a run
+        that publishes after every part, so that one cut short keeps them); returns the .md path."""
         elapsed = self.elapsed
         text = self.header(notes) + "\n\n" + body.rstrip() + "\n"
         self.out.mkdir(parents=True, exist_ok=True)
         payload = {"command": command_line(), "date": f"{self.started:%Y-%m-%d %H:%M} UTC", "wall_seconds": elapsed,
                    "machine": machine_info(), "args": vars(self.args), "records": records, **extra}
         write_text_atomically(self.path(".json"), json.dumps(payload, indent=1, default=_plain))
-        markdown = write_text_atomically(self.path(".md"), f"# {title}\n\n" + text)
-        if not self.quick:
+        # the same text as the section; its links to results/ files are next to it there
+        markdown = write_text_atomically(self.path(".md"), f"# {title}\n\n" + text.replace("](results/", "]("))
+        if self.writes_results_md:
             if section:
                 write_section(self.name if section is True else section, title, text)
             self._index_row(title if summary is None else summary, section)
-        print(text)
-        say(f"wrote {markdown} and .json in {elapsed / 60:.1f} min")
+        if not quiet:
+            print(text)
+            say(f"wrote {markdown} and .json in {elapsed / 60:.1f} min")
         return markdown
 
     def _index_row(self, what, section):
         info = machine_info()
-        files = [self.out / f"{self.name}{suffix}" for suffix in dict.fromkeys(self._suffixes)]
+        files = [self.out / f for f in dict.fromkeys([f"{self.name}.md", f"{self.name}.json", *self._files])]
         links = ", ".join(f"[{f.name}](results/{f.name})" for f in files if f.exists())
         name = self.name if len(self.seeds) < 2 else f"{self.name} (seeds {', '.join(map(str, self.seeds))})"
         write_index_row(self.script, name, [

@@ -13,10 +13,9 @@ in blocks of 16: 4 output channels cost about what 16 cost, which is why
 Usage::
 
     KERAS_BACKEND=tensorflow python benchmarks/conv_widths.py --output benchmarks/results/conv_widths.md
+    KERAS_BACKEND=tensorflow python benchmarks/conv_widths.py --quick   # 3 widths, 1 short round -> benchmarks/out/
 """
 
-import argparse
-import json
 import sys
 import time
 from pathlib import Path
@@ -26,19 +25,25 @@ if __package__ in (None, ""):
 
 from benchmarks import common  # noqa: E402
 
+NAME = "conv_widths"
 WIDTHS = (4, 8, 12, 16, 20, 24, 32)
+QUICK = "widths 4 8 16, batch 32, 1 round of >= 0.01 s; -> benchmarks/out/"
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = common.arguments(__doc__, quick=QUICK)
     parser.add_argument("--widths", type=common.positive_int, nargs="+", default=list(WIDTHS))
     parser.add_argument("--size", type=common.positive_int, default=28, help="map height and width (default 28)")
     parser.add_argument("--batch", type=common.positive_int, default=256)
     parser.add_argument("--rounds", type=common.positive_int, default=5)
     parser.add_argument("--min-time", type=float, default=0.1, help="seconds per round and shape (default 0.1)")
     parser.add_argument("--threads", type=common.positive_int, default=2)
-    parser.add_argument("--output", default=None, help="Markdown result (default benchmarks/out/conv_widths.md)")
+    parser.add_argument("--output", default=None,
+                        help="Markdown result, the JSON next to it (default benchmarks/results/<--out-name>.md; "
+                        "benchmarks/out/ with --quick)")
     args = parser.parse_args(argv)
+    if args.quick:
+        args.widths, args.batch, args.rounds, args.min_time = [4, 8, 16], 32, 1, 0.01
 
     import keras
     import numpy as np
@@ -48,7 +53,7 @@ def main(argv=None):
     import tensorflow as tf
 
     tf.config.threading.set_intra_op_parallelism_threads(args.threads)
-    started, t0 = common.now(), time.perf_counter()
+    run = common.Run(NAME, args, seeds=[0], output=args.output)
     calls = {}
     for c_in in args.widths:
         x = tf.constant(np.random.default_rng(0).normal(size=(args.batch, args.size, args.size, c_in)), tf.float32)
@@ -66,7 +71,6 @@ def main(argv=None):
                 call(x).numpy()
                 n += 1
             best[key] = min(best[key], (time.perf_counter() - start) / n)
-    elapsed = time.perf_counter() - t0
 
     def macs(c_in, c_out):
         return 9 * c_in * c_out * args.size * args.size * args.batch / 1e6
@@ -77,17 +81,10 @@ def main(argv=None):
     times = [[str(c_in)] + [f"{1e3 * best[(c_in, c_out)]:.2f}" for c_out in args.widths] for c_in in args.widths]
     per_mac = [[str(c_in)] + [f"{best[(c_in, c_out)] / macs(c_in, c_out) / unit:.2f}" for c_out in args.widths]
                for c_in in args.widths]
-    command = common.command_line()
-    text = "\n".join([
-        "# One convolution's time by input and output channels",
-        "",
-        f"- Command: `{command}`",
-        f"- Date: {started:%Y-%m-%d %H:%M} UTC; wall time {elapsed / 60:.1f} min",
-        f"- Machine: {common.machine_line()}",
-        f"- `Conv2D(c_out, 3, padding=\"same\", activation=\"relu\")` on {args.batch} maps of {args.size}x{args.size}"
-        f"x`c_in`, compiled `tf.function`, {args.threads} threads; best of {args.rounds} interleaved rounds of "
-        f">= {args.min_time:g} s per shape.",
-        "",
+    notes = [f"`Conv2D(c_out, 3, padding=\"same\", activation=\"relu\")` on {args.batch} maps of "
+             f"{args.size}x{args.size}x`c_in`, compiled `tf.function`, {args.threads} threads; best of {args.rounds} "
+             f"interleaved rounds of >= {args.min_time:g} s per shape."]
+    body = "\n".join([
         "## Time per call [ms]",
         "",
         common.markdown_table(head, times),
@@ -96,16 +93,12 @@ def main(argv=None):
         "four times the time for the work)",
         "",
         common.markdown_table(head, per_mac),
-        "",
     ])
-    out = Path(args.output) if args.output else common.default_output("conv_widths", quick=False)
-    common.write_text_atomically(out, text)
-    payload = {"command": command, "date": f"{started:%Y-%m-%d %H:%M}", "machine": common.machine_line(),
-               "size": args.size, "batch": args.batch, "seconds": {f"{a}x{b}": t for (a, b), t in best.items()}}
-    common.write_text_atomically(out.with_suffix(".json"), json.dumps(payload, indent=1))
-    common.say(f"wrote {out}")
-    print(text)
+    records = [{"c_in": a, "c_out": b, "seconds": t} for (a, b), t in best.items()]
+    run.publish("One convolution's time by input and output channels", body, records, notes=notes, section=False,
+                size=args.size, batch=args.batch)
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -35,10 +35,11 @@ Usage::
     KERAS_BACKEND=tensorflow python benchmarks/deploy.py                # about 15 minutes on 2 cores
     KERAS_BACKEND=tensorflow python benchmarks/deploy.py --quick        # a smoke run into benchmarks/out/
     KERAS_BACKEND=tensorflow python benchmarks/deploy.py --network mobilenetv2   # about 30 minutes on 2 cores
+
+``--output PATH`` writes the result to PATH and its ``.json`` beside it
+(``--out-name NAME``: ``NAME.md`` in the default folder).
 """
 
-import argparse
-import json
 import os
 import statistics
 import sys
@@ -61,7 +62,7 @@ VGG_SETTLE = 0.4
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = common.arguments(__doc__, quick="a smoke run: 1 epoch on 2000 images, into benchmarks/out/")
     p.add_argument("--network", choices=NETWORKS, default="vgg",
                    help="vgg (default) or a network of benchmarks/modern_cnn.py")
     p.add_argument("--channels", type=int, nargs="+", default=[32, 64, 128], help="the VGG's widths")
@@ -79,8 +80,8 @@ def parse_args(argv=None):
                    help="training images to calibrate int8 on (default 200)")
     p.add_argument("--rounds", type=common.positive_int, default=3)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--quick", action="store_true", help="a smoke run: 1 epoch on 2000 images, into benchmarks/out/")
-    p.add_argument("--output", default=None, help="Markdown result (default benchmarks/results/deploy.md, deploy_<network>.md for a modern network)")
+    p.add_argument("--output", default=None, help="Markdown result, its .json beside it (default "
+                   "benchmarks/results/deploy.md, deploy_<network>.md for a modern network; --quick: benchmarks/out/)")
     args = p.parse_args(argv)
     train, epochs = DEFAULTS["vgg" if args.network == "vgg" else "modern"]
     args.train, args.epochs = args.train or train, args.epochs or epochs
@@ -88,7 +89,7 @@ def parse_args(argv=None):
         args.settle = VGG_SETTLE
     if args.quick:
         args.train, args.test, args.epochs, args.rounds = 2000, 500, 1, 1
-    name = "deploy" if args.network == "vgg" else f"deploy_{args.network}"
+    name = args.out_name or ("deploy" if args.network == "vgg" else f"deploy_{args.network}")
     args.output = args.output or common.default_output(name, args.quick)
     return args
 
@@ -234,6 +235,20 @@ def latency(runners, x, rounds):
     return best
 
 
+def summary(title, args, measured):
+    """The run in one line, for RESULTS.md's index: pruned vs dense in each runtime."""
+    found = {(m["model"], m["weights"], m["runtime"]): m for m in measured}
+    cells = []
+    for weights, runtime in (("float", "ONNX Runtime"), ("float", "TFLite"), ("int8", "TFLite")):
+        dense, pruned = found["dense", weights, runtime], found["pruned", weights, runtime]
+        cells.append(f"{runtime} {weights}: {100 * pruned['accuracy']:.2f} % vs dense {100 * dense['accuracy']:.2f} %, "
+                     f"file {dense['bytes'] / pruned['bytes']:.2f}x smaller, batch 1 "
+                     f"{dense['ms_batch_1'] / pruned['ms_batch_1']:.2f}x and batch 256 "
+                     f"{dense['ms_batch_256'] / pruned['ms_batch_256']:.2f}x faster")
+    return (f"Deploying {title} ({args.train} training images, {args.epochs} epochs, "
+            f"`SparsityBudget(max_flops={args.budget_flops:g})`), one thread: " + "; ".join(cells))
+
+
 def main(argv=None):
     args = parse_args(argv)
     import keras
@@ -244,7 +259,9 @@ def main(argv=None):
         sys.exit("run this benchmark with KERAS_BACKEND=tensorflow (it trains with the TensorFlow backend)")
     cnn_fashion.CHANNELS, cnn_fashion.CONVS = tuple(args.channels), args.convs_per_stage
     cnn_fashion.set_threads(os.cpu_count())
-    started, clock = common.now(), time.perf_counter()
+    run = common.Run("deploy", args, seeds=[args.seed], output=args.output)
+    # the output path relative to the repository, so the record does not name this machine's folders
+    args.output = os.path.relpath(args.output, common.HERE.parent)
     if args.network == "vgg":
         data = cnn_fashion.load(quick=False, seed=args.seed)
         data["x_train"], data["y_train"] = data["x_train"][:args.train], data["y_train"][:args.train]
@@ -274,7 +291,6 @@ def main(argv=None):
         common.say("measuring accuracy and latency")
         accuracies = {key: accuracy(runner, x_test, y_test) for key, runner in runners.items()}
         times = latency(runners, x_test, args.rounds)
-    elapsed = time.perf_counter() - clock
 
     measured = []
     for key in runners:
@@ -320,21 +336,11 @@ def main(argv=None):
                  (f"BatchNormalization layers folded by fold_batchnorm: dense {folded['dense']}, pruned "
                   f"{folded['pruned']} of {norms}")]
         setup += [f"budget warning: {w}" for w in budget["warnings"]]
-    text = "\n".join([
-        f"# Deploying {title}: ONNX Runtime and TFLite, float and int8", "",
-        common.header(common.command_line(), [args.seed], started, elapsed, notes=setup + notes),
-        "", table, ""])
-    Path(args.output).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.output).write_text(text)
-    Path(args.output).with_suffix(".json").write_text(json.dumps(
-        {"command": common.command_line(), "date": f"{started:%Y-%m-%d %H:%M} UTC", "machine": common.machine_line(),
-         # the output path relative to the repository, so the record does not name this machine's folders
-         "args": dict(vars(args), output=os.path.relpath(args.output, Path(__file__).resolve().parent.parent)),
-         "rows": measured, "train": {k: v for k, v in record.items() if k.endswith("seconds")},
-         **({"budget": record["budget"]} if "budget" in record else {}),
-         "int8_error": int8, "warnings": {n: record[n]["warnings"] for n in ("dense", "pruned")}},
-        indent=1, default=float))
-    print(text)
+    run.publish(f"Deploying {title}: ONNX Runtime and TFLite, float and int8", table, measured, notes=setup + notes,
+                section=False, summary=summary(title, args, measured),
+                train={k: v for k, v in record.items() if k.endswith("seconds")},
+                **({"budget": record["budget"]} if "budget" in record else {}), int8_error=int8,
+                warnings={n: record[n]["warnings"] for n in ("dense", "pruned")})
 
 
 if __name__ == "__main__":

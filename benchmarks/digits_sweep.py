@@ -9,15 +9,14 @@ own initial weights and its own batch order, so a run is reproducible from
 its seed.
 
 Writes benchmarks/results/digits_sweep.png (four panels vs lambda),
-benchmarks/results/digits_features.png (Fig. 5), digits_sweep.json (every
-run) and the "digits" section of benchmarks/RESULTS.md.
+benchmarks/results/digits_features.png (Fig. 5), digits_sweep.md,
+digits_sweep.json (every run) and the "digits" section of benchmarks/RESULTS.md.
 
 Usage:
     KERAS_BACKEND=jax python benchmarks/digits_sweep.py --seeds 3
     python benchmarks/digits_sweep.py --quick          # 1 seed, 3 lambdas, 30 epochs, no RESULTS.md
 """
 
-import argparse
 import sys
 import time
 from pathlib import Path
@@ -179,62 +178,54 @@ def summary(records, methods, factor=1e-3):
     return "\n".join(lines)
 
 
+NAME = "digits_sweep"
+QUICK = "smoke run: 1 seed, lambda in {1e-2, 1e-3, 1e-4}, 30 epochs; results go to benchmarks/out/"
+
+
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--seeds", type=common.positive_int, default=3, help="number of seeds 0..N-1 (paper: 25; default 3)")
+    parser = common.arguments(__doc__, seeds=3, quick=QUICK)
     parser.add_argument("--epochs", type=common.positive_int, default=None, help="training epochs (default 200, --quick 30)")
     parser.add_argument("--methods", nargs="+", default=None, choices=sorted(common.METHODS),
                         help="penalties to compare (default all; SGL-prox only when Proximal exists)")
-    parser.add_argument("--quick", action="store_true",
-                        help="smoke run: 1 seed, lambda in {1e-2, 1e-3, 1e-4}, 30 epochs; results go to benchmarks/out/")
     parser.add_argument("--fig5-only", action="store_true",
                         help=f"only redraw results/digits_features.png (seed 0, lambda={FIG5_FACTOR:g}; same runs as the sweep's)")
     args = parser.parse_args(argv)
 
     methods = args.methods or [m for m in common.METHODS if m != "SGL-prox" or common.proximal_available()]
+    run = common.Run(NAME, args)
+    # RESULTS.md's section "digits" and the README link digits_features.png; a run under another name keeps apart.
+    own = run.name == NAME
+    features = run.file("digits_features.png" if own else f"{run.name}_features.png").name
     if args.fig5_only:
         _, images = sweep(methods, (FIG5_FACTOR,), [0], args.epochs or 200)
         example = images.pop("example")
-        with common.staged(common.RESULTS_DIR) as stage:
+        with run.staged() as stage:
             common.save_feature_figure(
-                stage / "digits_features.png", example, [(m, *images[m]) for m in methods],
+                stage / features, example, [(m, *images[m]) for m in methods],
                 f"DIGITS: strength of each pixel's outgoing weights (λ={FIG5_FACTOR:g}, seed 0; white = dropped)")
-        common.say(f"wrote {common.RESULTS_DIR / 'digits_features.png'}")
+        common.say(f"wrote {run.out / features}")
         return 0
-    seeds = list(range(1 if args.quick else args.seeds))
     factors = (1e-2, 1e-3, 1e-4) if args.quick else FACTORS
     epochs = args.epochs or (30 if args.quick else 200)
-    out = common.HERE / "out" if args.quick else common.RESULTS_DIR
 
-    started, t0 = common.now(), time.perf_counter()
-    common.say(f"DIGITS sweep: methods {methods}, lambdas {list(factors)}, seeds {seeds}, {epochs} epochs")
-    records, images = sweep(methods, factors, seeds, epochs)
-    elapsed = time.perf_counter() - t0
+    common.say(f"DIGITS sweep: methods {methods}, lambdas {list(factors)}, seeds {run.seeds}, {epochs} epochs")
+    records, images = sweep(methods, factors, run.seeds, epochs)
 
     example = images.pop("example")
     fig5 = [(m, images[m][0], images[m][1]) for m in methods if m in images]
-    text = table(records, methods, factors)
-    checks = summary(records, methods)
-    # All or nothing: the figures and the JSON replace the earlier ones together.
-    with common.staged(out) as stage:
-        plot(records, methods, factors, stage / "digits_sweep.png")
-        common.save_feature_figure(stage / "digits_features.png", example, fig5,
-                                   f"DIGITS: strength of each pixel's outgoing weights (λ={FIG5_FACTOR:g}, seed {seeds[0]}; white = dropped)")
-        (stage / "digits_sweep.json").write_text(__import__("json").dumps(records, indent=1))
-    print(text)
-    print(checks)
-    if not args.quick:
-        notes = [f"{epochs} epochs, batch 300, Adam lr 1e-3, threshold 1e-3; test accuracy measured after thresholding",
-                 "Hidden neurons and features are those left after removing dead units (what surgery keeps)."]
-        body = "\n\n".join([
-            common.header(common.command_line(), seeds, started, elapsed, notes),
-            text,
-            checks,
-            "![DIGITS sweep](results/digits_sweep.png)\n\n![DIGITS selected features](results/digits_features.png)",
-        ])
-        common.write_section("digits", "DIGITS λ sweep (paper Fig. 4 and Fig. 5)", body)
-        common.say(f"wrote {common.RESULTS_MD}")
-    common.say(f"figures in {out} ({elapsed / 60:.1f} min)")
+    # The figures replace the earlier ones together, before the numbers are published.
+    with run.staged() as stage:
+        plot(records, methods, factors, stage / run.path(".png").name)
+        common.save_feature_figure(stage / features, example, fig5,
+                                   f"DIGITS: strength of each pixel's outgoing weights (λ={FIG5_FACTOR:g}, seed {run.seeds[0]}; white = dropped)")
+    notes = [f"{epochs} epochs, batch 300, Adam lr 1e-3, threshold 1e-3; test accuracy measured after thresholding",
+             "Hidden neurons and features are those left after removing dead units (what surgery keeps)."]
+    body = "\n\n".join([
+        table(records, methods, factors),
+        summary(records, methods),
+        f"![DIGITS sweep](results/{run.path('.png').name})\n\n![DIGITS selected features](results/{features})",
+    ])
+    run.publish("DIGITS λ sweep (paper Fig. 4 and Fig. 5)", body, records, notes=notes, section="digits" if own else True)
     return 0
 
 

@@ -11,8 +11,8 @@ Fashion-MNIST (Debian package ``dataset-fashion-mnist``) stands in for MNIST:
 same shape, harder. Official 60,000 / 10,000 split. The paper does not say how
 many epochs it trained; on 2 shared CPU cores we use 25 by default.
 
-Writes benchmarks/results/fashion_features.png (Fig. 6), fashion_table.json
-and the "fashion" section of benchmarks/RESULTS.md.
+Writes benchmarks/results/fashion_features.png (Fig. 6), fashion_table.md,
+fashion_table.json and the "fashion" section of benchmarks/RESULTS.md.
 
 Usage:
     KERAS_BACKEND=jax python benchmarks/fashion_table.py --seeds 1
@@ -153,22 +153,25 @@ def _parse_run(text):
     return method, float(factor)
 
 
-def _earlier_runs(path):
-    """Records of an earlier run and the command that made them (read from RESULTS.md)."""
+def _earlier_runs(path, section):
+    """Records of an earlier run and the command that made them (read from RESULTS.md's ``section``)."""
     import re
 
     records = json.loads(path.read_text()) if path.exists() else []
+    if isinstance(records, dict):  # written by common.Run.publish (before it: the bare list of records)
+        records = records["records"]
     text = common.RESULTS_MD.read_text() if common.RESULTS_MD.exists() else ""
-    found = re.search(r"<!-- BEGIN fashion -->.*?- Command: `([^`]*)`", text, re.S)
+    found = re.search(rf"<!-- BEGIN {re.escape(section)} -->.*?- Command: `([^`]*)`", text, re.S)
     return records, found.group(1) if found else None
 
 
+NAME = "fashion_table"
+QUICK = "smoke run: L2, SGL and proximal SGL at 1e-4, 2 epochs on 6,000 images; results go to benchmarks/out/"
+
+
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--seeds", type=common.positive_int, default=1, help="number of seeds 0..N-1 (default 1)")
+    parser = common.arguments(__doc__, seeds=1, quick=QUICK)
     parser.add_argument("--epochs", type=common.positive_int, default=None, help="training epochs (default 25, --quick 2)")
-    parser.add_argument("--quick", action="store_true",
-                        help="smoke run: L2, SGL and proximal SGL at 1e-4, 2 epochs on 6,000 images; results go to benchmarks/out/")
     parser.add_argument("--runs", nargs="+", type=_parse_run, default=None, metavar="METHOD:LAMBDA",
                         help="train only these, e.g. SGL:3e-5 SGL-prox:3e-5 (default: the built-in grid)")
     parser.add_argument("--append", action="store_true",
@@ -179,39 +182,38 @@ def main(argv=None):
 
     runs = args.runs or (QUICK_RUNS if args.quick else RUNS)
     runs = [r for r in runs if r[0] != "SGL-prox" or common.proximal_available()]
-    seeds = list(range(1 if args.quick else args.seeds))
     epochs = args.epochs or (2 if args.quick else 25)
-    out = common.HERE / "out" if args.quick else common.RESULTS_DIR
-    out.mkdir(parents=True, exist_ok=True)
-    # Every finished run is saved here, so a long run that stops early loses nothing; the
-    # results themselves (JSON and figure) are replaced together only once every run is done.
-    checkpoint = out / ".fashion_table.partial.json"
 
     data = load_dataset("fashion-mnist")
     if args.quick:
         data = dataclasses.replace(data, x_train=data.x_train[:6000], y_train=data.y_train[:6000])
+    run = common.Run(NAME, args)
+    # RESULTS.md's section "fashion" and its link to fashion_features.png; a run under another name keeps apart.
+    own = run.name == NAME
+    section, features = ("fashion", "fashion_features.png") if own else (run.name, f"{run.name}_features.png")
+    run.file(features)  # listed in the index row
+    # Every finished run is saved here, so a long run that stops early loses nothing; the
+    # results themselves (JSON and figure) are written only once every run is done.
+    checkpoint = run.out / f".{run.name}.partial.json"
     append = args.append and not args.quick
     if append:
-        earlier, previous_command = _earlier_runs(out / "fashion_table.json")
-    started, t0 = common.now(), time.perf_counter()
-    common.say(f"Fashion-MNIST: {len(data.x_train)} training images, runs {runs}, seeds {seeds}, {epochs} epochs")
+        earlier, previous_command = _earlier_runs(run.path(".json"), section)
+    common.say(f"Fashion-MNIST: {len(data.x_train)} training images, runs {runs}, seeds {run.seeds}, {epochs} epochs")
     records, panels = [], []
-    total = len(runs) * len(seeds)
-    for seed in seeds:
+    total = len(runs) * len(run.seeds)
+    for seed in run.seeds:
         for method, factor in runs:
             record, model = run_one(data, method, factor, seed, epochs)
             records.append(record)
-            if seed == seeds[0] and (method, factor) in FIG6:
+            if seed == run.seeds[0] and (method, factor) in FIG6:
                 panels.append((f"{method} λ={factor:g}", common.feature_image(model, data.image_shape), record["features"]))
             done = len(records)
-            elapsed = time.perf_counter() - t0
             common.say(
                 f"[{done}/{total}] seed {seed} {method} lambda={factor:.0e}: train {record['train_accuracy']:.4f} "
                 f"test {record['test_accuracy']:.4f}, {record['seconds']:.0f} s, sizes {record['layer_sizes']}, "
-                f"params {record['params_after']:,} (eta {elapsed / done * (total - done) / 60:.1f} min)"
+                f"params {record['params_after']:,} (eta {run.elapsed / done * (total - done) / 60:.1f} min)"
             )
             common.write_text_atomically(checkpoint, json.dumps((earlier if append else []) + records, indent=1))
-    elapsed = time.perf_counter() - t0
 
     notes = []
     if append:
@@ -221,33 +223,21 @@ def main(argv=None):
         runs = [r for r in RUNS if r in keys] + [r for r in keys if r not in RUNS]
         if previous_command:
             notes.append(f"Merged with the earlier runs of `{previous_command}` (same settings; every run is in "
-                         "results/fashion_table.json); date and wall time above are those of the added runs only.")
-    text, check = table(records, runs), verdict(records)
-    with common.staged(out) as stage:
-        (stage / "fashion_table.json").write_text(json.dumps(records, indent=1))
-        if not append:
+                         f"results/{run.path('.json').name}); date and wall time above are those of the added runs only.")
+    if not append:
+        with run.staged() as stage:
             example = data.x_test[list(data.y_test).index(0)].reshape(data.image_shape)
-            common.save_feature_figure(stage / "fashion_features.png", example, panels,
-                                       f"Fashion-MNIST: strength of each pixel's outgoing weights (seed {seeds[0]}; white = dropped)")
+            common.save_feature_figure(stage / features, example, panels,
+                                       f"Fashion-MNIST: strength of each pixel's outgoing weights (seed {run.seeds[0]}; white = dropped)")
+    notes += [
+        f"784-400-300-100-10, {epochs} epochs (the paper does not state its count; chosen for 2 CPU cores), batch {BATCH}, "
+        "Adam lr 1e-3, threshold 1e-3; accuracies measured after thresholding; official 60k/10k split",
+        "Training time is the wall time of `fit_epochs` on a machine shared with other jobs: compare within the table only.",
+        "Neurons: input features, then hidden layers (output excluded), after removing dead units.",
+    ]
+    body = "\n\n".join([table(records, runs), verdict(records), f"![Fashion-MNIST selected pixels](results/{features})"])
+    run.publish("Fashion-MNIST, paper Table 3 (MNIST row) and Fig. 6", body, records, notes=notes, section=section)
     checkpoint.unlink(missing_ok=True)
-    print(text)
-    print(check)
-    if not args.quick:
-        notes = notes + [
-            f"784-400-300-100-10, {epochs} epochs (the paper does not state its count; chosen for 2 CPU cores), batch {BATCH}, "
-            "Adam lr 1e-3, threshold 1e-3; accuracies measured after thresholding; official 60k/10k split",
-            "Training time is the wall time of `fit_epochs` on a machine shared with other jobs: compare within the table only.",
-            "Neurons: input features, then hidden layers (output excluded), after removing dead units.",
-        ]
-        body = "\n\n".join([
-            common.header(common.command_line(), seeds, started, elapsed, notes),
-            text,
-            check,
-            "![Fashion-MNIST selected pixels](results/fashion_features.png)",
-        ])
-        common.write_section("fashion", "Fashion-MNIST, paper Table 3 (MNIST row) and Fig. 6", body)
-        common.say(f"wrote {common.RESULTS_MD}")
-    common.say(f"done in {elapsed / 60:.1f} min")
     return 0
 
 

@@ -45,19 +45,20 @@ check that would start after it is skipped). Each check of a full run also
 has its own time limit per backend (ResNet50 150 s, training 75 s, CNN 60 s,
 compilation included): a check stopped at its limit keeps what it had
 measured. Writes ``OUT/gpu_checks.json`` and ``OUT/gpu_checks.md`` (``--out``,
-default ``$OUT``, else benchmarks/out) after every check, so a run cut short
-keeps its results. Nothing here imports TensorFlow; each result records
-whether it ended up imported (Keras probes for it where it is installed).
+default ``$OUT``, else benchmarks/results, benchmarks/out with ``--quick``;
+``--out-name`` another name) after every check, so a run cut short keeps its
+results. Nothing in the checks imports TensorFlow; each result records whether
+it ended up imported (Keras probes for it where it is installed). The driver
+process imports Keras only to write the results' machine line, on the first of
+``--backends`` unless ``KERAS_BACKEND`` is set.
 """
 
 import argparse
 import collections
-import datetime
 import json
 import math
 import os
 import platform
-import shlex
 import shutil
 import signal
 import statistics
@@ -70,6 +71,14 @@ import traceback
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+if __package__ in (None, ""):
+    sys.path.insert(0, str(ROOT))
+
+from benchmarks import common
+from benchmarks.common import say
+
+NAME = "gpu_checks"
+TITLE = "GPU checks: ResNet50 surgery, Proximal training cost, pruned-CNN inference (JAX and PyTorch)"
 CHECKS = ("resnet50", "training", "cnn")
 BACKENDS = ("jax", "torch")
 THRESHOLD = 1e-3
@@ -79,11 +88,6 @@ VGG = ((32, 32), (64, 64), (128, 128))  # channels of the convolutions, per stag
 # Seconds each check may take per backend in a full run (compile included); a --quick run on a CPU is not capped.
 CAPS = {"resnet50": 150, "training": 75, "cnn": 60}
 DEADLINE = 345.0
-
-
-def say(message):
-    sys.stdout.write(f"[{time.strftime('%H:%M:%S')}] {message}\n")
-    sys.stdout.flush()
 
 
 # ----------------------------------------------------------------------------- helpers of the checks (child process)
@@ -520,7 +524,6 @@ def progress(result):
 
 def child(check, result_path, quick):
     """Run one check in this process; write ``{"result", "summary"}`` or ``{"error"}`` to ``result_path``."""
-    sys.path.insert(0, str(ROOT))
     out = {}
     _STATE.update(path=result_path, out=out)
     t0 = time.perf_counter()
@@ -624,19 +627,19 @@ def cell(record):
     return (error[-1] if error else "")[:160]
 
 
-def write_outputs(out_dir, meta, records):
-    out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / "gpu_checks.json").write_text(json.dumps({**meta, "checks": records}, indent=1, default=str))
-    lines = ["# GPU checks: ResNet50 surgery, Proximal training cost, pruned-CNN inference (JAX and PyTorch)", "",
-             f"- Command: `{meta['command']}`",
-             f"- Date: {meta['date']}; wall time {meta.get('wall_s', 0) / 60:.1f} min",
-             f"- GPU (nvidia-smi): {meta['gpu'] or 'none found'}",
-             f"- Host: {meta['host']}",
-             "- Versions: " + ", ".join(f"{k} {v}" for k, v in meta["versions"].items()),
-             f"- Mode: {'--quick (small sizes)' if meta['quick'] else 'full sizes'}",
-             "- `TF imported`: whether `tensorflow` was in `sys.modules` when the check ended (Keras probes for it "
-             "lazily where it is installed; nothing here needs it)", "",
-             "| check | backend | status | device | s | TF imported | result |", "|---|---|---|---|---|---|---|"]
+def notes(run, gpu, found):
+    return [f"GPU (nvidia-smi): {gpu or 'none found'}",
+            "Versions: " + ", ".join(f"{k} {v}" for k, v in found.items()),
+            f"Mode: {'--quick (small sizes)' if run.quick else 'full sizes'}",
+            ("Each check ran in its own process on the backend its row names (the Backend line above is the driver's, "
+             "which only writes these results)"),
+            ("`TF imported`: whether `tensorflow` was in `sys.modules` when the check ended (Keras probes for it "
+             "lazily where it is installed; nothing here needs it)")]
+
+
+def body(records):
+    """The table of the checks, then every check's numbers (or its error and the last lines of its output)."""
+    lines = ["| check | backend | status | device | s | TF imported | result |", "|---|---|---|---|---|---|---|"]
     for r in records:
         lines.append(f"| {r['check']} | {r['backend']} | {r.get('status')} | {r.get('device', '')} | "
                      f"{r.get('wall_s', 0):.0f} | {r.get('tensorflow_imported', '')} | {cell(r).replace('|', '/')} |")
@@ -663,14 +666,23 @@ def write_outputs(out_dir, meta, records):
                                       f"{k}: " + (", ".join(f"{e:.4g}" for e in v) if isinstance(v, list) else str(v))
                                       for k, v in value.items())
                 lines.append(f"- {key}: {value}")
-    (out_dir / "gpu_checks.md").write_text("\n".join(lines) + "\n")
+    return "\n".join(lines) + "\n"
+
+
+def publish(run, records, gpu, found, quiet=True):
+    """Write the results so far (a run cut short keeps them); ``quiet``: without printing them (after each check).
+    RESULTS.md's index row: every check's status and summary."""
+    what = f"{TITLE} on {gpu or 'no GPU'}: " + "; ".join(f"{r['check']} ({r['backend']}) {r.get('status')}: {cell(r)}"
+                                                          for r in records)
+    return run.publish(TITLE, body(records), records, notes=notes(run, gpu, found), section=False, summary=what,
+                       quiet=quiet, gpu=gpu, versions=found)
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--out", default=os.environ.get("OUT") or str(ROOT / "benchmarks" / "out"),
-                        help="folder for gpu_checks.json and gpu_checks.md (default $OUT, else benchmarks/out)")
-    parser.add_argument("--quick", action="store_true", help="small sizes, to try the script on a CPU")
+    parser = common.arguments(__doc__, quick="small sizes, to try the script on a CPU; results to benchmarks/out/")
+    parser.add_argument("--out", default=os.environ.get("OUT"),
+                        help="folder for NAME.json and NAME.md (default $OUT, else benchmarks/results; --quick: "
+                             "benchmarks/out)")
     parser.add_argument("--backends", nargs="+", choices=BACKENDS, default=list(BACKENDS))
     parser.add_argument("--checks", nargs="+", choices=CHECKS, default=list(CHECKS))
     parser.add_argument("--deadline", type=float, default=None,
@@ -681,24 +693,19 @@ def main(argv=None):
     if args.child:
         return child(args.child, args.result, args.quick)
 
-    start = time.perf_counter()
+    # The results' machine line imports Keras in this process: on a backend that is installed (TensorFlow may not be).
+    os.environ.setdefault("KERAS_BACKEND", args.backends[0])
+    run = common.Run(NAME, args)
+    if args.out:
+        run.out = Path(args.out)
     deadline = args.deadline or (1e9 if args.quick else DEADLINE)
-    out_dir = Path(args.out)
     work = Path(tempfile.mkdtemp(prefix="gpu-checks-"))
-    meta = {
-        "command": "python " + " ".join(shlex.quote(a) for a in [
-            os.path.relpath(Path(__file__).resolve(), ROOT), *(sys.argv[1:] if argv is None else argv)]),
-        "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-        "gpu": gpu_name(),
-        "host": f"{os.cpu_count()} CPU cores, {platform.system()} {platform.release()}, {platform.machine()}",
-        "versions": versions(),
-        "quick": args.quick,
-    }
-    say(f"GPU: {meta['gpu'] or 'none found'}; " + ", ".join(f"{k} {v}" for k, v in meta["versions"].items()))
+    gpu, found = gpu_name(), versions()
+    say(f"GPU: {gpu or 'none found'}; " + ", ".join(f"{k} {v}" for k, v in found.items()))
     records = []
     for check in args.checks:
         for backend in args.backends:
-            left = deadline - (time.perf_counter() - start)
+            left = deadline - run.elapsed
             if left < 15:
                 records.append({"check": check, "backend": backend, "status": "skipped",
                                 "error": f"not started: {deadline:.0f} s deadline of the run reached"})
@@ -708,19 +715,9 @@ def main(argv=None):
             record = run_child(check, backend, args, timeout, work)
             records.append(record)
             say(f"{check} on {backend}: {record.get('status')} in {record['wall_s']:.1f} s: {cell(record)}")
-            meta["wall_s"] = time.perf_counter() - start
-            write_outputs(out_dir, meta, records)
-    meta["wall_s"] = time.perf_counter() - start
-    write_outputs(out_dir, meta, records)
+            publish(run, records, gpu, found)
     shutil.rmtree(work, ignore_errors=True)
-
-    width = max(len(f"{r['check']} {r['backend']}") for r in records)
-    print(f"\n{'check':<{width}}  status   seconds  TF  result")
-    for r in records:
-        print(f"{r['check'] + ' ' + r['backend']:<{width}}  {str(r.get('status')):<8} {r.get('wall_s', 0):7.1f}  "
-              f"{ {True: 'yes', False: 'no'}.get(r.get('tensorflow_imported'), '-'):<3} {cell(r)}")
-    print(f"\nwrote {out_dir / 'gpu_checks.json'} and {out_dir / 'gpu_checks.md'} "
-          f"({(time.perf_counter() - start) / 60:.1f} min)")
+    publish(run, records, gpu, found, quiet=False)
     return 0
 
 

@@ -21,12 +21,10 @@ Usage::
 
     KERAS_BACKEND=tensorflow python benchmarks/inference.py   # -> benchmarks/results/inference_tensorflow.md
     KERAS_BACKEND=jax python benchmarks/inference.py          # -> benchmarks/results/inference_jax.md
+    python benchmarks/inference.py --quick                    # 3 short rounds -> benchmarks/out/
 """
 
-import argparse
-import datetime
 import os
-import platform
 import shutil
 import statistics
 import sys
@@ -40,10 +38,11 @@ from keras_group_lasso import apply_threshold, export_pruned, prune_model
 
 if __package__ in (None, ""):  # run as a script: make `benchmarks` importable
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from benchmarks.common import cpu_model, default_output  # noqa: E402
+from benchmarks import common  # noqa: E402
 
 SIZES = (784, 400, 300, 100, 10)
 KEPT = (763, 68, 40, 70)
+RATES = ("best", "median", "best_per_cpu_second")  # what throughputs() gives per function, in samples/s
 
 
 def build_sparse_mlp(seed=0):
@@ -148,21 +147,18 @@ def throughputs(fns, x, repeats, min_time):
     return {name: (max(v), statistics.median(v), max(cpu[name])) for name, v in rates.items()}
 
 
+QUICK = "3 short rounds; to benchmarks/out/"
+
+
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = common.arguments(__doc__, quick=QUICK)
     parser.add_argument("--repeats", type=int, default=15, help="interleaved rounds per measurement")
     parser.add_argument("--min-time", type=float, default=0.05, help="seconds per round and variant")
-    parser.add_argument("--quick", action="store_true", help="3 short rounds, written to benchmarks/out/")
-    parser.add_argument(
-        "--output",
-        default=None,
-        help="markdown result (default benchmarks/results/inference_<backend>.md, "
-        "benchmarks/out/ with --quick)",
-    )
     args = parser.parse_args(argv)
     if args.quick:
         args.repeats, args.min_time = 3, 0.02
-    output = args.output or default_output(f"inference_{keras.backend.backend()}", args.quick)
+    backend = keras.backend.backend()
+    run = common.Run(f"inference_{backend}", args)
 
     model = build_sparse_mlp()
     small = prune_model(model, threshold=1e-3)
@@ -226,30 +222,21 @@ def main(argv=None):
     exported_1024 = [r for r in results if r[0] == "SavedModel (tensor in)" and r[1] == 1024][0]
     speedup = exported_1024[3][0] / exported_1024[2][0]
     speedup_cpu = exported_1024[3][2] / exported_1024[2][2]
-    lines = [
-        "# Inference: dense vs physically pruned",
-        "",
-        f"- command: `KERAS_BACKEND={keras.backend.backend()} python benchmarks/inference.py"
-        + "".join(" " + a for a in (argv if argv is not None else sys.argv[1:]))
-        + "`",
-        f"- date: {datetime.datetime.now().isoformat(timespec='seconds')}",
-        f"- machine: {cpu_model()}, {os.cpu_count()} cores (shared with other jobs), "
-        f"{platform.system()} {platform.release()}, Python "
-        f"{platform.python_version()}, Keras {keras.__version__}, backend {keras.backend.backend()}, "
-        f"TensorFlow {tf.__version__}",
-        "- model: " + "-".join(map(str, SIZES)) + " ReLU MLP whose live structure is "
+    notes = [
+        "model: " + "-".join(map(str, SIZES)) + " ReLU MLP whose live structure is "
         + "-".join(map(str, after)) + " (hand-set zero rows/columns, threshold 1e-3)",
-        f"- parameters of the two Keras models {model.count_params():,} -> {small.count_params():,} "
+        f"parameters of the two Keras models {model.count_params():,} -> {small.count_params():,} "
         f"({param_ratio:.2f}x fewer); multiply-adds per sample {macs(model):,} -> {macs(small):,} "
         f"(FLOP-reduction factor {flop_ratio:.2f}x)",
-        "- pruned model's layers: "
+        "pruned model's layers: "
         + ", ".join(
             f"{type(layer).__name__} {tuple(layer.kernel.shape)}"
             if isinstance(layer, keras.layers.Dense)
             else type(layer).__name__
             for layer in small.layers
         ),
-        "",
+    ]
+    lines = [
         "## Surgery",
         "",
         f"- `prune_model` on the 784-400-300-100-10 MLP: {1e3 * surgery_s:.0f} ms "
@@ -277,7 +264,7 @@ def main(argv=None):
         "`compiled` is "
         + (
             "`tf.function(jit_compile=True)` around `model(x, training=False)`"
-            if keras.backend.backend() == "tensorflow"
+            if backend == "tensorflow"
             else "`jax.jit` of `model.stateless_call`"
         )
         + "; `SavedModel` calls the `serving_default` signature of `tf.saved_model.load` "
@@ -286,12 +273,13 @@ def main(argv=None):
         "`numpy in`: each call converts the numpy batch (a fixed cost of copying the input that "
         "pruning cannot reduce). Every call returns a numpy array.",
     ]
-    text = "\n".join(lines) + "\n"
-    print(text)
-    os.makedirs(os.path.dirname(os.path.abspath(output)), exist_ok=True)
-    with open(output, "w", encoding="utf-8") as f:
-        f.write(text)
+    records = [{"path": name, "batch": batch, "dense": dict(zip(RATES, dense)), "pruned": dict(zip(RATES, pruned))}
+               for name, batch, dense, pruned in results]
+    run.publish("Inference: dense vs physically pruned", "\n".join(lines), records, notes=notes, section=False,
+                surgery_seconds=surgery_s, export_seconds=export_s, flop_ratio=flop_ratio, param_ratio=param_ratio,
+                speedup=speedup, speedup_cpu=speedup_cpu)
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

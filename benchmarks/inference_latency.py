@@ -33,12 +33,11 @@ the speed-up pruned vs dense, raw (``dense / pruned``) and above the floor
 
 Usage:
     python benchmarks/inference_latency.py           # -> benchmarks/results/inference_latency_tensorflow.md
-    python benchmarks/inference_latency.py --quick   # 5 rounds of 20 calls, print only
+    python benchmarks/inference_latency.py --quick   # 5 rounds of 20 calls -> benchmarks/out/
 
 (The backend is always TensorFlow.)
 """
 
-import argparse
 import os
 import shutil
 import statistics
@@ -186,17 +185,19 @@ def tables(wall, cpu):
     return latency, speedup, medians
 
 
+QUICK = "5 rounds of 20 calls; to benchmarks/out/"
+
+
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = common.arguments(__doc__, quick=QUICK)
     parser.add_argument("--rounds", type=common.positive_int, default=40, help="interleaved rounds")
     parser.add_argument("--calls", type=common.positive_int, default=50, help="calls per unit (each timed)")
-    parser.add_argument("--quick", action="store_true", help="5 rounds of 20 calls, print only")
     args = parser.parse_args(argv)
     if args.quick:
         args.rounds, args.calls = 5, 20
     os.environ["KERAS_BACKEND"] = "tensorflow"  # it measures TensorFlow's exports (Keras is imported below)
 
-    started, t0 = common.now(), time.perf_counter()
+    run = common.Run("inference_latency_tensorflow", args)
     models = build_models()
     x = np.random.default_rng(1).random((1, 784), dtype=np.float32)
     workdir = tempfile.mkdtemp(prefix="latency-bench-")
@@ -213,29 +214,26 @@ def main(argv=None):
         shutil.rmtree(workdir, ignore_errors=True)
     latency, speedup, medians = tables(wall, cpu)
     print(f"\n{latency}\n\n{speedup}\n", flush=True)
-    if args.quick:
-        return 0
 
     best = min(PATHS, key=lambda p: medians[p][2])
-    lines = [
-        "# Batch-1 latency of exported models (tensorflow)", "",
-        common.header(common.command_line(), [0], started, time.perf_counter() - t0, notes=[
-            "Models: `empty` = Input(784) -> Identity; `dense` = 784-400-300-100-10 ReLU MLP (thresholded, "
-            "464,600 multiply-adds); `pruned` = its `export_pruned` / `prune_model` copy, 763-68-40-70-10 "
-            "(59,532 multiply-adds, 7.80x fewer), taking the 784 original features.",
-            f"{args.rounds} interleaved rounds (order rotating) of {args.calls} calls per path and model, every "
-            "call timed on its own; wall: median and IQR over all calls; CPU: median over the units of the "
-            "process's CPU time per call. The machine was shared with other jobs; medians of many short calls "
-            "are robust to that, single slow calls land in the IQR.",
-        ]), "",
+    notes = [
+        "Models: `empty` = Input(784) -> Identity; `dense` = 784-400-300-100-10 ReLU MLP (thresholded, "
+        "464,600 multiply-adds); `pruned` = its `export_pruned` / `prune_model` copy, 763-68-40-70-10 "
+        "(59,532 multiply-adds, 7.80x fewer), taking the 784 original features.",
+        f"{args.rounds} interleaved rounds (order rotating) of {args.calls} calls per path and model, every "
+        "call timed on its own; wall: median and IQR over all calls; CPU: median over the units of the "
+        "process's CPU time per call. The machine was shared with other jobs; medians of many short calls "
+        "are robust to that, single slow calls land in the IQR.",
+    ]
+    body = "\n".join([
         "## Latency per call", "", latency, "",
         "## Pruned vs dense, and the floor", "", speedup, "",
         f"Fastest path for the pruned model: {best} ({medians[best][2]:.1f} µs per call, of which the empty "
-        f"model's floor is {medians[best][0]:.1f} µs).", "",
-    ]
-    out = common.RESULTS_DIR / "inference_latency_tensorflow.md"
-    common.write_text_atomically(out, "\n".join(lines))
-    common.say(f"wrote {out}")
+        f"model's floor is {medians[best][0]:.1f} µs).",
+    ])
+    records = [{"path": path, "model": name, **dict(zip(("median_us", "iqr_us"), spread_us(wall[(path, name)]))),
+                "cpu_us_per_unit": [1e6 * v for v in cpu[(path, name)]]} for path in PATHS for name in MODELS]
+    run.publish("Batch-1 latency of exported models (tensorflow)", body, records, notes=notes, section=False)
     return 0
 
 

@@ -16,8 +16,6 @@ Usage:
     python benchmarks/keras_hub_resnet.py --quick      # 2,000 images, 1 epoch; -> benchmarks/out/
 """
 
-import argparse
-import json
 import sys
 import time
 from pathlib import Path
@@ -27,6 +25,8 @@ if __package__ in (None, ""):
 
 from benchmarks import common
 
+NAME = "keras_hub_resnet"
+QUICK = "2,000 images, 1 epoch, output to benchmarks/out/"
 BATCH = 64
 EPOCHS = 4
 TRAIN = 20000
@@ -70,7 +70,7 @@ def compiled(model, optimizer):
     return model
 
 
-def run(args):
+def train_rows(args):
     import keras
     import numpy as np
 
@@ -120,40 +120,31 @@ def run(args):
     return rows
 
 
-def markdown(rows, args, started, elapsed):
+def table(rows):
     dense = rows[0]
-    table = common.markdown_table(
+    return common.markdown_table(
         ["row", "test accuracy", "multiply-adds / sample", "FLOPs vs dense", "parameters", "max |logit diff|"],
         [[r["row"], f"{100 * r['accuracy']:.2f} %", f"{r['flops']:,}", f"{dense['flops'] / r['flops']:.2f}x fewer"
           if r is not dense else "1.00x", f"{r['params']:,}",
           f"{r['max_logit_difference']:.1e}" if "max_logit_difference" in r else "-"] for r in rows])
+
+
+def main(argv=None):
+    parser = common.arguments(__doc__, quick=QUICK)
+    parser.add_argument("--epochs", type=common.positive_int, default=EPOCHS)
+    parser.add_argument("--budget", type=float, default=BUDGET_FLOPS, help="max_flops of the budget (default 0.5)")
+    parser.add_argument("--seed", type=common.non_negative_int, default=0)
+    args = parser.parse_args(argv)
+    run = common.Run(NAME, args, seeds=[args.seed])
+    rows = train_rows(args)
     notes = [(f"{2000 if args.quick else TRAIN:,} training images, {'1,000' if args.quick else 'the 10,000'} test "
              f"images; {1 if args.quick else args.epochs} epochs of batch {BATCH} for both rows; λ {FACTOR}; "
              "no fine-tuning"),
              ("Model: keras_hub.models.ResNetBackbone (stem Conv 64, basic blocks 64-64 / 128-128) in "
              "keras_hub.models.ImageClassifier, 28x28x1 inputs, random initial weights")]
-    return common.header(common.command_line(), [args.seed], started, elapsed, notes) + "\n\n" + table + "\n"
-
-
-def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="2,000 images, 1 epoch, output to benchmarks/out/")
-    parser.add_argument("--epochs", type=common.positive_int, default=EPOCHS)
-    parser.add_argument("--budget", type=float, default=BUDGET_FLOPS, help="max_flops of the budget (default 0.5)")
-    parser.add_argument("--seed", type=common.non_negative_int, default=0)
-    args = parser.parse_args(argv)
-    started = common.now()
-    clock = time.perf_counter()
-    rows = run(args)
-    text = markdown(rows, args, started, time.perf_counter() - clock)
-    out = Path(common.default_output("keras_hub_resnet", args.quick))
-    out.parent.mkdir(parents=True, exist_ok=True)
-    common.write_text_atomically(out.with_suffix(".md"), text)
-    common.write_text_atomically(out.with_suffix(".json"), json.dumps(rows, indent=1))
-    if not args.quick:
-        common.write_section("keras_hub_resnet", "A KerasHub ImageClassifier (ResNet) under a FLOP budget", text)
-    print(text)
+    run.publish("A KerasHub ImageClassifier (ResNet) under a FLOP budget", table(rows), rows, notes=notes)
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -32,13 +32,12 @@ each), the median per call and the speed-up dense / pruned.
 Usage:
     python benchmarks/latency_budget.py                         # 15 epochs, all images
     python benchmarks/latency_budget.py --epochs 3 --train 6000 --test 2000   # a reduced run
+    python benchmarks/latency_budget.py --quick                 # a smoke run -> benchmarks/out/
 """
 
-import argparse
 import shutil
 import statistics
 import sys
-import time
 import warnings
 from pathlib import Path
 
@@ -153,8 +152,11 @@ def _batch_one_rows(dense, pruned, x, rounds, workdir):
     return rows
 
 
+QUICK = "1 epoch, 2,000 training and 1,000 test images, 1 timing round, 1 batch-1 round; to benchmarks/out/"
+
+
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = common.arguments(__doc__, quick=QUICK)
     parser.add_argument("--epochs", type=common.positive_int, default=15)
     parser.add_argument("--train", type=common.positive_int, default=None, help="training images (default: all)")
     parser.add_argument("--test", type=common.positive_int, default=None, help="test images (default: all)")
@@ -191,8 +193,12 @@ def main(argv=None):
                         help="with --defaults: SparsityBudget's min_width ('auto', its default, or a fraction)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--note", action="append", default=[], help="a line added to the result's header")
-    parser.add_argument("--output", default=None)
+    parser.add_argument("--output", default=None,
+                        help="Markdown result, the .json next to it (default benchmarks/results/latency_budget_DATE.md; "
+                        "benchmarks/out/ with --quick)")
     args = parser.parse_args(argv)
+    if args.quick:
+        args.epochs, args.train, args.test, args.rounds, args.batch1_rounds = 1, 2000, 1000, 1, 1
 
     import keras
 
@@ -200,7 +206,7 @@ def main(argv=None):
     from keras_group_lasso.costs import current_device
 
     cnn_fashion.CHANNELS, cnn_fashion.CONVS, cnn_fashion.UNITS = (32, 64, 128), 2, args.units
-    started, clock = common.now(), time.perf_counter()
+    run = common.Run(f"latency_budget_{common.now():%Y-%m-%d}", args, seeds=[args.seed], output=args.output)
     data = cnn_fashion.load(quick=False, seed=args.seed)
     if args.train:
         data["x_train"], data["y_train"] = data["x_train"][:args.train], data["y_train"][:args.train]
@@ -260,7 +266,7 @@ def main(argv=None):
     table_rows = [["(a) dense", f"{100 * dense_accuracy:.2f}", f"{dense_flops:,}", "1.00x",
                    ", ".join(str(c) for c in cnn_fashion.filter_counts()) + f" / {args.units}",
                    "1.00x (table)", "1.00x", "-"]]
-    details = {}
+    details, records = {}, []
     for letter, record in zip("bcdef", rows):
         model = models[record["label"]]
         report = sparsity_report(model, cnn_fashion.THRESHOLD)
@@ -282,6 +288,9 @@ def main(argv=None):
             ", ".join(map(str, channels)) + f" / {', '.join(map(str, units))}",
             f"{predicted:.2f}x", f"{measured:.2f}x", f"{measured / predicted:.2f}"])
         details[record["label"]] = (dense_time, pruned_time, record)
+        records.append({**record, "test_accuracy": accuracy, "flops": flops_after, "channels": list(channels),
+                        "units": list(units), "predicted": predicted, "measured": measured,
+                        "dense_seconds": dense_time, "pruned_seconds": pruned_time})
         common.say(f"{record['label']}: accuracy {accuracy:.4f}, predicted {predicted:.2f}x, measured {measured:.2f}x")
 
     batch1 = []
@@ -289,34 +298,30 @@ def main(argv=None):
         batch1 = batch_one(dense, {label: models[label] for label, (_, _, r) in details.items()
                                       if not r.get("scratch")}, data["x_test"][:1], args.batch1_rounds)
 
-    elapsed = time.perf_counter() - clock
     optimizer_text = (f"Proximal(Adam {cnn_fashion.ADAM_LR:g})" if args.optimizer == "adam" else
                       f"Proximal(SGD {cnn_fashion.SGD_LR}, momentum {cnn_fashion.MOMENTUM})")
+    notes = [
+        *args.note,
+        f"Network: {cnn_fashion.network_text()}",
+        f"{len(data['x_train'])} training images, {len(data['x_test'])} test images, {args.epochs} epochs; "
+        + (f"penalties and budgets with their defaults (`add_group_sparsity(model)`, `SparsityBudget(max_...)` "
+           f"only); {optimizer_text}, cosine decay"
+           if args.defaults else
+           f"penalties: group Lasso, factor {args.factor:g}, group weight {args.group_weight}"
+           f"{' (the latency row: latency, from the table)' if weighted else ''}; "
+           f"{optimizer_text}, cosine decay, settle {args.settle}, "
+           f"schedule power {args.power:g}, update_freq {args.update_freq}"),
+        f"Budgets: (b) max_latency={args.latency} of the dense time at batch {BATCH_TIMED}"
+        + ("" if args.latency_only else "; (c), (d) max_flops = the multiply-adds (b) reached"),
+        f"Latency table: {table.backend}, {table.device}, measured in {table.measure_seconds:.1f} s "
+        f"{'(loaded from a file) ' if loaded else ''}"
+        f"(grid {list(table.grid)} of each width, and one unit); dense model {1e3 * table.dense_seconds():.2f} ms per batch "
+        f"of {BATCH_TIMED}",
+        f"Speed-ups at batch {BATCH_TIMED}: dense / pruned time, compiled inference "
+        f"(LatencyTable.time_models: 5 interleaved samples of each, the fastest counts), median of {args.rounds} "
+        f"such rounds; no fine-tuning",
+    ]
     lines = [
-        "# Latency budget vs FLOP budget, 32-64-128 VGG on Fashion-MNIST",
-        "",
-        common.header(common.command_line(), [args.seed], started, elapsed, notes=[
-            *args.note,
-            f"Network: {cnn_fashion.network_text()}",
-            f"{len(data['x_train'])} training images, {len(data['x_test'])} test images, {args.epochs} epochs; "
-            + (f"penalties and budgets with their defaults (`add_group_sparsity(model)`, `SparsityBudget(max_...)` "
-               f"only); {optimizer_text}, cosine decay"
-               if args.defaults else
-               f"penalties: group Lasso, factor {args.factor:g}, group weight {args.group_weight}"
-               f"{' (the latency row: latency, from the table)' if weighted else ''}; "
-               f"{optimizer_text}, cosine decay, settle {args.settle}, "
-               f"schedule power {args.power:g}, update_freq {args.update_freq}"),
-            f"Budgets: (b) max_latency={args.latency} of the dense time at batch {BATCH_TIMED}"
-            + ("" if args.latency_only else "; (c), (d) max_flops = the multiply-adds (b) reached"),
-            f"Latency table: {table.backend}, {table.device}, measured in {table.measure_seconds:.1f} s "
-            f"{'(loaded from a file) ' if loaded else ''}"
-            f"(grid {list(table.grid)} of each width, and one unit); dense model {1e3 * table.dense_seconds():.2f} ms per batch "
-            f"of {BATCH_TIMED}",
-            f"Speed-ups at batch {BATCH_TIMED}: dense / pruned time, compiled inference "
-            f"(LatencyTable.time_models: 5 interleaved samples of each, the fastest counts), median of {args.rounds} "
-            f"such rounds; no fine-tuning",
-        ]),
-        "",
         common.markdown_table(["row", "test acc. (%)", "multiply-adds", "FLOP reduction", "channels / units",
                                "predicted speed-up", "measured speed-up", "measured / predicted"], table_rows),
         "",
@@ -336,15 +341,12 @@ def main(argv=None):
         "```",
         table.to_text(),
         "```",
-        "",
     ]
-    text = "\n".join(lines)
-    output = Path(args.output or common.RESULTS_DIR / f"latency_budget_{started:%Y-%m-%d}.md")
-    output.parent.mkdir(parents=True, exist_ok=True)
-    output.write_text(text, encoding="utf-8")
-    common.say(f"wrote {output}")
-    print(text)
+    run.publish("Latency budget vs FLOP budget, 32-64-128 VGG on Fashion-MNIST", "\n".join(lines), records,
+                notes=notes, section=False, dense={"test_accuracy": dense_accuracy, "flops": dense_flops},
+                batch1=batch1)
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

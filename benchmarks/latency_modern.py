@@ -34,13 +34,12 @@ Usage:
     KERAS_BACKEND=tensorflow python benchmarks/latency_modern.py
     KERAS_BACKEND=tensorflow python benchmarks/latency_modern.py --networks mobilenetv2 --random 2 --rounds 3
     KERAS_BACKEND=tensorflow python benchmarks/latency_modern.py --networks mobilenetv2 --random 0 --train --latency 0.5
+    KERAS_BACKEND=tensorflow python benchmarks/latency_modern.py --networks mobilenetv2 --quick   # -> benchmarks/out/
 """
 
-import argparse
 import math
 import statistics
 import sys
-import time
 from pathlib import Path
 
 if __package__ in (None, ""):
@@ -145,8 +144,11 @@ def trained_rows(network, untrained, table, args):
              f"{measured / predicted:.2f}", f"{measured / flops:.2f}"]]
 
 
+QUICK = "1 random structure, 1 timing round (with --train: 512 images, 1 epoch); to benchmarks/out/"
+
+
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = common.arguments(__doc__, quick=QUICK)
     parser.add_argument("--networks", nargs="+", choices=modern_cnn.NETWORKS, default=list(modern_cnn.NETWORKS))
     parser.add_argument("--batch", type=common.positive_int, default=256)
     parser.add_argument("--random", type=common.non_negative_int, default=5, help="random structures per network")
@@ -163,15 +165,20 @@ def main(argv=None):
     parser.add_argument("--dense-cache", default=None,
                         help="a folder for the trained dense networks: loaded when there (same network, seed, data "
                              "and epochs are the caller's to keep), else trained and saved")
-    parser.add_argument("--output", default=None)
+    parser.add_argument("--output", default=None,
+                        help="Markdown result, the .json next to it (default benchmarks/results/"
+                        "latency_modern_BACKEND.md; benchmarks/out/ with --quick)")
     args = parser.parse_args(argv)
+    if args.quick:
+        args.random, args.rounds, args.train_size, args.epochs = 1, 1, 512, 1
 
     import keras
 
-    started, clock = common.now(), time.perf_counter()
-    sections, tables = [], []
+    run = common.Run(f"latency_modern_{keras.backend.backend()}", args, seeds=[args.seed], output=args.output)
+    sections, tables, records = [], [], []
     for network in args.networks:
         rows, summary, table = network_rows(network, args)
+        records.append({"network": network, "rows": rows, **summary})
         sections += [
             f"## {network}", "",
             f"{modern_cnn.describe(network)}. Latency table: {summary['layers']} layers that make units, measured in "
@@ -183,31 +190,24 @@ def main(argv=None):
             f"{100 * summary['flop_error']:.1f} % (geometric mean of |measured / predicted|).", "",
         ]
         tables += ["```", table.to_text(), "```", ""]
-    elapsed = time.perf_counter() - clock
-    text = "\n".join([
-        "# Latency table on modern networks: predicted vs measured speed-ups of pruned structures", "",
-        common.header(common.command_line(), [args.seed], started, elapsed, notes=[
-            "Untrained networks (timing does not depend on weight values); channels dropped by the L1 norm of "
-            "random initial weights, so random channels; every set of layers that makes the same channels keeps "
-            f"one fraction: uniform {', '.join(f'{f:g}' for f in UNIFORM)}, or drawn per set in "
-            f"[{args.low:g}, 1) ({args.random} random structures)",
-            f"Speed-ups at batch {args.batch}: dense / pruned time, compiled inference (LatencyTable.time_models: 5 "
-            f"interleaved samples of each, the fastest counts), median of {args.rounds} such rounds",
-            *([f"Trained rows: Fashion-MNIST, {args.train_size or 60000:,} training images, the 10,000 test images, "
-               f"{args.epochs} epochs, batch {modern_cnn.BATCH}, Adam with a cosine-decayed learning rate "
-               f"{modern_cnn.LEARNING_RATE:g}, jit_compile {keras.backend.backend() != 'tensorflow'}; budget: "
-               f"add_group_sparsity(factor {args.factor:g}, penalty='group', input_factor=0, group_weight='flops'), "
-               f"Proximal(Adam), SparsityBudget(max_latency={args.latency:g}, settle={args.settle:g}) with the "
-               f"table below, prune_model at threshold {modern_cnn.THRESHOLD:g}, no fine-tuning"] if args.train else []),
-        ]), "",
-        *sections,
-        "The tables:", "",
-        *tables,
-    ])
-    output = common.write_text_atomically(
-        args.output or common.RESULTS_DIR / f"latency_modern_{common.machine_info()['backend']}.md", text)
-    common.say(f"wrote {output}\n{text}")
+    notes = [
+        "Untrained networks (timing does not depend on weight values); channels dropped by the L1 norm of "
+        "random initial weights, so random channels; every set of layers that makes the same channels keeps "
+        f"one fraction: uniform {', '.join(f'{f:g}' for f in UNIFORM)}, or drawn per set in "
+        f"[{args.low:g}, 1) ({args.random} random structures)",
+        f"Speed-ups at batch {args.batch}: dense / pruned time, compiled inference (LatencyTable.time_models: 5 "
+        f"interleaved samples of each, the fastest counts), median of {args.rounds} such rounds",
+        *([f"Trained rows: Fashion-MNIST, {args.train_size or 60000:,} training images, the 10,000 test images, "
+           f"{args.epochs} epochs, batch {modern_cnn.BATCH}, Adam with a cosine-decayed learning rate "
+           f"{modern_cnn.LEARNING_RATE:g}, jit_compile {keras.backend.backend() != 'tensorflow'}; budget: "
+           f"add_group_sparsity(factor {args.factor:g}, penalty='group', input_factor=0, group_weight='flops'), "
+           f"Proximal(Adam), SparsityBudget(max_latency={args.latency:g}, settle={args.settle:g}) with the "
+           f"table below, prune_model at threshold {modern_cnn.THRESHOLD:g}, no fine-tuning"] if args.train else []),
+    ]
+    run.publish("Latency table on modern networks: predicted vs measured speed-ups of pruned structures",
+                "\n".join([*sections, "The tables:", "", *tables]), records, notes=notes, section=False)
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -48,10 +48,13 @@ relative to the largest logit. The claim checked: the budget row has at least
 fine-tuning, and its surgery is exact.
 
 Nothing here imports TensorFlow or uses ``tf.data`` (the result says whether
-TensorFlow ended up imported: Keras probes for it where it is installed).
+TensorFlow was imported by the end of the first training: Keras probes for it
+where it is installed; the results' machine line then imports it, where
+installed, for its version).
 
 Usage:
-    KERAS_BACKEND=jax python benchmarks/modern_cnn.py --out DIR       # DIR/modern_cnn.json and .md
+    KERAS_BACKEND=jax python benchmarks/modern_cnn.py                 # benchmarks/results/modern_cnn.json and .md
+    KERAS_BACKEND=jax python benchmarks/modern_cnn.py --out DIR       # DIR/modern_cnn.json and .md (default $OUT)
     KERAS_BACKEND=jax python benchmarks/modern_cnn.py --quick --out DIR   # 1,024 images, 1 epoch (a CPU test)
     KERAS_BACKEND=jax python benchmarks/modern_cnn.py --data-dir DIR --networks efficientnet --seeds 2
     OUT=DIR DATA=DIR bash benchmarks/modern_cnn_seeds.sh   # --defaults, one process per network and seed
@@ -62,13 +65,9 @@ Usage:
 search is used.
 """
 
-import argparse
-import datetime
-import importlib.metadata
+import contextlib
 import json
 import os
-import platform
-import shlex
 import subprocess
 import sys
 import time
@@ -78,8 +77,11 @@ from pathlib import Path
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+from benchmarks import common
+from benchmarks.common import say
 
+NAME = "modern_cnn"
+TITLE = "MobileNetV2- and EfficientNet-B0-style networks on Fashion-MNIST: FLOP budget vs magnitude pruning"
 NETWORKS = ("mobilenetv2", "efficientnet")
 THRESHOLD = 1e-3
 BATCH = 256
@@ -102,11 +104,6 @@ SPECS = {
                      "stages": ((1, 8, 1, 1, 3), (6, 16, 2, 2, 3), (6, 24, 2, 2, 5), (6, 40, 2, 2, 3),
                                 (6, 56, 2, 1, 5))},
 }
-
-
-def say(message):
-    sys.stdout.write(f"[{time.strftime('%H:%M:%S')}] {message}\n")
-    sys.stdout.flush()
 
 
 # ----------------------------------------------------------------------------- data
@@ -266,7 +263,6 @@ def accuracy(model, data):
 
 def full_float32():
     """Full float32 matrix products and convolutions on JAX (GPUs default to TF32); nothing elsewhere."""
-    import contextlib
 
     import keras
 
@@ -472,17 +468,6 @@ def magnitude(network, seed, dense, max_flops, data, finetune_epochs):
 # ----------------------------------------------------------------------------- results
 
 
-def versions():
-    out = {"Python": platform.python_version()}
-    for name, dist in (("Keras", "keras"), ("JAX", "jax"), ("jaxlib", "jaxlib"), ("NumPy", "numpy"),
-                       ("PyTorch", "torch")):
-        try:
-            out[name] = importlib.metadata.version(dist)
-        except importlib.metadata.PackageNotFoundError:
-            pass
-    return out
-
-
 def device():
     """The GPU (``nvidia-smi``) and the device Keras computes on."""
     import keras
@@ -504,43 +489,43 @@ def device():
         import torch
 
         compute = f"cuda: {torch.cuda.get_device_name(0)}" if torch.cuda.is_available() else "cpu"
-    return {"gpu": gpu or "cpu", "compute": compute, "cores": os.cpu_count()}
+    return {"gpu": gpu or "cpu", "compute": compute}
 
 
 def fmt_flops(n):
     return f"{n / 1e6:.2f} M"
 
 
-def markdown(meta, rows):
-    lines = [
-        "# MobileNetV2- and EfficientNet-B0-style networks on Fashion-MNIST: FLOP budget vs magnitude pruning",
-        "",
-        f"- Command: `{meta['command']}`",
-        f"- Date: {meta['date']}; wall time {meta['wall_seconds'] / 60:.1f} min",
-        f"- Device: {meta['device']['gpu']} (Keras computes on {meta['device']['compute']}); "
-        f"{meta['device']['cores']} CPU cores, {meta['machine']}",
-        f"- Backend: {meta['backend']}; " + ", ".join(f"{k} {v}" for k, v in meta["versions"].items())
-        + f"; TensorFlow imported: {'yes' if meta.get('tensorflow_imported') else 'no'}",
-        f"- Package: {meta.get('package') or 'unknown revision'}",
-        f"- Data: {meta['n_train']:,} training / {meta['n_test']:,} test images, 28x28 padded to 32x32x1"
-        + (" (--quick subset)" if meta["quick"] else ""),
-        f"- Training: batch {BATCH}, {meta['epochs']} epochs, cosine-decayed learning rate {meta['lr']:g}, "
-        "`jit_compile=True`; dense: Adam; budget: " + (
-            f"`add_group_sparsity(model)`, `Proximal(Adam)`, `SparsityBudget(max_flops={meta['max_flops']:g})` "
-            "(the defaults, nothing else chosen)" if meta.get("defaults") else
-            f"`add_group_sparsity(model, {meta['factor']:g}, penalty=\"group\", input_factor=0, "
-            f"group_weight=\"flops\")`, `Proximal(Adam)`, `SparsityBudget(max_flops={meta['max_flops']:g}, "
-            f"schedule_power={meta['schedule_power']:g}, settle={meta['settle']:g})`")
-        + f", threshold {THRESHOLD:g}, no fine-tuning; magnitude: L1 filter pruning of the "
-        f"dense network at the budget row's FLOPs, the same fraction in every layer, fine-tuned {meta['finetune_epochs']} "
-        f"epochs with Adam ({FINETUNE_LR:g}, cosine)",
-        f"- Seeds: {', '.join(map(str, meta['seeds']))}",
-        "- Surgery diff: the largest |pruned - thresholded| logit on "
-        f"{min(GAP_IMAGES, meta['n_test'])} test images, over the largest |logit|, in full float32 (the backend's "
-        "default precision in the JSON); surgery time is the first `prune_model` call",
-        "",
+def notes(setup, args):
+    """The lines after the header: the device, the package, the data, the training, what the surgery diff is.
+
+    ``setup``: the run's ``device``, ``package``, ``n_train``, ``n_test`` and ``tensorflow_imported``; ``args``: its
+    arguments (a dict)."""
+    budget = (f"`add_group_sparsity(model)`, `Proximal(Adam)`, `SparsityBudget(max_flops={args['max_flops']:g})` "
+              "(the defaults, nothing else chosen)" if args["defaults"] else
+              f"`add_group_sparsity(model, {args['lam']:g}, penalty=\"group\", input_factor=0, "
+              f"group_weight=\"flops\")`, `Proximal(Adam)`, `SparsityBudget(max_flops={args['max_flops']:g}, "
+              f"schedule_power={args['schedule_power']:g}, settle={args['settle']:g})`")
+    return [
+        (f"Device: {setup['device']['gpu']} (Keras computes on {setup['device']['compute']}); TensorFlow imported "
+         f"by the end of the first training: {'yes' if setup['tensorflow_imported'] else 'no'}"),
+        f"Package: {setup['package'] or 'unknown revision'}",
+        (f"Data: {setup['n_train']:,} training / {setup['n_test']:,} test images, 28x28 padded to 32x32x1"
+         + (" (--quick subset)" if args["quick"] else "")),
+        (f"Training: batch {BATCH}, {args['epochs']} epochs, cosine-decayed learning rate {args['lr']:g}, "
+         f"`jit_compile=True`; dense: Adam; budget: {budget}, threshold {THRESHOLD:g}, no fine-tuning; magnitude: L1 "
+         f"filter pruning of the dense network at the budget row's FLOPs, the same fraction in every layer, "
+         f"fine-tuned {args['finetune_epochs']} epochs with Adam ({FINETUNE_LR:g}, cosine)"),
+        (f"Surgery diff: the largest |pruned - thresholded| logit on {min(GAP_IMAGES, setup['n_test'])} test images, "
+         "over the largest |logit|, in full float32 (the backend's default precision in the JSON); surgery time is "
+         "the first `prune_model` call"),
     ]
-    for network in meta["networks"]:
+
+
+def tables(networks, args, rows):
+    """Per network: its description, a table of its rows, the claim checked for each budget row."""
+    lines = []
+    for network in networks:
         lines += [f"## {network}", "", describe(network), ""]
         header = ["seed", "row", "test [%]", "Δ vs dense [points]", "FLOPs", "FLOP reduction", "params",
                   "surgery rel. diff", "surgery [s]", "train [s]"]
@@ -553,7 +538,7 @@ def markdown(meta, rows):
                           and r["row"] == "dense"), None)
             delta = "–" if dense is None or row["row"] == "dense" else \
                 f"{100 * (row['test_accuracy'] - dense['test_accuracy']):+.2f}"
-            label = {"dense": "dense (Adam)", "budget": f"budget (max_flops={meta['max_flops']:g}), no fine-tuning",
+            label = {"dense": "dense (Adam)", "budget": f"budget (max_flops={args['max_flops']:g}), no fine-tuning",
                      "magnitude": "magnitude filter pruning, no fine-tuning",
                      "magnitude+ft": f"magnitude filter pruning + {row.get('finetune_epochs')} epochs"}[row["row"]]
             rel = f"{row['relative_diff']:.1e}" if "relative_diff" in row else "–"
@@ -598,27 +583,70 @@ def package_revision():
     return commit + (" + local changes" if dirty else "")
 
 
-def write(out, meta, rows, name="modern_cnn"):
-    """``{name}.json`` and ``{name}.md`` in ``out``, each renamed into place whole."""
-    out.mkdir(parents=True, exist_ok=True)
-    meta = dict(meta, tensorflow_imported=meta.get("tensorflow_imported") or "tensorflow" in sys.modules)
-    for file, text in ((f"{name}.json", json.dumps({"meta": meta, "rows": rows}, indent=1, default=float)),
-                       (f"{name}.md", markdown(meta, rows))):
-        partial = out / f".{file}.partial"
-        partial.write_text(text)
-        os.replace(partial, out / file)
+def summary(setup, args, rows):
+    """The run in one line, for RESULTS.md's index: per network, each row's test accuracy (over seeds)."""
+    def pct(network, kind):
+        values = [100 * r["test_accuracy"] for r in rows if r["network"] == network and r["row"] == kind]
+        return common.mean_std(values, 2) if values else None
+
+    budget_call = f"`SparsityBudget(max_flops={args['max_flops']:g})`" + (" (defaults)" if args["defaults"] else "")
+    parts = []
+    for network in setup["networks"]:
+        if pct(network, "dense") is None:
+            continue
+        text = f"{network}: dense {pct(network, 'dense')} %"
+        budget = [r for r in rows if r["network"] == network and r["row"] == "budget"]
+        if budget:
+            fewer = common.mean_std([r["flop_reduction"] for r in budget], 2)
+            text += (f", {budget_call} {pct(network, 'budget')} % at {fewer}x fewer FLOPs, no fine-tuning (surgery "
+                     f"rel. diff {max(r['relative_diff'] for r in budget):.1e})")
+        if pct(network, "magnitude") is not None:
+            text += f", magnitude filter pruning {pct(network, 'magnitude')} %"
+        if pct(network, "magnitude+ft") is not None:
+            text += f" ({pct(network, 'magnitude+ft')} % after {args['finetune_epochs']} fine-tuning epochs)"
+        parts.append(text)
+    return f"{TITLE} on {setup['device']['compute']}, {args['epochs']} epochs: " + "; ".join(parts)
+
+
+def save(run, setup, args, rows, quiet=True, merged=()):
+    """Publish the rows so far (a run cut short keeps them); ``quiet``: without printing the text, a checkpoint.
+
+    ``args``: the arguments of the run (a dict); ``merged``: the result files the rows come from (``--merge``)."""
+    setup.setdefault("tensorflow_imported", "tensorflow" in sys.modules)  # before the harness looks for its version
+    sources = ["Rows of " + "; ".join(f"`{part['command']}` ({part['date']}, {part['wall_seconds'] / 60:.1f} min)"
+                                      for part in merged)] if merged else []
+    return run.publish(TITLE, tables(setup["networks"], args, rows), rows, notes=sources + notes(setup, args),
+                       section=False, summary=summary(setup, args, rows), quiet=quiet, setup=setup,
+                       **({"merged": list(merged)} if merged else {}))
+
+
+def merge(run, paths):
+    """No training: the rows of several result files (``modern_cnn_seeds.sh``: one per network and seed) in one."""
+    parts = [json.loads(Path(path).read_text()) for path in paths]
+    rows = [row for part in parts for row in part["records"]]
+    setup = dict(parts[0]["setup"], networks=[n for n in NETWORKS if any(n in p["setup"]["networks"] for p in parts)],
+                 tensorflow_imported=any(part["setup"]["tensorflow_imported"] for part in parts))
+    run.seeds = sorted({row["seed"] for row in rows})
+    merged = [{key: part[key] for key in ("command", "date", "wall_seconds")} for part in parts]
+    save(run, setup, parts[0]["args"], rows, quiet=False, merged=merged)
+
+
+QUICK = "1,024 training and 256 test images, 1 epoch; results to benchmarks/out/ (a CPU test)"
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--out", default=os.environ.get("OUT") or str(Path(__file__).resolve().parent / "out"),
-                        help="folder for modern_cnn.json and modern_cnn.md (default $OUT, else benchmarks/out)")
+    parser = common.arguments(__doc__, seeds=1, quick=QUICK)
+    parser.add_argument("--name", dest="out_name", metavar="NAME", help="the same as --out-name")
+    parser.add_argument("--out", default=os.environ.get("OUT"),
+                        help="folder for NAME.json and NAME.md (default $OUT, else benchmarks/results; --quick: "
+                             "benchmarks/out)")
     parser.add_argument("--data-dir", default=None, help="folder with the Fashion-MNIST IDX .gz files")
     parser.add_argument("--networks", nargs="+", choices=NETWORKS, default=list(NETWORKS))
-    parser.add_argument("--seeds", type=int, default=1, help="number of seeds (0, 1, ...)")
-    parser.add_argument("--first-seed", type=int, default=0)
-    parser.add_argument("--epochs", type=int, default=EPOCHS, help=f"epochs of the dense and budget runs ({EPOCHS})")
-    parser.add_argument("--finetune-epochs", type=int, default=FINETUNE_EPOCHS,
+    parser.add_argument("--first-seed", type=common.non_negative_int, default=0,
+                        help="the first seed: seeds F..F+N-1 (default 0)")
+    parser.add_argument("--epochs", type=common.positive_int, default=EPOCHS,
+                        help=f"epochs of the dense and budget runs ({EPOCHS})")
+    parser.add_argument("--finetune-epochs", type=common.non_negative_int, default=FINETUNE_EPOCHS,
                         help=f"fine-tuning epochs of the magnitude-pruned network ({FINETUNE_EPOCHS}; 0: none)")
     parser.add_argument("--lr", type=float, default=LEARNING_RATE, help=f"Adam's peak learning rate ({LEARNING_RATE:g})")
     parser.add_argument("--lam", type=float, default=LAMBDA, help=f"the budget's starting group strength ({LAMBDA:g})")
@@ -626,78 +654,53 @@ def main(argv=None):
                         help=f"SparsityBudget(max_flops=...), a fraction of the dense FLOPs ({MAX_FLOPS:g})")
     parser.add_argument("--schedule-power", type=float, default=1.0)
     parser.add_argument("--settle", type=float, default=0.2)
-    parser.add_argument("--train-size", type=int, default=None, help="the first N training images only")
-    parser.add_argument("--quick", action="store_true", help="1,024 training and 256 test images, 1 epoch")
+    parser.add_argument("--train-size", type=common.positive_int, default=None, help="the first N training images only")
     parser.add_argument("--defaults", action="store_true",
                         help="budget row with the defaults: add_group_sparsity(model), SparsityBudget(max_flops=...)")
     parser.add_argument("--skip-magnitude", action="store_true", help="no magnitude-pruning rows")
-    parser.add_argument("--name", default="modern_cnn", help="stem of the result files (default modern_cnn)")
     parser.add_argument("--merge", nargs="+", default=None, metavar="JSON",
                         help="no training: merge the rows of these result files into OUT/NAME.json and .md")
     args = parser.parse_args(argv)
-    if args.merge:
-        parts = [json.loads(Path(path).read_text()) for path in args.merge]
-        meta = dict(parts[0]["meta"])
-        meta["seeds"] = sorted({seed for part in parts for seed in part["meta"]["seeds"]})
-        meta["networks"] = [n for n in NETWORKS if any(n in part["meta"]["networks"] for part in parts)]
-        meta["wall_seconds"] = max(part["meta"]["wall_seconds"] for part in parts)
-        meta["command"] = " ; ".join(part["meta"]["command"] for part in parts)
-        meta["tensorflow_imported"] = any(part["meta"].get("tensorflow_imported") for part in parts)
-        write(Path(args.out), meta, [row for part in parts for row in part["rows"]], args.name)
-        print((Path(args.out) / f"{args.name}.md").read_text())
-        return
     if args.quick:
         args.epochs, args.finetune_epochs = 1, min(args.finetune_epochs, 1)
+    run = common.Run(NAME, args, seeds=range(args.first_seed, args.first_seed + args.seeds))
+    if args.out:
+        run.out = Path(args.out)
+    if args.merge:
+        return merge(run, args.merge)
 
-    import keras
-
-    started = time.perf_counter()
     data = load(args.data_dir, args.quick, args.train_size)
-    seeds = list(range(args.first_seed, args.first_seed + args.seeds))
-    meta = {
-        "command": " ".join([f"KERAS_BACKEND={keras.backend.backend()}", "python", "benchmarks/modern_cnn.py",
-                             *map(shlex.quote, sys.argv[1:] if argv is None else argv)]),
-        "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-        "device": device(), "machine": f"{platform.system()} {platform.release()}",
-        "backend": keras.backend.backend(), "versions": versions(), "package": package_revision(),
-        "quick": args.quick, "n_train": len(data["x_train"]), "n_test": len(data["x_test"]),
-        "networks": args.networks, "seeds": seeds, "epochs": args.epochs, "finetune_epochs": args.finetune_epochs,
-        "lr": args.lr, "factor": args.lam, "max_flops": args.max_flops, "schedule_power": args.schedule_power,
-        "settle": args.settle, "batch": BATCH, "threshold": THRESHOLD, "defaults": args.defaults,
-    }
-    out = Path(args.out)
-    say(f"{meta['device']['gpu']} / {meta['device']['compute']}; {meta['n_train']} training images; out {out}")
+    setup = {"device": device(), "package": package_revision(), "n_train": len(data["x_train"]),
+             "n_test": len(data["x_test"]), "networks": args.networks}
+    say(f"{setup['device']['gpu']} / {setup['device']['compute']}; {setup['n_train']} training images; "
+        f"out {run.out}")
     rows, dense_models = [], {}
     # The claim first (dense and budget of every network), then the magnitude peers: a run cut short keeps the claim.
     for network in args.networks:
-        for seed in seeds:
+        for seed in run.seeds:
             dense, record = train_dense(network, seed, data, args.epochs, args.lr)
             dense_models[network, seed] = dense
             rows.append(record)
             say(f"{network} seed {seed} dense: {100 * record['test_accuracy']:.2f} %, "
                 f"{fmt_flops(record['flops_before'])} multiply-adds, {record['params']:,} params")
-            meta["wall_seconds"] = time.perf_counter() - started
-            write(out, meta, rows, args.name)
+            save(run, setup, vars(args), rows)
             _, _, budget = train_budget(network, seed, data, args.epochs, args.lr, args.lam, args.schedule_power,
                                         args.settle, defaults=args.defaults, max_flops=args.max_flops)
             rows.append(budget)
             say(f"{network} seed {seed} budget: {100 * budget['test_accuracy']:.2f} %, "
                 f"{budget['flop_reduction']:.2f}x fewer FLOPs, surgery {budget['surgery_seconds']:.2f} s, "
                 f"relative diff {budget['relative_diff']:.1e}")
-            meta["wall_seconds"] = time.perf_counter() - started
-            write(out, meta, rows, args.name)
+            save(run, setup, vars(args), rows)
     for network in args.networks if not args.skip_magnitude else ():
-        for seed in seeds:
+        for seed in run.seeds:
             budget = next(r for r in rows if r["network"] == network and r["seed"] == seed and r["row"] == "budget")
             for row in magnitude(network, seed, dense_models[network, seed], budget["flops_after"], data,
                                  args.finetune_epochs):
                 rows.append(row)
                 say(f"{network} seed {seed} {row['row']}: {100 * row['test_accuracy']:.2f} %, "
                     f"{row['flop_reduction']:.2f}x, keep {row['keep_fraction']:.3f}")
-            meta["wall_seconds"] = time.perf_counter() - started
-            write(out, meta, rows, args.name)
-    say(f"done in {(time.perf_counter() - started) / 60:.1f} min; {out / (args.name + '.md')}")
-    print((out / f"{args.name}.md").read_text())
+            save(run, setup, vars(args), rows)
+    save(run, setup, vars(args), rows, quiet=False)
 
 
 if __name__ == "__main__":

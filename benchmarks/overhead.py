@@ -49,12 +49,11 @@ the same shape (said in the results). On TensorFlow each comparison runs with
 Usage:
     KERAS_BACKEND=tensorflow python benchmarks/overhead.py penalty --jit both
     KERAS_BACKEND=jax python benchmarks/overhead.py proximal
-    python benchmarks/overhead.py monitor --quick      # 3 rounds, 0.5 s units, print only
+    python benchmarks/overhead.py monitor --quick      # 3 rounds, 0.5 s units, to benchmarks/out/
 
-Writes benchmarks/results/overhead_<kind>_<backend>.md (``--quick``: prints only).
+Writes benchmarks/results/overhead_<kind>_<backend>.md and .json (``--quick``: to benchmarks/out/).
 """
 
-import argparse
 import math
 import os
 import statistics
@@ -327,8 +326,11 @@ def variants(kind, jit, log_dir):
 # ----------------------------------------------------------------------------- main
 
 
+QUICK = "3 rounds, 0.5 s units, 4,000 rows; to benchmarks/out/"
+
+
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = common.arguments(__doc__, quick=QUICK)
     parser.add_argument("kind", choices=KINDS)
     parser.add_argument("--rounds", type=common.positive_int, default=7)
     parser.add_argument("--samples", type=common.positive_int, default=None,
@@ -336,9 +338,6 @@ def main(argv=None):
     parser.add_argument("--min-seconds", type=float, default=2.0, help="shortest timed unit (default 2 s)")
     parser.add_argument("--jit", choices=["true", "false", "both"], default="both",
                         help="TensorFlow (both by default) and PyTorch (eager unless true); JAX always compiles")
-    parser.add_argument("--out-name", default=None,
-                        help="results file name without extension (default overhead_KIND_BACKEND)")
-    parser.add_argument("--quick", action="store_true", help="3 rounds, 0.5 s units, 4,000 rows, print only")
     args = parser.parse_args(argv)
     if args.quick:
         args.rounds, args.min_seconds, args.samples = 3, 0.5, 4000
@@ -361,8 +360,8 @@ def main(argv=None):
         # first gradient): past Dynamo's default limit of 8 the later models would run eagerly.
         torch._dynamo.config.recompile_limit = 64
     x, y, source = load(args.kind, samples_n)
-    started, t0 = common.now(), time.perf_counter()
-    sections = []
+    run = common.Run(f"overhead_{args.kind}_{backend}", args)
+    records, lines = [], []
     with tempfile.TemporaryDirectory() as log_dir:
         for jit in jits:
             common.say(f"{args.kind}, jit_compile={jit}: {source}")
@@ -372,27 +371,17 @@ def main(argv=None):
             print(f"\njit_compile={jit} ({epochs} epochs per timed unit)\n{text}\n", flush=True)
             raw = [f"- {name}: wall " + ", ".join(f"{v:.3f}" for v in s["wall"]) + "; CPU "
                    + ", ".join(f"{v:.3f}" for v in s["cpu"]) for name, s in samples.items()]
-            sections.append((jit, epochs, text, raw))
-    if args.quick:
-        return 0
-    command = f"KERAS_BACKEND={backend} python benchmarks/overhead.py " + " ".join(
-        argv if argv is not None else sys.argv[1:])
-    lines = [f"# Training overhead: {args.kind} ({backend})", "",
-             common.header(command, [0], started, time.perf_counter() - t0,
-                           notes=[f"Data: {source}; batch {batch}.",
-                                  f"{args.rounds} interleaved rounds (order rotating); every timed unit the same "
-                                  f"number of epochs for all variants, the fastest at least {args.min_seconds:g} s. "
-                                  "Cells: median seconds per epoch ± interquartile range; ratios of medians to the "
-                                  "reference named in `vs`; flagged where the relative IQR is at least the effect. The last "
-                                  "column: the median of the ratios of the two in each round (paired, so a machine "
-                                  "that drifts between rounds does not widen it)."]),
-             ""]
-    for jit, epochs, text, raw in sections:
-        lines += [f"## jit_compile={jit} ({epochs} epochs per timed unit)", "", text, "", "Seconds per epoch, in run "
-                  "order:", "", *raw, ""]
-    out = common.RESULTS_DIR / f"{args.out_name or f'overhead_{args.kind}_{backend}'}.md"
-    common.write_text_atomically(out, "\n".join(lines))
-    common.say(f"wrote {out}")
+            lines += [f"## jit_compile={jit} ({epochs} epochs per timed unit)", "", text, "", "Seconds per epoch, in "
+                      "run order:", "", *raw, ""]
+            records.append({"jit_compile": jit, "epochs_per_unit": epochs, "reference": reference,
+                            "references": refs, "seconds_per_epoch": samples})
+    notes = [f"Data: {source}; batch {batch}.",
+             f"{args.rounds} interleaved rounds (order rotating); every timed unit the same number of epochs for all "
+             f"variants, the fastest at least {args.min_seconds:g} s. Cells: median seconds per epoch ± interquartile "
+             "range; ratios of medians to the reference named in `vs`; flagged where the relative IQR is at least the "
+             "effect. The last column: the median of the ratios of the two in each round (paired, so a machine that "
+             "drifts between rounds does not widen it)."]
+    run.publish(f"Training overhead: {args.kind} ({backend})", "\n".join(lines), records, notes=notes, section=False)
     return 0
 
 

@@ -76,7 +76,6 @@ Usage:
     ... --results-md                                                   # also writes its section of benchmarks/RESULTS.md
 """
 
-import argparse
 import json
 import re
 import statistics
@@ -90,6 +89,8 @@ if __package__ in (None, ""):
 
 from benchmarks import cnn_fashion, common
 
+NAME = "peers_cnn"
+QUICK = "1 seed, 2,000 training and 1,000 test images, 2 epochs; output under benchmarks/out/"
 CHANNELS = (32, 64, 128)
 CONVS = 2
 UNITS = 64
@@ -584,16 +585,8 @@ def plot(records, dense_macs, path):
     return path
 
 
-def write_results_md(body):
-    """This benchmark's section of benchmarks/RESULTS.md (only with ``--results-md``)."""
-    path = common.write_section("peers_cnn", f"Peers on the {'-'.join(map(str, CHANNELS))} VGG: SparsityBudget vs Torch-Pruning", body)
-    common.say(f"wrote {path}")
-    return path
-
-
 def parse_args(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--seeds", type=common.positive_int, default=3, help="N seeds from --first-seed (default 3)")
+    parser = common.arguments(__doc__, seeds=3, quick=QUICK)
     parser.add_argument("--first-seed", type=common.non_negative_int, default=0,
                         help="the first seed (default 0); with --seeds 1, one seed of a run split over processes")
     parser.add_argument("--train", type=common.positive_int, default=12000, help="training images (default 12000)")
@@ -607,12 +600,11 @@ def parse_args(argv=None):
     parser.add_argument("--tp-reg", type=float, default=5e-4,
                         help="GroupNormPruner's reg (default 5e-4, Torch-Pruning's benchmarks' --reg)")
     parser.add_argument("--torch-dense", action="store_true", help="also the PyTorch VGG trained E epochs, unpruned")
-    parser.add_argument("--quick", action="store_true",
-                        help="1 seed, 2,000 training and 1,000 test images, 2 epochs; output under benchmarks/out/")
     parser.add_argument("--output", default=None,
-                        help="path prefix of the .md and .json (default benchmarks/results/peers_cnn, "
-                             "benchmarks/out/peers_cnn with --quick)")
-    parser.add_argument("--results-md", action="store_true", help="also write this section of benchmarks/RESULTS.md")
+                        help="path prefix of the .md and .json (default benchmarks/results/<--out-name>, "
+                             "benchmarks/out/ with --quick)")
+    parser.add_argument("--results-md", action="store_true",
+                        help=f"also write the section {NAME} of benchmarks/RESULTS.md (not with --quick)")
     parser.add_argument("--plot", nargs="+", metavar="RESULT", default=None,
                         help="train nothing: draw the .json (or .log) results of earlier runs into --plot-output")
     parser.add_argument("--plot-output", default="benchmarks/results/peers_cnn.png",
@@ -625,8 +617,6 @@ def parse_args(argv=None):
     if not 0 < args.flops <= 1:
         parser.error("--flops must be in (0, 1]")
     args.finetune = min(args.finetune_epochs, args.epochs - 1)
-    if args.output is None:
-        args.output = str(Path(common.default_output("peers_cnn", args.quick)).with_suffix(""))
     return args
 
 
@@ -644,8 +634,8 @@ def main(argv=None):
     cnn_fashion.CHANNELS, cnn_fashion.CONVS, cnn_fashion.UNITS = CHANNELS, CONVS, UNITS
     from keras_group_lasso import sparsity_report
 
-    started, clock = common.now(), time.perf_counter()
-    seeds = list(range(args.first_seed, args.first_seed + args.seeds))
+    run = common.Run(NAME, args, seeds=range(args.first_seed, args.first_seed + args.seeds), output=args.output)
+    seeds = run.seeds
     data = load_data(args.train, args.test)
     worker = torch_worker(data)
     lib = {"keras": keras.__version__, **worker.submit(_worker_info).result()}
@@ -665,11 +655,11 @@ def main(argv=None):
                 ("keras_budget_ft", partial(keras_budget, seed, data, args.epochs, args.flops, args.finetune))]
         torch_methods = ["tp_l1", "tp_group_sl"] + (["torch_dense"] if args.torch_dense else [])
         runs += [(m, partial(run_in_worker, worker, m, seed, torch_args)) for m in torch_methods]
-        for method, run in runs:
+        for method, train in runs:
             keras.utils.set_random_seed(seed)
             np.random.seed(seed)
             common.say(f"seed {seed}: {METHODS[method]}")
-            record = {"method": method, "seed": seed, **run()}
+            record = {"method": method, "seed": seed, **train()}
             record["macs_reduction"] = dense_macs / max(record["macs_after"], 1)
             records.append(record)
             common.say(f"seed {seed} {method}: test acc {record['test_accuracy']:.4f}, widths {widths_text(record)}, "
@@ -677,8 +667,6 @@ def main(argv=None):
                        f"wall {record['wall_seconds']:.0f} s")
 
     worker.shutdown()
-    elapsed = time.perf_counter() - clock
-    text = table(records, dense_macs)
     notes = [
         (f"Network: {cnn_fashion.network_text()}; dense MACs {dense_macs:,} per sample "
          f"(`sparsity_report` flops_before {check:,})"),
@@ -699,20 +687,10 @@ def main(argv=None):
          "model's)"),
         "Times: wall seconds of training + pruning + fine-tuning on a 2-core machine shared with other jobs",
     ]
-    body = "\n\n".join([common.header(common.command_line(), seeds, started, elapsed, notes), text])
-    markdown = f"# Peers on the {'-'.join(map(str, CHANNELS))} VGG, Fashion-MNIST: SparsityBudget vs Torch-Pruning\n\n" + body + "\n"
-    payload = {"command": common.command_line(), "date": f"{started:%Y-%m-%d %H:%M} UTC", "wall_seconds": elapsed,
-               "machine": common.machine_info(), "versions": lib, "args": {k: v for k, v in vars(args).items()
-                                                                           if k != "output"},
-               "dense_macs": dense_macs, "dense_flops_sparsity_report": check,
-               "macs_formula": "sum_k H_k*W_k*9*C_(k-1)*C_k + (H*W*C_last)*U + U*10", "records": records}
-    prefix = Path(args.output)
-    common.write_text_atomically(prefix.with_name(prefix.name + ".md"), markdown)
-    common.write_text_atomically(prefix.with_name(prefix.name + ".json"), json.dumps(payload, indent=1, default=float))
-    print(markdown)
-    common.say(f"wrote {prefix}.md and {prefix}.json in {elapsed / 60:.1f} min")
-    if args.results_md:
-        write_results_md(body)
+    run.publish(f"Peers on the {'-'.join(map(str, CHANNELS))} VGG, Fashion-MNIST: SparsityBudget vs Torch-Pruning",
+                table(records, dense_macs), records, notes=notes, section=NAME if args.results_md else False,
+                versions=lib, dense_macs=dense_macs, dense_flops_sparsity_report=check,
+                macs_formula="sum_k H_k*W_k*9*C_(k-1)*C_k + (H*W*C_last)*U + U*10")
     return 0
 
 

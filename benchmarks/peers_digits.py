@@ -21,8 +21,6 @@ Usage:
     python benchmarks/peers_digits.py --quick     # 1 seed, 30 + 10 epochs; results go to benchmarks/out/
 """
 
-import argparse
-import json
 import sys
 import time
 from pathlib import Path
@@ -166,39 +164,33 @@ def table(records):
     return common.markdown_table(head, rows)
 
 
+NAME = "peers_digits"
+QUICK = "1 seed, 30 epochs + 10 fine-tuning; results go to benchmarks/out/"
+
+
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--seeds", type=common.positive_int, default=3, help="number of seeds 0..N-1 (default 3)")
-    parser.add_argument("--quick", action="store_true", help="1 seed, 30 epochs + 10 fine-tuning; results go to benchmarks/out/")
+    parser = common.arguments(__doc__, seeds=3, quick=QUICK)
     args = parser.parse_args(argv)
-    seeds = list(range(1 if args.quick else args.seeds))
     epochs, finetune = (30, 10) if args.quick else (200, 50)
 
-    started, t0 = common.now(), time.perf_counter()
-    common.say(f"peers on DIGITS: seeds {seeds}, {epochs} epochs, {finetune} fine-tuning epochs")
+    run = common.Run(NAME, args)
+    common.say(f"peers on DIGITS: seeds {run.seeds}, {epochs} epochs, {finetune} fine-tuning epochs")
     records = []
-    for seed in seeds:
+    for seed in run.seeds:
         for r in run_seed(seed, epochs, finetune):
             records.append(r)
             common.say(
                 f"seed {seed} {r['name']}: test acc {r['test_accuracy']:.3f}, connections {r['connections']}, "
                 f"features {r['features']}, neurons {r['neurons']}, params {r['params_before']} -> {r['params_after']}"
             )
-    elapsed = time.perf_counter() - t0
-    text = table(records)
-    print(text)
-    out = common.HERE / "out" if args.quick else common.RESULTS_DIR
-    common.write_text_atomically(out / "peers_digits.json", json.dumps(records, indent=1))
-    if not args.quick:
-        notes = [
-            f"64-40-20-10, Adam lr 1e-3, {epochs} epochs, batch 300, threshold 1e-3; magnitude pruning keeps as many "
-            f"kernel weights as SGL has non-zero connections (per seed) and is fine-tuned for {finetune} epochs with a fixed mask",
-            "Params after surgery: kernels and biases left once dead features and units are removed "
-            "(`SparsityReport.params_after`, the size `prune_model` builds).",
-        ]
-        body = "\n\n".join([common.header(common.command_line(), seeds, started, elapsed, notes), text])
-        common.write_section("peers", "Peers on DIGITS: magnitude pruning vs SGL + surgery", body)
-        common.say(f"wrote {common.RESULTS_MD}")
+    notes = [
+        f"64-40-20-10, Adam lr 1e-3, {epochs} epochs, batch 300, threshold 1e-3; magnitude pruning keeps as many "
+        f"kernel weights as SGL has non-zero connections (per seed) and is fine-tuned for {finetune} epochs with a fixed mask",
+        "Params after surgery: kernels and biases left once dead features and units are removed "
+        "(`SparsityReport.params_after`, the size `prune_model` builds).",
+    ]
+    run.publish("Peers on DIGITS: magnitude pruning vs SGL + surgery", table(records), records, notes=notes,
+                section="peers" if run.name == NAME else True)
     return 0
 
 

@@ -20,28 +20,23 @@ Writes benchmarks/results/proximal_digits.md, .png (accuracy vs exact zeros) and
 
 Usage:
     python benchmarks/proximal_digits.py                 # full sweep, seeds 0..2
-    python benchmarks/proximal_digits.py --quick         # seed 0, 3 configs, 60 epochs, prints only
-    python benchmarks/proximal_digits.py --only prox-adam --seeds 0
+    python benchmarks/proximal_digits.py --quick         # seed 0, 3 configs, 60 epochs; to benchmarks/out/
+    python benchmarks/proximal_digits.py --only prox-adam --seeds 1
 """
 
-import argparse
 import json
-import os
 import statistics
 import sys
 import time
 from pathlib import Path
 
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-
 import numpy as np
 
 if __package__ in (None, ""):  # run as a script: make `benchmarks` importable
-    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from benchmarks.common import machine_line  # noqa: E402
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-HERE = Path(__file__).resolve().parent
-RESULTS = HERE / "results"
+from benchmarks import common  # noqa: E402
+
 HIDDEN = (40, 20)
 THRESHOLD = 1e-3
 
@@ -60,7 +55,7 @@ CONFIGS = {
     "subgrad-sgd-momentum": ("sgd_momentum", False, (1e-4, 3e-4, 1e-3)),
     "subgrad-adam": ("adam", False, (1e-4, 1e-3, 3e-3)),
 }
-QUICK = {
+QUICK_GRID = {
     "prox-sgd-momentum": (7e-4,),
     "prox-adam-lr1e-2": (1e-3,),
     "subgrad-adam": (1e-3,),
@@ -223,76 +218,60 @@ def plot(rows, path):
     plt.close(fig)
 
 
+NAME = "proximal_digits"
+QUICK = "seed 0, three configs, 60 epochs; results go to benchmarks/out/"
+
+
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="seed 0, three configs, 60 epochs, print only")
-    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    parser = common.arguments(__doc__, seeds=3, quick=QUICK)
     parser.add_argument("--epochs", type=int, default=200)
     parser.add_argument("--only", nargs="+", choices=sorted(CONFIGS), help="run only these configs")
     parser.add_argument("--factors", type=float, nargs="+", help="override the lambda grid")
     parser.add_argument("--replot", action="store_true", help="redraw the figure from results/proximal_digits.json")
     args = parser.parse_args(argv)
+    run = common.Run(NAME, args)
     if args.replot:
-        plot(summarize(json.loads((RESULTS / "proximal_digits.json").read_text())), RESULTS / "proximal_digits.png")
+        records = json.loads(run.path(".json").read_text())
+        if isinstance(records, dict):  # written by common.Run.publish (before it: the bare list of records)
+            records = records["records"]
+        plot(summarize(records), run.path(".png"))
         return 0
-
-    import keras
 
     from keras_group_lasso.datasets import load_dataset
 
     grid = {name: spec[2] for name, spec in CONFIGS.items()}
-    seeds, epochs = args.seeds, args.epochs
+    epochs = args.epochs
     if args.quick:
-        grid, seeds, epochs = dict(QUICK), [0], 60
+        grid, epochs = dict(QUICK_GRID), 60
     if args.only:
         grid = {name: grid.get(name, CONFIGS[name][2]) for name in args.only}
     if args.factors:
         grid = {name: tuple(args.factors) for name in grid}
 
-    command = "KERAS_BACKEND={} python benchmarks/proximal_digits.py {}".format(
-        keras.backend.backend(), " ".join(argv if argv is not None else sys.argv[1:])
-    ).rstrip()
-    started = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
-    t0 = time.perf_counter()
     records = []
-    for seed in seeds:
+    for seed in run.seeds:
         data = load_dataset("digits", seed=seed)
         for name, factors in grid.items():
             for factor in factors:
                 r = run_one(data, name, factor, seed, epochs)
                 records.append(r)
-                print(
+                common.say(
                     f"{name:22s} λ={factor:<7g} seed={seed} acc={100 * r['test_accuracy']:.1f}% "
                     f"zeros={100 * r['kernel_zeros']:.1f}% features={r['features']} units={r['units']} "
-                    f"nan={r['any_nan']} {r['seconds']:.1f}s",
-                    flush=True,
+                    f"nan={r['any_nan']} {r['seconds']:.1f}s"
                 )
     rows = summarize(records)
-    text = table(rows)
-    print(text)
-    if args.quick:
-        return 0
-
-    lines = [
-        "# Proximal training on DIGITS (no threshold)",
-        "",
-        f"- Command: `{command}`",
-        f"- Date: {started}; wall time {(time.perf_counter() - t0) / 60:.1f} min",
-        f"- Machine: {machine_line()} (shared with other jobs while it ran)",
-        f"- Seeds: {', '.join(map(str, seeds))}; {epochs} epochs, batch 300, jit_compile=True",
-        "- Setup: 64-40-20-10 ReLU MLP, SparseGroupLasso(λ) (l1 = λ) on every kernel and bias;"
+    notes = [
+        f"{epochs} epochs, batch 300, jit_compile=True",
+        "Setup: 64-40-20-10 ReLU MLP, SparseGroupLasso(λ) (l1 = λ) on every kernel and bias;"
         " SGD lr 0.1 unless named (momentum 0.9 where named), Adam and RMSprop lr 1e-3 unless named,"
         " AdamW lr 3e-3 with weight_decay 1e-4.",
-        "- `prox-*`: `Proximal(optimizer)` (metric \"auto\": thresholds lr·λ/(1 - momentum) for SGD,"
+        "`prox-*`: `Proximal(optimizer)` (metric \"auto\": thresholds lr·λ/(1 - momentum) for SGD,"
         " the optimizer's preconditioner for Adam/AdamW/RMSprop), zeros are exact 0.0 (no threshold);"
         " `*-euclidean`: `Proximal(optimizer, metric=\"euclidean\")` (thresholds lr·λ);"
         " `subgrad-*`: penalty as a loss term, then |w| <= 1e-3 set to 0 before measuring.",
-        "",
-        text,
-        "",
-        "## Targets",
-        "",
     ]
+    lines = [table(rows), "", "## Targets", ""]
     proximal = [name for name in CONFIGS if name.startswith("prox-")]
     for label, configs, min_acc, min_zeros in (
         ("best proximal", proximal, 0.96, 0.80),
@@ -308,12 +287,10 @@ def main(argv=None):
                 f"{b['config']} λ={b['factor']:g}: {100 * b['acc']:.1f}% accuracy, "
                 f"{100 * b['zeros']:.1f}% exact zeros — {verdict}"
             )
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    plot(rows, RESULTS / "proximal_digits.png")
-    lines += ["", "![accuracy vs exact zeros](proximal_digits.png)"]
-    (RESULTS / "proximal_digits.md").write_text("\n".join(lines) + "\n")
-    (RESULTS / "proximal_digits.json").write_text(json.dumps(records, indent=1))
-    print("wrote", RESULTS / "proximal_digits.md")
+    with run.staged() as stage:
+        plot(rows, stage / run.path(".png").name)
+    lines += ["", f"![accuracy vs exact zeros]({run.path('.png').name})"]
+    run.publish("Proximal training on DIGITS (no threshold)", "\n".join(lines), records, notes=notes, section=False)
     return 0
 
 

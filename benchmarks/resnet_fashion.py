@@ -31,8 +31,6 @@ Usage:
     python benchmarks/resnet_fashion.py --quick      # 3,000 images, 1 epoch; -> benchmarks/out/
 """
 
-import argparse
-import json
 import sys
 import time
 from pathlib import Path
@@ -42,6 +40,8 @@ if __package__ in (None, ""):
 
 from benchmarks import common  # noqa: E402
 
+NAME = "resnet_fashion"
+QUICK = "3,000 training images, 1 epoch (a smoke run); -> benchmarks/out/"
 BATCH = 128
 EPOCHS = 4
 VALIDATION = 5000
@@ -290,7 +290,7 @@ def inference(dense, sparse, x, repeats=7, min_time=0.2):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = common.arguments(__doc__, quick=QUICK)
     parser.add_argument("--epochs", type=common.positive_int, default=None, help=f"training epochs (default {EPOCHS})")
     parser.add_argument("--finetune-epochs", type=common.positive_int, default=2, help="peer fine-tuning epochs")
     parser.add_argument("--lambdas", type=float, nargs="+", default=list(GRID), help="group strengths λ")
@@ -303,17 +303,13 @@ def main(argv=None):
                         help="train each λ under SparsityBudget(max_flops=FRACTION): λ is then the starting strength")
     parser.add_argument("--budget-schedule-power", type=float, default=1.0,
                         help="SparsityBudget's schedule_power (default 1)")
-    parser.add_argument("--out-name", default="resnet_fashion", help="results file name, without extension")
-    parser.add_argument("--quick", action="store_true", help="3,000 training images, 1 epoch (a smoke run)")
     args = parser.parse_args(argv)
     import keras
 
     from keras_group_lasso import Proximal, SparsityBudget, add_group_sparsity, sparsity_report
 
     epochs = args.epochs or (1 if args.quick else EPOCHS)
-    output = Path(common.default_output(args.out_name, args.quick))
-    output.parent.mkdir(parents=True, exist_ok=True)
-    started, clock = common.now(), time.perf_counter()
+    run = common.Run(NAME, args, seeds=[args.seed])
     data = load(args.quick, args.seed)
     n_train = len(data["x_train"])
 
@@ -364,7 +360,6 @@ def main(argv=None):
                       val=accuracy(peer_small, data["x_val"], data["y_val"]),
                       test=accuracy(peer_small, data["x_test"], data["y_test"]), train_s=tune_time)
 
-    elapsed = time.perf_counter() - clock
     rows = []
     for r in [dict(dense_record, val=dense_val, test=dense_test, train_s=dense_time)] + sparse + [peer, peer_tuned]:
         ratio = r["flops_before"] / max(r["flops_after"], 1)
@@ -402,9 +397,7 @@ def main(argv=None):
     verdict = (f"Target (at least {TARGET_FLOPS:.0f}x fewer FLOPs at most {TARGET_POINTS:.0f} point below the "
                f"dense test accuracy, no fine-tuning): chosen λ={chosen['lam']} gives {ratio:.2f}x at "
                f"{100 * (chosen['test'] - dense_test):+.2f} points: {'met' if met else 'NOT met'}.")
-    text = ("# Fashion-MNIST ResNet: coupled channel groups vs magnitude filter pruning\n\n"
-            + common.header(common.command_line(), [args.seed], started, elapsed, notes) + "\n\n"
-            + table + "\n\n" + verdict + "\n")
+    text = table + "\n\n" + verdict + "\n"
     if collapsed:
         text += (f"\nNo row for λ = {', '.join(f'{lam:g}' for lam in collapsed)}: training set every kernel weight "
                  "to 0 (the output is a constant, there is nothing to prune to).\n")
@@ -425,12 +418,9 @@ def main(argv=None):
                      ["path", "batch", "dense [samples/s]", "pruned [samples/s]", "pruned / dense (best)",
                       "(median)", "(per CPU s)", f"round_to={ROUND_TO} [samples/s]", "/ dense (best)", "(median)",
                       "(per CPU s)"], inference_rows) + "\n")
-    common.write_text_atomically(output, text)
-    output.with_suffix(".json").write_text(json.dumps(
-        {"dense": dense_record, "sparse": sparse, "peer": [peer, peer_tuned], "chosen": chosen["lam"],
-         "dense_test": dense_test, "dense_val": dense_val, "inference": speed}, indent=1, default=float))
-    common.say(f"wrote {output}")
-    print(verdict)
+    run.publish("Fashion-MNIST ResNet: coupled channel groups vs magnitude filter pruning", text, sparse, notes=notes,
+                section=False, dense=dense_record, peer=[peer, peer_tuned], chosen=chosen["lam"],
+                dense_test=dense_test, dense_val=dense_val, inference=speed)
     return 0
 
 

@@ -28,15 +28,13 @@ Usage::
     KERAS_BACKEND=tensorflow python benchmarks/round_to.py        # -> benchmarks/results/round_to.md
     KERAS_BACKEND=tensorflow python benchmarks/round_to.py --channels 16 32 64 --stream 10 26 58 --inner 8 20 26
     KERAS_BACKEND=tensorflow python benchmarks/round_to.py --network cnn --out-name round_to_cnn
+    KERAS_BACKEND=tensorflow python benchmarks/round_to.py --quick   # 1 round of >= 0.05 s -> benchmarks/out/
 """
 
-import argparse
-import json
 import os
 import shutil
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 if __package__ in (None, ""):
@@ -46,6 +44,8 @@ import numpy as np  # noqa: E402
 
 from benchmarks import common  # noqa: E402
 
+NAME = "round_to"
+QUICK = "1 interleaved round of >= 0.05 s per variant; -> benchmarks/out/"
 THRESHOLD = 1e-3
 ROUNDINGS = (1, 8, 16)
 
@@ -85,7 +85,7 @@ def zero_rows(layer, keep):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = common.arguments(__doc__, quick=QUICK)
     parser.add_argument("--network", choices=("resnet", "cnn"), default="resnet")
     parser.add_argument("--live", type=common.positive_int, nargs=3, default=[15, 10, 22],
                         metavar=("CONV1", "CONV2", "DENSE"), help="cnn: live channels and Dense units")
@@ -96,8 +96,9 @@ def main(argv=None):
                         help="live channels of each stage's inner convolution")
     parser.add_argument("--repeats", type=common.positive_int, default=9, help="interleaved rounds")
     parser.add_argument("--min-time", type=float, default=0.3, help="seconds per round and variant")
-    parser.add_argument("--out-name", default="round_to", help="results file name, without extension")
     args = parser.parse_args(argv)
+    if args.quick:
+        args.repeats, args.min_time = 1, 0.05
     for name in ("stream", "inner"):
         if any(k > c for k, c in zip(getattr(args, name), args.channels)):
             parser.error(f"--{name} {getattr(args, name)}: more channels than --channels {args.channels}")
@@ -113,7 +114,7 @@ def main(argv=None):
     from benchmarks.inference import saved_model_call, throughputs
     from keras_group_lasso import export_pruned, prune_model
 
-    started, clock = common.now(), time.perf_counter()
+    run = common.Run(NAME, args, seeds=[0])
     if args.network == "resnet":
         from benchmarks.resnet_fashion import build_resnet
 
@@ -172,7 +173,6 @@ def main(argv=None):
                 common.say(f"{path} batch {batch}: " + ", ".join(f"{k} {v[0]:,.0f}/s" for k, v in rates.items()))
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
-    elapsed = time.perf_counter() - clock
 
     names = ["dense"] + list(variants)
     flops = dict({"dense": flops_before}, **{n: v["flops"] for n, v in variants.items()})
@@ -196,17 +196,10 @@ def main(argv=None):
         "`fold_batchnorm`: `prune_model(..., fold_batchnorm=True)` (each BatchNormalization merged into the "
         "convolution before it); `dense, fold_batchnorm`: the same on the network with all its channels.",
     ]
-    text = ("# Channel counts and CPU inference: `prune_model(..., round_to=N)`\n\n"
-            + common.header(common.command_line(), [0], started, elapsed, notes) + "\n\n"
-            + sizes + "\n\n" + table + "\n")
-    output = Path(common.default_output(args.out_name, False))
-    common.write_text_atomically(output, text)
-    common.write_text_atomically(output.with_suffix(".json"), json.dumps(
-        {"args": vars(args), "flops_before": flops_before,
-         "variants": {n: {"sizes": list(v["sizes"]), "flops": v["flops"], "round_to": v["round_to"],
-                          "fold_batchnorm": v["fold"]} for n, v in variants.items()},
-         "rows": rows}, indent=1, default=float))
-    common.say(f"wrote {output}")
+    run.publish("Channel counts and CPU inference: `prune_model(..., round_to=N)`", sizes + "\n\n" + table, rows,
+                notes=notes, section=False, flops_before=flops_before,
+                variants={n: {"sizes": list(v["sizes"]), "flops": v["flops"], "round_to": v["round_to"],
+                              "fold_batchnorm": v["fold"]} for n, v in variants.items()})
     return 0
 
 

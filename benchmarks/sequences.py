@@ -26,11 +26,10 @@ the dense model (``predict``, batch 256, the test set, median of 3 after a
 warm-up), on this machine's CPU.
 
     python benchmarks/sequences.py --out          # writes benchmarks/results/sequences.md / .json (--out-name)
-    python benchmarks/sequences.py --quick        # a smoke run (few samples, 1 epoch); writes nothing
+    python benchmarks/sequences.py                # the same run, its results to benchmarks/out/
+    python benchmarks/sequences.py --quick        # a smoke run (few samples, 1 epoch) into benchmarks/out/
 """
 
-import argparse
-import json
 import statistics
 import sys
 import time
@@ -222,33 +221,51 @@ def table(rows):
     return common.markdown_table(header, body)
 
 
-def render(payload):
-    args = payload["args"]
-    lines = [
-        "# Sequences and attention on Fashion-MNIST",
-        "",
-        f"Command: `{payload['command']}`  ",
-        f"Date: {payload['date']}  ",
-        f"Machine: {common.machine_line()} (shared with other jobs while it ran)  ",
-        f"Backend: {payload['backend']}; {args['n_train']:,} training and {args['n_test']:,} test images; "
-        f"{args['epochs']} epochs, batch {args['batch_size']}, seed {args['seed']} (one run).",
-        "",
-    ]
-    if payload["transformer"]:
-        lines += [f"## Transformer ({args['blocks']} blocks, width {args['width']}, 4 heads, feed-forward "
-                  f"{args.get('ffn', 2) * args['width']})", "", table(payload["transformer"]), ""]
-    if payload["lstm"]:
-        lines += [f"## LSTM ({args['lstm_units']} units)", "", table(payload["lstm"]), ""]
-    lines += [
-        "Accuracy of a sparse row is the pruned model's (no fine-tuning); max abs diff compares it with the "
-        "thresholded model on 512 test images. Predict speed-up: dense `predict` time over the pruned model's "
-        "(batch 256, the test set, median of 3).",
-    ]
+NAME = "sequences"
+TITLE = "Sequences and attention on Fashion-MNIST"
+QUICK = "2,000 images, 1 epoch; results to benchmarks/out/"
+
+
+def body(args, records):
+    """A table per model that ran, then what their columns mean."""
+    lines = []
+    headings = {"transformer": f"Transformer ({args.blocks} blocks, width {args.width}, 4 heads, feed-forward "
+                               f"{args.ffn * args.width})",
+                "lstm": f"LSTM ({args.lstm_units} units)"}
+    for model, heading in headings.items():
+        rows = [r for r in records if r["model"] == model]
+        if rows:
+            lines += [f"## {heading}", "", table(rows), ""]
+    lines.append("Accuracy of a sparse row is the pruned model's (no fine-tuning); max abs diff compares it with the "
+                 "thresholded model on 512 test images. Predict speed-up: dense `predict` time over the pruned "
+                 "model's (batch 256, the test set, median of 3).")
     return "\n".join(lines) + "\n"
 
 
+def summary(args, records):
+    """The run in one line, for RESULTS.md's index."""
+    parts = []
+    transformer = [r for r in records if r["model"] == "transformer"]
+    if transformer:
+        dense, budget = transformer
+        parts.append(
+            f"A Transformer ({args.blocks} blocks, width {args.width}, 4 heads, feed-forward {args.ffn * args.width}; "
+            f"rows of Fashion-MNIST as tokens) with `SparsityBudget(max_flops={args.flops:g})`: "
+            f"{100 * budget['test']:.2f} % vs dense {100 * dense['test']:.2f} % at {budget['flops_ratio']:.3f} of the "
+            f"FLOPs (heads {', '.join(budget['heads'].values())}), surgery gap {budget['max_diff']:.1e}, predict "
+            f"{budget['speedup']:.2f}x faster")
+    lstm_rows = [r for r in records if r["model"] == "lstm"]
+    if lstm_rows:
+        dense, sparse, scratch = lstm_rows
+        parts.append(
+            f"An LSTM({args.lstm_units}), {sparse['method']}: {100 * sparse['test']:.2f} % vs dense "
+            f"{100 * dense['test']:.2f} % ({sparse['features']} of {ROWS} columns, {sparse['units']['lstm']} units); "
+            f"an LSTM of that size trained from scratch {100 * scratch['test']:.2f} %")
+    return ". ".join(parts) + f". Seed {args.seed}, {args.epochs} epochs, no fine-tuning"
+
+
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = common.arguments(__doc__, quick=QUICK)
     parser.add_argument("--epochs", type=common.positive_int, default=15)
     parser.add_argument("--n-train", type=common.positive_int, default=60000)
     parser.add_argument("--n-test", type=common.positive_int, default=10000)
@@ -264,27 +281,21 @@ def main(argv=None):
     parser.add_argument("--lstm-flops", type=float, default=0.5,
                         help="the LSTM budget's max_flops (a fraction); 0: no budget, lambda alone")
     parser.add_argument("--only", choices=("transformer", "lstm"))
-    parser.add_argument("--out-name", default="sequences", help="result files benchmarks/results/<name>.md/.json")
-    parser.add_argument("--quick", action="store_true", help="2,000 images, 1 epoch; writes nothing")
-    parser.add_argument("--out", action="store_true", help="write benchmarks/results/sequences.md and .json")
+    parser.add_argument("--out", action="store_true",
+                        help="results to benchmarks/results/<name>.md and .json (without it: benchmarks/out/)")
     args = parser.parse_args(argv)
     if args.quick:
         args.n_train, args.n_test, args.epochs = 2000, 1000, 1
-    import keras
-
     data = load(args)
-    started, t0 = common.now(), time.perf_counter()
-    payload = {"command": common.command_line(), "date": f"{started:%Y-%m-%d %H:%M} UTC",
-               "machine": common.machine_info(), "backend": keras.backend.backend(), "args": vars(args),
-               "transformer": [] if args.only == "lstm" else run_transformer(args, data),
-               "lstm": [] if args.only == "transformer" else run_lstm(args, data)}
-    payload["elapsed_s"] = time.perf_counter() - t0
-    text = render(payload)
-    print(text)
-    if args.out and not args.quick:
-        common.write_text_atomically(common.RESULTS_DIR / f"{args.out_name}.json",
-                                     json.dumps(payload, indent=1, default=float))
-        common.say(f"wrote {common.write_text_atomically(common.RESULTS_DIR / f'{args.out_name}.md', text)}")
+    run = common.Run(NAME, args, seeds=[args.seed])
+    if not args.out:  # only --out writes over the committed results
+        run.out = common.HERE / "out"
+    records = [] if args.only == "lstm" else [{"model": "transformer", **r} for r in run_transformer(args, data)]
+    if args.only != "transformer":
+        records += [{"model": "lstm", **r} for r in run_lstm(args, data)]
+    notes = [(f"{args.n_train:,} training and {args.n_test:,} test images; {args.epochs} epochs, batch "
+              f"{args.batch_size}, seed {args.seed} (one run).")]
+    run.publish(TITLE, body(args, records), records, notes=notes, section=False, summary=summary(args, records))
     return 0
 
 

@@ -17,8 +17,6 @@ Usage:
     python benchmarks/sklearn_cv.py --seeds 8 --samples 1500 --scaler minmax --out-name sklearn_cv_1500_minmax
 """
 
-import argparse
-import json
 import sys
 import time
 from pathlib import Path
@@ -32,7 +30,7 @@ N_FEATURES, N_INFORMATIVE = 50, 12
 PRECISION, RECALL = 0.8, 0.9  # the target: every seed's selection at least this precise and complete
 
 
-def run(seed, args):
+def run_seed(seed, args):
     import numpy as np
     from sklearn.datasets import make_classification
     from sklearn.model_selection import train_test_split
@@ -119,13 +117,15 @@ def _parse_setting(item):
         return name, text
 
 
+NAME = "sklearn_cv"
+QUICK = "1 seed, 200 samples, results to benchmarks/out/"
+
+
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--seeds", type=common.positive_int, default=3)
+    parser = common.arguments(__doc__, seeds=3, quick=QUICK)
     parser.add_argument("--samples", type=common.positive_int, default=600)
     parser.add_argument("--scaler", choices=("standard", "minmax"), default="standard",
                         help="scaling fitted on the training part (default standard)")
-    parser.add_argument("--quick", action="store_true", help="1 seed, 200 samples, results to benchmarks/out/")
     parser.add_argument(
         "--set",
         metavar="NAME=VALUE",
@@ -133,30 +133,16 @@ def main(argv=None):
         default=[],
         help="estimator arguments other than the defaults (a Python literal or a string), e.g. scoring=neg_log_loss",
     )
-    parser.add_argument("--out-name", default="sklearn_cv", help="results file name, without extension")
     args = parser.parse_args(argv)
     args.params = dict(_parse_setting(item) for item in args.set)
     if args.quick:
-        args.seeds, args.samples = 1, 200
+        args.samples = 200
 
     from keras_group_lasso.sklearn import GroupSparseMLPClassifierCV
 
-    started, t0 = common.now(), time.perf_counter()
-    runs = [run(seed, args) for seed in range(args.seeds)]
-    elapsed = time.perf_counter() - t0
-
-    out_dir = common.HERE / "out" if args.quick else common.RESULTS_DIR
-    out_dir.mkdir(parents=True, exist_ok=True)
+    run = common.Run(NAME, args)
+    runs = [run_seed(seed, args) for seed in run.seeds]
     defaults = GroupSparseMLPClassifierCV(**args.params).get_params()
-    payload = {
-        "command": common.command_line(),
-        "date": f"{started:%Y-%m-%d %H:%M} UTC",
-        "machine": common.machine_info(),
-        "args": vars(args),
-        "defaults": {k: repr(v) for k, v in defaults.items()},
-        "runs": runs,
-    }
-    common.write_text_atomically(out_dir / f"{args.out_name}.json", json.dumps(payload, indent=1, default=float))
 
     rows = [
         [
@@ -202,11 +188,6 @@ def main(argv=None):
     ]
     shown = ", ".join(f"{k}={v!r}" for k, v in defaults.items() if k != "random_state")
     lines = [
-        "# Cross-validated classifier: recovering the informative columns"
-        + (" with the default arguments" if not args.params else f" ({', '.join(args.set)})"),
-        "",
-        common.header(common.command_line(), range(args.seeds), started, elapsed),
-        "",
         f"`make_classification(n_samples={args.samples}, n_features={N_FEATURES}, n_informative={N_INFORMATIVE}, "
         "n_redundant=0, shuffle=False, random_state=seed)`: columns 0-11 informative, 12-49 noise. Stratified "
         f"75/25 split, `{'MinMaxScaler' if args.scaler == 'minmax' else 'StandardScaler'}` fitted on the training part, then "
@@ -245,9 +226,9 @@ def main(argv=None):
         "",
     ]
     lines += [f"- seed {r['seed']}: {r['forest_ranks']}" for r in runs]
-    md = out_dir / f"{args.out_name}.md"
-    common.write_text_atomically(md, "\n".join(lines) + "\n")
-    common.say(f"wrote {md}")
+    title = ("Cross-validated classifier: recovering the informative columns"
+             + (" with the default arguments" if not args.params else f" ({', '.join(args.set)})"))
+    run.publish(title, "\n".join(lines), runs, section=False, defaults={k: repr(v) for k, v in defaults.items()})
     return 0
 
 

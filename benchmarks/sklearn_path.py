@@ -22,8 +22,6 @@ Usage:
     python benchmarks/sklearn_path.py --quick     # 1 seed, short training; writes to benchmarks/out/
 """
 
-import argparse
-import json
 import sys
 import time
 from pathlib import Path
@@ -282,9 +280,12 @@ def _synthetic_table(args, synthetic):
     return lines + [""]
 
 
+NAME = "sklearn_path"
+QUICK = "1 seed, 40 epochs, results to benchmarks/out/"
+
+
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--seeds", type=int, default=3)
+    parser = common.arguments(__doc__, seeds=3, quick=QUICK)
     parser.add_argument("--epochs", type=int, default=200, help="passes of the first (dense) fit")
     parser.add_argument("--epochs-per-alpha", type=int, default=None, help="passes per point (default epochs // 4)")
     parser.add_argument("--multiplier", type=float, default=1.2, help="path_multiplier")
@@ -301,60 +302,24 @@ def main(argv=None):
     parser.add_argument("--validation-fraction", type=float, default=0.2)
     parser.add_argument("--synthetic-samples", type=int, default=2000)
     parser.add_argument("--skip-synthetic", action="store_true")
-    parser.add_argument("--quick", action="store_true", help="1 seed, 40 epochs, results to benchmarks/out/")
-    parser.add_argument("--out-name", default="sklearn_path", help="results file name, without extension")
     args = parser.parse_args(argv)
     if args.quick:
-        args.seeds, args.epochs, args.synthetic_samples = 1, 40, 600
+        args.epochs, args.synthetic_samples = 40, 600
 
-    started, t0 = common.now().strftime("%Y-%m-%d %H:%M UTC"), time.perf_counter()
-    digits = [digits_run(seed, args, alpha) for alpha in args.alpha for seed in range(args.seeds)]
-    synthetic = [] if args.skip_synthetic else [synthetic_run(seed, args) for seed in range(args.seeds)]
+    run = common.Run(NAME, args)
+    digits = [digits_run(seed, args, alpha) for alpha in args.alpha for seed in run.seeds]
+    synthetic = [] if args.skip_synthetic else [synthetic_run(seed, args) for seed in run.seeds]
     timing = fit_timing(args)
-    elapsed = time.perf_counter() - t0
 
-    out_dir = common.HERE / "out" if args.quick else common.RESULTS_DIR
-    out_dir.mkdir(parents=True, exist_ok=True)
-    info = common.machine_info()
-    # The raw numbers first, so a formatting problem cannot lose a long run.
-    payload = {
-        "command": common.command_line(),
-        "date": started,
-        "machine": info,
-        "args": vars(args),
-        "digits": [{k: v for k, v in r.items() if k not in ("path", "data")} for r in digits],
-        "digits_paths": [
-            {
-                "alpha": r["alpha"],
-                "seed": r["seed"],
-                "points": [
-                    {"alpha": p.alpha, "score": p.score, "penalized_score": p.penalized_score, "features": p.n_features}
-                    for p in r["path"]
-                ],
-            }
-            for r in digits
-        ],
-        "synthetic": synthetic,
-        "fit_timing": timing,
-    }
-    (out_dir / f"{args.out_name}.json").write_text(json.dumps(payload, indent=1, default=float))
-    lines = [
-        "# scikit-learn estimator: the regularization path",
-        "",
-        f"- Command: `{common.command_line()}`",
-        f"- Date: {started}; wall time of the whole script {elapsed / 60:.1f} min",
-        f"- Machine: {info['cores']} cores, {info['cpu']}, {info['os']} (shared with other jobs while it ran)",
-        f"- Backend: {info['backend']}; {info['versions']}",
-        f"- Seeds: {', '.join(str(s) for s in range(args.seeds))}",
-        f"- `GroupSparseMLPClassifier(hidden_layer_sizes=(40, 20), alpha=..., epochs={args.epochs}, "
+    notes = [
+        f"`GroupSparseMLPClassifier(hidden_layer_sizes=(40, 20), alpha=..., epochs={args.epochs}, "
         f"batch_size={args.batch_size}, validation_fraction={args.validation_fraction}, random_state=seed)` "
         "(SGL, Adam lr 1e-3, threshold 1e-3), "
         f"`path(path_multiplier={args.multiplier}, epochs_per_alpha={args.epochs_per_alpha or max(1, args.epochs // 4)})`: "
         "automatic grid from a dense fit until no feature is left. The path varies the strength of the input "
         "groups; `alpha` stays on the hidden groups and biases (and is the penalty of each point's refit).",
-        "",
     ]
-    lines += _digits_tables(args, digits)
+    lines = _digits_tables(args, digits)
     seconds = ", ".join("%.1f" % f["seconds"] for f in timing["fits"])
     accuracies = ", ".join("%.3f" % f["test"] for f in timing["fits"])
     lines += [
@@ -375,7 +340,8 @@ def main(argv=None):
             r["path"].plot(ax=ax, label=f"alpha {r['alpha']:g}, seed {r['seed']}", markersize=2, linewidth=1)
         ax.set_title("DIGITS: validation accuracy along the path")
         ax.legend(fontsize=7)
-        figure = out_dir / f"{args.out_name}_digits.png"
+        figure = run.path("_digits.png")
+        figure.parent.mkdir(parents=True, exist_ok=True)
         fig.tight_layout()
         fig.savefig(figure, dpi=120)
         lines += [f"![DIGITS path]({figure.name})", ""]
@@ -384,9 +350,20 @@ def main(argv=None):
     if synthetic:
         lines += _synthetic_table(args, synthetic)
 
-    md = out_dir / f"{args.out_name}.md"
-    md.write_text("\n".join(lines) + "\n")
-    common.say(f"wrote {md}")
+    paths = [
+        {
+            "alpha": r["alpha"],
+            "seed": r["seed"],
+            "points": [
+                {"alpha": p.alpha, "score": p.score, "penalized_score": p.penalized_score, "features": p.n_features}
+                for p in r["path"]
+            ],
+        }
+        for r in digits
+    ]
+    records = [{k: v for k, v in r.items() if k not in ("path", "data")} for r in digits]
+    run.publish("scikit-learn estimator: the regularization path", "\n".join(lines), records, notes=notes,
+                section=False, digits_paths=paths, synthetic=synthetic, fit_timing=timing)
     return 0
 
 

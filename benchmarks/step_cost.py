@@ -40,10 +40,9 @@ and step times are reported: XLA's cost analysis is not exposed there.
 Usage:
     KERAS_BACKEND=jax python benchmarks/step_cost.py          # -> benchmarks/results/step_cost_jax.md
     KERAS_BACKEND=tensorflow python benchmarks/step_cost.py   # -> benchmarks/results/step_cost_tensorflow.md
-    KERAS_BACKEND=jax python benchmarks/step_cost.py --quick  # MLP only, few rounds, print only
+    KERAS_BACKEND=jax python benchmarks/step_cost.py --quick  # MLP only, few rounds, to benchmarks/out/
 """
 
-import argparse
 import collections
 import math
 import os
@@ -401,14 +400,16 @@ def bytes_fit(rows, samples, clock):
             f"{1 / slope if slope > 0 else float('inf'):.1f} GB/s of extra traffic per extra ms)")
 
 
+QUICK = "MLP only, 5 rounds; to benchmarks/out/"
+
+
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = common.arguments(__doc__, quick=QUICK)
     parser.add_argument("--models", nargs="+", choices=MODELS, default=None,
                         help="default: both on JAX, the MLP on TensorFlow (its CNN step does not compile with XLA "
                         "here: the optimizer's variables are created inside the compiled function)")
     parser.add_argument("--rounds", type=common.positive_int, default=60, help="interleaved timing rounds")
     parser.add_argument("--unit-seconds", type=float, default=0.05, help="shortest timed unit (default 0.05 s)")
-    parser.add_argument("--quick", action="store_true", help="MLP only, 5 rounds, print only")
     args = parser.parse_args(argv)
     if args.quick:
         args.models, args.rounds = ["mlp"], 5
@@ -421,8 +422,8 @@ def main(argv=None):
         raise SystemExit(f"step_cost.py compiles the JAX or TensorFlow train step (KERAS_BACKEND={backend})")
     if args.models is None:
         args.models = list(MODELS) if backend == "jax" else ["mlp"]
-    started, t0 = common.now(), time.perf_counter()
-    sections = []
+    run = common.Run(f"step_cost_{backend}", args)
+    records, lines = [], []
     for kind in args.models:
         batch = BATCH[kind]
         x, y, source = overhead.load(kind, batch)
@@ -442,6 +443,7 @@ def main(argv=None):
         samples, per_unit = interleave(steps, args.rounds, args.unit_seconds)
         forward, backward = matmul_flops(kind, batch)
         tables = [(title, cost_table(rows, samples, reference, names)) for title, reference, names in COMPARISONS]
+        part_samples = {}
         if part_runs:
             common.say(f"{kind}: timing the parts (penalty alone, optimizer update alone), {args.rounds} rounds")
             part_samples, _ = interleave(part_runs, args.rounds, args.unit_seconds / 5)
@@ -451,30 +453,6 @@ def main(argv=None):
             print(f"\n{kind}: {title}\n{text}\n", flush=True)
         fits = [bytes_fit(rows, samples, clock) for clock in ("wall", "cpu")] if backend == "jax" else []
         print("\n".join(fits), flush=True)
-        sections.append((kind, batch, source, per_unit, forward, backward, rows, tables, fits))
-        del steps, part_runs
-    if args.quick:
-        return 0
-
-    command = common.command_line()
-    lines = [f"# Cost of one compiled training step ({backend})", "",
-             common.header(command, [0], started, time.perf_counter() - t0, notes=[
-                 ("Cost columns: XLA's `cost_analysis()` of the compiled `model.train_step` (state donated, as the "
-                  "Keras JAX trainer does) and counts of the optimized HLO module: "
-                  if backend == "jax" else
-                  "Counts of the optimized HLO module of `tf.function(model.train_step, jit_compile=True)` "
-                  "(`experimental_get_compiler_ir`; XLA's cost analysis is not exposed on TensorFlow): ") +
-                 "`HLO instr.` all instructions "
-                 "(fused computations included), `entry ops` the entry computation's instructions less parameters, "
-                 "constants, tuples and bitcasts (about the kernels run per step), `fusions` and `copies` among "
-                 "them. These do not depend on the machine's load.",
-                 f"Timing columns: median ± IQR over {args.rounds} interleaved rounds (order rotating) of units of "
-                 "the same number of steps for every variant, the fastest unit at least "
-                 f"{args.unit_seconds:g} s; CPU time of the whole process. The machine was shared with other jobs: "
-                 "timings spread by several %, so only the cost columns resolve a 2 % effect; a ratio is flagged "
-                 "where the relative IQR of either side is at least the effect.",
-             ]), ""]
-    for kind, batch, source, per_unit, forward, backward, rows, tables, fits in sections:
         lines += [f"## {kind.upper()}, batch {batch}", "",
                   f"Data: one batch of {source.split(' x ', 1)[1]}; {per_unit} steps per timed unit. Matmul/conv "
                   f"flops from the layer shapes: forward {forward / 1e9:.4f} GFLOP, backward {backward / 1e9:.4f} "
@@ -488,9 +466,28 @@ def main(argv=None):
         lines += [f"- {name}: " + ", ".join(f"{k} {v}" for k, v in row["entry_opcodes"].items())
                   for name, row in rows.items()]
         lines += [""]
-    out = common.RESULTS_DIR / f"step_cost_{backend}.md"
-    common.write_text_atomically(out, "\n".join(lines))
-    common.say(f"wrote {out}")
+        records.append({"model": kind, "batch": batch, "data": source, "steps_per_unit": per_unit,
+                        "matmul_flops": {"forward": forward, "backward": backward}, "variants": rows,
+                        "seconds_per_step": samples, "seconds_per_part_call": part_samples, "bytes_fits": fits})
+        del steps, part_runs
+    notes = [
+        ("Cost columns: XLA's `cost_analysis()` of the compiled `model.train_step` (state donated, as the "
+         "Keras JAX trainer does) and counts of the optimized HLO module: "
+         if backend == "jax" else
+         "Counts of the optimized HLO module of `tf.function(model.train_step, jit_compile=True)` "
+         "(`experimental_get_compiler_ir`; XLA's cost analysis is not exposed on TensorFlow): ") +
+        "`HLO instr.` all instructions "
+        "(fused computations included), `entry ops` the entry computation's instructions less parameters, "
+        "constants, tuples and bitcasts (about the kernels run per step), `fusions` and `copies` among "
+        "them. These do not depend on the machine's load.",
+        f"Timing columns: median ± IQR over {args.rounds} interleaved rounds (order rotating) of units of "
+        "the same number of steps for every variant, the fastest unit at least "
+        f"{args.unit_seconds:g} s; CPU time of the whole process. The machine was shared with other jobs: "
+        "timings spread by several %, so only the cost columns resolve a 2 % effect; a ratio is flagged "
+        "where the relative IQR of either side is at least the effect.",
+    ]
+    run.publish(f"Cost of one compiled training step ({backend})", "\n".join(lines), records, notes=notes,
+                section=False)
     return 0
 
 

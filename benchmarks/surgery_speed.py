@@ -17,10 +17,10 @@ pruned model is checked against the thresholded original on two images.
 
 Usage:
     KERAS_BACKEND=tensorflow python benchmarks/surgery_speed.py --out   # -> benchmarks/results/surgery_speed_<backend>.md
-    KERAS_BACKEND=jax python benchmarks/surgery_speed.py                # print only
+    KERAS_BACKEND=jax python benchmarks/surgery_speed.py                # -> benchmarks/out/surgery_speed_<backend>.md
+    python benchmarks/surgery_speed.py --quick                          # 2 timed calls -> benchmarks/out/
 """
 
-import argparse
 import re
 import statistics
 import sys
@@ -31,7 +31,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks.common import RESULTS_DIR, command_line, machine_line, markdown_table, now, positive_int, save_json, say  # noqa: E402
+from benchmarks import common  # noqa: E402
 
 
 def sparsified_resnet50(rng):
@@ -66,22 +66,30 @@ def timed(function):
     return result, time.perf_counter() - wall, time.process_time() - cpu
 
 
+QUICK = "2 timed calls after the first; to benchmarks/out/"
+
+
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--repeats", type=positive_int, default=5, help="timed calls after the first (default 5)")
-    parser.add_argument("--out", action="store_true", help="write benchmarks/results/surgery_speed_<backend>.{md,json}")
+    parser = common.arguments(__doc__, quick=QUICK)
+    parser.add_argument("--repeats", type=common.positive_int, default=5, help="timed calls after the first (default 5)")
+    parser.add_argument("--out", action="store_true",
+                        help="write to benchmarks/results/ (default benchmarks/out/, as with --quick)")
     args = parser.parse_args(argv)
+    if args.quick:
+        args.repeats = 2
 
     import keras
 
     from keras_group_lasso import apply_threshold, plan_pruning, prune_model
 
     backend = keras.backend.backend()
-    started = now()
+    run = common.Run(f"surgery_speed_{backend}", args)
+    if not args.out:
+        run.out = common.HERE / "out"
     rng = np.random.default_rng(0)
     keras.utils.set_random_seed(0)
     model, dropped = sparsified_resnet50(rng)
-    say(f"ResNet50 224x224: {model.count_params():,} parameters, {dropped} channels zeroed")
+    common.say(f"ResNet50 224x224: {model.count_params():,} parameters, {dropped} channels zeroed")
 
     small, first_wall, first_cpu = timed(lambda: prune_model(model))
     prunes = [timed(lambda: prune_model(model))[1:] for _ in range(args.repeats)]
@@ -94,48 +102,39 @@ def main(argv=None):
     want = np.asarray(keras.ops.convert_to_numpy(reference(x, training=False)), np.float64)
     got = np.asarray(keras.ops.convert_to_numpy(small(x, training=False)), np.float64)
     diff = float(np.max(np.abs(got - want)) / max(1.0, float(np.max(np.abs(want)))))
+    if diff > 1e-4:
+        raise SystemExit(f"surgery_speed: the pruned model differs from the thresholded one by {diff:.1e} "
+                         "of the output scale (more than 1e-4)")
 
     def summary(pairs):
         walls, cpus = [p[0] for p in pairs], [p[1] for p in pairs]
         return {"wall_median": statistics.median(walls), "wall_min": min(walls), "wall_max": max(walls),
                 "cpu_median": statistics.median(cpus)}
 
-    result = {
-        "backend": backend, "date": f"{started:%Y-%m-%d %H:%M} UTC", "machine": machine_line(),
-        "command": command_line(), "params_before": int(model.count_params()),
-        "params_after": int(small.count_params()), "channels_zeroed": dropped,
-        "first_prune": {"wall": first_wall, "cpu": first_cpu},
-        "prune": summary(prunes), "plan": summary(plans), "max_relative_diff": diff,
-    }
+    prune, plan = summary(prunes), summary(plans)
     rows = [
         ["`prune_model`, first call", f"{first_wall:.2f}", "-", f"{first_cpu:.2f}"],
-        [f"`prune_model`, median of {args.repeats}", f"{result['prune']['wall_median']:.2f}",
-         f"{result['prune']['wall_min']:.2f}-{result['prune']['wall_max']:.2f}", f"{result['prune']['cpu_median']:.2f}"],
-        [f"`plan_pruning`, median of {args.repeats}", f"{result['plan']['wall_median']:.2f}",
-         f"{result['plan']['wall_min']:.2f}-{result['plan']['wall_max']:.2f}", f"{result['plan']['cpu_median']:.2f}"],
+        [f"`prune_model`, median of {args.repeats}", f"{prune['wall_median']:.2f}",
+         f"{prune['wall_min']:.2f}-{prune['wall_max']:.2f}", f"{prune['cpu_median']:.2f}"],
+        [f"`plan_pruning`, median of {args.repeats}", f"{plan['wall_median']:.2f}",
+         f"{plan['wall_min']:.2f}-{plan['wall_max']:.2f}", f"{plan['cpu_median']:.2f}"],
     ]
-    table = markdown_table(["call", "wall [s]", "range [s]", "CPU [s]"], rows)
-    text = "\n".join([
-        f"# Surgery speed: ResNet50 224x224 ({backend})", "",
-        f"- Command: `{result['command']}`",
-        f"- Date: {result['date']}",
-        f"- Machine: {result['machine']}",
-        f"- Model: ResNet50, weights=None, 1000 classes, {result['params_before']:,} parameters; "
+    params_before, params_after = int(model.count_params()), int(small.count_params())
+    notes = [
+        f"Model: ResNet50, weights=None, 1000 classes, {params_before:,} parameters; "
         f"{dropped} channels of the bottlenecks' first two convolutions zeroed -> "
-        f"{result['params_after']:,} parameters after surgery",
-        f"- Pruned vs thresholded original on 2 images: max difference {diff:.1e} of the output scale", "",
-        table, "",
-    ])
-    say(text)
-    if diff > 1e-4:
-        raise SystemExit(f"surgery_speed: the pruned model differs from the thresholded one by {diff:.1e} "
-                         "of the output scale (more than 1e-4)")
-    if args.out:
-        RESULTS_DIR.mkdir(parents=True, exist_ok=True)
-        (RESULTS_DIR / f"surgery_speed_{backend}.md").write_text(text)
-        save_json(f"surgery_speed_{backend}.json", result)
-    return result
+        f"{params_after:,} parameters after surgery",
+        f"Pruned vs thresholded original on 2 images: max difference {diff:.1e} of the output scale",
+    ]
+    records = ([{"call": "prune_model", "first": True, "wall": first_wall, "cpu": first_cpu}]
+               + [{"call": "prune_model", "first": False, "wall": w, "cpu": c} for w, c in prunes]
+               + [{"call": "plan_pruning", "first": False, "wall": w, "cpu": c} for w, c in plans])
+    run.publish(f"Surgery speed: ResNet50 224x224 ({backend})",
+                common.markdown_table(["call", "wall [s]", "range [s]", "CPU [s]"], rows), records, notes=notes,
+                section=False, params_before=params_before, params_after=params_after, channels_zeroed=dropped,
+                first_prune={"wall": first_wall, "cpu": first_cpu}, prune=prune, plan=plan, max_relative_diff=diff)
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

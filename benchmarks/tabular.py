@@ -52,11 +52,10 @@ thresholded model (``apply_threshold`` on a copy, fed every input) on the
 
 Usage:
     KERAS_BACKEND=jax python benchmarks/tabular.py --out
-    python benchmarks/tabular.py --quick      # 1 seed, few epochs, 5,000 rows; nothing written
+    python benchmarks/tabular.py --quick      # 1 seed, few epochs, 5,000 rows; to benchmarks/out/
     python benchmarks/tabular.py --render benchmarks/results/tabular.json   # only rewrite tabular.md
 """
 
-import argparse
 import json
 import sys
 import time
@@ -318,29 +317,29 @@ def per_seed(rows):
          "surgery max diff"], body)
 
 
-def render(payload):
-    info = payload["machine"]
-    args = payload["args"]
+NAME = "tabular"
+TITLE = "Tabular model with several inputs: which inputs the budget and the path keep"
+QUICK = "1 seed, 5 epochs, 5,000 training rows; results to benchmarks/out/"
+
+
+def notes(args):
+    """The header's line on the data and the training (``args``: the run's arguments, as a dict)."""
+    return [f"{args['n_train']:,} training rows, {args['n_test']:,} test rows, {args['epochs']} epochs, batch {BATCH}"]
+
+
+def body(rows):
+    """Everything below the header: the table over seeds, the budget's features, the columns of every run."""
     lines = [
-        "# Tabular model with several inputs: which inputs the budget and the path keep",
-        "",
-        f"- Command: `{payload['command']}`",
-        f"- Date: {payload['date']}; wall time {payload['elapsed_s'] / 60:.1f} min",
-        f"- Machine: {info['cores']} cores, {info['cpu']}, {info['os']} (shared with other jobs while it ran)",
-        f"- Backend: {info['backend']}; {info['versions']}",
-        f"- Seeds: {', '.join(str(s) for s in range(args['seeds']))}; {args['n_train']:,} training rows, "
-        f"{args['n_test']:,} test rows, {args['epochs']} epochs, batch {BATCH}",
-        "",
         f"Informative: numeric columns {list(INFORMATIVE_NUMERIC)} of {N_NUMERIC}, categorical inputs "
         f"{list(INFORMATIVE_CATEGORICAL)} of {len(VOCABULARIES)} (vocabularies {list(VOCABULARIES)}). "
         "P / R: precision and recall of the kept columns against the informative ones (mean ± std over the seeds). "
         "Surgery: largest absolute difference of `prune_model(model, 1e-3, inputs=\"selected\")`, fed the kept "
         "inputs, against the thresholded model on the test rows (in brackets: against the model itself).",
         "",
-        table(payload["rows"]),
+        table(rows),
         "",
     ]
-    budget_rows = [r for r in payload["rows"] if r["method"].startswith("budget")]
+    budget_rows = [r for r in rows if r["method"].startswith("budget")]
     if budget_rows:
         lines += [
             f"Budget (`max_features={budget_rows[0]['budget']}`): features at the end of `fit`, per run: "
@@ -353,45 +352,56 @@ def render(payload):
     lines += [
         "Per run (noise columns in bold):",
         "",
-        per_seed(payload["rows"]),
+        per_seed(rows),
         "",
     ]
     return "\n".join(lines)
 
 
+def render(payload):
+    """The Markdown of a JSON result, its header from the command, date and machine that made it."""
+    info = payload["machine"]
+    rows = payload["records"] if "records" in payload else payload["rows"]  # "rows", "elapsed_s": before common.Run
+    wall = payload["wall_seconds"] if "wall_seconds" in payload else payload["elapsed_s"]
+    lines = [
+        f"# {TITLE}",
+        "",
+        f"- Command: `{payload['command']}`",
+        f"- Date: {payload['date']}; wall time {wall / 60:.1f} min",
+        f"- Machine: {info['cores']} cores, {info['cpu']}, {info['os']} (shared with other jobs while it ran)",
+        f"- Backend: {info['backend']}; {info['versions']}",
+        f"- Seeds: {', '.join(str(s) for s in dict.fromkeys(r['seed'] for r in rows))}",
+    ]
+    lines += [f"- {note}" for note in notes(payload["args"])]
+    return "\n".join(lines) + "\n\n" + body(rows)
+
+
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--seeds", type=common.positive_int, default=3)
+    parser = common.arguments(__doc__, seeds=3, quick=QUICK)
     parser.add_argument("--epochs", type=common.positive_int, default=30)
     parser.add_argument("--n-train", type=common.positive_int, default=20000)
     parser.add_argument("--n-test", type=common.positive_int, default=5000)
     parser.add_argument("--lams", type=float, nargs="+", default=list(LAMS), help="the path's lambdas")
-    parser.add_argument("--quick", action="store_true", help="1 seed, 5 epochs, 5,000 training rows; writes nothing")
-    parser.add_argument("--out", action="store_true", help="write benchmarks/results/tabular.json and tabular.md")
+    parser.add_argument("--out", action="store_true",
+                        help="write benchmarks/results/tabular.json and tabular.md (without it a full run only prints)")
     parser.add_argument("--render", metavar="JSON", help="only write benchmarks/results/tabular.md from this JSON")
     args = parser.parse_args(argv)
+    run = common.Run(NAME, args)
     if args.render:
-        payload = json.loads(Path(args.render).read_text())
-        md = common.write_text_atomically(common.RESULTS_DIR / "tabular.md", render(payload))
+        md = common.write_text_atomically(run.path(".md"), render(json.loads(Path(args.render).read_text())))
         common.say(f"wrote {md}")
         return 0
     if args.quick:
-        args.seeds, args.epochs, args.n_train, args.n_test = 1, 5, 5000, 2000
+        args.epochs, args.n_train, args.n_test = 5, 5000, 2000
     args.validation_rows = min(VALIDATION_ROWS, args.n_train // 5)
 
-    started, t0 = common.now(), time.perf_counter()
     rows = []
-    for seed in range(args.seeds):
+    for seed in run.seeds:
         rows += run_seed(seed, args)
-    payload = {"command": common.command_line(), "date": f"{started:%Y-%m-%d %H:%M} UTC",
-               "machine": common.machine_info(), "args": vars(args), "elapsed_s": time.perf_counter() - t0,
-               "rows": rows}
-    text = render(payload)
-    print(text)
-    if args.out and not args.quick:
-        common.write_text_atomically(common.RESULTS_DIR / "tabular.json", json.dumps(payload, indent=1, default=float))
-        md = common.write_text_atomically(common.RESULTS_DIR / "tabular.md", text)
-        common.say(f"wrote {md}")
+    if args.out or args.quick:
+        run.publish(TITLE, body(rows), rows, notes=notes(vars(args)), section=False)
+    else:
+        print(f"# {TITLE}\n\n{run.header(notes(vars(args)))}\n\n{body(rows)}")
     return 0
 
 

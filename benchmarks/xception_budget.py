@@ -39,8 +39,6 @@ Usage:
     KERAS_BACKEND=tensorflow python benchmarks/xception_budget.py --first-seed 1 --output benchmarks/results/xception_budget_s1
 """
 
-import argparse
-import json
 import sys
 import time
 from pathlib import Path
@@ -51,6 +49,7 @@ if __package__ in (None, ""):
 from benchmarks import cnn_fashion, common
 
 NAME = "xception_budget"
+QUICK = "1 seed, 1,000 training and 500 test images, 1 epoch; output under benchmarks/out/"
 KERAS_IO = {"entry": 128, "blocks": (256, 512, 728), "exit": 1024}
 N_CLASSES = 10
 BATCH = 32
@@ -293,8 +292,7 @@ def table(records, fractions):
 
 
 def parse_args(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--seeds", type=common.positive_int, default=1, help="seeds 0..N-1 (default 1)")
+    parser = common.arguments(__doc__, seeds=1, quick=QUICK)
     parser.add_argument("--first-seed", type=common.non_negative_int, default=0,
                         help="the first seed (default 0): seeds first..first+N-1")
     parser.add_argument("--train", type=common.positive_int, default=12000, help="training images (default 12000)")
@@ -304,11 +302,9 @@ def parse_args(argv=None):
                         help="FLOP budgets F, fractions of the dense multiply-adds (default 0.5 0.25)")
     parser.add_argument("--width", type=float, default=0.125,
                         help="factor on keras.io's widths 128 / 256-512-728 / 1024 (default 0.125)")
-    parser.add_argument("--quick", action="store_true",
-                        help="1 seed, 1,000 training and 500 test images, 1 epoch; output under benchmarks/out/")
     parser.add_argument("--output", default=None,
-                        help=f"path prefix of the .md and .json (default benchmarks/results/{NAME}, "
-                             f"benchmarks/out/{NAME} with --quick)")
+                        help="path prefix of the .md and .json (default benchmarks/results/<--out-name>, "
+                             "benchmarks/out/ with --quick)")
     args = parser.parse_args(argv)
     if args.quick:
         args.seeds, args.train, args.test, args.epochs = 1, 1000, 500, 1
@@ -316,8 +312,6 @@ def parse_args(argv=None):
         parser.error("--budgets must be fractions in (0, 1]")
     if args.width <= 0:
         parser.error("--width must be > 0")
-    if args.output is None:
-        args.output = str(Path(common.default_output(NAME, args.quick)).with_suffix(""))
     return args
 
 
@@ -327,8 +321,8 @@ def main(argv=None):
     import numpy as np
 
     w = widths(args.width)
-    started, clock = common.now(), time.perf_counter()
-    seeds = list(range(args.first_seed, args.first_seed + args.seeds))
+    run = common.Run(NAME, args, seeds=range(args.first_seed, args.first_seed + args.seeds), output=args.output)
+    seeds = run.seeds
     data = load_data(args.train, args.test)
     check = check_prunable(w)
     common.say(f"{len(data['x_train'])} training / {len(data['x_test'])} test images, {args.epochs} epochs, "
@@ -348,8 +342,6 @@ def main(argv=None):
             records.append({"method": method, "seed": seed, **record})
             common.say(f"seed {seed} {method}: test acc {record['test_accuracy']:.4f}, "
                        f"wall {record['wall_seconds']:.0f} s")
-    elapsed = time.perf_counter() - clock
-    text = table(records, args.budgets)
     notes = [
         (f"Network: keras.io's small Xception-style network (\"Image classification from scratch\") with widths "
          f"x{args.width:g}: {widths_text(w)}; 28x28x1 inputs; dense multiply-adds {check['flops_before']:,} per "
@@ -369,16 +361,9 @@ def main(argv=None):
          "`apply_threshold` (every weight |w| <= 1e-3 set to 0, what `prune_model` promises to compute)"),
         "Times: wall seconds of training + pruning on a 2-core CPU shared with other jobs",
     ]
-    body = "\n\n".join([common.header(common.command_line(), seeds, started, elapsed, notes), text])
-    markdown = "# SparsityBudget on keras.io's small Xception, Fashion-MNIST\n\n" + body + "\n"
-    payload = {"command": common.command_line(), "date": f"{started:%Y-%m-%d %H:%M} UTC", "wall_seconds": elapsed,
-               "machine": common.machine_info(), "args": {k: v for k, v in vars(args).items() if k != "output"},
-               "widths": w, "check": check, "records": records}
-    prefix = Path(args.output)
-    common.write_text_atomically(prefix.with_name(prefix.name + ".md"), markdown)
-    common.write_text_atomically(prefix.with_name(prefix.name + ".json"), json.dumps(payload, indent=1, default=float))
-    print(markdown)
-    common.say(f"wrote {prefix}.md and {prefix}.json in {elapsed / 60:.1f} min")
+    # RESULTS.md's section xception_budget is written by hand from the runs of several seeds: none here
+    run.publish("SparsityBudget on keras.io's small Xception, Fashion-MNIST", table(records, args.budgets), records,
+                notes=notes, section=False, widths=w, check=check)
     return 0
 
 

@@ -37,6 +37,16 @@ def test_run_all_passes_quick_and_seeds_to_the_paper_benchmarks():
     assert run_all.command_for("digits", quick=True, seeds=5)[-1] == "--quick"
 
 
+def test_run_all_knows_every_benchmark_script_and_each_takes_quick():
+    scripts = {p.name for p in Path(run_all.HERE).glob("*.py")} - {"__init__.py", "common.py", "run_all.py"}
+    listed = {entry[0] for entry in run_all.BENCHMARKS.values()}
+    assert listed | set(run_all.APART) == scripts and not listed & set(run_all.APART)
+    for name in run_all.BENCHMARKS:
+        assert run_all.command_for(name, quick=True)[-1] == "--quick", name
+    assert run_all.command_for("vit", seeds=2)[-2:] == ["--seeds", "2"]
+    assert "--seeds" not in run_all.command_for("step-cost", seeds=2)  # a timing, not seeds
+
+
 def test_run_all_runs_every_overhead_comparison_through_one_harness():
     for name, kind in (("penalty-overhead", "penalty"), ("proximal-overhead", "proximal"),
                        ("monitor-overhead", "monitor"), ("cnn-overhead", "cnn")):
@@ -164,6 +174,20 @@ def test_one_harness_parses_the_common_arguments_and_writes_a_run_once(tmp_path,
     markdown = results_md.read_text()
     assert "<!-- BEGIN digits -->" in markdown and "<!-- BEGIN apart -->" not in markdown
     assert "| apart (seeds 0, 1, 2) | T |" in markdown
+
+    # a figure under a name of its own is listed too; the .md's links point next to it, the section's to results/
+    named = common.Run("named", parser.parse_args(["--seeds", "1"]))
+    named.file("named_features.png").write_bytes(b"figure")
+    named.publish("N", "![pixels](results/named_features.png)", [])
+    assert "![pixels](named_features.png)" in (tmp_path / "results" / "named.md").read_text()
+    markdown = results_md.read_text()
+    assert "![pixels](results/named_features.png)" in markdown
+    assert "[named_features.png](results/named_features.png) |" in markdown
+    # a run written elsewhere (a trial: --output x.md) leaves RESULTS.md alone
+    elsewhere = common.Run("bench", parser.parse_args([]), output=tmp_path / "trial" / "mine.md")
+    assert (elsewhere.out, elsewhere.name, elsewhere.writes_results_md) == (tmp_path / "trial", "mine", False)
+    elsewhere.publish("T", "body", [])
+    assert (tmp_path / "trial" / "mine.json").exists() and results_md.read_text() == markdown
 
 
 def test_staged_results_replace_the_old_ones_only_when_the_run_succeeds(tmp_path):
