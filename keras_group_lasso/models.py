@@ -645,6 +645,18 @@ def add_group_sparsity(model, factor=1e-3, *, l1=None, input_factor=None, penalt
             UserWarning,
             stacklevel=2,
         )
+    crossing = [node.name for node in graph.nodes if node.kind == "whole"
+                and registry.units_rule(graph.layers[node.name]) is not None]
+    if crossing:  # a layer that makes units, kept whole (cross-attention): no penalty, said once
+        shown = ", ".join(f"'{name}'" for name in crossing[:3]) + (
+            f" and {len(crossing) - 3} more" if len(crossing) > 3 else "")
+        warnings.warn(
+            f"{owner}: {shown} read two tensors (cross-attention: a query from one, keys and values from another) "
+            "and are kept whole: their heads get no group penalty and stay, and every channel they read stays. The "
+            "layers around them are penalised and pruned.",
+            UserWarning,
+            stacklevel=2,
+        )
     if replaced:
         warnings.warn(
             f"{owner}: the group penalties replace the regularizers these layers had: {', '.join(replaced)}. "
@@ -686,13 +698,15 @@ def add_group_sparsity(model, factor=1e-3, *, l1=None, input_factor=None, penalt
 
 
 def _in_order_of(weights, copy):
-    """``weights`` (the source model's) in the order of ``copy``'s layer weights: by path where the paths name
-    them one to one (a functional copy may list its layers in another order than the model it copies: KerasHub's
-    BART lists its decoder's position embedding elsewhere), else as they are."""
+    """``weights`` (the source model's) in the order of ``copy``'s layer weights: as they are where every shape
+    fits, else by path where the paths name them one to one (a functional copy may list its layers in another order
+    than the model it copies: KerasHub's BART lists its decoder's position embedding elsewhere)."""
+    targets = layer_weights(copy)
+    if len(targets) == len(weights) and all(tuple(a.shape) == tuple(b.shape) for a, b in zip(weights, targets)):
+        return weights
     by_path = {v.path: v for v in weights}
-    targets = [v.path for v in layer_weights(copy)]
-    if len(by_path) == len(weights) == len(targets) and set(targets) == set(by_path):
-        return [by_path[path] for path in targets]
+    if len(by_path) == len(weights) == len(targets) and {v.path for v in targets} == set(by_path):
+        return [by_path[v.path] for v in targets]
     return weights
 
 

@@ -184,7 +184,8 @@ def _seq2seq(form, seed):
 
 @pytest.mark.parametrize("form", ["positional", "keywords", "own_key"])
 def test_cross_attention_is_kept_whole_and_the_layers_around_it_prune_exactly(form, rng, tmp_path):
-    model = add_group_sparsity(_seq2seq(form, int(rng.integers(1000))), 1e-3)
+    with pytest.warns(UserWarning, match="'cross' read two tensors .* are kept whole"):
+        model = add_group_sparsity(_seq2seq(form, int(rng.integers(1000))), 1e-3)
     penalised = {v.path for v in model.weights if getattr(v, "regularizer", None) is not None}
     assert penalised and not any(path.startswith("cross/") for path in penalised)  # kept whole: no penalty
     kill_rows(model, rng)
@@ -197,6 +198,20 @@ def test_cross_attention_is_kept_whole_and_the_layers_around_it_prune_exactly(fo
     assert small.get_layer("cross").get_config()["num_heads"] == 2
     assert_exact(small, model, x)
     assert_reloads_plain(small, x, tmp_path)
+
+
+def test_cross_attention_called_twice_or_in_other_roles_is_refused_by_name():
+    query, context = keras.Input((4, 6)), keras.Input((5, 6))
+    mha = L.MultiHeadAttention(2, 3, name="cross")
+    twice = keras.Model([query, context], L.Concatenate()([mha(query, context), mha(query, query)]))
+    with pytest.raises(UnsupportedModelError, match="'cross' .*a layer reading 2 tensors"):
+        prune_model(twice, T)
+    # called once here, but in another model first with its tensors in other roles: which is which is not known
+    other = L.MultiHeadAttention(2, 3, name="other")
+    keras.Model([query, context], other(value=query, query=context))
+    again = keras.Model([query, context], L.Dense(2)(other(query, context)))
+    with pytest.raises(UnsupportedModelError, match="'other' .*whose calls give its tensors in different roles"):
+        prune_model(again, T)
 
 
 def test_a_recurrent_attention_model_exports_to_every_format(tmp_path):

@@ -255,8 +255,10 @@ def test_bart_prunes_exactly_with_its_cross_attention_kept_whole(rng, tmp_path):
     cross = [node.name for node in graph.nodes if node.name.endswith("/cross_attention")]
     assert len(cross) == 2 and all(graph.tensor(name).kind == "whole" for name in cross)
     sparse, said = _bare_kernel_warnings(model)
-    (heads_whole,) = said  # the decoders' self-attention heads: their class ties a head's size to their number
-    assert "the heads of 'transformer_decoder_layer_0/self_attention'" in heads_whole
+    heads_whole, crossing = said  # the decoders' self-attention heads (their class ties a head's size to their
+    assert "the heads of 'transformer_decoder_layer_0/self_attention'" in heads_whole  # number), cross-attention
+    assert "'transformer_decoder_layer_0/cross_attention', 'transformer_decoder_layer_1/cross_attention' read two" \
+        in crossing
     assert not any("cross_attention" in v.path for v in sparse.trainable_weights if v.regularizer is not None)
     sparsify_blocks(model, rng)
     x = {f"{side}_{key}": value for side in ("encoder", "decoder") for key, value in _token_batch(model, rng).items()}
@@ -676,6 +678,29 @@ def test_gemma3_loses_heads_and_neurons_exactly_with_its_query_and_key_norms(rng
         "decoder_block_0": {"intermediate_dim": (48, 46)},
         "decoder_block_1": {"intermediate_dim": (48, 46), "num_query_heads": (4, 1), "num_key_value_heads": (2, 1)}}
     assert_loads_without_this_package({"gemma3": (small, _token_batch(model, rng))}, tmp_path)
+
+
+@pytest.mark.skipif(keras.backend.backend() != "tensorflow", reason="tested on TensorFlow (Gemma's rule, tested "
+                                                                       "everywhere)")
+def test_qwen3_loses_grouped_query_heads_and_neurons_exactly_with_its_sliding_window(rng, tmp_path):
+    """Qwen3's attention has a head size of its own (``head_dim``), per-head query and key norms and a sliding
+    window: its heads go as Gemma's do; keras-hub 0.32's decoder config forgets ``head_dim`` (read from the layer)."""
+    model = M.Qwen3Backbone(vocabulary_size=50, num_layers=2, num_query_heads=4, num_key_value_heads=2, hidden_dim=16,
+                            intermediate_dim=32, head_dim=8, sliding_window_size=4)
+    sparse, said = _bare_kernel_warnings(model)
+    assert said == []
+    for block, heads, neurons in ((0, [1], [0, 3]), (1, [0, 1, 3], [2, 4, 5])):
+        layer = model.get_layer(f"transformer_layer_{block}")
+        for variable, dead in ((layer._self_attention_layer._output_dense.kernel, heads),
+                               (layer._feedforward_output_dense.kernel, neurons)):
+            values = keras.ops.convert_to_numpy(variable).copy()
+            values[dead] = 0.0
+            variable.assign(values)
+    small = assert_prunes_exactly_and_reloads(model, _token_batch(model, rng), tmp_path)
+    assert {call: found.changed for call, found in small.rebuilt_blocks.items()} == {
+        "transformer_layer_0": {"intermediate_dim": (32, 30)},
+        "transformer_layer_1": {"intermediate_dim": (32, 29), "num_query_heads": (4, 1), "num_key_value_heads": (2, 1)}}
+    assert_loads_without_this_package({"qwen3": (small, _token_batch(model, rng))}, tmp_path)
 
 
 def test_attention_in_a_decoder_of_fixed_length_is_counted_at_that_length():

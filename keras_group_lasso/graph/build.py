@@ -20,6 +20,7 @@ lives in: it can go only when no layer reads it anywhere, and then every layer
 that makes it drops it.
 """
 
+import collections
 import dataclasses
 import inspect
 import math
@@ -1413,10 +1414,12 @@ def _model_graph(model, flat):
         kinds[name] = kind
         if kind == Kind.OTHER:
             flagged.setdefault(name, reason)
+    calls_of = collections.Counter(id(layers[name]) for name in order if layers.get(name) is not None)
     for name in order:  # a units layer reading two tensors (cross-attention): kept whole where its rule says how
         read = {p for p in producers.get(name, []) if kinds.get(p) != Kind.CONSTANT}  # a fixed mask is no stream
-        if (kinds[name] in (Kind.UNITS, Kind.UNITS_MIXING) and len(read) > 1
-                and hasattr(registry.rule_of(layers[name]), "new_units")):
+        # called once: the calls of a shared layer are one node kind (several are refused as reading 2 tensors)
+        if (kinds[name] in (Kind.UNITS, Kind.UNITS_MIXING) and len(read) > 1 and calls_of[id(layers[name])] == 1
+                and getattr(registry.rule_of(layers[name]), "new_units", None) is not None):
             kinds[name] = Kind.WHOLE
     calls = _shared_calls(order, layers, input_names)
     all_units = tuple(n for n in order if kinds[n] in ("units", "units_mixing"))

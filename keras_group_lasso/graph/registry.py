@@ -297,6 +297,11 @@ _BY_NAME = {  # module.name: (kind, description, rule of the class)
         attention.WholeHeadsAttentionRule),
     "keras_hub.src.models.qwen.qwen_layernorm.QwenLayerNorm": (
         "tail", "QwenLayerNorm (KerasHub Qwen2; its channels stay)", channels.LastAxisNormalizationRule),
+    "keras_hub.src.models.qwen3.qwen3_attention.Qwen3Attention": (
+        "units", "Qwen3Attention (KerasHub Qwen3; grouped-query heads pruned, called without a cache)",
+        attention.GroupedQueryAttentionRule),
+    "keras_hub.src.models.qwen3.qwen3_layernorm.Qwen3LayerNorm": (
+        "tail", "Qwen3LayerNorm (KerasHub Qwen3; its channels stay)", channels.LastAxisNormalizationRule),
     "keras_hub.src.models.phi3.phi3_attention.Phi3Attention": (
         "units", "Phi3Attention (KerasHub Phi-3; heads kept whole, called without a cache)",
         attention.WholeHeadsAttentionRule),
@@ -311,6 +316,7 @@ _BY_NAME = {  # module.name: (kind, description, rule of the class)
         "tail", "RMSNormalization (KerasHub Gemma; its channels stay)", channels.LastAxisNormalizationRule),
     "keras_hub.src.models.vit.vit_layers.ViTPatchingAndEmbedding": (
         "whole", "ViTPatchingAndEmbedding (KerasHub)", WholeRule),
+
 }
 
 

@@ -37,12 +37,16 @@ def _steps(layer):
 
 def _operand_roles(layer):
     """``("query", "value"[, "key"], ...)``: the keywords of a MultiHeadAttention's operands, in the order the graph
-    lists them (given positionally, or by keyword in any order; a constant mask is one too); ``()`` for a layer
-    never called."""
-    try:
-        arguments = layer._inbound_nodes[0].arguments  # noqa: SLF001 - the call Keras recorded
-    except (AttributeError, IndexError):
+    lists them (given positionally, or by keyword in any order; a constant mask is one too), the same in every call
+    Keras recorded of it; ``()`` for a layer never called, ``None`` for calls that give them in different roles (a
+    layer called again in another model, otherwise)."""
+    found = {_roles_of(node.arguments) for node in getattr(layer, "_inbound_nodes", ())}
+    if not found:
         return ()
+    return found.pop() if len(found) == 1 else None
+
+
+def _roles_of(arguments):
     def operand(value):  # what the graph lists as an operand: a tensor, or a constant array (a fixed mask)
         return isinstance(value, keras.KerasTensor) or is_constant_array(value)
 
@@ -220,7 +224,7 @@ class AttentionRule(SequenceRule):
 
     def variant(self, layer):
         roles = _operand_roles(layer)
-        if len(roles) < 2 or roles == self.roles:
+        if roles == self.roles or (roles is not None and len(roles) < 2):
             return self
         found = copy.copy(self)
         found.roles = roles
@@ -229,7 +233,10 @@ class AttentionRule(SequenceRule):
     def new_units(self, layer, flat):
         """Cross-attention (the query read from one tensor, the key and value from another: a decoder reading
         its encoder) is kept whole: every channel it reads stays, and so do its heads and outputs; ``(units,
-        None)``. Its weights take no group penalty and are not counted, as a layer kept whole's."""
+        None)``. Its weights take no group penalty and are not counted, as a layer kept whole's. ``(None,
+        reason)`` where its calls give its tensors in different roles."""
+        if self.roles is None:
+            return None, "a cross-attention layer whose calls give its tensors in different roles"
         return self.out_units(layer), None
 
     def _sizes(self, layer):
@@ -453,8 +460,15 @@ class GroupedQueryAttentionRule(AttentionRule):
         config = dict(layer_config(layer), num_query_heads=int(heads.size), num_key_value_heads=int(groups.size))
         return config, [by_path[variable.path] for variable in layer.weights]
 
+    new_units = None  # reads one tensor; two are refused by name, not kept whole
+
     def call(self, layer, x, options=None):
-        return layer(x, **(options or {}))
+        options = dict(options or {})
+        if getattr(layer, "sliding_window_size", None) and options.get("attention_mask") is None:
+            # Called alone, without the mask its decoder computed (a block traced at probe sizes is then built again
+            # as itself, in place of these calls): a sliding window needs some mask to shape, so every key is given.
+            options["attention_mask"] = keras.ops.ones_like(keras.ops.einsum("btd,bsd->bts", x, x), dtype="bool")
+        return layer(x, **options)
 
     def _sizes(self, layer):
         """``(query heads, key-value heads, head size, sequence length or 1)``."""

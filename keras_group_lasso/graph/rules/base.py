@@ -222,32 +222,46 @@ def layer_config(layer):
                 raise
             config[key] = found
         return config
-    # a required argument its class forgets to write (KerasHub 0.32's Qwen3 decoder: head_dim), read where kept
-    for key in _own_arguments(layer, required=True):
-        if key not in config:
-            found = _argument_value(layer, key)
-            if found is not _UNSET:
-                config[key] = found
-    return config
+    return dict(config, **_forgotten(layer, config))
+
+
+def _forgotten(layer, config):
+    """``{argument: value}`` of the constructor arguments ``config`` leaves out, read where the layer keeps them: a
+    required one (KerasHub 0.32's Qwen3 decoder forgets ``head_dim``), or one kept at another value than its default
+    (the same decoder's ``sliding_window_size``)."""
+    found = {}
+    for key, parameter in _own_parameters(layer):
+        if key in config:
+            continue
+        value = _argument_value(layer, key)
+        if value is not _UNSET and (parameter.default is inspect.Parameter.empty or value != parameter.default):
+            found[key] = value
+    return found
 
 
 def config_is_read(layer):
     """``layer``'s config is (in part) read from its attributes by :func:`layer_config`: its class writes none that
-    it can load (its ``get_config`` raises, or leaves out an argument its constructor requires)."""
+    it can load (its ``get_config`` raises, or leaves out an argument its constructor requires or that the layer
+    was given another value of than its default)."""
     try:
         written = layer.get_config()
     except (NotImplementedError, AttributeError):
         return True
-    return any(key not in written for key in _own_arguments(layer, required=True))
+    return any(key not in written for key in _own_arguments(layer, required=True)) or bool(_forgotten(layer, written))
+
+
+def _own_parameters(layer):
+    """``(name, inspect.Parameter)`` of the arguments of ``layer``'s constructor beyond those of every layer."""
+    return [(key, parameter) for key, parameter in inspect.signature(type(layer).__init__).parameters.items()
+            if key not in ("self", "name", "dtype", "trainable")
+            and parameter.kind not in (inspect.Parameter.VAR_KEYWORD, inspect.Parameter.VAR_POSITIONAL)]
 
 
 def _own_arguments(layer, required=False):
     """The names of the arguments of ``layer``'s constructor beyond those of every layer (all, or those without a
     default)."""
-    return [key for key, parameter in inspect.signature(type(layer).__init__).parameters.items()
-            if key not in ("self", "name", "dtype", "trainable")
-            and parameter.kind not in (inspect.Parameter.VAR_KEYWORD, inspect.Parameter.VAR_POSITIONAL)
-            and (not required or parameter.default is inspect.Parameter.empty)]
+    return [key for key, parameter in _own_parameters(layer)
+            if not required or parameter.default is inspect.Parameter.empty]
 
 
 def _argument_value(layer, key):
@@ -270,15 +284,24 @@ def _activation_name(function):
 
 def keep_config(layer, config):
     """Give ``layer`` (made from ``config``) a ``get_config`` that returns ``config`` where its class's own raises
-    (KerasHub 0.32's ``LlamaTransformerDecoder`` reads an attribute it never sets): a model holding it saves, and
-    loads wherever its class can be imported."""
+    (KerasHub 0.32's ``LlamaTransformerDecoder`` reads an attribute it never sets), or its class's own with the
+    arguments of ``config`` it leaves out: a model holding it saves, and loads wherever its class can be imported."""
     try:
-        type(layer).get_config(layer)
+        written = layer.get_config()
     except (NotImplementedError, AttributeError):
         def get_config():
             return dict(config, name=layer.name)
 
         layer.get_config = get_config
+        return
+    forgotten = {key: value for key, value in config.items() if key not in written}
+    if forgotten:  # arguments its class leaves out of its config (KerasHub 0.32's Qwen3 decoder: head_dim)
+        own = layer.get_config  # its class's, or the loadable one layer_from_config gave it
+
+        def get_config_and_forgotten():
+            return dict(own(), **forgotten)
+
+        layer.get_config = get_config_and_forgotten
 
 
 def _plain(value):
