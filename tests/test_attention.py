@@ -182,6 +182,7 @@ def _seq2seq(form, seed):
     return keras.Model([source, target], L.Dense(3, name="out")(hidden))
 
 
+@pytest.mark.quick
 @pytest.mark.parametrize("form", ["positional", "keywords", "own_key"])
 def test_cross_attention_is_kept_whole_and_the_layers_around_it_prune_exactly(form, rng, tmp_path):
     with pytest.warns(UserWarning, match="'cross' read two tensors .* are kept whole"):
