@@ -364,7 +364,7 @@ def train_budget(network, seed, data, epochs, lr, factor, schedule_power, settle
         "train_seconds": wall, "epoch_seconds": epoch_seconds,
         "budget_cut_groups": [int(v) for v in history.get("budget_cut", [])],
         "budget_cuts": [[float(elapsed), int(groups)] for elapsed, groups in budget.cuts],
-        "prunable_groups": int(budget._groups),
+        "prunable_groups": int(budget.prunable_groups),
         "budget_history": {key: [float(v) for v in history[key]] for key in
                            ("budget_flops", "budget_latency", "budget_over", "budget_multiplier_hidden", "budget_phase") if key in history},
         "warnings": sorted({str(w.message)[:300] for w in caught if "SparsityBudget" in str(w.message)}),

@@ -26,7 +26,7 @@ Recorded: test accuracy (dense, budget-trained, pruned) and the largest
 FLOP ratio ``flops_after / flops_before`` of ``sparsity_report``; the landing
 ``ratio / F``; ``budget.cuts`` (``(epochs elapsed, groups set to zero)`` per
 check) with the number of cuts and the largest as a share of the prunable
-groups, counted as the callback counts them (``SparsityBudget._groups``: the
+groups, counted as the callback counts them (``SparsityBudget.prunable_groups``: the
 input-channel groups, rows, of every penalised kernel, depthwise and pointwise
 kernels apart; a channel read by two kernels counts twice; 1,021 at the
 default width); wall seconds of training
@@ -36,7 +36,7 @@ Usage:
     KERAS_BACKEND=tensorflow python benchmarks/xception_budget.py            # 1 seed -> benchmarks/results/xception_budget.{md,json}
     KERAS_BACKEND=tensorflow python benchmarks/xception_budget.py --quick    # 1,000 images, 1 epoch -> benchmarks/out/
     KERAS_BACKEND=tensorflow python benchmarks/xception_budget.py --seeds 2 --epochs 6 --budgets 0.5 0.25
-    KERAS_BACKEND=tensorflow python benchmarks/xception_budget.py --first-seed 1 --output benchmarks/results/xception_budget_s1
+    KERAS_BACKEND=tensorflow python benchmarks/xception_budget.py --first-seed 1 --output /tmp/xception_s1
 """
 
 import sys
@@ -187,15 +187,13 @@ def run_budget(seed, data, epochs, w, fraction):
     import numpy as np
 
     import keras_group_lasso as kgl
-    from keras_group_lasso.budget import cut
 
     model = kgl.add_group_sparsity(build(seed, w))
     compile_model(model, kgl.Proximal(keras.optimizers.Adam(LR)))
     budget = kgl.SparsityBudget(max_flops=fraction)
     history, train_wall, messages = fit(model, data, epochs, seed, callbacks=[budget])
     say_epochs(f"budget {fraction:g}", history)
-    # The groups the budget counts: the input groups (rows) of every penalised kernel.
-    groups = sum(int(v.regularizer.group_shape(tuple(v.shape))[-2]) for v in cut.penalised_kernels(model))
+    groups = budget.prunable_groups  # the input groups (rows) of every penalised kernel
     report = kgl.sparsity_report(model)
     start = time.perf_counter()
     pruned = kgl.prune_model(model)
@@ -353,7 +351,7 @@ def main(argv=None):
          "`add_group_sparsity(model)` (default strength), `Proximal(Adam(1e-3))`, `SparsityBudget(max_flops=F)` "
          "with no other argument, `prune_model(model)`, no fine-tuning"),
         ("Largest single cut: the most groups one check of `budget.cuts` set to zero, as a share of the "
-         "prunable groups counted as the callback counts them (`SparsityBudget._groups`: the input-channel "
+         "prunable groups counted as the callback counts them (`SparsityBudget.prunable_groups`: the input-channel "
          "groups of every penalised kernel, depthwise and pointwise apart, so a channel read by two kernels "
          "counts twice); "
          "landing: (flops_after / flops_before of `sparsity_report`) / F; max logit gap: pruned vs trained "

@@ -26,8 +26,8 @@ Where the variables live:
   (whose config knows nothing of it) starts again at strength 1. On
   TensorFlow and PyTorch the model's ``weights``, ``get_weights()`` and
   ``count_params()`` stay its layers' own. On JAX the compiled step receives
-  a model's own variables only, so a Functional model counts the state's two
-  variables among its weights there (``get_weights()`` has two more arrays;
+  a model's own variables only, so a Functional model counts the state's
+  variables among its weights there (``get_weights()`` has more arrays;
   :func:`layer_weights` leaves them out), and a plain Sequential, which cannot
   count them, is refused (use ``add_group_sparsity``).
 """
@@ -44,9 +44,16 @@ from keras_group_lasso.graph import registry
 from keras_group_lasso.regularizers import WEIGHT_ONLY, CoupledGroupLasso, GroupSparseRegularizer, link_coupled_penalties
 
 __all__ = ["GroupPenalties", "PenaltyState", "declare_group_penalties", "declared_penalties", "layer_weights",
-           "group_sparse_penalties", "link_penalty_multiplier", "BUDGET_STATE_SIZE"]
+           "group_sparse_penalties", "link_penalty_multiplier", "BUDGET_VARIABLES"]
 
-BUDGET_STATE_SIZE = 16
+#: A budget's progress (:class:`keras_group_lasso.budget.state.BudgetState`): each variable's name after ``budget_``
+#: and its shape, float32, zeros while no budget started.
+BUDGET_VARIABLES = {"started": (), "phase": (), "settling": (), "initial": (2,), "reached": (2,), "last_sizes": (5,),
+                    "measured": (), "cut": (), "rounded": (), "decided": ()}
+# Files saved before the state had named variables hold one vector of 16 values: each name's slice of it (the
+# last sizes' latency came last).
+_LEGACY = {"started": [0], "phase": [1], "settling": [2], "initial": [3, 4], "reached": [5, 6],
+           "last_sizes": [7, 8, 9, 10, 15], "measured": [11], "cut": [12], "rounded": [13], "decided": [14]}
 _NOTES = "notes"
 #: The note of the own momentum of each BatchNormalization layer (by path) a budget's cut renews.
 MOMENTA = "batch_normalization_momenta"
@@ -66,8 +73,8 @@ class PenaltyState(keras.layers.Layer):
     Attributes:
         multiplier: ``(2,)`` strength multiplier (input groups, other groups),
             or ``None`` where the model holds it itself (``penalty_multiplier``).
-        budget: ``(BUDGET_STATE_SIZE,)`` float32, the progress of a
-            :class:`~keras_group_lasso.SparsityBudget` (zeros: none started).
+        budget: ``{name: variable}``, the progress of a
+            :class:`~keras_group_lasso.SparsityBudget` (:data:`BUDGET_VARIABLES`; zeros: none started).
     """
 
     def __init__(self, with_multiplier=True, **kwargs):
@@ -83,8 +90,9 @@ class PenaltyState(keras.layers.Layer):
         if self.with_multiplier:
             self.multiplier = self.add_weight(shape=(2,), initializer="ones", trainable=False, name="multiplier",
                                               dtype="float32")
-        self.budget = self.add_weight(shape=(BUDGET_STATE_SIZE,), initializer="zeros", trainable=False,
-                                      name="budget", dtype="float32")
+        self.budget = {name: self.add_weight(shape=shape, initializer="zeros", trainable=False, name=f"budget_{name}",
+                                             dtype="float32")
+                       for name, shape in BUDGET_VARIABLES.items()}
         self.built = True
 
     def call(self, inputs):
@@ -100,7 +108,12 @@ class PenaltyState(keras.layers.Layer):
         keys = list(store.keys())
         if len(keys) == 0:
             return
-        super().load_own_variables({key: store[key] for key in keys if key != _NOTES})
+        values = {key: store[key] for key in keys if key != _NOTES}
+        if len(values) == int(self.with_multiplier) + 1:  # saved as one vector
+            legacy = np.asarray(values.pop(str(len(values) - 1)), dtype="float32")
+            values.update({str(len(values) + i): legacy[_LEGACY[name]].reshape(shape)
+                           for i, (name, shape) in enumerate(BUDGET_VARIABLES.items())})
+        super().load_own_variables(values)
         self.notes = json.loads(bytes(np.asarray(store[_NOTES], dtype="uint8")).decode("utf-8")) \
             if _NOTES in keys else {}
         model = None if self._owner_model is None else self._owner_model()
@@ -181,7 +194,7 @@ class GroupPenalties:
     Attributes:
         multiplier: the ``(2,)`` ``keras.Variable`` every penalty of the model
             scales its strength by: entry 0 for input groups, 1 for the others.
-        state: the :class:`PenaltyState` layer (``state.budget``: a budget's progress).
+        state: the :class:`PenaltyState` layer (``state.budget``: a budget's progress, named variables).
         training_latency: ``(LatencyTable, batch size)`` of a latency budget steering the ``fit`` that runs now, or
             ``None``; what a :class:`~keras_group_lasso.SparsityMonitor` without a table of its own reports the
             predicted latency with. Not saved.
@@ -232,10 +245,14 @@ class GroupPenalties:
         self.multiplier.assign(np.asarray(current, dtype="float32"))
 
     def budget_values(self):
-        return np.asarray(keras.ops.convert_to_numpy(self.state.budget), dtype="float32").copy()
+        """``{name: float32 array}`` of the budget's variables now (:data:`BUDGET_VARIABLES`)."""
+        return {name: np.asarray(keras.ops.convert_to_numpy(variable), dtype="float32").copy()
+                for name, variable in self.state.budget.items()}
 
     def set_budget_values(self, values):
-        self.state.budget.assign(np.asarray(values, dtype="float32"))
+        """Write ``{name: value}`` into the budget's variables (every name of :data:`BUDGET_VARIABLES`)."""
+        for name, variable in self.state.budget.items():
+            variable.assign(np.asarray(values[name], dtype="float32").reshape(BUDGET_VARIABLES[name]))
 
     def note(self, key, default=None):
         """A JSON value kept with the state (saved with the model's weights), or ``default``."""

@@ -490,7 +490,7 @@ def test_spare_block_keeps_a_block_of_trained_units_in_every_layer_through_the_s
 
     def record(epoch, logs):
         spared.append([p.spared for p in readers])
-        if not budget._settling:  # an epoch of the search
+        if not budget.state.settling:  # an epoch of the search
             searched.append(sparsity_report(model, 1e-3).layer_sizes[1:3])
 
     fit(model, x, y, [budget, keras.callbacks.LambdaCallback(on_epoch_end=record)], epochs=6)

@@ -5,9 +5,11 @@
 * a latency budget below the narrowest model's predicted time is refused when ``fit`` starts, naming that floor;
 * a model saved while a cut's BatchNormalization statistics renew gets each layer's own momentum back when it is
   loaded (and a resumed ``fit`` ends with it);
-* a frozen layer (``trainable=False``) is never written by the budget's cut.
+* a frozen layer (``trainable=False``) is never written by the budget's cut;
+* the state is named variables, and a model saved when it was one vector of 16 values loads and resumes.
 """
 
+import os
 import warnings
 
 import keras
@@ -21,8 +23,10 @@ from keras_group_lasso import (
     prune_model,
     sparsity_report,
 )
+from keras_group_lasso.budget.state import BudgetState
 from keras_group_lasso.costs import current_device
 from keras_group_lasso.costs.latency import FORMAT
+from keras_group_lasso.declared import BUDGET_VARIABLES, declared_penalties
 from keras_group_lasso.graph import model_graph
 from test_budget import penalty_paced
 from test_nothing_lost import EPOCHS, Interrupt, assert_same, budget, data, outcome, stop_at, train, uninterrupted
@@ -183,3 +187,24 @@ def test_the_cut_never_writes_a_frozen_layer_and_says_why_the_budget_is_missed()
         np.testing.assert_array_equal(a, b)
     report = sparsity_report(model)
     assert report.n_selected_features == 12 and report.live_neurons <= 10  # the hidden layer gave what it could
+
+
+def test_the_state_is_named_variables_and_a_model_saved_with_the_16_value_vector_resumes():
+    model = build()
+    train(model, [budget()])
+    names = [v.name for v in model.group_penalty_state.weights]
+    assert [name for name in names if name.startswith("budget_")] == [f"budget_{n}" for n in BUDGET_VARIABLES]
+    # Saved at the end of epoch 3 (of a search of 7) by the code that kept the state as one vector of 16 values.
+    legacy = os.path.join(os.path.dirname(__file__), "data", "budget_state_16_values.keras")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        loaded = keras.saving.load_model(legacy)
+    declared = declared_penalties(loaded)
+    assert BudgetState.from_values(declared.budget_values()) == BudgetState(
+        started=True, initial=(1.0, 1.0), reached=(1.0, 1.0), cut=3, decided=3,
+        last_sizes={"features": 9.0, "units": 8.0, "params": 89.0, "flops": 80.0, "latency": 0.0})
+    assert declared.multiplier_values() == pytest.approx([0.9792721, 1.0])
+    train(loaded, [budget()], initial_epoch=3)
+    assert sparsity_report(loaded).n_selected_features <= 4
+    if keras.backend.backend() == "tensorflow":  # where the file was trained: the uninterrupted run's weights
+        assert_same(outcome(loaded), uninterrupted())

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from keras_group_lasso import Proximal, SparsityBudget, add_group_sparsity, sparsity_report
-from keras_group_lasso.declared import declared_penalties
+from keras_group_lasso.declared import BUDGET_VARIABLES, declared_penalties
 
 EPOCHS = 10
 SETTLE = 0.3  # the search is epochs 0-6, settling 7-9
@@ -231,8 +231,9 @@ def test_a_budget_on_a_plain_sequential_model_and_what_a_plain_model_saves(tmp_p
         model = build("functional")
     train(model, [budget()])
     assert sparsity_report(model).n_selected_features <= 4
-    # Only on JAX a (functional) model counts the state's two variables among its weights: JAX needs them there.
-    assert len(model.get_weights()) == (6 if keras.backend.backend() == "jax" else 4)
+    # Only on JAX a (functional) model counts the state's variables (the multiplier, the budget's ten) among its
+    # weights: JAX needs them there.
+    assert len(model.get_weights()) == (4 + 1 + len(BUDGET_VARIABLES) if keras.backend.backend() == "jax" else 4)
     assert len(add_group_sparsity(model, 1e-3).get_weights()) == 4  # a copy takes the layers' weights
     # A plain model read back by load_model knows nothing of the state: the same layers and outputs.
     path = str(tmp_path / "plain.keras")

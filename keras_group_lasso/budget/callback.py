@@ -1,17 +1,15 @@
 """Ask for a size, get it: a callback that steers the penalty strength until the model fits a budget.
 
-The callback measures and applies; the parts it calls decide: :mod:`.controller`
-what to do at a check (state and sizes in, a decision out) with the pure
-functions of :mod:`.schedule`, :mod:`.measure` counts the sizes, cuts the
-weakest groups down to a goal and rounds the widths, :mod:`.cut` ranks the
-groups, finds the fewest that meet a goal on copies of the kernels' values and
-holds the groups set to zero, :mod:`.rounding` picks widths in whole blocks,
-:mod:`.latency_limit` keeps a latency budget's table and limit,
-:mod:`.renewal` renews BatchNormalization statistics after a cut,
-:mod:`.latency_check` times the pruned model when ``fit`` ends, and
-:mod:`.state` is its progress, kept in the model
-(:mod:`keras_group_lasso.declared`) so that a resumed training decides as the
-uninterrupted one.
+The callback is the loop; the parts it calls decide and act: :mod:`.controller`
+what to do at a check (state and sizes in, a decision out, with the pure
+functions of :mod:`.schedule`), :mod:`.measure` the sizes, :mod:`.cutting` the
+cuts and what they say (ranked on arrays by :mod:`.cut`, rounded by
+:mod:`.rounding`), :mod:`.hold` what the compiled step holds (the groups at
+zero, the spared groups, the BatchNormalization renewal of :mod:`.renewal`),
+:mod:`.latency_limit` a latency budget's table and limit, :mod:`.latency_check`
+the pruned model's time when ``fit`` ends, and :mod:`.state` the progress, kept
+in the model's named variables (:mod:`keras_group_lasso.declared`) so that a
+resumed training decides as the uninterrupted one.
 """
 
 import logging
@@ -24,12 +22,14 @@ import numpy as np
 
 from keras_group_lasso import analysis
 from keras_group_lasso._validation import check_non_negative, check_positive_int, fail
-from keras_group_lasso.budget import controller, cut, latency_check, measure, messages, renewal, rounding, schedule
-from keras_group_lasso.budget.state import CUT, SEARCH, WITHIN, BudgetState
+from keras_group_lasso.budget import controller, cut, latency_check, measure, messages, schedule
+from keras_group_lasso.budget.cutting import SMALL_CUT, Cutting
+from keras_group_lasso.budget.hold import StepHold
 from keras_group_lasso.budget.latency_limit import LatencyLimit
-from keras_group_lasso.declared import BUDGET_STATE_SIZE, declare_group_penalties, group_sparse_penalties
+from keras_group_lasso.budget.state import CUT, SEARCH, WITHIN, BudgetState
+from keras_group_lasso.declared import declare_group_penalties, group_sparse_penalties
 
-__all__ = ["SparsityBudget"]
+__all__ = ["SparsityBudget", "SMALL_CUT"]
 
 _OWNER = "SparsityBudget"
 _LOG = logging.getLogger("keras_group_lasso")
@@ -41,9 +41,6 @@ CHECKS_PER_EPOCH = 8
 #: With the gradual pace, the share of the searching epochs before the first cut: the weights first learn which
 #: groups matter.
 WARM_UP = 1 / 3
-#: With the gradual pace, a cut of at most this share of the prunable groups when settling begins is the
-#: schedule's last step (logged); a larger one is said in a warning.
-SMALL_CUT = 0.05
 #: ``min_width="auto"``: each layer keeps at least this share of the width at which all prunable layers, equally
 #: narrowed, meet the budget (:func:`.schedule.even_share`).
 LEAST_WIDTH = 0.9
@@ -60,26 +57,16 @@ class SparsityBudget(keras.callbacks.Callback):
     and gives the measurements behind the defaults.
 
     Each size follows a schedule from the dense size to the budget over the searching epochs (the first
-    ``1 - settle`` of them)::
-
-        target(progress) = budget + (dense - budget) * (1 - progress) ** schedule_power
-
-    (for units, parameters, FLOPs and latency, in the width of every prunable layer narrowed alike rather than in
-    size: :func:`.schedule.targets`).
-
-    At every check (``update_freq``: by default eight per epoch) :func:`.controller.decide` says what to do: the
-    penalties' strength multipliers (:func:`keras_group_lasso.set_penalty_multiplier`; input groups for
-    ``max_features``, the others for ``max_units``, both for the rest) grow behind the schedule and ease ahead of
-    it, within ``max_strength`` times the starting strength; with ``pace="gradual"`` (default), after a warm-up of
-    a third of the searching epochs, a model over its target has its weakest groups set to zero, the fewest that
-    meet it, and a model over its budget the check's share of the groups still to go (``cuts`` lists ``(epochs
-    elapsed, groups)``), and with ``pace="penalty"`` the penalties alone remove
-    groups. When settling begins a model still over its budget is cut to it, every zero group is held at zero
-    and the survivors train without the penalties, so ``fit`` ends within the budget. A group's weakness is
-    counted per share of the budget its unit frees, no layer goes below its least width (``min_width``) while the
-    budget can be met without (along the way, least and most widths follow the schedule:
-    :func:`.schedule.least_width_at`, :func:`.schedule.most_width_at`), and after a cut ``BatchNormalization``
-    statistics renew; with ``round_to`` > 1 the settled widths are multiples of it (``rounded``, ``spared``). The guide says how each part works.
+    ``1 - settle`` of them; :func:`.schedule.targets`). At every check (``update_freq``: by default eight per
+    epoch) :func:`.controller.decide` says what to do: the penalties' strength multipliers grow behind the
+    schedule and ease ahead of it (within ``max_strength`` times the starting strength); with ``pace="gradual"``
+    (default), after a warm-up, a model over its target has its weakest groups set to zero, the fewest that meet
+    it (``cuts`` lists ``(epochs elapsed, groups)``); with ``pace="penalty"`` the penalties alone remove groups.
+    When settling begins a model still over its budget is cut to it, every zero group is held at zero and the
+    survivors train without the penalties, so ``fit`` ends within the budget. A group's weakness is counted per
+    share of the budget its unit frees, no layer goes below its least width (``min_width``) while the budget can
+    be met without, ``BatchNormalization`` statistics renew after a cut, and with ``round_to`` > 1 the settled
+    widths are multiples of it (``rounded``, ``spared``). The guide says how each part works.
 
     The epoch's ``logs`` get ``budget_multiplier_input``, ``budget_multiplier_hidden``, ``budget_phase`` (0
     searching, 1 within the budget, 2 groups were cut), ``budget_over`` (the largest size / budget),
@@ -174,15 +161,12 @@ class SparsityBudget(keras.callbacks.Callback):
                  "max_flops, max_latency)", None)
         self._latency = LatencyLimit.checked(_OWNER, max_latency, latency_table)
         self.max_latency = None if self._latency is None else self._latency.given
-        if not isinstance(latency_check, (bool, np.bool_)):
-            fail(_OWNER, "latency_check", "True or False", latency_check)
-        self.latency_check = bool(latency_check)
+        self.latency_check = _checked_bool("latency_check", latency_check)
         self.latency = None
         self.threshold = check_non_negative(_OWNER, "threshold", threshold)
-        settle = check_non_negative(_OWNER, "settle", settle)
-        if settle >= 1.0:
+        self.settle = check_non_negative(_OWNER, "settle", settle)
+        if self.settle >= 1.0:
             fail(_OWNER, "settle", "a fraction in [0, 1)", settle)
-        self.settle = settle
         self.max_strength = check_non_negative(_OWNER, "max_strength", max_strength)
         if self.max_strength < 1.0:
             fail(_OWNER, "max_strength", "a number >= 1", max_strength)
@@ -193,12 +177,10 @@ class SparsityBudget(keras.callbacks.Callback):
         if pace not in PACES:
             fail(_OWNER, "pace", " or ".join(repr(p) for p in PACES), pace)
         self.pace = pace
-        if isinstance(min_width, str) and min_width == "auto":
-            self.min_width = min_width
-        elif isinstance(min_width, bool) or not isinstance(min_width, numbers.Real) or not 0.0 <= min_width < 1.0:
+        if not (isinstance(min_width, str) and min_width == "auto") and (
+                isinstance(min_width, bool) or not isinstance(min_width, numbers.Real) or not 0.0 <= min_width < 1.0):
             fail(_OWNER, "min_width", "'auto' or a fraction in [0, 1) of each layer's units", min_width)
-        else:
-            self.min_width = float(min_width)
+        self.min_width = min_width if isinstance(min_width, str) else float(min_width)
         if isinstance(update_freq, str) and update_freq in ("epoch", "batch", "auto"):
             self.update_freq = 1 if update_freq == "batch" else update_freq
         elif isinstance(update_freq, bool) or not isinstance(update_freq, numbers.Integral) or update_freq < 1:
@@ -206,40 +188,26 @@ class SparsityBudget(keras.callbacks.Callback):
                  update_freq)
         else:
             self.update_freq = int(update_freq)
-        if not isinstance(spare_block, (bool, np.bool_)):
-            fail(_OWNER, "spare_block", "True or False", spare_block)
-        self.spare_block = bool(spare_block)
+        self.spare_block = _checked_bool("spare_block", spare_block)
         if self.update_freq != "epoch" and not (self.update_freq == "auto" and self.pace == "penalty"):
             # Only then a batch hook: Keras dispatches the batches of a fit whose callbacks have none
             # asynchronously.
             self.on_train_batch_end = self._check_batch
         self._epoch = 0
-        self.rounded = {}
-        self.spared = {}
-        self.floors = {}
-        self.cuts = []
-        self._every = None
-        self._pending = set()  # groups cut inside this epoch, held at zero after every batch until its end
-        self._share = 0.0
-        self._epoch_cut = 0
-        self._renewal = renewal.StatisticsRenewal()  # the BatchNormalization momenta a cut lowered in this fit
-        self.limits = None
-        self._declared = None
-        self._first_epoch = None
-        self._curves = {}
+        self._every = self._declared = self._first_epoch = self._cutting = self.limits = None
+        self._share, self._epoch_cut, self._curves = 0.0, 0, {}
+        self._hold = StepHold()  # kept across fits: one that ended by an exception is released by the next
 
-    # ------------------------------------------------------------------ the model's state
+    # ------------------------------------------------------------------ what it reached, read from the model
 
     @property
     def state(self):
         """The budget's progress (:class:`~keras_group_lasso.budget.state.BudgetState`), read from the model."""
-        if self._declared is None:
-            return BudgetState()
-        return BudgetState.from_vector(self._declared.budget_values())
+        return BudgetState() if self._declared is None else BudgetState.from_values(self._declared.budget_values())
 
     def _update(self, **changes):
         state = self.state.replace(**changes)
-        self._declared.set_budget_values(state.to_vector(BUDGET_STATE_SIZE))
+        self._declared.set_budget_values(state.values())
         return state
 
     @property
@@ -247,48 +215,31 @@ class SparsityBudget(keras.callbacks.Callback):
         """``[input groups, other groups]``: the strength multiplier the model trains with now."""
         return None if self._declared is None else self._declared.multiplier_values()
 
-    @property
-    def phase(self):
-        return self.state.phase
-
-    @property
-    def initial(self):
-        return list(self.state.initial)
-
-    @property
-    def reached(self):
-        return list(self.state.reached)
-
-    @property
-    def last_sizes(self):
-        return self.state.last_sizes
-
-    @property
-    def _settling(self):
-        return self.state.settling
-
-    @property
-    def latency_batch_size(self):
-        """The batch size the latency budget counts at (``None`` without ``max_latency``)."""
-        return None if self._latency is None else self._latency.batch_size
-
-    @property
-    def latency_table(self):
-        """The :class:`~keras_group_lasso.LatencyTable` a latency budget counts with (given, kept in the model's
-        state or measured when training began; ``None`` without ``max_latency`` or before a table was given or
-        measured)."""
-        return None if self._latency is None else self._latency.table
-
-    @property
-    def least_width(self):
-        """The share of its units below which this ``fit``'s budget takes no layer (while the budget can be met
-        without): ``min_width``, or with ``"auto"`` the share measured when training began (0 before)."""
-        return self._share
+    phase = property(lambda self: self.state.phase, doc="``SEARCH``, ``WITHIN`` or ``CUT`` (``budget_phase``).")
+    initial = property(lambda self: list(self.state.initial), doc="The multiplier the search started from.")
+    reached = property(lambda self: list(self.state.reached), doc="The multiplier the search reached.")
+    last_sizes = property(lambda self: self.state.last_sizes, doc="``{kind: size}`` at the last check, or ``None``.")
+    cuts = property(lambda self: [] if self._cutting is None else self._cutting.cuts,
+                    doc="``[(epochs elapsed, groups set to zero)]`` in the last ``fit``, one entry per cut.")
+    rounded = property(lambda self: {} if self._cutting is None else self._cutting.rounded,
+                       doc="``{layer name: (live units before, after)}`` of the widths rounding changed.")
+    prunable_groups = property(lambda self: None if self._cutting is None else self._cutting.groups, doc=(
+        "The groups a cut may take, counted when ``fit`` began: the input-channel groups (rows) of every penalised "
+        "kernel (depthwise and pointwise kernels apart, so a channel read by two kernels counts twice)."))
+    floors = property(lambda self: self._hold.floors, doc="``{kernel path: groups}`` the penalties spare.")
+    spared = property(lambda self: self._hold.spared, doc="``{layer name: units}`` spared for rounding.")
+    least_width = property(lambda self: self._share, doc=(
+        "The share of its units below which this ``fit``'s budget takes no layer while the budget can be met "
+        "without: ``min_width``, or with ``'auto'`` the share measured when training began (0 before)."))
+    latency_batch_size = property(lambda self: None if self._latency is None else self._latency.batch_size,
+                                  doc="The batch size the latency budget counts at (``None`` without one).")
+    latency_table = property(lambda self: None if self._latency is None else self._latency.table, doc=(
+        "The :class:`~keras_group_lasso.LatencyTable` a latency budget counts with (given, kept in the model's "
+        "state or measured when training began; ``None`` without ``max_latency`` or before one was had)."))
 
     @property
     def plan(self):
-        """What this ``fit`` aims at (:class:`~keras_group_lasso.budget.controller.Plan`): the dense sizes, the limits,
-        the schedule's power, the strength's cap and the pace (``None`` before training began)."""
+        """What this ``fit`` aims at (:class:`~keras_group_lasso.budget.controller.Plan`; ``None`` before it began)."""
         if self.limits is None:
             return None
         return controller.Plan(self.dense, self.limits, self.schedule_power, self.max_strength, self.pace == "gradual",
@@ -297,11 +248,8 @@ class SparsityBudget(keras.callbacks.Callback):
     # ------------------------------------------------------------------ measuring, and where training is
 
     def _meter(self):
-        """How this budget counts the model's sizes now (:class:`.measure.Meter`).
-
-        Until settling rounds the widths, at those rounding up would give. Reading ``self.model`` on JAX writes the
-        training state back first.
-        """
+        """How this budget counts the model's sizes now (:class:`.measure.Meter`); until settling rounds the
+        widths, at those rounding up would give. Reading ``self.model`` on JAX writes the training state back."""
         return measure.Meter(self.model, self.threshold, self._latency, self.round_to,
                              self.round_to > 1 and self.state.rounded, _OWNER)
 
@@ -339,7 +287,6 @@ class SparsityBudget(keras.callbacks.Callback):
 
     def on_train_begin(self, logs=None):
         # Only what the model's structure fixes: a restore by another callback may come before or after.
-        self._pending = set()
         if not any(cut.strength(p) > 0 for _, _, p in group_sparse_penalties(self.model)):
             fail(_OWNER, "model", "a model with group penalties of factor > 0 (the budget scales their strength)",
                  self.model)
@@ -358,20 +305,16 @@ class SparsityBudget(keras.callbacks.Callback):
             self._latency_limit()
         if above:
             warnings.warn(messages.within_already(_OWNER, above), RuntimeWarning, stacklevel=2)
-        self._release_constraints()  # a fit that ended by an exception may have left them
-        self._warned = self._unmeetable = self._blocks_failed = False
-        self._finished = None
-        self.rounded = {}
-        self._first_epoch = None
+        self._hold.release(self.model, self._declared)  # a fit that ended by an exception may have left them
+        self._finished = self._first_epoch = None
         self._steps = self.params.get("steps") if self.params else None  # None: a dataset of unknown length
         self._every = self._checks_every()
         self._narrowing()
         if self.min_width == "auto" and self._share:
             _LOG.info("%s: no layer goes below %.3g of its units while the budget can be met without (min_width="
                       "'auto')", _OWNER, self._share)
-        self.cuts = []
-        self._groups = sum(int(v.regularizer.group_shape(tuple(v.shape))[-2])
-                           for v in cut.penalised_kernels(self.model))
+        groups = sum(int(v.regularizer.group_shape(tuple(v.shape))[-2]) for v in cut.penalised_kernels(self.model))
+        self._cutting = Cutting(_OWNER, self.limits, groups, self.pace == "gradual", self.round_to)
         self._done = self._checked = 0  # batches of this epoch: done, done at the last check
 
     def _latency_limit(self):
@@ -396,7 +339,7 @@ class SparsityBudget(keras.callbacks.Callback):
         """
         self._epoch = epoch
         self._done = self._checked = self._epoch_cut = 0
-        if self.limits and "latency" in self.limits:  # for a monitor in this fit (which dropped any table a failed fit left)
+        if self.limits and "latency" in self.limits:  # for a monitor in this fit (which dropped a failed fit's table)
             self._declared.training_latency = (self.latency_table, self.latency_batch_size)
         if self._first_epoch is not None:
             return
@@ -407,28 +350,29 @@ class SparsityBudget(keras.callbacks.Callback):
         state = self.state
         if epoch == 0 or not state.started:
             start = [v if v > 0 else 1.0 for v in self._declared.multiplier_values()]
-            self._declared.set_budget_values(BudgetState().started_from(start).to_vector(BUDGET_STATE_SIZE))
+            self._declared.set_budget_values(BudgetState().started_from(start).values())
             self._declared.set_multiplier(*start)
-        self._spare_blocks()
+        self._hold.begin(self.model, self.state.settling, self._share, self.pace == "gradual",
+                         self.round_to if self.spare_block else 0, self.threshold, _OWNER)
         if state.started and epoch > 0:
             if state.decided < epoch:
                 self._decide(epoch - 1)
             elif state.settling or self.pace == "gradual":  # resumed: hold the groups at zero again, as the
-                self._freeze()  # uninterrupted training does since they went
+                self._hold.freeze(self.model, self.threshold)  # uninterrupted training does since they went
             if self.state.settling and self.state.phase == CUT:  # and renew the statistics as the training
                 self._renew_statistics()  # that was not interrupted does (after the cut's epoch)
 
     def _check_batch(self, batch, logs=None):
         """With ``update_freq`` batches: steer after every ``update_freq`` of them (Keras's ``on_train_batch_end``)."""
         self._done = batch + 1
-        if self._pending:  # reading self.model on JAX writes the training state back first (Callback.model)
-            cut.zero_groups(self.model, self._pending)
+        # On JAX the training state lives outside the model's variables during an epoch; reading ``self.model``
+        # writes it back (Keras's Callback.model) before the state and the weights are read.
+        if self._hold.pending:
+            self._hold.after_batch(self.model)
         if (self.limits is None or not self._steps or self._every is None
                 or self._done - self._checked < self._every or self._done >= self._steps):
             return  # the epoch's end checks the last batches itself
-        # On JAX the training state lives outside the model's variables during an epoch; reading ``self.model``
-        # writes it back (Keras's Callback.model) before the state and the weights are read.
-        if self.model is None or self._settling:
+        if self.model is None or self.state.settling:
             return
         sizes = self._meter().now()
         decision = self._ask(sizes, self._epoch + self._done / self._steps, (self._done - self._checked) / self._steps,
@@ -453,25 +397,26 @@ class SparsityBudget(keras.callbacks.Callback):
         self._declared.set_multiplier(*decision.multiplier)
         if decision.goals is None and not decision.closing:
             return sizes
-        removed, sizes = self._cut_weakest_groups(epoch, sizes, decision.goals or {}, decision.closing,
-                                                  (decision.least_width, decision.most_width))
+        removed, sizes = self._cutting.along(self._meter(), sizes, decision.goals or {}, decision.closing,
+                                             self._hold.floors, (decision.least_width, decision.most_width),
+                                             self._elapsed(epoch))
         if removed:
             _LOG.info("%s: %d groups set to zero in epoch %d to follow the schedule.", _OWNER, removed, epoch + 1)
             self._update(cut=self.state.cut + removed)
             self._epoch_cut += removed
-            self._hold()
+            self._hold.hold(self.model, self.threshold)
         return sizes
 
     def on_epoch_end(self, epoch, logs=None):
         self._epoch = epoch
-        if self._pending:  # the groups cut inside the epoch: the step is traced again once, with all of them
-            self._freeze()
+        if self._hold.pending:  # the groups cut inside the epoch: the step is traced again once, with all of them
+            self._hold.freeze(self.model, self.threshold)
         if self.update_freq != "epoch" and not self._steps:  # a dataset of unknown length: its first epoch counts
             self._steps = self._done or None
             self._every = self._checks_every()
         if self.limits is None:
             return
-        _, sizes = self._decide(epoch)
+        sizes = self._decide(epoch)
         if logs is not None:
             multiplier = self.multiplier
             logs["budget_multiplier_input"] = float(multiplier[0])
@@ -483,58 +428,59 @@ class SparsityBudget(keras.callbacks.Callback):
                 logs[f"budget_{kind}"] = float(sizes[kind]) if kind == "latency" else int(sizes[kind])
 
     def _decide(self, epoch):
-        """What the end of ``epoch`` decides: steer the strength, or settle (round, cut, freeze).
-
-        Returns ``(groups this decision set to zero, the sizes after it)``; records that it was taken.
-        """
+        """What the end of ``epoch`` decides: steer the strength, or settle (round, cut, freeze); records that it was
+        taken and returns the sizes after it."""
         sizes = self._meter().now()
-        over = self._over(sizes)
         decision = self._ask(sizes, float(epoch + 1), schedule.last_fraction(self._every or "epoch", self._steps),
                              epoch_end=True)
-        state, removed = self.state, 0
         if decision.settle:
-            # Settling: the structure is fixed (by the cut if the model is over its budget) and the
-            # survivors train within it.
-            phase = state.phase
-            if not state.settling and self.round_to > 1:
-                # Whole blocks: widths step down a block at a time where the budget needs it (a cut of
-                # single groups would remove units that free nothing until a block empties).
-                self.rounded, removed = self._round_widths(epoch, grow=epoch + 1 < self._epochs())
-                sizes = self._meter().now()
-                over = self._over(sizes)
-                if removed:
-                    phase = CUT
-            if over > 1.0:
-                more, sizes = self._cut_weakest_groups(epoch, sizes)
-                removed, phase = removed + more, CUT
-            elif phase != CUT:
-                phase = CUT if state.cut > 0 else WITHIN  # the gradual pace cut on the way
-            if not state.settling:
-                # The structure is fixed from here on: every group that is zero now stays zero (exactly: the
-                # state a resumed training reads again), and the survivors train without the penalties, so
-                # nothing more goes either (under the penalties a cut network kept losing groups).
-                self._warn_far_below(sizes, epoch)
-                cut.zero_dead_groups(self.model, self.threshold)
-                self._update(settling=True, reached=self.multiplier)
-                self._declared.set_multiplier(0.0, 0.0)
-            self._update(phase=phase, cut=self.state.cut + removed)
-            self._epoch_cut += removed
-            if removed or (not state.settling and phase == CUT):  # after the last cut, whenever it was
-                self._renew_statistics()
-            self._freeze()
+            sizes = self._settle(epoch, sizes)
         else:
             sizes = self._follow(decision, sizes, epoch)
             if self.pace == "gradual":
-                self._freeze()  # every group at zero now stays there (what a resumed training holds again)
+                self._hold.freeze(self.model, self.threshold)  # every group at zero stays (as a resumed one holds)
             self._update(phase=SEARCH if self._over(sizes) > 1.0 else WITHIN)
         self._update(last_sizes=sizes, decided=epoch + 1)
-        return removed, sizes
+        return sizes
 
-    def _warn_far_below(self, sizes, epoch):
-        """Say so when settling begins below half a budget: the penalties took more than was asked."""
-        message = messages.far_below(_OWNER, sizes, self.limits, self.dense, epoch)
-        if message:
-            warnings.warn(message, RuntimeWarning, stacklevel=3)
+    def _settle(self, epoch, sizes):
+        """Settling: the structure is fixed (by the cut if the model is over its budget) and the survivors train
+        within it without the penalties; the sizes after."""
+        state, removed = self.state, 0
+        phase = state.phase
+        if not state.settling and self.round_to > 1:
+            # Whole blocks: widths step down a block at a time where the budget needs it (a cut of single groups
+            # would remove units that free nothing until a block empties).
+            removed = self._cutting.round_widths(self._meter(), epoch, grow=epoch + 1 < self._epochs())
+            self._update(rounded=True)  # from here on the sizes are the model's own
+            sizes = self._meter().now()
+            phase = CUT if removed else phase
+        if self._over(sizes) > 1.0:
+            more, sizes = self._cutting.to_budget(self._meter(), sizes, self._hold.floors, self._elapsed(epoch), epoch,
+                                                  epoch + 1 >= self._epochs(), self._declared)
+            removed, phase = removed + more, CUT
+        elif phase != CUT:
+            phase = CUT if state.cut > 0 else WITHIN  # the gradual pace cut on the way
+        if not state.settling:
+            # Every group that is zero now stays zero (exactly: the state a resumed training reads again), and the
+            # survivors train without the penalties, so nothing more goes (under them a cut network kept losing
+            # groups).
+            message = messages.far_below(_OWNER, sizes, self.limits, self.dense, epoch)
+            if message:  # the penalties took more than was asked
+                warnings.warn(message, RuntimeWarning, stacklevel=2)
+            cut.zero_dead_groups(self.model, self.threshold)
+            self._update(settling=True, reached=self.multiplier)
+            self._declared.set_multiplier(0.0, 0.0)
+        self._update(phase=phase, cut=self.state.cut + removed)
+        self._epoch_cut += removed
+        if removed or (not state.settling and phase == CUT):  # after the last cut, whenever it was
+            self._renew_statistics()
+        self._hold.freeze(self.model, self.threshold)
+        return sizes
+
+    def _renew_statistics(self):
+        left = (self._epochs() - self._search_end()) * (self._steps or self._done)
+        self._hold.renew_statistics(self.model, self._declared, left)
 
     def on_train_end(self, logs=None):
         # A training stopped before its settling part (EarlyStopping, a KeyboardInterrupt handled by the
@@ -567,133 +513,18 @@ class SparsityBudget(keras.callbacks.Callback):
         if self._over(sizes) > 1.0:
             if after_others:
                 warnings.warn(messages.restored_over(_OWNER), RuntimeWarning, stacklevel=2)
-                self._warned = False
-            more, sizes = self._cut_weakest_groups(None, sizes)
+                self._cutting.again()
+            more, sizes = self._cutting.to_budget(self._meter(), sizes, self._hold.floors, self._elapsed(None), None,
+                                                  True, self._declared)
             self._update(phase=CUT, cut=self.state.cut + more)
         self._update(last_sizes=sizes)
         self._finished = sizes
-        self._release_constraints()
+        self._hold.release(self.model, self._declared)
         if self.state.settling:  # the model keeps the strength the search reached (saved with it, resumed from)
             self._declared.set_multiplier(*self.reached)
 
-    # ------------------------------------------------------------------ what a compiled step holds
 
-    def _spare_blocks(self):
-        """The groups the penalties leave alone for this ``fit``.
-
-        The least widths (:func:`.cut.spare_floors`; ``floors``), and with ``spare_block`` the ``round_to`` strongest
-        units of every roundable layer (:func:`.rounding.spare_blocks`; ``spared``). The train step is traced again,
-        as it holds what it was traced with.
-        """
-        self.spared, self.floors = {}, {}
-        # Every penalised kernel holds its cut groups through a mask the step reads as it runs: cutting and
-        # freezing groups later in this fit traces nothing again (see cut.hold_groups).
-        held = cut.hold_groups(self.model)
-        if self._settling:
-            if held:
-                self.model.make_train_function(force=True)
-            return
-        if self._share > 0.0 or self.pace == "gradual":
-            # With the gradual pace every kernel spares its strongest group at least: the cuts reach the size, and
-            # a strength too high for the model cannot empty a layer (a network's one input channel, say) on the way.
-            self.floors = cut.spare_floors(self.model, self._share, least=1 if self.pace == "gradual" else 0)
-        if self.spare_block and self.round_to > 1:
-            found = analysis.analyze(self.model, self.threshold, owner=_OWNER)
-            self.spared = rounding.spare_blocks(found, self.round_to)
-        if held or any(penalty.spared for _, _, penalty in group_sparse_penalties(self.model)):
-            self.model.make_train_function(force=True)
-
-    def _freeze(self):
-        """Hold every exactly zero group at zero after each optimizer step until ``fit`` ends (see :mod:`.cut`)."""
-        self._pending = set()
-        if cut.freeze_groups(self.model, cut.dead_groups(self.model, self.threshold, exact=True)):
-            self.model.make_train_function(force=True)
-
-    def _hold(self):
-        """:meth:`_freeze` inside an epoch, without tracing the step again (up to eight checks an epoch cut): the
-        groups a traced step cannot take as it runs are set to zero after every batch (:meth:`_check_batch`) until
-        the epoch's end freezes them."""
-        self._pending = cut.hold_live(self.model, cut.dead_groups(self.model, self.threshold, exact=True))
-
-    def _renew_statistics(self):
-        """After a cut: the ``BatchNormalization`` layers renew their statistics over the settling part's steps (see
-        :mod:`.renewal`; a cut is made when settling begins, and a resumed training lowers the momenta again)."""
-        left = (self._epochs() - self._search_end()) * (self._steps or self._done)
-        if self._renewal.lower(self.model, self._declared, left):
-            self.model.make_train_function(force=True)
-
-    def _release_constraints(self):
-        """The kernels' own constraints back, and no spared groups: the next ``fit`` traces without them."""
-        if self.model is None:
-            return
-        changed = self._renewal.restore(self._declared)
-        changed = cut.release_frozen_groups(self.model) or changed
-        for _, _, penalty in group_sparse_penalties(self.model):
-            changed = changed or bool(penalty.spared)
-            penalty.spared = 0
-        if changed:
-            self.model.make_train_function(force=True)
-
-    # ------------------------------------------------------------------ setting groups to zero
-
-    def _cut_weakest_groups(self, epoch, sizes, goals=None, closing=0.0, widths=(0.0, 1.0)):
-        """Zero the fewest weakest groups that meet the budget, or ``goals``, and record it; returns ``(newly, sizes)``.
-
-        ``goals``: sizes on the way to the budget, ``closing`` the share of the groups still to go before the
-        budget that go as well (:func:`.measure.cut_to`), and ``widths`` the shares of its width no layer goes
-        below on the way (besides the least widths, ``floors``) and above which its weakest groups go first. The
-        cut to the budget says what it could not meet, or that it cut more than a small last step.
-        """
-        final = goals is None
-        floors, ceilings = self.floors, None
-        if not final:
-            least, most = widths
-            if least > 0.0:
-                floors = {path: max(keep, self.floors.get(path, 0))
-                          for path, keep in cut.least_groups(self.model, least, least=1).items()}
-            if most < 1.0:
-                ceilings = cut.least_groups(self.model, most)
-        newly, best = measure.cut_to(self._meter(), sizes, self.limits if final else goals, floors, final,
-                                     self.limits, closing, ceilings)
-        if newly:
-            self.cuts.append((self._elapsed(epoch), newly))
-        if not final:  # a step along the schedule: the final cut says what it could not meet
-            return newly, best
-        if self._over(best) > 1.0 and not self._unmeetable:
-            self._unmeetable = True  # said once per fit
-            warnings.warn(messages.unmeetable(_OWNER, newly, best, self.limits,
-                                              *measure.unmet_causes(self.model, self._declared)),
-                          RuntimeWarning, stacklevel=3)
-        elif newly and self.pace == "gradual" and newly <= SMALL_CUT * self._groups:
-            _LOG.info("%s: %d groups set to zero to meet the budget when settling began.", _OWNER, newly)
-        elif newly and self._over(best) <= 1.0:
-            blocks = (f"widths in blocks of {self.round_to} (round_to) could not meet it, so "
-                      if getattr(self, "_blocks_failed", False) else "")
-            self._warn_cut(f"{blocks}{newly} of its weakest groups were set to zero", best, epoch)
-        return newly, best
-
-    def _warn_cut(self, what, sizes, epoch):
-        """Say once per ``fit`` that ``what`` (groups, units) was set to zero to meet the budget."""
-        if self._warned:
-            return
-        self._warned = True
-        last = epoch is None or epoch + 1 >= self._epochs()
-        stale = last and bool(renewal.moving_statistics_layers(self.model))
-        warnings.warn(messages.cut_to_meet(_OWNER, what, sizes, self.limits, epoch, stale), RuntimeWarning,
-                      stacklevel=3)
-
-    def _round_widths(self, epoch, grow):
-        """Give each roundable layer a multiple of ``round_to`` live units within the budget.
-
-        See :func:`.measure.round_widths`. Returns ``({layer name: (live units before, after)}, live units removed)``.
-        """
-        done = measure.round_widths(self._meter(), self.limits, grow)
-        self._update(rounded=True)  # from here on the sizes are the model's own
-        if done is None:
-            self._blocks_failed = True  # the cut of single groups takes over, and says so
-            return {}, 0
-        changed, removed = done
-        if removed:
-            self._warn_cut(f"{removed} live units went, in blocks of {self.round_to} (round_to)", self._meter().now(),
-                           epoch)
-        return changed, removed
+def _checked_bool(name, value):
+    if not isinstance(value, (bool, np.bool_)):
+        fail(_OWNER, name, "True or False", value)
+    return bool(value)
