@@ -645,6 +645,18 @@ def add_group_sparsity(model, factor=1e-3, *, l1=None, input_factor=None, penalt
             UserWarning,
             stacklevel=2,
         )
+    held = [node.name for node in graph.nodes if node.kind == "whole"
+            and getattr(registry.rule_of(graph.layers[node.name]), "holds_heads", False)]
+    if held:  # an attention layer the graph keeps whole by its class: its heads stay, said once
+        shown = ", ".join(f"'{name}' ({type(graph.layers[name]).__name__})" for name in held[:3]) + (
+            f" and {len(held) - 3} more" if len(held) > 3 else "")
+        warnings.warn(
+            f"{owner}: the heads of {shown} get no group penalty and stay whole: their class is kept whole (its "
+            "projections and positions are its own). The layers around them (the feed-forward neurons) are "
+            "penalised and pruned.",
+            UserWarning,
+            stacklevel=2,
+        )
     crossing = [node.name for node in graph.nodes if node.kind == "whole"
                 and registry.units_rule(graph.layers[node.name]) is not None]
     if crossing:  # a layer that makes units, kept whole (cross-attention): no penalty, said once

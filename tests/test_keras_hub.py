@@ -145,12 +145,14 @@ def test_a_keras_hub_image_classifier_prunes_exactly_with_its_backbone_inside(rn
 def test_pruned_keras_hub_backbones_load_in_a_process_without_this_package(rng, tmp_path):
     # CSPNet's parts of a split are keras.ops slices, EfficientNetV2's traced blocks plain Keras layers, ViT's
     # blocks plain Keras layers after its kept-whole ViTPatchingAndEmbedding (whose config, as this package writes it,
-    # loads): KerasHub and Keras load them, with this package nowhere to import
+    # loads), DeiT's the same with its feed-forward parts KerasHub's own: KerasHub and Keras load them, with this
+    # package nowhere to import
     from test_traced_blocks import sparsify as sparsify_blocks
 
     families = {"CSPDarkNet": (BACKBONES["CSPDarkNet"], sparsify, (2, 32, 32, 3)),
                 "EfficientNetV2": (BACKBONES["EfficientNetV2"], sparsify, (2, 32, 32, 3)),
-                "ViT": (_vit, sparsify_blocks, (2, 16, 16, 3))}
+                "ViT": (_vit, sparsify_blocks, (2, 16, 16, 3)),
+                "DeiT": (_deit, sparsify_blocks, (2, 16, 16, 3))}
     pruned = {}
     for family, (build, sparsify_model, shape) in families.items():
         model = build()
@@ -407,6 +409,47 @@ def test_gpt2_loses_feed_forward_neurons_exactly_and_its_decoders_stay_keras_hub
         assert block.num_heads == 2
 
 
+# Bloom's attention (ALiBi positions) and GPT-NeoX's (one fused query-key-value projection, partial rotary
+# positions) are kept whole by their class; their decoders, traced at probe sizes, lose feed-forward neurons and
+# are built again as themselves.
+WHOLE_ATTENTION = {
+    "Bloom": (lambda: M.BloomBackbone(vocabulary_size=50, num_layers=2, num_heads=2, hidden_dim=16,
+                                      intermediate_dim=32), "mlp_intermediate_dense", "BloomDecoder"),
+    "GPTNeoX": (lambda: M.GPTNeoXBackbone(vocabulary_size=50, num_layers=2, num_heads=2, hidden_dim=16,
+                                          intermediate_dim=32, max_sequence_length=16),
+                "feedforward_intermediate_dense", "GPTNeoXDecoder"),
+}
+
+
+@pytest.mark.parametrize("family", [pytest.param(family, marks=pytest.mark.skipif(
+    keras.backend.backend() != backend, reason=f"tested on {backend} (time; the rule is one for both)"))
+    for family, backend in (("Bloom", "tensorflow"), ("GPTNeoX", "torch"))])
+def test_decoders_whose_attention_is_kept_whole_lose_feed_forward_neurons_exactly(family, rng, tmp_path):
+    from test_model_families import assert_same_outputs
+
+    build, intermediate, decoder = WHOLE_ATTENTION[family]
+    model = build()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        sparse = add_group_sparsity(model, 1e-3)
+    said = [str(w.message) for w in caught if "stay whole" in str(w.message)]
+    assert len(said) == 1 and said[0].startswith(
+        "add_group_sparsity: the heads of 'transformer_layer_0/self_attention'"), said
+    penalised = {v.path for v in sparse.trainable_weights if v.regularizer is not None}
+    assert {f"transformer_layer_{i}/{intermediate}/kernel" for i in (0, 1)} <= penalised
+    assert not any("attention" in path for path in penalised)
+    for i, dead in enumerate(([1, 4, 7, 20], [0, 2, 3, 9, 11, 31])):
+        layer = next(v for v in model.weights if v.path == f"transformer_layer_{i}/{intermediate}/kernel")
+        kernel = keras.ops.convert_to_numpy(layer).copy()
+        kernel[:, dead] = 0.0  # neurons that output act(b): constants, folded into the next layer's bias
+        layer.assign(kernel)
+    small = assert_prunes_exactly_and_reloads(model, _token_batch(model, rng), tmp_path)
+    assert_same_outputs(small, model, _token_batch(model, rng, length=5), 1e-5)
+    for call, kept in (("transformer_layer_0", 28), ("transformer_layer_1", 26)):
+        assert small.rebuilt_blocks[call].changed == {"intermediate_dim": (32, kept)}
+        assert type(small.get_layer(call)).__name__ == decoder
+
+
 def test_gpt2_whose_decoders_keep_as_many_neurons_is_a_gpt2_backbone_again_and_generates(rng, tmp_path):
     """Every decoder with the same ``intermediate_dim``: the pruned model is a ``GPT2Backbone`` again (its config
     says that width), exact, reloaded, and a ``GPT2CausalLM`` holds it and generates."""
@@ -525,6 +568,44 @@ def test_a_vit_whose_blocks_lose_as_many_neurons_is_a_vit_backbone_again(rng, tm
     small = assert_prunes_exactly_and_reloads(model, x, tmp_path)
     assert type(small) is M.ViTBackbone and small.rebuilt_model and small.mlp_dim == 23
     assert small.rebuilt_blocks["vit_encoder"].changed == {"mlp_dim": (32, 23)}
+
+
+# DeiT: its patches, class and distillation tokens and positions come from one layer kept whole (DeiTEmbeddings);
+# its encoder blocks return ``(y, None)`` (no attention scores), which Keras records no node for: the trace records
+# the tensor and gives the block's call its ``None`` back. KerasHub 0.32's DeiTEncoderBlock writes a ``key_dim`` its
+# constructor refuses (it derives it): the block is made again without it.
+def _deit():
+    return M.DeiTBackbone(image_shape=(16, 16, 3), patch_size=4, num_layers=2, num_heads=2, hidden_dim=16,
+                          intermediate_dim=32)
+
+
+@pytest.mark.skipif(keras.backend.backend() == "jax", reason="tested on TensorFlow and PyTorch (time); ViT's traced "
+                                                              "encoder prunes on JAX")
+def test_deit_prunes_heads_and_neurons_exactly_and_a_deit_whose_blocks_lose_as_many_neurons_is_a_deit_again(
+        rng, tmp_path):
+    from test_traced_blocks import sparsify as sparsify_blocks
+
+    model = M.DeiTImageClassifier(backbone=_deit(), num_classes=5, preprocessor=None)
+    sparse, said = _bare_kernel_warnings(model)
+    assert said == []
+    penalised = {v.path for v in sparse.trainable_weights if v.regularizer is not None}
+    for block in (1, 2):  # each block's heads (the output projection's rows) and MLP neurons
+        assert {f"deit_encoder/transformer_block_{block}/mha/attention_output/kernel",
+                f"deit_encoder/transformer_block_{block}/mlp/dense/kernel"} <= penalised
+    sparsify_blocks(model, rng)
+    x = rng.normal(size=(3, 16, 16, 3)).astype("float32")
+    small = assert_prunes_exactly_and_reloads(model, x, tmp_path)
+    assert small.pruning_report.uninterpreted_layers == ()
+    # Every block loses the same MLP neurons, the heads all stay: a DeiTBackbone of the same class, from its config.
+    backbone = _deit()
+    dead = rng.permutation(32)[:9]
+    for variable in backbone.weights:
+        if variable.path.endswith("mlp/dense/kernel"):
+            kernel = keras.ops.convert_to_numpy(variable).copy()
+            kernel[:, dead] = 0.0
+            variable.assign(kernel)
+    small = assert_prunes_exactly_and_reloads(backbone, x, tmp_path)
+    assert type(small) is M.DeiTBackbone and small.rebuilt_model and small.intermediate_dim == 23
 
 
 def test_a_flop_budget_trains_a_vit_classifier_to_its_size_and_prunes_it_exactly(rng):

@@ -164,37 +164,57 @@ def test_a_slice_of_the_positions_prunes_and_a_strided_slice_of_the_channels_is_
 
 
 class ScoredDense(L.Layer):
-    """A block that returns its output and ``None`` (KerasHub's DeiT encoder blocks return ``(y, None)``)."""
+    """A block that returns its output and something else: ``None`` (as KerasHub's DeiT encoder blocks, ``(y,
+    None)``) or a value that is no tensor."""
 
-    def __init__(self, **kwargs):
+    def __init__(self, other=None, **kwargs):
         super().__init__(**kwargs)
         self.dense = L.Dense(4)
+        self.other = other
 
     def call(self, x):
-        return self.dense(x), None
+        return self.dense(x), self.other
 
 
 class ScoringEncoder(L.Layer):
-    """A block whose call reads a block returning ``None``: a node cannot hold ``None``, so it does not trace."""
+    """A block whose call reads a block returning its output and ``other``: with ``None`` it traces (the node
+    records the tensor); with a string no node can hold it, so it does not."""
 
-    def __init__(self, **kwargs):
+    def __init__(self, other=None, **kwargs):
         super().__init__(**kwargs)
-        self.inner = ScoredDense()
+        self.inner = ScoredDense(other)
 
     def call(self, x):
         y, _ = self.inner(x)
         return y
 
 
+def test_a_block_that_returns_none_beside_its_output_is_traced_and_prunes_exactly(rng, tmp_path):
+    inputs = keras.Input((4,))
+    model = keras.Model(inputs, L.Dense(1, name="out")(ScoringEncoder(name="encoder")(inputs)))
+    sparse = add_group_sparsity(model, 1e-3)
+    assert sparse.get_layer("encoder").inner.dense.kernel_regularizer is not None
+    kernel = model.get_layer("encoder").inner.dense.kernel
+    value = keras.ops.convert_to_numpy(kernel).copy()
+    value[:, [0, 2]] = 0.0  # two of its four units dead
+    kernel.assign(value)
+    small = prune_model(model)
+    x = rng.normal(size=(5, 4)).astype("float32")
+    np.testing.assert_allclose(keras.ops.convert_to_numpy(small(x)), keras.ops.convert_to_numpy(model(x)),
+                               rtol=1e-5, atol=1e-6)
+    assert small.pruning_report.params_after < small.pruning_report.params_before
+
+
 def test_a_block_that_does_not_trace_is_named_with_its_error_and_a_model_of_only_such_blocks_is_refused():
     reason = "a block whose call does not run on symbolic inputs (ValueError: All operation outputs must be tensors."
     inputs = keras.Input((4,))
     with pytest.warns(UserWarning) as caught:
-        add_group_sparsity(keras.Model(inputs, L.Dense(1, name="out")(ScoringEncoder(name="encoder")(inputs))), 1e-3)
+        add_group_sparsity(keras.Model(inputs, L.Dense(1, name="out")(ScoringEncoder("none", name="encoder")(inputs))),
+                           1e-3)
     said = [str(w.message) for w in caught if "get no group penalty" in str(w.message)]
     assert len(said) == 1 and f"'encoder' (ScoringEncoder, 1 kernel: {reason}" in said[0]
     with pytest.raises(InvalidParameterError) as info:
-        add_group_sparsity(keras.Model(inputs, ScoringEncoder(name="encoder")(inputs)), 1e-3)
+        add_group_sparsity(keras.Model(inputs, ScoringEncoder("none", name="encoder")(inputs)), 1e-3)
     assert str(info.value).startswith(
         "add_group_sparsity: argument `model` must be a model with at least one Dense or convolution layer (the "
         "layers group penalties go on); the copy would have no penalty; its kernels are inside 1 layer whose "

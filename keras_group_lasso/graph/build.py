@@ -32,10 +32,17 @@ import keras
 import numpy as np
 
 from keras_group_lasso.graph import registry
-from keras_group_lasso.graph.rules.base import PROBE_SIZES, Kind, mark_probe_sized, probe_sized
+from keras_group_lasso.graph.rules.base import (
+    PROBE_SIZES,
+    Kind,
+    call_without_none,
+    mark_probe_sized,
+    probe_sized,
+    without_none,
+)
 
 __all__ = ["Node", "UnitsNode", "Stream", "ModelGraph", "model_graph", "flat_graph", "is_graph_model", "graph_model",
-           "traced_block", "BlockCall", "block_arguments", "block_operands", "fixed_sizes"]
+           "traced_block", "BlockCall", "block_arguments", "block_operands", "block_outputs", "fixed_sizes"]
 
 
 def _frozen(values):
@@ -637,13 +644,44 @@ def _catching(cls):
         if cls not in _CATCHING:
             def __call__(self, *args, **kwargs):
                 catcher = vars(self).get("_constant_catcher")
-                if catcher is not None:
-                    args, kwargs = catcher.replace(args, kwargs)
-                    kwargs = _without_defaults(self, kwargs)
-                return cls.__call__(self, *args, **kwargs)
+                if catcher is None:
+                    return cls.__call__(self, *args, **kwargs)
+                args, kwargs = catcher.replace(args, kwargs)
+                kwargs = _without_defaults(self, kwargs)
+                try:
+                    return cls.__call__(self, *args, **kwargs)
+                except Exception as error:  # noqa: BLE001 - again without the None among its outputs, else this
+                    try:
+                        return call_without_none(self, cls.__call__, args, kwargs)
+                    except Exception:  # noqa: BLE001
+                        raise error from None
 
             _CATCHING[cls] = type(cls.__name__, (cls,), {"__call__": __call__, "__module__": cls.__module__})
         return _CATCHING[cls]
+
+
+def _traced_outputs(y):
+    """A traced call's outputs as the traced model's: less ``None`` entries (:func:`~.rules.base.without_none`) and
+    less the constants at their end (KerasHub's ``DeiTEncoder`` returns empty arrays where it gathers no hidden
+    states), which the graph that calls the block does not read as tensors it makes."""
+    y = without_none(y)
+    if not isinstance(y, (tuple, list)):
+        return y
+    kept = list(y)
+    while len(kept) > 1 and registry.is_constant_array(kept[-1]):
+        kept.pop()
+    return y if len(kept) == len(y) else (kept[0] if len(kept) == 1 else type(y)(kept))
+
+
+_KEPT_OUTPUTS = weakref.WeakKeyDictionary()  # traced block -> how many of its call's outputs the trace kept
+
+
+def block_outputs(layer, outputs):
+    """The outputs of a call of the traced block ``layer`` that its traced graph has, flat (``keras.tree`` order):
+    less ``None`` entries and the constants at their end that the trace left out (:func:`_traced_outputs`)."""
+    flat = [x for x in keras.tree.flatten(outputs) if x is not None]
+    kept = _KEPT_OUTPUTS.get(layer)
+    return flat if kept is None else flat[:kept]
 
 
 def _without_defaults(layer, kwargs):
@@ -768,7 +806,10 @@ def _traced_call(layer, call):
 def _call_on(layer, call):
     args, kwargs, inputs = call
     with _ConstantCatcher(layer) as catcher:
-        y = layer.call(*args, **kwargs)
+        returned = layer.call(*args, **kwargs)
+    y = _traced_outputs(returned)
+    if y is not returned:
+        _KEPT_OUTPUTS[layer] = len(keras.tree.flatten(y))
     constants = [tensor for tensor, _ in catcher.found]
     ins = inputs + constants
     traced = keras.Model(ins if len(ins) > 1 else ins[0], y, name=layer.name)

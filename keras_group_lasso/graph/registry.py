@@ -97,6 +97,7 @@ from keras_group_lasso.graph.rules.shape import (
     GlobalPoolRule,
     ReverseCall,
     ReverseCallRule,
+    WholeAttentionRule,
     WholeRule,
     is_constant_array,
     is_reverse_call,
@@ -316,6 +317,12 @@ _BY_NAME = {  # module.name: (kind, description, rule of the class)
         "tail", "RMSNormalization (KerasHub Gemma; its channels stay)", channels.LastAxisNormalizationRule),
     "keras_hub.src.models.vit.vit_layers.ViTPatchingAndEmbedding": (
         "whole", "ViTPatchingAndEmbedding (KerasHub)", WholeRule),
+    "keras_hub.src.models.deit.deit_layers.DeiTEmbeddings": (
+        "whole", "DeiTEmbeddings (KerasHub DeiT)", WholeRule),
+    "keras_hub.src.models.bloom.bloom_attention.BloomAttention": (
+        "whole", "BloomAttention (KerasHub Bloom; heads kept whole)", WholeAttentionRule),
+    "keras_hub.src.models.gpt_neo_x.gpt_neo_x_attention.GPTNeoXAttention": (
+        "whole", "GPTNeoXAttention (KerasHub GPT-NeoX; heads kept whole)", WholeAttentionRule),
 
 }
 

@@ -12,6 +12,7 @@ from keras_group_lasso.graph import Kind, registry
 from keras_group_lasso.graph.build import (
     block_arguments,
     block_operands,
+    block_outputs,
     fixed_sizes,
     graph_config,
     graph_model,
@@ -423,16 +424,27 @@ def _thresholded_block(block, tensors, threshold):
     copy = blocks_module.built_block(layer, registry.layer_config(layer), shapes, dtypes)
     if copy is None:
         return None
-    cut = set()
-    for sub in layer._flatten_layers(include_self=False, recursive=True):  # noqa: SLF001 - Keras's own walk
-        rule = registry.rule_of(sub)
-        if rule is not None and rule.thresholded:
-            cut |= {id(v) for v in rule.thresholded_variables(sub)}
+    cut = _thresholded_ids(layer)
     copy.set_weights([threshold_array(keras.ops.convert_to_numpy(v), threshold) if id(v) in cut
                       else keras.ops.convert_to_numpy(v) for v in layer.weights])
     inputs = [keras.Input(batch_shape=shape, dtype=dtype) for shape, dtype in zip(shapes, dtypes, strict=True)]
     args, kwargs = block_arguments(layer, inputs)
-    return keras.Model(inputs if len(inputs) > 1 else inputs[0], copy(*args, **kwargs))
+    outputs = block_outputs(layer, copy(*args, **kwargs))
+    return keras.Model(inputs if len(inputs) > 1 else inputs[0], outputs if len(outputs) > 1 else outputs[0])
+
+
+def _thresholded_ids(layer):
+    """The ``id``s of the variables inside ``layer`` that ``prune_model`` thresholds: those of the thresholded layers
+    its graph reads, inside the blocks it traces into; not those inside a layer it keeps as it is (one kept whole,
+    whose sublayers it never reads)."""
+    cut = set()
+    for sub in layer._flatten_layers(include_self=False, recursive=False):  # noqa: SLF001 - Keras's own walk
+        rule = registry.rule_of(sub)
+        if rule is None:
+            cut |= _thresholded_ids(sub)
+        elif rule.thresholded:
+            cut |= {id(v) for v in rule.thresholded_variables(sub)}
+    return cut
 
 
 class _Builder:
@@ -541,11 +553,11 @@ class _Builder:
             new = self.blocks[id(layer)] = registry.layer_from_config(layer, registry.layer_config(layer))
             self.taken.add(new.name)
             with blocks_module.zero_initializers(new):
-                outputs = keras.tree.flatten(new(*args, **kwargs))
+                outputs = block_outputs(block.layer, new(*args, **kwargs))
             self.built.append((new, layer.get_weights()))
             new.set_weights(layer.get_weights())
         else:
-            outputs = keras.tree.flatten(new(*args, **kwargs))
+            outputs = block_outputs(block.layer, new(*args, **kwargs))
         for end, tensor in zip(block.ends, outputs, strict=True):
             self.tensors[end] = tensor
 

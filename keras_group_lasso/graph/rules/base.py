@@ -222,7 +222,36 @@ def layer_config(layer):
                 raise
             config[key] = found
         return config
-    return dict(config, **_forgotten(layer, config))
+    return _without_refused(layer, dict(config, **_forgotten(layer, config)))
+
+
+def _without_refused(layer, config):
+    """``config`` less the keys that no constructor of ``layer``'s classes takes, where its class refuses them and
+    loads without (KerasHub 0.32's ``DeiTEncoderBlock`` writes ``key_dim``, which it derives from ``hidden_dim``
+    and ``num_heads``)."""
+    taken = {"name", "trainable", "dtype"}
+    for cls in type(layer).__mro__:
+        init = vars(cls).get("__init__")
+        if init is not None:
+            try:
+                taken.update(inspect.signature(init).parameters)
+            except (TypeError, ValueError):
+                return config
+    extra = [key for key in config if key not in taken]
+    if not extra:
+        return config
+    trimmed = {key: value for key, value in config.items() if key not in extra}
+    try:
+        type(layer).from_config(config)
+    except TypeError:
+        try:
+            type(layer).from_config(trimmed)
+        except Exception:  # noqa: BLE001 - not what makes it fail: the config as written
+            return config
+        return trimmed
+    except Exception:  # noqa: BLE001 - a config its class refuses otherwise: as written
+        return config
+    return config
 
 
 def _forgotten(layer, config):
@@ -515,3 +544,33 @@ def operation_call(operation):
     """The keyword arguments (not tensors) a keras.ops operation of the model was called with (``{}``)."""
     return _OPERATION_CALLS.get(operation, {})
 
+
+def call_without_none(layer, call_layer, args, kwargs):
+    """``layer`` called symbolically by ``call_layer`` (its class's ``__call__``) where its call returns ``None``
+    among its outputs (KerasHub's ``DeiTEncoderBlock``: ``(y, None)`` without attention scores), which Keras
+    records no node for (on PyTorch it cannot even infer the outputs): the node records the tensors alone, and the
+    caller gets the structure back with its ``None``s."""
+    call, returned = layer.call, []
+
+    def tensors_only(*a, **k):
+        returned.append(call(*a, **k))
+        return without_none(returned[-1])
+
+    object.__setattr__(layer, "call", tensors_only)  # read by compute_output_spec; not an attribute Keras tracks
+    try:
+        outputs = call_layer(layer, *args, **kwargs)
+    finally:
+        object.__delattr__(layer, "call")
+    structure = returned[-1] if returned else None  # none: its class infers its outputs without its call
+    if not isinstance(structure, (tuple, list)):
+        return outputs
+    tensors = iter(keras.tree.flatten(outputs))
+    return type(structure)(None if x is None else next(tensors) for x in structure)
+
+
+def without_none(value):
+    """A call's outputs less the ``None`` entries of a tuple or list of them (one left: that one)."""
+    if not isinstance(value, (tuple, list)) or all(x is not None for x in value):
+        return value
+    kept = [x for x in value if x is not None]
+    return kept[0] if len(kept) == 1 else type(value)(kept)

@@ -6,7 +6,7 @@ import math
 import keras
 import numpy as np
 
-from keras_group_lasso.graph.rules.base import Kind, LayerRule, operation_call
+from keras_group_lasso.graph.rules.base import Kind, LayerRule, call_without_none, operation_call, without_none
 
 
 class ConstantValue:
@@ -183,6 +183,8 @@ class ChannelsFirstPoolRule(LayerRule):
 
     kind = Kind.WHOLE
     constants = None
+    #: It holds attention heads, which stay with it (said by ``add_group_sparsity``).
+    holds_heads = False
 
     def refusal(self, layer):
         if getattr(layer, "keepdims", False):
@@ -224,6 +226,26 @@ class WholeRule(LayerRule):
         if width is None:
             return None, "a layer kept whole with several outputs, or whose output's last axis has no known size"
         return int(width), None
+
+class WholeAttentionRule(WholeRule):
+    """An attention layer of its own class kept whole, every head with it (KerasHub's Bloom and GPT-NeoX attention:
+    ALiBi or partial rotary positions, fused projections the graph does not read as heads): what it reads and makes
+    stays, it is copied with its weights, and its ``attention_mask`` is a side tensor (computed again in the pruned
+    model, or held by a block traced at fixed sizes, which is built again as itself). The layers around it (a
+    decoder's feed-forward neurons) are pruned."""
+
+    side_arguments = ("attention_mask",)
+    holds_heads = True
+
+    def call(self, layer, x, options=None):
+        options = dict(options or {})
+        if options.get("attention_mask") is None:
+            # Called alone, without the mask its decoder computed (a block traced at probe sizes is then built again
+            # as itself, in place of these calls): its class needs a mask, so every key is given.
+            options["attention_mask"] = keras.ops.ones_like(keras.ops.einsum("btd,bsd->bts", x, x), dtype="bool")
+        # GPT-NeoX's returns (outputs, cache) and its cache is None without one: the node holds the outputs
+        return without_none(call_without_none(layer, type(layer).__call__, (x,), options))
+
 
 class ReverseCall:
     """A ``ReversibleEmbedding`` called with ``reverse=True`` (a language model's logits from its token table), as
