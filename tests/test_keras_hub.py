@@ -529,6 +529,18 @@ VISION = {
 }
 
 
+def _penalised_blocks(model, encoder, mlp):
+    """``(penalised copy, penalised paths)``: ``add_group_sparsity`` says nothing of a vision Transformer and
+    penalises each of its two blocks' heads (the output projection's rows) and MLP neurons."""
+    sparse, said = _bare_kernel_warnings(model)
+    assert said == []
+    penalised = {v.path for v in sparse.trainable_weights if v.regularizer is not None}
+    for block in (1, 2):
+        assert {f"{encoder}/transformer_block_{block}/mha/attention_output/kernel",
+                f"{encoder}/transformer_block_{block}/{mlp}/kernel"} <= penalised
+    return sparse, penalised
+
+
 @pytest.mark.parametrize("family", [
     pytest.param("ViT", marks=pytest.mark.skipif(keras.backend.backend() == "jax", reason="27 s on JAX, the suite's "
                                                  "longest leg; the classifier around the same backbone runs there")),
@@ -537,12 +549,7 @@ def test_a_keras_hub_vision_transformer_prunes_heads_and_neurons_exactly(family,
     from test_traced_blocks import sparsify as sparsify_blocks
 
     model = VISION[family]()
-    sparse, said = _bare_kernel_warnings(model)
-    assert said == []
-    penalised = {v.path for v in sparse.trainable_weights if v.regularizer is not None}
-    for block in (1, 2):  # each block's heads (the output projection's rows) and MLP neurons
-        assert {f"vit_encoder/transformer_block_{block}/mha/attention_output/kernel",
-                f"vit_encoder/transformer_block_{block}/mlp/dense_1/kernel"} <= penalised
+    sparse, penalised = _penalised_blocks(model, "vit_encoder", "mlp/dense_1")
     sparse.save(tmp_path / "sparse.keras")  # the penalised copy saves and loads, every penalty with it
     again = keras.saving.load_model(tmp_path / "sparse.keras")
     assert {v.path for v in again.trainable_weights if v.regularizer is not None} == penalised
@@ -586,12 +593,7 @@ def test_deit_prunes_heads_and_neurons_exactly_and_a_deit_whose_blocks_lose_as_m
     from test_traced_blocks import sparsify as sparsify_blocks
 
     model = M.DeiTImageClassifier(backbone=_deit(), num_classes=5, preprocessor=None)
-    sparse, said = _bare_kernel_warnings(model)
-    assert said == []
-    penalised = {v.path for v in sparse.trainable_weights if v.regularizer is not None}
-    for block in (1, 2):  # each block's heads (the output projection's rows) and MLP neurons
-        assert {f"deit_encoder/transformer_block_{block}/mha/attention_output/kernel",
-                f"deit_encoder/transformer_block_{block}/mlp/dense/kernel"} <= penalised
+    _penalised_blocks(model, "deit_encoder", "mlp/dense")
     sparsify_blocks(model, rng)
     x = rng.normal(size=(3, 16, 16, 3)).astype("float32")
     small = assert_prunes_exactly_and_reloads(model, x, tmp_path)
