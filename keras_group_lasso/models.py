@@ -10,7 +10,13 @@ import keras
 from keras_group_lasso._validation import check_choice, check_non_negative, fail
 from keras_group_lasso.analysis import dense_roles, get_layer, input_dense_layers
 from keras_group_lasso.costs import LatencyTable, unit_costs
-from keras_group_lasso.declared import PenaltyState, attach_state, declare_group_penalties, layer_weights
+from keras_group_lasso.declared import (
+    PenaltyState,
+    attach_state,
+    declare_group_penalties,
+    group_sparse_penalties,
+    layer_weights,
+)
 from keras_group_lasso.graph import registry
 from keras_group_lasso.graph.build import graph_model, model_graph, traced_block
 from keras_group_lasso.regularizers import (
@@ -415,6 +421,14 @@ def _refresh_normalization(model):
             registry.rule_of(layer).refresh(layer)
 
 
+def _refuse_without_penalty(owner, model):
+    unread = model_graph(model).unread_kernels()
+    inside = (f"; its kernels are inside {registry.unread_text(unread)} (see 'Your own layers' in the docs)"
+              if unread else "")
+    fail(owner, "model", "a model with at least one Dense or convolution layer (the layers group penalties "
+         f"go on); the copy would have no penalty{inside}", model)
+
+
 def add_group_sparsity(model, factor=1e-3, *, l1=None, input_factor=None, penalty="sgl", bias=True,
                        group_weight="size", latency_table=None):
     """Return a copy of ``model`` with group-sparse penalties on every Dense and convolution layer.
@@ -526,11 +540,7 @@ def add_group_sparsity(model, factor=1e-3, *, l1=None, input_factor=None, penalt
         latency_table.check_model(model, owner=owner)
     roles = _roles_by_layer(owner, model)
     if not roles:
-        unread = model_graph(model).unread_kernels()
-        inside = (f"; its kernels are inside {registry.unread_text(unread)} (see 'Your own layers' in the docs)"
-                  if unread else "")
-        fail(owner, "model", "a model with at least one Dense or convolution layer (the layers group penalties "
-             f"go on); the copy would have no penalty{inside}", model)
+        _refuse_without_penalty(owner, model)
     input_l1 = l1 if penalty == "sgl" else 0.0
     replaced = []
 
@@ -613,6 +623,8 @@ def add_group_sparsity(model, factor=1e-3, *, l1=None, input_factor=None, penalt
     inside = {}  # {variable path: penalty} of the sublayers of blocks
     for layer, new in blocks_made:  # a block that makes its sublayers in build() (KerasHub's) has them now
         _penalise_sublayers(layer, new, penalised, inside)
+    if not group_sparse_penalties(copy):  # every layer that makes units is one no penalty goes on (an embedding)
+        _refuse_without_penalty(owner, model)
     unread = graph.unread_kernels()
     if unread:  # said now, before any training: never a model penalised in part without a word
         warnings.warn(
