@@ -206,7 +206,7 @@ def test_a_block_that_returns_none_beside_its_output_is_traced_and_prunes_exactl
 
 
 def test_a_block_that_does_not_trace_is_named_with_its_error_and_a_model_of_only_such_blocks_is_refused():
-    reason = "a block whose call does not run on symbolic inputs (ValueError: All operation outputs must be tensors."
+    reason = "a block whose call does not run on symbolic inputs ("  # then the backend's own error
     inputs = keras.Input((4,))
     with pytest.warns(UserWarning) as caught:
         add_group_sparsity(keras.Model(inputs, L.Dense(1, name="out")(ScoringEncoder("none", name="encoder")(inputs))),
