@@ -421,6 +421,11 @@ def _refresh_normalization(model):
             registry.rule_of(layer).refresh(layer)
 
 
+def _first_names(names):
+    """The first three of ``names`` (texts) and how many more, for a warning."""
+    return ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
+
+
 def _refuse_without_penalty(owner, model):
     unread = model_graph(model).unread_kernels()
     inside = (f"; its kernels are inside {registry.unread_text(unread)} (see 'Your own layers' in the docs)"
@@ -648,7 +653,7 @@ def add_group_sparsity(model, factor=1e-3, *, l1=None, input_factor=None, penalt
     whole = [node.name for node in graph.units if registry.units_rule(graph.layers[node.name]).keeps_heads_whole(
         graph.layers[node.name])]
     if whole:  # a penalty that surgery could not honour is not put on: said, so that nobody waits for heads to go
-        shown = ", ".join(f"'{name}'" for name in whole[:3]) + (f" and {len(whole) - 3} more" if len(whole) > 3 else "")
+        shown = _first_names([f"'{name}'" for name in whole])
         warnings.warn(
             f"{owner}: the heads of {shown} get no group penalty and stay whole: their blocks are traced at fixed "
             "sizes (a KerasHub decoder) and are pruned only as themselves, built again from their config, which ties "
@@ -660,8 +665,7 @@ def add_group_sparsity(model, factor=1e-3, *, l1=None, input_factor=None, penalt
     held = [node.name for node in graph.nodes if node.kind == "whole"
             and getattr(registry.rule_of(graph.layers[node.name]), "holds_heads", False)]
     if held:  # an attention layer the graph keeps whole by its class: its heads stay, said once
-        shown = ", ".join(f"'{name}' ({type(graph.layers[name]).__name__})" for name in held[:3]) + (
-            f" and {len(held) - 3} more" if len(held) > 3 else "")
+        shown = _first_names([f"'{name}' ({type(graph.layers[name]).__name__})" for name in held])
         warnings.warn(
             f"{owner}: the heads of {shown} get no group penalty and stay whole: their class is kept whole (its "
             "projections and positions are its own). The layers around them (the feed-forward neurons) are "
@@ -672,8 +676,7 @@ def add_group_sparsity(model, factor=1e-3, *, l1=None, input_factor=None, penalt
     crossing = [node.name for node in graph.nodes if node.kind == "whole"
                 and registry.units_rule(graph.layers[node.name]) is not None]
     if crossing:  # a layer that makes units, kept whole (cross-attention): no penalty, said once
-        shown = ", ".join(f"'{name}'" for name in crossing[:3]) + (
-            f" and {len(crossing) - 3} more" if len(crossing) > 3 else "")
+        shown = _first_names([f"'{name}'" for name in crossing])
         warnings.warn(
             f"{owner}: {shown} read two tensors (cross-attention: a query from one, keys and values from another) "
             "and are kept whole: their heads get no group penalty and stay, and every channel they read stays. The "
