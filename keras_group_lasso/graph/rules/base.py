@@ -1,6 +1,7 @@
 """The rule every layer class has: its kind, its refusal, how constants pass it, how surgery slices it."""
 
 import enum
+import functools
 import inspect
 import weakref
 
@@ -229,14 +230,9 @@ def _without_refused(layer, config):
     """``config`` less the keys that no constructor of ``layer``'s classes takes, where its class refuses them and
     loads without (KerasHub 0.32's ``DeiTEncoderBlock`` writes ``key_dim``, which it derives from ``hidden_dim``
     and ``num_heads``)."""
-    taken = {"name", "trainable", "dtype"}
-    for cls in type(layer).__mro__:
-        init = vars(cls).get("__init__")
-        if init is not None:
-            try:
-                taken.update(inspect.signature(init).parameters)
-            except (TypeError, ValueError):
-                return config
+    taken = _constructor_arguments(type(layer))
+    if taken is None:
+        return config
     extra = [key for key in config if key not in taken]
     if not extra:
         return config
@@ -252,6 +248,20 @@ def _without_refused(layer, config):
     except Exception:  # noqa: BLE001 - a config its class refuses otherwise: as written
         return config
     return config
+
+
+@functools.lru_cache(maxsize=None)
+def _constructor_arguments(cls):
+    """The argument names the constructors of ``cls`` and its bases name, or ``None`` where one has no signature."""
+    taken = {"name", "trainable", "dtype"}
+    for base in cls.__mro__:
+        init = vars(base).get("__init__")
+        if init is not None:
+            try:
+                taken.update(inspect.signature(init).parameters)
+            except (TypeError, ValueError):
+                return None
+    return frozenset(taken)
 
 
 def _forgotten(layer, config):
