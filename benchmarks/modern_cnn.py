@@ -168,12 +168,25 @@ def _block(x, expansion, channels, stride, kernel, act, se, name):
     return h
 
 
-def build(network, seed):
-    """The dense network (a functional ``keras.Model``), seeded."""
+def scaled(network, width=1.0):
+    """``SPECS[network]`` with the stem's, every stage's and the head's channels times ``width`` (MobileNet's width
+    multiplier; at least 4 channels each)."""
+    spec = dict(SPECS[network])
+    if width != 1.0:
+        def times(c):
+            return max(4, round(c * width))
+
+        spec.update(stem=times(spec["stem"]), head=times(spec["head"]),
+                    stages=tuple((t, times(c), n, s, k) for t, c, n, s, k in spec["stages"]))
+    return spec
+
+
+def build(network, seed, width=1.0):
+    """The dense network (a functional ``keras.Model``), seeded; ``width`` scales its channels (``scaled``)."""
     import keras
     from keras import layers
 
-    spec = SPECS[network]
+    spec = scaled(network, width)
     keras.utils.set_random_seed(seed)
     inputs = keras.Input((32, 32, 1), name="image")
     x = layers.Conv2D(spec["stem"], 3, padding="same", use_bias=False, name="stem")(inputs)
@@ -193,8 +206,8 @@ def build(network, seed):
     return keras.Model(inputs, outputs, name=network)
 
 
-def describe(network):
-    spec = SPECS[network]
+def describe(network, width=1.0):
+    spec = scaled(network, width)
     stages = ", ".join(f"(t{t}, {c}, x{n}, s{s}, k{k})" for t, c, n, s, k in spec["stages"])
     se = f", squeeze-excite {spec['se']:g}" if spec["se"] else ""
     return f"stem {spec['stem']}, {spec['act']}{se}, stages (expansion, channels, blocks, stride, kernel) {stages}, head {spec['head']}"
@@ -315,12 +328,12 @@ def surgery(model, threshold, data):
     }
 
 
-def train_dense(network, seed, data, epochs, lr, jit=True):
+def train_dense(network, seed, data, epochs, lr, jit=True, width=1.0):
     import keras
 
     from keras_group_lasso import sparsity_report
 
-    model = compile_model(build(network, seed), keras.optimizers.Adam(cosine(lr, epochs, len(data["x_train"]))), jit)
+    model = compile_model(build(network, seed, width), keras.optimizers.Adam(cosine(lr, epochs, len(data["x_train"]))), jit)
     wall, epoch_seconds = fit(model, data, epochs, seed, f"{network} dense seed {seed}")
     report = sparsity_report(model, THRESHOLD)
     return model, {
@@ -333,7 +346,7 @@ def train_dense(network, seed, data, epochs, lr, jit=True):
 
 
 def train_budget(network, seed, data, epochs, lr, factor, schedule_power, settle, jit=True, defaults=False,
-                 **limits):
+                 width=1.0, **limits):
     """The budget row: FLOP-weighted group penalties, ``Proximal(Adam)``, ``SparsityBudget(**limits)``, surgery.
 
     With ``defaults``: ``add_group_sparsity(model)`` and ``SparsityBudget(**limits)``, nothing else chosen
@@ -343,11 +356,11 @@ def train_budget(network, seed, data, epochs, lr, factor, schedule_power, settle
     from keras_group_lasso import Proximal, SparsityBudget, add_group_sparsity
 
     if defaults:
-        model = add_group_sparsity(build(network, seed))
+        model = add_group_sparsity(build(network, seed, width))
         budget = SparsityBudget(threshold=THRESHOLD, **limits)
         factor = schedule_power = settle = None
     else:
-        model = add_group_sparsity(build(network, seed), factor, penalty="group", input_factor=0.0,
+        model = add_group_sparsity(build(network, seed, width), factor, penalty="group", input_factor=0.0,
                                    group_weight="flops")
         budget = SparsityBudget(threshold=THRESHOLD, schedule_power=schedule_power, settle=settle, **limits)
     compile_model(model, Proximal(keras.optimizers.Adam(cosine(lr, epochs, len(data["x_train"])))), jit)
@@ -447,7 +460,7 @@ def magnitude_prune(model, max_flops, steps=12):
     return best
 
 
-def magnitude(network, seed, dense, max_flops, data, finetune_epochs):
+def magnitude(network, seed, dense, max_flops, data, finetune_epochs, jit=True):
     import keras
 
     start = time.perf_counter()
@@ -458,7 +471,7 @@ def magnitude(network, seed, dense, max_flops, data, finetune_epochs):
                    "flop_target": int(max_flops), "params": int(dense.count_params())})
     rows = [dict(record, row="magnitude", finetune_epochs=0, test_accuracy=accuracy(small, data))]
     if finetune_epochs:
-        compile_model(small, keras.optimizers.Adam(cosine(FINETUNE_LR, finetune_epochs, len(data["x_train"]))))
+        compile_model(small, keras.optimizers.Adam(cosine(FINETUNE_LR, finetune_epochs, len(data["x_train"]))), jit)
         wall, epoch_seconds = fit(small, data, finetune_epochs, seed, f"{network} magnitude fine-tune seed {seed}")
         rows.append(dict(record, row="magnitude+ft", finetune_epochs=finetune_epochs,
                          test_accuracy=accuracy(small, data), train_seconds=wall, epoch_seconds=epoch_seconds))
@@ -513,7 +526,7 @@ def notes(setup, args):
         (f"Data: {setup['n_train']:,} training / {setup['n_test']:,} test images, 28x28 padded to 32x32x1"
          + (" (--quick subset)" if args["quick"] else "")),
         (f"Training: batch {BATCH}, {args['epochs']} epochs, cosine-decayed learning rate {args['lr']:g}, "
-         f"`jit_compile=True`; dense: Adam; budget: {budget}, threshold {THRESHOLD:g}, no fine-tuning; magnitude: L1 "
+         f"`jit_compile={args.get('jit', True)}`; dense: Adam; budget: {budget}, threshold {THRESHOLD:g}, no fine-tuning; magnitude: L1 "
          f"filter pruning of the dense network at the budget row's FLOPs, the same fraction in every layer, "
          f"fine-tuned {args['finetune_epochs']} epochs with Adam ({FINETUNE_LR:g}, cosine)"),
         (f"Surgery diff: the largest |pruned - thresholded| logit on {min(GAP_IMAGES, setup['n_test'])} test images, "
@@ -526,7 +539,7 @@ def tables(networks, args, rows):
     """Per network: its description, a table of its rows, the claim checked for each budget row."""
     lines = []
     for network in networks:
-        lines += [f"## {network}", "", describe(network), ""]
+        lines += [f"## {network}", "", describe(network, args.get("width", 1.0)), ""]
         header = ["seed", "row", "test [%]", "Δ vs dense [points]", "FLOPs", "FLOP reduction", "params",
                   "surgery rel. diff", "surgery [s]", "train [s]"]
         table = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
@@ -658,6 +671,10 @@ def main(argv=None):
     parser.add_argument("--defaults", action="store_true",
                         help="budget row with the defaults: add_group_sparsity(model), SparsityBudget(max_flops=...)")
     parser.add_argument("--skip-magnitude", action="store_true", help="no magnitude-pruning rows")
+    parser.add_argument("--width", type=float, default=1.0,
+                        help="the channels of every layer times WIDTH (1.0; 0.5 trains in minutes per epoch on 2 cores)")
+    parser.add_argument("--no-jit", dest="jit", action="store_false",
+                        help="jit_compile=False (TensorFlow on a CPU trains these networks faster without XLA)")
     parser.add_argument("--merge", nargs="+", default=None, metavar="JSON",
                         help="no training: merge the rows of these result files into OUT/NAME.json and .md")
     args = parser.parse_args(argv)
@@ -678,14 +695,15 @@ def main(argv=None):
     # The claim first (dense and budget of every network), then the magnitude peers: a run cut short keeps the claim.
     for network in args.networks:
         for seed in run.seeds:
-            dense, record = train_dense(network, seed, data, args.epochs, args.lr)
+            dense, record = train_dense(network, seed, data, args.epochs, args.lr, args.jit, args.width)
             dense_models[network, seed] = dense
             rows.append(record)
             say(f"{network} seed {seed} dense: {100 * record['test_accuracy']:.2f} %, "
                 f"{fmt_flops(record['flops_before'])} multiply-adds, {record['params']:,} params")
             save(run, setup, vars(args), rows)
             _, _, budget = train_budget(network, seed, data, args.epochs, args.lr, args.lam, args.schedule_power,
-                                        args.settle, defaults=args.defaults, max_flops=args.max_flops)
+                                        args.settle, args.jit, defaults=args.defaults, width=args.width,
+                                        max_flops=args.max_flops)
             rows.append(budget)
             say(f"{network} seed {seed} budget: {100 * budget['test_accuracy']:.2f} %, "
                 f"{budget['flop_reduction']:.2f}x fewer FLOPs, surgery {budget['surgery_seconds']:.2f} s, "
@@ -695,7 +713,7 @@ def main(argv=None):
         for seed in run.seeds:
             budget = next(r for r in rows if r["network"] == network and r["seed"] == seed and r["row"] == "budget")
             for row in magnitude(network, seed, dense_models[network, seed], budget["flops_after"], data,
-                                 args.finetune_epochs):
+                                 args.finetune_epochs, args.jit):
                 rows.append(row)
                 say(f"{network} seed {seed} {row['row']}: {100 * row['test_accuracy']:.2f} %, "
                     f"{row['flop_reduction']:.2f}x, keep {row['keep_fraction']:.3f}")
