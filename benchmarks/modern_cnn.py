@@ -672,7 +672,7 @@ def main(argv=None):
                         help="budget row with the defaults: add_group_sparsity(model), SparsityBudget(max_flops=...)")
     parser.add_argument("--skip-magnitude", action="store_true", help="no magnitude-pruning rows")
     parser.add_argument("--width", type=float, default=1.0,
-                        help="the channels of every layer times WIDTH (1.0; 0.5 trains in minutes per epoch on 2 cores)")
+                        help="every layer's channels times WIDTH (0.5 trains in minutes per epoch on 2 cores)")
     parser.add_argument("--no-jit", dest="jit", action="store_false",
                         help="jit_compile=False (TensorFlow on a CPU trains these networks faster without XLA)")
     parser.add_argument("--merge", nargs="+", default=None, metavar="JSON",

@@ -391,6 +391,8 @@ def test_the_multiplier_saves_and_a_resumed_budget_starts_from_it(rng, tmp_path)
         ({"max_features": 3, "update_freq": 2.0}, "argument `update_freq` must be .* received 2.0"),
         ({"max_features": 3, "update_freq": True}, "argument `update_freq` must be .* received True"),
         ({"max_features": 3, "spare_block": 1}, "argument `spare_block` must be True or False; received 1"),
+        ({"max_features": 3, "uniform_blocks": "yes"},
+         "argument `uniform_blocks` must be True or False; received 'yes'"),
         ({"max_features": 3, "pace": "fast"}, "argument `pace` must be 'gradual' or 'penalty'; received 'fast'"),
         ({"max_features": 3, "min_width": 1.0}, r"argument `min_width` must be 'auto' or a fraction in \[0, 1\) of "
          "each layer's units; received 1.0"),

@@ -753,6 +753,38 @@ def test_a_flop_budget_per_token_trains_a_gemma_causal_lm_to_its_size_and_prunes
                                atol=1e-5 * max(1.0, float(np.max(np.abs(want)))))
 
 
+@pytest.mark.skipif(keras.backend.backend() == "jax", reason="compiles slowly on JAX; Gemma prunes there above")
+def test_a_budget_with_uniform_blocks_trains_a_gemma_causal_lm_into_a_gemma_causal_lm_within_its_size(rng):
+    """``SparsityBudget(max_flops=0.6, uniform_blocks=True)`` counts the sizes ``prune_model(blocks="uniform")``
+    builds and cuts the heads and neurons at the same place of the two decoder blocks by rank together: the result
+    is a ``GemmaCausalLM`` again, within the budget, exact against the thresholded copy."""
+    from keras_group_lasso import Proximal, SparsityBudget
+    from keras_group_lasso.analysis import analyze
+
+    ids = rng.integers(1, 50, size=(256, 10)).astype("int32")
+    ids[:, 1::2] = (ids[:, ::2] * 7) % 50  # every other token follows from the one before
+    x = {"token_ids": ids, "padding_mask": np.ones_like(ids)}
+    keras.utils.set_random_seed(0)
+    sparse = add_group_sparsity(M.GemmaCausalLM(backbone=_gemma(), preprocessor=None), 1e-3)
+    sparse.compile(optimizer=Proximal(keras.optimizers.Adam(1e-2)),
+                   loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the cut to the budget when settling began: said, tested elsewhere
+        sparse.fit(x, np.roll(ids, -1, axis=1), epochs=4, batch_size=32, verbose=0,
+                   callbacks=[SparsityBudget(max_flops=0.6, uniform_blocks=True)])
+    report = analyze(sparse, T, uniform=True).report
+    assert 0.3 <= report.flops_after / report.flops_before <= 0.6
+    small = prune_model(sparse, T, blocks="uniform")
+    assert type(small) is M.GemmaCausalLM and small.rebuilt_model
+    assert small.pruning_report.flops_after == report.flops_after
+    assert small.backbone.intermediate_dim < 48 or small.backbone.num_query_heads < 4
+    apply_threshold(sparse, T)
+    x = _token_batch(sparse, rng)
+    want = keras.ops.convert_to_numpy(sparse(x))
+    np.testing.assert_allclose(keras.ops.convert_to_numpy(small(x)), want, rtol=0,
+                               atol=1e-5 * max(1.0, float(np.max(np.abs(want)))))
+
+
 @pytest.mark.skipif(keras.backend.backend() != "torch", reason="tested on torch (Gemma's rule, tested everywhere)")
 def test_gemma3_loses_heads_and_neurons_exactly_with_its_query_and_key_norms(rng, tmp_path):
     """Gemma3's attention normalizes each head's queries and keys (one scale over the head size, shared by the

@@ -180,6 +180,36 @@ def test_a_block_prunes_exactly_into_plain_keras_layers_that_reload(rng, tmp_pat
     assert "block0/inner" in small.pruning_plan.masks.units
 
 
+def test_a_budget_with_uniform_blocks_counts_and_cuts_the_blocks_of_one_class_together(rng):
+    """Two calls of one block class: ``SparsityBudget(uniform_blocks=True)`` lands the units that
+    ``prune_model(blocks="uniform")`` keeps within its budget, both blocks keep as many hidden units, and that
+    model is exact; a model with no two blocks of one class is told the option has nothing to even out."""
+    from keras_group_lasso import Proximal, SparsityBudget
+    from keras_group_lasso.analysis import analyze
+
+    x = rng.normal(size=(512, 6)).astype("float32")
+    y = np.stack([x[:, 0] * x[:, 1], x[:, 2] - x[:, 3], x[:, 4]], axis=1).astype("float32")
+    for build, said in ((residual_model, []), (nested_model, ["nothing to even out"])):
+        keras.utils.set_random_seed(0)
+        sparse = add_group_sparsity(build(), 1e-3)
+        sparse.compile(Proximal(keras.optimizers.Adam(1e-2)), "mse")
+        dense = analyze(sparse, T).report.live_neurons
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            sparse.fit(x, y[:, :sparse.output.shape[-1]], epochs=4, batch_size=32, verbose=0,
+                       callbacks=[SparsityBudget(max_units=0.7, uniform_blocks=True)])
+        told = [str(w.message) for w in caught if "uniform_blocks" in str(w.message)]
+        assert len(told) == len(said) and all(words in text for words, text in zip(said, told))
+        found = analyze(sparse, T, uniform=True)
+        assert found.report.live_neurons <= 0.7 * dense
+        if build is residual_model:
+            assert found.masks.units["block0/inner"].sum() == found.masks.units["block1/inner"].sum() < 8
+            small = prune_model(sparse, T, blocks="uniform")
+            apply_threshold(sparse, T)
+            np.testing.assert_allclose(keras.ops.convert_to_numpy(small(x)), keras.ops.convert_to_numpy(sparse(x)),
+                                       rtol=0, atol=1e-5)
+
+
 def test_blocks_inside_blocks_and_sequentials_inside_blocks_are_traced(rng, tmp_path):
     model = nested_model()
     names = [node.name for node in model_graph(model).units]

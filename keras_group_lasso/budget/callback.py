@@ -28,6 +28,7 @@ from keras_group_lasso.budget.hold import StepHold
 from keras_group_lasso.budget.latency_limit import LatencyLimit
 from keras_group_lasso.budget.state import CUT, SEARCH, WITHIN, BudgetState
 from keras_group_lasso.declared import declare_group_penalties, group_sparse_penalties
+from keras_group_lasso.graph import model_graph
 
 __all__ = ["SparsityBudget", "SMALL_CUT"]
 
@@ -116,11 +117,18 @@ class SparsityBudget(keras.callbacks.Callback):
         pace: ``"gradual"`` (default: cut along the schedule) or ``"penalty"`` (the penalties alone).
         min_width: ``"auto"`` (default) or a fraction in [0, 1) of each
             layer's units that no cut or penalty goes below; 0: none.
+        uniform_blocks: count the sizes of the model whose blocks of one
+            class keep as many units and heads each (what
+            ``prune_model(.., blocks="uniform")`` returns: a KerasHub
+            backbone of the same class again, where every block can have
+            one config), and cut the groups at the same place of those
+            blocks by rank together, so that they end as wide. Default
+            False: each block as training leaves it.
 
     Raises:
         InvalidParameterError: no budget, or a budget, ``threshold``,
             ``settle``, ``max_strength``, ``schedule_power``, ``round_to``, ``pace``, ``min_width``,
-            ``update_freq`` or ``spare_block`` out of range (a count budget
+            ``update_freq``, ``spare_block`` or ``uniform_blocks`` out of range (a count budget
             is at least 1: the strongest group of every layer stays), a
             ``max_latency`` at a batch size the ``latency_table`` lacks; when
             ``fit`` starts, a model whose layers carry no penalty of this
@@ -149,7 +157,7 @@ class SparsityBudget(keras.callbacks.Callback):
     def __init__(self, max_features=None, max_units=None, max_params=None, max_flops=None, *, max_latency=None,
                  latency_table=None, latency_check=True, threshold=1e-3, settle=1 / 2, max_strength=20.0,
                  schedule_power=1.0, round_to=1, update_freq="auto", spare_block=False, pace="gradual",
-                 min_width="auto"):
+                 min_width="auto", uniform_blocks=False):
         super().__init__()
         self.max_features = schedule.check_limit(_OWNER, "max_features", max_features)
         self.max_units = schedule.check_limit(_OWNER, "max_units", max_units)
@@ -189,6 +197,7 @@ class SparsityBudget(keras.callbacks.Callback):
         else:
             self.update_freq = int(update_freq)
         self.spare_block = _checked_bool("spare_block", spare_block)
+        self.uniform_blocks = _checked_bool("uniform_blocks", uniform_blocks)
         if self.update_freq != "epoch" and not (self.update_freq == "auto" and self.pace == "penalty"):
             # Only then a batch hook: Keras dispatches the batches of a fit whose callbacks have none
             # asynchronously.
@@ -251,7 +260,7 @@ class SparsityBudget(keras.callbacks.Callback):
         """How this budget counts the model's sizes now (:class:`.measure.Meter`); until settling rounds the
         widths, at those rounding up would give. Reading ``self.model`` on JAX writes the training state back."""
         return measure.Meter(self.model, self.threshold, self._latency, self.round_to,
-                             self.round_to > 1 and self.state.rounded, _OWNER)
+                             self.round_to > 1 and self.state.rounded, _OWNER, self.uniform_blocks)
 
     def _over(self, sizes):
         return schedule.over(sizes, self.limits)
@@ -305,6 +314,10 @@ class SparsityBudget(keras.callbacks.Callback):
             self._latency_limit()
         if above:
             warnings.warn(messages.within_already(_OWNER, above), RuntimeWarning, stacklevel=2)
+        if self.uniform_blocks and not measure.kernel_families(model_graph(self.model)):
+            warnings.warn(f"{_OWNER}: uniform_blocks=True has nothing to even out: the model has no penalised layers "
+                          "in two calls of one block class; each layer keeps the width training leaves it.",
+                          RuntimeWarning, stacklevel=2)
         self._hold.release(self.model, self._declared)  # a fit that ended by an exception may have left them
         self._finished = self._first_epoch = None
         self._steps = self.params.get("steps") if self.params else None  # None: a dataset of unknown length

@@ -15,7 +15,7 @@ from keras_group_lasso.regularizers import CoupledGroupLasso, GroupSparseRegular
 
 __all__ = ["FrozenGroups", "strength", "ranked_groups", "fewest", "fixed_units", "narrowed", "group_loads", "zeroed",
            "zero_rows", "penalised_kernels", "dead_groups", "zero_dead_groups", "least_groups", "FORCED", "hold_groups",
-           "freeze_groups", "hold_live", "zero_groups", "release_frozen_groups", "spare_floors"]
+           "tied_by_rank", "Slot", "freeze_groups", "hold_live", "zero_groups", "release_frozen_groups", "spare_floors"]
 
 
 def penalised_kernels(model):
@@ -243,7 +243,7 @@ def strength(penalty):
     return max([penalty.factor, penalty.l1, *scales])
 
 
-def ranked_groups(model, roles, cut_before=frozenset(), loads=None, floors=None, ceilings=None):
+def ranked_groups(model, roles, cut_before=frozenset(), loads=None, floors=None, ceilings=None, families=()):
     """``([(score, ((variable index, row), ...), all zero), ...] weakest first, [variables])``.
 
     A group is a row along axis -2 of a penalty's group view (a unit that the
@@ -274,6 +274,9 @@ def ranked_groups(model, roles, cut_before=frozenset(), loads=None, floors=None,
 
     ``ceilings``: ``{kernel path: k}``: a kernel with more than ``k`` groups above zero has its weakest ones beyond
     ``k`` (of its own hidden groups, not coupled ones) ranked right after the groups at zero (score ``FORCED``).
+
+    ``families``: tuples of kernel paths whose groups go by rank together (:func:`tied_by_rank`): the kernels at the
+    same place of blocks of one class, so that every block keeps as many units.
     """
     variables, entries, coupled, kept_keys = [], [], {}, set()
     input_keys = {key for v in model.weights if isinstance(getattr(v, "regularizer", None), CoupledGroupLasso)
@@ -325,8 +328,59 @@ def ranked_groups(model, roles, cut_before=frozenset(), loads=None, floors=None,
     for key, (score, parts, rows, zero) in coupled.items():
         if key not in kept_keys:
             entries.append((score / parts, tuple(rows), zero))
+    if families:
+        entries = tied_by_rank(entries, [v.path for v in variables], families)
     entries.sort(key=lambda entry: entry[0])
     return entries, variables
+
+
+class Slot(tuple):
+    """The rows of the groups that go together by rank (:func:`tied_by_rank`), one group of each kernel: each
+    counts as a group."""
+
+
+def tied_by_rank(entries, paths, families):
+    """``entries`` (:func:`ranked_groups`'s, unsorted) with the single groups of the kernels of each family tied by
+    rank: the ``r``-th weakest group of every kernel of a family goes with the ``r``-th weakest of the others, as
+    one entry whose score is their mean and whose rows are a :class:`Slot`.
+
+    ``paths``: the kernel path of each variable index; ``families``: tuples of kernel paths. A family keeps as
+    many of each kernel's groups as its kernel with the fewest rankable groups leaves (the others' weakest beyond
+    that are not ranked): the kernels at the same place of blocks of one class end as wide each. A family with a
+    kernel missing from ``paths`` ties nothing (its kernels' groups are not ranked at all); a coupled group (a
+    residual stream's channel) is not tied.
+
+    Example:
+        >>> entries = [(0.1, ((0, 0),), False), (0.5, ((0, 1),), False), (0.2, ((1, 1),), False),
+        ...            (0.9, ((1, 0),), False), (0.3, ((2, 0),), False)]
+        >>> tied = tied_by_rank(entries, ["a/kernel", "b/kernel", "c/kernel"], [("a/kernel", "b/kernel")])
+        >>> [(round(score, 2), tuple(rows)) for score, rows, _ in tied]
+        [(0.3, ((2, 0),)), (0.15, ((0, 0), (1, 1))), (0.7, ((0, 1), (1, 0)))]
+    """
+    index = {path: i for i, path in enumerate(paths)}
+    family_of = {}
+    for number, family in enumerate(families):
+        members = [index.get(path) for path in family]
+        for member in members:
+            if member is not None:
+                family_of[member] = number if None not in members else None
+    own, found = [], {}
+    for entry in entries:
+        rows = entry[1]
+        number = family_of.get(rows[0][0], -1) if len(rows) == 1 else -1
+        if number == -1:
+            own.append(entry)
+        elif number is not None:
+            found.setdefault(number, {}).setdefault(rows[0][0], []).append(entry)
+    for number, kernels in found.items():
+        if len(kernels) < len(families[number]):
+            continue  # a kernel of the family has no group to go: none goes
+        ranked = [sorted(kernel, key=lambda entry: entry[0]) for kernel in kernels.values()]
+        for rank in range(min(len(kernel) for kernel in ranked)):
+            slot = [kernel[rank] for kernel in ranked]
+            own.append((float(np.mean([entry[0] for entry in slot])), Slot(entry[1][0] for entry in slot),
+                        all(entry[2] for entry in slot)))
+    return own
 
 
 #: The score of a group above its kernel's ceiling (:func:`ranked_groups`): after the groups at zero, before the rest.
@@ -370,7 +424,7 @@ def fewest(ranked, sizes_at, within):
 
 
 def cut_weakest(model, threshold, roles, loads, floors, measure, within, floors_yield=True, closing=None,
-                ceilings=None):
+                ceilings=None, families=()):
     """Set to zero the fewest of the weakest groups of ``roles`` (:func:`ranked_groups`) that make the model's sizes
     ``within`` (a predicate on sizes); returns how many of them were above ``threshold`` (the ones that went now).
 
@@ -381,10 +435,10 @@ def cut_weakest(model, threshold, roles, loads, floors, measure, within, floors_
 
     ``closing``: ``(share, within the budget)``: at least ``share`` of the groups (rounded up) that the fewest cut
     meeting that predicate would set to zero go too. ``ceilings`` (:func:`ranked_groups`): the groups of each kernel
-    beyond its ceiling go in any case.
+    beyond its ceiling go in any case. ``families`` (:func:`tied_by_rank`): kernels whose groups go by rank together.
     """
     dead, below = dead_groups(model, threshold, exact=True), dead_groups(model, threshold)
-    groups, variables = ranked_groups(model, roles, dead, loads, floors, ceilings)
+    groups, variables = ranked_groups(model, roles, dead, loads, floors, ceilings, families)
     forced = sum(1 for score, _, _ in groups if score < 0.0)  # at zero already, or above a ceiling
     values = [np.array(keras.ops.convert_to_numpy(v)) for v in variables]
 
@@ -398,16 +452,18 @@ def cut_weakest(model, threshold, roles, loads, floors, measure, within, floors_
     else:
         count, met = fewest(groups, sizes_at, within)
         if not met and floors and floors_yield:
-            groups, variables = ranked_groups(model, roles, dead, loads)
+            groups, variables = ranked_groups(model, roles, dead, loads, families=families)
             values = [np.array(keras.ops.convert_to_numpy(v)) for v in variables]
             count, met = fewest(groups, sizes_at, within)
         count = max(count, least or 0)
     count = max(count, forced)
     for variable, value in zip(variables, zeroed(values, groups[:count], variables)):
         variable.assign(value)
-    # Groups at or below the threshold count as gone already (the sizes do not count them).
-    return sum(1 for _, rows, _ in groups[:count] if any((variables[index].path, row) not in below
-                                                           for index, row in rows))
+    # Groups at or below the threshold count as gone already (the sizes do not count them); a coupled group's rows
+    # are one group, a slot's each one.
+    went = [[(member,) for member in rows] if isinstance(rows, Slot) else [rows] for _, rows, _ in groups[:count]]
+    return sum(1 for parts in went for part in parts
+               if any((variables[index].path, row) not in below for index, row in part))
 
 
 def _closing_count(groups, sizes_at, closing):

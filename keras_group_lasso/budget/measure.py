@@ -14,8 +14,9 @@ from keras_group_lasso import analysis
 from keras_group_lasso.budget import cut, rounding, schedule
 from keras_group_lasso.costs import unit_costs
 from keras_group_lasso.graph import model_graph, registry
+from keras_group_lasso.graph.masks import block_siblings
 
-__all__ = ["Meter", "cut_to", "round_widths", "unmet_causes"]
+__all__ = ["Meter", "cut_to", "round_widths", "unmet_causes", "kernel_families"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -29,6 +30,8 @@ class Meter:
         round_to: above 1, until the widths were ``rounded``, the sizes are at the widths rounding up would give.
         rounded: the widths were rounded (with ``round_to`` > 1): the sizes are the model's own.
         owner: the name errors are raised under.
+        uniform: the sizes are those of the model whose blocks of one class keep as many units and heads each
+            (``prune_model(blocks="uniform")``), and a cut takes the groups of such blocks by rank together.
     """
 
     model: object
@@ -37,6 +40,7 @@ class Meter:
     round_to: int = 1
     rounded: bool = False
     owner: str = "SparsityBudget"
+    uniform: bool = False
 
     @property
     def predict(self):
@@ -58,9 +62,9 @@ class Meter:
         ``round_to`` > 1, until the widths were rounded, at the widths rounding up would give.
         """
         own_widths = self.round_to == 1 or self.rounded
-        if self.latency is None and values is None and own_widths:
+        if self.latency is None and values is None and own_widths and not self.uniform:
             return self.of(analysis.sparsity_report(self.model, threshold=self.threshold))
-        found = analysis.analyze(self.model, self.threshold, owner=self.owner, values=values)
+        found = analysis.analyze(self.model, self.threshold, owner=self.owner, values=values, uniform=self.uniform)
         if own_widths:
             return self.of(found.report, found)
         layers = rounding.rounded_up(found, self.round_to, grow=True)
@@ -74,8 +78,13 @@ class Meter:
         ``fit`` finds the same sizes.
         """
         found = analysis.analyze(self.model, self.threshold, owner=self.owner,
-                                 values=cut.narrowed(self.model, share))
+                                 values=cut.narrowed(self.model, share), uniform=self.uniform)
         return self.of(found.report, found)
+
+    def families(self):
+        """The kernels whose groups a cut takes by rank together (:func:`kernel_families`); ``()`` unless
+        ``uniform``."""
+        return kernel_families(model_graph(self.model)) if self.uniform else ()
 
     def width_curves(self, dense, limits):
         """Each budgeted size as a curve of the share of its width every prunable layer keeps
@@ -125,7 +134,7 @@ def cut_to(meter, sizes, goals, floors, final=True, limits=None, closing=0.0, ce
         also = (closing, lambda measured: schedule.over(measured, limits) <= 1.0)
     newly = cut.cut_weakest(meter.model, meter.threshold, roles, meter.group_loads(sizes, within), floors, meter.now,
                             lambda measured: schedule.over(measured, goals or {}) <= 1.0, floors_yield=final,
-                            closing=also, ceilings=ceilings)
+                            closing=also, ceilings=ceilings, families=meter.families())
     return newly, meter.now()
 
 
@@ -161,3 +170,18 @@ def unmet_causes(model, declared):
     frozen = sorted({layer.name for _, layer, _ in declared.penalties() if not layer.trainable})
     unread = model_graph(model).unread_kernels()
     return frozen, registry.unread_text(unread) if unread else ""
+
+
+def kernel_families(graph):
+    """``[(kernel path, ...)]``: the group-penalised kernels at the same place of the calls of blocks of one class
+    (:func:`~keras_group_lasso.graph.masks.block_siblings`), one tuple per place and kernel, the kernels of one
+    tuple of one shape (:func:`.cut.tied_by_rank` ties their groups by rank)."""
+    families = []
+    for names in block_siblings(graph):
+        kernels = [cut.penalised_kernels(graph.layers[name]) for name in names]
+        if len({len(found) for found in kernels}) != 1:
+            continue
+        for tied in zip(*kernels):
+            if len({tuple(v.shape) for v in tied}) == 1:
+                families.append(tuple(v.path for v in tied))
+    return families
