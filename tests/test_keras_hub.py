@@ -410,32 +410,36 @@ def test_gpt2_loses_feed_forward_neurons_exactly_and_its_decoders_stay_keras_hub
         assert block.num_heads == 2
 
 
-# Bloom's attention (ALiBi positions) and GPT-NeoX's (one fused query-key-value projection, partial rotary
-# positions) are kept whole by their class; their decoders, traced at probe sizes, lose feed-forward neurons and
-# are built again as themselves.
+# Bloom's attention (ALiBi positions), GPT-NeoX's (one fused query-key-value projection, partial rotary positions)
+# and Falcon's (an ALiBi table its decoder computes from the padding mask and passes in) are kept whole by their
+# class; their decoders, traced at probe sizes, lose feed-forward neurons and are built again as themselves.
+# (Falcon's decoder does not run on symbolic inputs on JAX, where KerasHub multiplies a JAX array by one: refused
+# there by name, as any such block.)
 WHOLE_ATTENTION = {
     "Bloom": (lambda: M.BloomBackbone(vocabulary_size=50, num_layers=2, num_heads=2, hidden_dim=16,
-                                      intermediate_dim=32), "mlp_intermediate_dense", "BloomDecoder"),
+                                      intermediate_dim=32), "mlp_intermediate_dense", "BloomDecoder", "self_attention"),
     "GPTNeoX": (lambda: M.GPTNeoXBackbone(vocabulary_size=50, num_layers=2, num_heads=2, hidden_dim=16,
                                           intermediate_dim=32, max_sequence_length=16),
-                "feedforward_intermediate_dense", "GPTNeoXDecoder"),
+                "feedforward_intermediate_dense", "GPTNeoXDecoder", "self_attention"),
+    "Falcon": (lambda: M.FalconBackbone(vocabulary_size=50, num_layers=2, num_attention_heads=2, hidden_dim=16,
+                                        intermediate_dim=32), "dense_h_to_4h", "FalconTransformerDecoder", "attention"),
 }
 
 
 @pytest.mark.parametrize("family", [pytest.param(family, marks=pytest.mark.skipif(
-    keras.backend.backend() != backend, reason=f"tested on {backend} (time; the rule is one for both)"))
-    for family, backend in (("Bloom", "tensorflow"), ("GPTNeoX", "torch"))])
+    keras.backend.backend() != backend, reason=f"tested on {backend} (time; the rule is one for all)"))
+    for family, backend in (("Bloom", "tensorflow"), ("GPTNeoX", "torch"), ("Falcon", "torch"))])
 def test_decoders_whose_attention_is_kept_whole_lose_feed_forward_neurons_exactly(family, rng, tmp_path):
     from test_model_families import assert_same_outputs
 
-    build, intermediate, decoder = WHOLE_ATTENTION[family]
+    build, intermediate, decoder, attention = WHOLE_ATTENTION[family]
     model = build()
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         sparse = add_group_sparsity(model, 1e-3)
     said = [str(w.message) for w in caught if "stay whole" in str(w.message)]
     assert len(said) == 1 and said[0].startswith(
-        "add_group_sparsity: the heads of 'transformer_layer_0/self_attention'"), said
+        f"add_group_sparsity: the heads of 'transformer_layer_0/{attention}'"), said
     penalised = {v.path for v in sparse.trainable_weights if v.regularizer is not None}
     assert {f"transformer_layer_{i}/{intermediate}/kernel" for i in (0, 1)} <= penalised
     assert not any("attention" in path for path in penalised)

@@ -189,7 +189,11 @@ def test_a_budget_with_uniform_blocks_counts_and_cuts_the_blocks_of_one_class_to
 
     x = rng.normal(size=(512, 6)).astype("float32")
     y = np.stack([x[:, 0] * x[:, 1], x[:, 2] - x[:, 3], x[:, 4]], axis=1).astype("float32")
-    for build, said in ((residual_model, []), (nested_model, ["nothing to even out"])):
+    def plain_model():
+        inputs = keras.Input((6,))
+        return keras.Model(inputs, L.Dense(3, name="out")(L.Dense(8, activation="relu", name="hidden")(inputs)))
+
+    for build, said in ((residual_model, []), (plain_model, ["nothing to even out"])):
         keras.utils.set_random_seed(0)
         sparse = add_group_sparsity(build(), 1e-3)
         sparse.compile(Proximal(keras.optimizers.Adam(1e-2)), "mse")

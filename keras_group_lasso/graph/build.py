@@ -1021,7 +1021,7 @@ def _flat_graph(model):
     # A block traced at probe sizes computes its masks from constants right at those sizes: no side tensor (it is
     # built again as itself, see _complete_sides).
     sides = {} if probe_sized(model) else _side_tensors(side_ends, operations, producers, input_names, problems)
-    _drop_mask_operations(order, layers, producers, consumers, output_names)
+    _drop_mask_operations(order, layers, producers, consumers, output_names, operations)
     if calls and any(isinstance(layers.get(name), keras.Model) for name in calls.values()):
         for node_name, name in calls.items():
             if isinstance(layers.get(name), keras.Model):
@@ -1364,13 +1364,15 @@ def _without_mask(node):
     return node or []
 
 
-def _drop_mask_operations(order, layers, producers, consumers, output_names):
-    """Remove (in place) the keras.ops operations that nothing reads but a ``mask`` argument."""
+def _drop_mask_operations(order, layers, producers, consumers, output_names, operations=()):
+    """Remove (in place) the keras.ops operations that nothing reads but a ``mask`` argument or a side tensor
+    (``operations``: the graph's keras.ops calls by name, also those read as layers, ``x * y`` as ``Multiply``)."""
     changed = True
     while changed:
         changed = False
         for name in list(order):
-            if consumers.get(name) or name in output_names or not is_operation(layers.get(name)):
+            if consumers.get(name) or name in output_names or not (is_operation(layers.get(name))
+                                                                   or name in operations):
                 continue
             order.remove(name)
             for producer in producers.pop(name, []):

@@ -89,6 +89,7 @@ from keras_group_lasso.graph.rules.operations import (
 )
 from keras_group_lasso.graph.rules.recognized import recognize
 from keras_group_lasso.graph.rules.shape import (
+    AlibiAttentionRule,
     ChannelSlice,
     ChannelSliceRule,
     ConstantRule,
@@ -323,6 +324,8 @@ _BY_NAME = {  # module.name: (kind, description, rule of the class)
         "whole", "BloomAttention (KerasHub Bloom; heads kept whole)", WholeAttentionRule),
     "keras_hub.src.models.gpt_neo_x.gpt_neo_x_attention.GPTNeoXAttention": (
         "whole", "GPTNeoXAttention (KerasHub GPT-NeoX; heads kept whole)", WholeAttentionRule),
+    "keras_hub.src.models.falcon.falcon_attention.FalconAttention": (
+        "whole", "FalconAttention (KerasHub Falcon; heads kept whole)", AlibiAttentionRule),
 
 }
 

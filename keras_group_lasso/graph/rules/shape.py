@@ -247,6 +247,19 @@ class WholeAttentionRule(WholeRule):
         return without_none(call_without_none(layer, type(layer).__call__, (x,), options))
 
 
+class AlibiAttentionRule(WholeAttentionRule):
+    """KerasHub Falcon's attention kept whole: as :class:`WholeAttentionRule`, and its ALiBi table (``alibi``, one
+    bias per head and key position, computed by its decoder from the padding mask) a side tensor too."""
+
+    side_arguments = ("alibi", "attention_mask")
+
+    def call(self, layer, x, options=None):
+        options = dict(options or {})
+        if options.get("alibi") is None:  # called alone (see WholeAttentionRule.call): no bias, every key
+            options["alibi"] = keras.ops.zeros_like(keras.ops.einsum("btd,bsd->bts", x, x))[:, None, :1, :]
+        return super().call(layer, x, options)
+
+
 class ReverseCall:
     """A ``ReversibleEmbedding`` called with ``reverse=True`` (a language model's logits from its token table), as
     a node of the graph: the layer's later call, kept whole (every channel it reads stays; its outputs, one per
