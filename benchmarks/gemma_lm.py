@@ -32,6 +32,7 @@ magnitude-pruned one.
 Usage:
     KERAS_BACKEND=tensorflow python benchmarks/gemma_lm.py            # -> benchmarks/results/gemma_lm.{md,json}, RESULTS.md
     KERAS_BACKEND=tensorflow python benchmarks/gemma_lm.py --quick    # 2,000 windows, 1 epoch, 1 seed -> benchmarks/out/
+    KERAS_BACKEND=tensorflow python benchmarks/gemma_lm.py --uniform-blocks   # -> gemma_lm_uniform: a GemmaCausalLM
 """
 
 import sys
@@ -169,7 +170,7 @@ def generated(model, data):
     return bytes(int(t) for t in tokens[:48]).decode("utf-8", "replace")
 
 
-def run_seed(seed, data, epochs, finetune):
+def run_seed(seed, data, epochs, finetune, uniform=False):
     dense = compiled(build(seed), keras.optimizers.Adam(LR))
     _, dense_s, _ = common.fit_recording_warnings(dense, data, BATCH, epochs)
     dense_ppl = perplexity(dense, data)
@@ -177,12 +178,13 @@ def run_seed(seed, data, epochs, finetune):
 
     sparse = compiled(add_group_sparsity(build(seed)), Proximal(keras.optimizers.Adam(LR)))
     _, budget_s, warned = common.fit_recording_warnings(sparse, data, BATCH, epochs,
-                                                        [SparsityBudget(max_flops=BUDGET)])
+                                                        [SparsityBudget(max_flops=BUDGET, uniform_blocks=uniform)])
     trained_ppl = perplexity(sparse, data)
-    report = sparsity_report(sparse, T)
     started = time.perf_counter()
-    small = prune_model(sparse, T)
+    small = prune_model(sparse, T, blocks="uniform" if uniform else "rebuild")
     prune_s = time.perf_counter() - started
+    # what the budget counted: the model as trained, or with uniform blocks the one pruned with blocks="uniform"
+    report = small.pruning_report if uniform else sparsity_report(sparse, T)
     apply_threshold(sparse, T)
     probe = {key: value[:64] for key, value in data["x_test"].items()}
     gap = float(np.max(np.abs(keras.ops.convert_to_numpy(small(probe, training=False))
@@ -236,7 +238,7 @@ def width_text(widths):
     return " ".join(f"{q}/{kv}/{f}" for q, kv, f in widths)
 
 
-def table(records, epochs, finetune):
+def table(records, epochs, finetune, uniform=False):
     def cell(key, digits=3):
         return common.mean_std([r[key] for r in records], digits)
 
@@ -249,7 +251,7 @@ def table(records, epochs, finetune):
     rows = [
         ["dense", str(epochs), cell("dense_perplexity"), "-", "1.000", "1.000",
          width_text(records[0]["widths_before"]), "-", common.mean_std([r["dense_s"] for r in records], 0)],
-        [f"`SparsityBudget(max_flops={BUDGET})`, `prune_model`, no fine-tuning", str(epochs),
+        [f"{_budget_text(uniform)}, no fine-tuning", str(epochs),
          cell("pruned_perplexity"), versus("pruned_perplexity"), cell("flops_ratio"), total("total_flops_after"),
          "; ".join(width_text(r["widths_after"]) for r in records), f"{max(r['gap'] for r in records):.1e}",
          common.mean_std([r["budget_s"] + r["prune_s"] for r in records], 0)],
@@ -274,14 +276,21 @@ def table(records, epochs, finetune):
          "max |logit gap| vs thresholded", "wall (s)"], rows)
 
 
-def summary(records, epochs, finetune):
+def _budget_text(uniform):
+    """The budget run's words: its ``SparsityBudget`` and its ``prune_model``."""
+    if uniform:
+        return f"`SparsityBudget(max_flops={BUDGET}, uniform_blocks=True)`, `prune_model(.., blocks=\"uniform\")`"
+    return f"`SparsityBudget(max_flops={BUDGET})`, `prune_model`"
+
+
+def summary(records, epochs, finetune, uniform=False):
     """The run in one line, for RESULTS.md's index."""
     def ppl(key):
         return common.mean_std([r[key] for r in records], 3)
 
     return (f"KerasHub's `GemmaCausalLM` (byte-level, hidden {HIDDEN}, {LAYERS} blocks of {HEADS} query heads on "
             f"{KV_HEADS} key-value heads, {NEURONS} gated neurons) on the standard library's `.py` files, whole files "
-            f"held out, `SparsityBudget(max_flops={BUDGET})` per token with its defaults, {epochs} epochs: "
+            f"held out, {_budget_text(uniform)} per token, {epochs} epochs: "
             f"{common.mean_std([r['flops_ratio'] for r in records], 3)} of the counted FLOPs, surgery "
             f"output gap {max(r['gap'] for r in records):.1e}, held-out perplexity {ppl('pruned_perplexity')} vs dense "
             f"{ppl('dense_perplexity')}, {ppl('budget_finetuned_perplexity')} after {finetune} epoch(s) of "
@@ -296,13 +305,16 @@ def main(argv=None):
     parser = common.arguments(__doc__, seeds=3, quick=QUICK)
     parser.add_argument("--epochs", type=common.positive_int, default=EPOCHS)
     parser.add_argument("--finetune", type=common.positive_int, default=FINETUNE)
+    parser.add_argument("--uniform-blocks", action="store_true",
+                        help="the budget with uniform_blocks=True, pruned with blocks='uniform' (-> gemma_lm_uniform)")
     args = parser.parse_args(argv)
     n_train, n_test = (2000, 500) if args.quick else (TRAIN, 4000)
     epochs = 1 if args.quick else args.epochs
     finetune = 1 if args.quick else args.finetune
     data = load(n_train, n_test)
-    run = common.Run(NAME, args)
-    records = [run_seed(seed, data, epochs, finetune) for seed in run.seeds]
+    run = common.Run(NAME + ("_uniform" if args.uniform_blocks else ""), args)
+    records = [run_seed(seed, data, epochs, finetune, args.uniform_blocks) for seed in run.seeds]
+    budget = _budget_text(args.uniform_blocks) + ("" if args.uniform_blocks else " with no other argument")
     train_files, held = data["files"]
     notes = [
         (f"Model: KerasHub's `GemmaCausalLM` around a `GemmaBackbone` (byte vocabulary of {VOCAB}, hidden {HIDDEN}, "
@@ -315,8 +327,7 @@ def main(argv=None):
          f"({train_files} training files, {held} held out); {n_train:,} training windows of {SEQ + 1} bytes at "
          f"seeded random offsets, {data['y_test'].shape[0]:,} consecutive held-out windows"),
         (f"Batch {BATCH}, Adam lr {LR:g} (constant) in every run; budget run: `add_group_sparsity(model)` (default "
-         f"strength), `Proximal(Adam({LR:g}))`, `SparsityBudget(max_flops={BUDGET})` with no other argument, "
-         f"`prune_model(model)`; magnitude: the dense model, the same share of query heads and of neurons removed "
+         f"strength), `Proximal(Adam({LR:g}))`, {budget}; magnitude: the dense model, the same share of query heads and of neurons removed "
          f"in every block (smallest L2 norm of their outgoing weights), the least share that meets the budget's "
          f"counted FLOPs, `prune_model`, then fine-tuned with Adam({LR:g})"),
         ("Logit gap: the budget's pruned model vs its trained model after `apply_threshold` (|w| <= 1e-3 set to 0), "
@@ -328,7 +339,8 @@ def main(argv=None):
          f"{records[0]['pruned_generates']!r}; magnitude {records[0]['magnitude_generates']!r}"),
     ]
     title = "A Gemma-style byte-level language model under a FLOP budget"
-    run.publish(title, table(records, epochs, finetune), records, notes=notes, summary=summary(records, epochs, finetune))
+    run.publish(title, table(records, epochs, finetune, args.uniform_blocks), records, notes=notes,
+                summary=summary(records, epochs, finetune, args.uniform_blocks))
     return 0
 
 
