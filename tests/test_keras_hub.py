@@ -414,25 +414,39 @@ def test_gpt2_loses_feed_forward_neurons_exactly_and_its_decoders_stay_keras_hub
 # and Falcon's (an ALiBi table its decoder computes from the padding mask and passes in) are kept whole by their
 # class; their decoders, traced at probe sizes, lose feed-forward neurons and are built again as themselves.
 # (Falcon's decoder does not run on symbolic inputs on JAX, where KerasHub multiplies a JAX array by one: refused
-# there by name, as any such block.)
-WHOLE_ATTENTION = {
+# there by name, as any such block.) SmolLM3's grouped-query attention builds and computes its output shapes from a
+# list of input shapes: kept whole too, built and called symbolically with Keras's shapes; its gated feed-forward
+# loses a neuron from gate, up and down together.
+def _smollm3():
+    return M.SmolLM3Backbone(
+        vocabulary_size=50, hidden_dim=16, intermediate_dim=32, num_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, attention_bias=False, attention_dropout=0.0, rope_layer_enabled_list=[True, True],
+        layer_types=["attention", "attention"], mlp_bias=False, layer_norm_epsilon=1e-6, max_position_embeddings=32,
+        rope_theta=10000.0, partial_rotary_factor=1.0)
+
+
+WHOLE_ATTENTION = {  # family: (backbone, feed-forward kernel (a down projection: its rows), decoder, attention, width)
     "Bloom": (lambda: M.BloomBackbone(vocabulary_size=50, num_layers=2, num_heads=2, hidden_dim=16,
-                                      intermediate_dim=32), "mlp_intermediate_dense", "BloomDecoder", "self_attention"),
+                                      intermediate_dim=32), "mlp_intermediate_dense", "BloomDecoder", "self_attention",
+              "intermediate_dim"),
     "GPTNeoX": (lambda: M.GPTNeoXBackbone(vocabulary_size=50, num_layers=2, num_heads=2, hidden_dim=16,
                                           intermediate_dim=32, max_sequence_length=16),
-                "feedforward_intermediate_dense", "GPTNeoXDecoder", "self_attention"),
+                "feedforward_intermediate_dense", "GPTNeoXDecoder", "self_attention", "intermediate_dim"),
     "Falcon": (lambda: M.FalconBackbone(vocabulary_size=50, num_layers=2, num_attention_heads=2, hidden_dim=16,
-                                        intermediate_dim=32), "dense_h_to_4h", "FalconTransformerDecoder", "attention"),
+                                        intermediate_dim=32), "dense_h_to_4h", "FalconTransformerDecoder", "attention",
+               "intermediate_dim"),
+    "SmolLM3": (_smollm3, "mlp/down_proj", "SmolLM3DecoderLayer", "self_attn", "intermediate_size"),
 }
 
 
 @pytest.mark.parametrize("family", [pytest.param(family, marks=pytest.mark.skipif(
     keras.backend.backend() != backend, reason=f"tested on {backend} (time; the rule is one for all)"))
-    for family, backend in (("Bloom", "tensorflow"), ("GPTNeoX", "torch"), ("Falcon", "torch"))])
+    for family, backend in (("Bloom", "tensorflow"), ("GPTNeoX", "torch"), ("Falcon", "torch"),
+                            ("SmolLM3", "torch"))])
 def test_decoders_whose_attention_is_kept_whole_lose_feed_forward_neurons_exactly(family, rng, tmp_path):
     from test_model_families import assert_same_outputs
 
-    build, intermediate, decoder, attention = WHOLE_ATTENTION[family]
+    build, intermediate, decoder, attention, width = WHOLE_ATTENTION[family]
     model = build()
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
@@ -446,12 +460,15 @@ def test_decoders_whose_attention_is_kept_whole_lose_feed_forward_neurons_exactl
     for i, dead in enumerate(([1, 4, 7, 20], [0, 2, 3, 9, 11, 31])):
         layer = next(v for v in model.weights if v.path == f"transformer_layer_{i}/{intermediate}/kernel")
         kernel = keras.ops.convert_to_numpy(layer).copy()
-        kernel[:, dead] = 0.0  # neurons that output act(b): constants, folded into the next layer's bias
+        if intermediate.endswith("down_proj"):
+            kernel[dead] = 0.0  # neurons whose outgoing group is zero
+        else:
+            kernel[:, dead] = 0.0  # neurons that output act(b): constants, folded into the next layer's bias
         layer.assign(kernel)
     small = assert_prunes_exactly_and_reloads(model, _token_batch(model, rng), tmp_path)
     assert_same_outputs(small, model, _token_batch(model, rng, length=5), 1e-5)
     for call, kept in (("transformer_layer_0", 28), ("transformer_layer_1", 26)):
-        assert small.rebuilt_blocks[call].changed == {"intermediate_dim": (32, kept)}
+        assert small.rebuilt_blocks[call].changed == {width: (32, kept)}
         assert type(small.get_layer(call)).__name__ == decoder
 
 

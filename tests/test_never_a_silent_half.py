@@ -222,8 +222,9 @@ def test_a_block_that_does_not_trace_is_named_with_its_error_and_a_model_of_only
 
 
 def test_a_model_whose_only_readable_layer_takes_no_penalty_is_refused():
-    # An Embedding makes units but takes no group penalty; the block after it does not trace (KerasHub's SmolLM3
-    # decoders): the copy would carry no penalty at all, so add_group_sparsity refuses it and names the block.
+    # An Embedding makes units but takes no group penalty; the block after it does not trace (as KerasHub 0.32's
+    # SmolLM3 decoders did before their attention was read): the copy would carry no penalty at all, so
+    # add_group_sparsity refuses it and names the block.
     tokens = keras.Input((6,), dtype="int32")
     hidden = ScoringEncoder("none", name="encoder")(L.Embedding(20, 4, name="embedding")(tokens))
     with pytest.raises(InvalidParameterError, match=r"the copy would have no penalty; its kernels are inside 1 layer "

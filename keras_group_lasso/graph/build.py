@@ -35,6 +35,7 @@ from keras_group_lasso.graph import registry
 from keras_group_lasso.graph.rules.base import (
     PROBE_SIZES,
     Kind,
+    call_with_keras_shapes,
     call_without_none,
     mark_probe_sized,
     probe_sized,
@@ -650,9 +651,13 @@ def _catching(cls):
                 kwargs = _without_defaults(self, kwargs)
                 try:
                     return cls.__call__(self, *args, **kwargs)
-                except Exception as error:  # noqa: BLE001 - again without the None among its outputs, else this
-                    try:
+                except Exception as error:  # noqa: BLE001 - again without the None among its outputs, then with
+                    try:  # Keras's own output shapes; else this error
                         return call_without_none(self, cls.__call__, args, kwargs)
+                    except Exception:  # noqa: BLE001
+                        pass
+                    try:
+                        return call_with_keras_shapes(self, cls.__call__, args, kwargs)
                     except Exception:  # noqa: BLE001
                         raise error from None
 

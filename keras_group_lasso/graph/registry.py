@@ -96,6 +96,7 @@ from keras_group_lasso.graph.rules.shape import (
     ConstantValue,
     FlattenRule,
     GlobalPoolRule,
+    ShapeListAttentionRule,
     ReverseCall,
     ReverseCallRule,
     WholeAttentionRule,
@@ -326,6 +327,8 @@ _BY_NAME = {  # module.name: (kind, description, rule of the class)
         "whole", "GPTNeoXAttention (KerasHub GPT-NeoX; heads kept whole)", WholeAttentionRule),
     "keras_hub.src.models.falcon.falcon_attention.FalconAttention": (
         "whole", "FalconAttention (KerasHub Falcon; heads kept whole)", AlibiAttentionRule),
+    "keras_hub.src.models.smollm3.smollm3_layers.SmolLM3Attention": (
+        "whole", "SmolLM3Attention (KerasHub SmolLM3; heads kept whole)", ShapeListAttentionRule),
 
 }
 

@@ -3,6 +3,7 @@
 import enum
 import functools
 import inspect
+import types
 import weakref
 
 import keras
@@ -576,6 +577,23 @@ def call_without_none(layer, call_layer, args, kwargs):
         return outputs
     tensors = iter(keras.tree.flatten(outputs))
     return type(structure)(None if x is None else next(tensors) for x in structure)
+
+
+def call_with_keras_shapes(layer, call_layer, args, kwargs):
+    """``layer`` called symbolically by ``call_layer`` (as :func:`call_without_none`) with Keras's own
+    ``compute_output_shape``, which runs the layer's ``call`` on symbolic tensors, in place of the layer's:
+    KerasHub 0.32's ``SmolLM3Attention`` computes its output shapes from a tuple of input shapes it is not given.
+    Raises ``ValueError`` for a layer whose output shapes are Keras's already (nothing else to try)."""
+    own = {name for klass in type(layer).__mro__ if klass is not keras.layers.Layer
+           and issubclass(klass, keras.layers.Layer) for name in vars(klass)}
+    if "compute_output_shape" not in own:
+        raise ValueError(f"the output shapes of '{layer.name}' are Keras's already")
+    default = types.MethodType(keras.layers.Layer.compute_output_shape, layer)
+    object.__setattr__(layer, "compute_output_shape", default)  # read by compute_output_spec; not tracked by Keras
+    try:
+        return call_without_none(layer, call_layer, args, kwargs)
+    finally:
+        object.__delattr__(layer, "compute_output_shape")
 
 
 def without_none(value):

@@ -6,7 +6,14 @@ import math
 import keras
 import numpy as np
 
-from keras_group_lasso.graph.rules.base import Kind, LayerRule, call_without_none, operation_call, without_none
+from keras_group_lasso.graph.rules.base import (
+    Kind,
+    LayerRule,
+    call_with_keras_shapes,
+    call_without_none,
+    operation_call,
+    without_none,
+)
 
 
 class ConstantValue:
@@ -244,7 +251,25 @@ class WholeAttentionRule(WholeRule):
             # as itself, in place of these calls): its class needs a mask, so every key is given.
             options["attention_mask"] = keras.ops.ones_like(keras.ops.einsum("btd,bsd->bts", x, x), dtype="bool")
         # GPT-NeoX's returns (outputs, cache) and its cache is None without one: the node holds the outputs
-        return without_none(call_without_none(layer, type(layer).__call__, (x,), options))
+        return without_none(self._called(layer, (x,), options))
+
+    def _called(self, layer, args, kwargs):
+        return call_without_none(layer, type(layer).__call__, args, kwargs)
+
+
+class ShapeListAttentionRule(WholeAttentionRule):
+    """KerasHub SmolLM3's attention kept whole (as :class:`WholeAttentionRule`; grouped-query heads whose size is
+    the width over their number, projections of its own). Its ``build`` and its output shapes expect a list of
+    input shapes, the hidden states' first (KerasHub 0.32): a new copy is built from that list, and it is called
+    with Keras's output shapes (:func:`~.base.call_with_keras_shapes`)."""
+
+    def call(self, layer, x, options=None):
+        if not layer.built:
+            layer.build([tuple(x.shape)])
+        return super().call(layer, x, options)
+
+    def _called(self, layer, args, kwargs):
+        return call_with_keras_shapes(layer, type(layer).__call__, args, kwargs)
 
 
 class AlibiAttentionRule(WholeAttentionRule):
