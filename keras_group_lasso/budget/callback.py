@@ -314,7 +314,8 @@ class SparsityBudget(keras.callbacks.Callback):
             self._latency_limit()
         if above:
             warnings.warn(messages.within_already(_OWNER, above), RuntimeWarning, stacklevel=2)
-        if self.uniform_blocks and not measure.kernel_families(model_graph(self.model)):
+        graph = model_graph(self.model) if self.uniform_blocks else None
+        if graph is not None and measure.kernel_families(graph) == measure.kernel_families(graph, uniform=False):
             warnings.warn(f"{_OWNER}: uniform_blocks=True has nothing to even out: the model has no penalised layers "
                           "in two calls of one block class; each layer keeps the width training leaves it.",
                           RuntimeWarning, stacklevel=2)

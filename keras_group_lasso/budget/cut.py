@@ -340,15 +340,15 @@ class Slot(tuple):
 
 
 def tied_by_rank(entries, paths, families):
-    """``entries`` (:func:`ranked_groups`'s, unsorted) with the single groups of the kernels of each family tied by
-    rank: the ``r``-th weakest group of every kernel of a family goes with the ``r``-th weakest of the others, as
+    """``entries`` (:func:`ranked_groups`'s, unsorted) with the single groups of the members of each family tied by
+    rank: the ``r``-th weakest group of every member of a family goes with the ``r``-th weakest of the others, as
     one entry whose score is their mean and whose rows are a :class:`Slot`.
 
-    ``paths``: the kernel path of each variable index; ``families``: tuples of kernel paths. A family keeps as
-    many of each kernel's groups as its kernel with the fewest rankable groups leaves (the others' weakest beyond
-    that are not ranked): the kernels at the same place of blocks of one class end as wide each. A family with a
-    kernel missing from ``paths`` ties nothing (its kernels' groups are not ranked at all); a coupled group (a
-    residual stream's channel) is not tied.
+    ``paths``: the kernel path of each variable index; ``families``: tuples of members, each a kernel path (all its
+    groups) or ``(path, rows)`` (those groups of it: the query heads of one key-value group). A family keeps as
+    many of each member's groups as its member with the fewest rankable groups leaves (the others' weakest beyond
+    that are not ranked): the members end as wide each. A family with a kernel missing from ``paths`` ties nothing
+    (its groups are not ranked at all); a coupled group (a residual stream's channel) is not tied.
 
     Example:
         >>> entries = [(0.1, ((0, 0),), False), (0.5, ((0, 1),), False), (0.2, ((1, 1),), False),
@@ -356,28 +356,40 @@ def tied_by_rank(entries, paths, families):
         >>> tied = tied_by_rank(entries, ["a/kernel", "b/kernel", "c/kernel"], [("a/kernel", "b/kernel")])
         >>> [(round(score, 2), tuple(rows)) for score, rows, _ in tied]
         [(0.3, ((2, 0),)), (0.15, ((0, 0), (1, 1))), (0.7, ((0, 1), (1, 0)))]
+        >>> halves = [("a/kernel", (0, 1)), ("a/kernel", (2, 3))]  # the rows of one kernel in two members
+        >>> entries = [(0.4, ((0, 0),), False), (0.1, ((0, 1),), False), (0.2, ((0, 2),), False),
+        ...            (0.8, ((0, 3),), False)]
+        >>> [tuple(rows) for _, rows, _ in tied_by_rank(entries, ["a/kernel"], [halves])]
+        [((0, 1), (0, 2)), ((0, 0), (0, 3))]
     """
     index = {path: i for i, path in enumerate(paths)}
-    family_of = {}
+    member_of = {}  # (variable index, row or None: every row) -> (family, member)
     for number, family in enumerate(families):
-        members = [index.get(path) for path in family]
-        for member in members:
-            if member is not None:
-                family_of[member] = number if None not in members else None
+        members = [(member, None) if isinstance(member, str) else (member[0], tuple(member[1])) for member in family]
+        if any(path not in index for path, _ in members):
+            for path, rows in members:  # nothing of this family is ranked
+                if path in index:
+                    member_of.update({(index[path], row): None for row in (rows or (None,))})
+            continue
+        for k, (path, rows) in enumerate(members):
+            member_of.update({(index[path], row): (number, k) for row in (rows or (None,))})
     own, found = [], {}
     for entry in entries:
         rows = entry[1]
-        number = family_of.get(rows[0][0], -1) if len(rows) == 1 else -1
-        if number == -1:
+        key = -1
+        if len(rows) == 1:
+            variable, row = rows[0]
+            key = member_of.get((variable, row), member_of.get((variable, None), -1))
+        if key == -1:
             own.append(entry)
-        elif number is not None:
-            found.setdefault(number, {}).setdefault(rows[0][0], []).append(entry)
-    for number, kernels in found.items():
-        if len(kernels) < len(families[number]):
-            continue  # a kernel of the family has no group to go: none goes
-        ranked = [sorted(kernel, key=lambda entry: entry[0]) for kernel in kernels.values()]
-        for rank in range(min(len(kernel) for kernel in ranked)):
-            slot = [kernel[rank] for kernel in ranked]
+        elif key is not None:
+            found.setdefault(key[0], {}).setdefault(key[1], []).append(entry)
+    for number, members in found.items():
+        if len(members) < len(families[number]):
+            continue  # a member of the family has no group to go: none goes
+        ranked = [sorted(member, key=lambda entry: entry[0]) for member in members.values()]
+        for rank in range(min(len(member) for member in ranked)):
+            slot = [member[rank] for member in ranked]
             own.append((float(np.mean([entry[0] for entry in slot])), Slot(entry[1][0] for entry in slot),
                         all(entry[2] for entry in slot)))
     return own

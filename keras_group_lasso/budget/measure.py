@@ -82,9 +82,8 @@ class Meter:
         return self.of(found.report, found)
 
     def families(self):
-        """The kernels whose groups a cut takes by rank together (:func:`kernel_families`); ``()`` unless
-        ``uniform``."""
-        return kernel_families(model_graph(self.model)) if self.uniform else ()
+        """The kernels (or rows of them) whose groups a cut takes by rank together (:func:`kernel_families`)."""
+        return kernel_families(model_graph(self.model), self.uniform)
 
     def width_curves(self, dense, limits):
         """Each budgeted size as a curve of the share of its width every prunable layer keeps
@@ -172,16 +171,41 @@ def unmet_causes(model, declared):
     return frozen, registry.unread_text(unread) if unread else ""
 
 
-def kernel_families(graph):
-    """``[(kernel path, ...)]``: the group-penalised kernels at the same place of the calls of blocks of one class
-    (:func:`~keras_group_lasso.graph.masks.block_siblings`), one tuple per place and kernel, the kernels of one
-    tuple of one shape (:func:`.cut.tied_by_rank` ties their groups by rank)."""
-    families = []
-    for names in block_siblings(graph):
-        kernels = [cut.penalised_kernels(graph.layers[name]) for name in names]
-        if len({len(found) for found in kernels}) != 1:
-            continue
-        for tied in zip(*kernels):
-            if len({tuple(v.shape) for v in tied}) == 1:
-                families.append(tuple(v.path for v in tied))
+def kernel_families(graph, uniform=True):
+    """``[(member, ...)]``: the group-penalised kernels whose groups a cut takes by rank together
+    (:func:`.cut.tied_by_rank`).
+
+    A grouped-query attention's query heads, key-value group by key-value group (its class gives every group as
+    many: a head of one group frees nothing until every group loses one), as ``(kernel path, rows)`` members; with
+    ``uniform``, also the kernels at the same place of the calls of blocks of one class
+    (:func:`~keras_group_lasso.graph.masks.block_siblings`), of one shape, in one family per place and kernel.
+    """
+    families, tied = [], set()
+    if uniform:
+        for names in block_siblings(graph):
+            kernels = [cut.penalised_kernels(graph.layers[name]) for name in names]
+            if len({len(found) for found in kernels}) != 1:
+                continue
+            for together in zip(*kernels):
+                if len({tuple(v.shape) for v in together}) == 1:
+                    parts = _query_groups(graph.layers[names[0]], together[0])
+                    families.append(tuple(v.path if rows is None else (v.path, rows)
+                                          for v in together for rows in parts))
+                    tied |= {v.path for v in together}
+    for node in graph.units:
+        layer = graph.layers[node.name]
+        for variable in cut.penalised_kernels(layer):
+            parts = _query_groups(layer, variable)
+            if variable.path not in tied and len(parts) > 1:
+                families.append(tuple((variable.path, rows) for rows in parts))
     return families
+
+
+def _query_groups(layer, kernel):
+    """The rows of ``kernel`` that even out apart: a grouped-query attention's query heads by key-value group, or
+    ``[None]`` (all its rows together)."""
+    rule = registry.units_rule(layer)
+    groups = getattr(rule, "query_groups", None)
+    if groups is None or rule.head_kernel(layer) is None or rule.head_kernel(layer).path != kernel.path:
+        return [None]
+    return groups(layer) or [None]

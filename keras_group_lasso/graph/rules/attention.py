@@ -386,6 +386,15 @@ class GroupedQueryAttentionRule(AttentionRule):
     def keeps_heads_whole(self, layer):
         return False
 
+    def query_groups(self, layer):
+        """The rows of :meth:`head_kernel` by key-value group (``[(0, .., g - 1), (g, .., 2 g - 1), ...]``): the
+        class gives every group as many query heads, so they even out group by group; ``[]`` with heads kept whole."""
+        if self.head_kernel(layer) is None:
+            return []
+        heads, groups, _, _ = self._sizes(layer)
+        size = heads // groups
+        return [tuple(range(j * size, (j + 1) * size)) for j in range(groups)]
+
     def bias(self, layer):
         return None
 
