@@ -342,7 +342,9 @@ class Slot(tuple):
 def tied_by_rank(entries, paths, families):
     """``entries`` (:func:`ranked_groups`'s, unsorted) with the single groups of the members of each family tied by
     rank: the ``r``-th weakest group of every member of a family goes with the ``r``-th weakest of the others, as
-    one entry whose score is their mean and whose rows are a :class:`Slot`.
+    one entry whose score is their mean and whose rows are a :class:`Slot`. A slot of groups at zero and live ones
+    scores the live ones' mean: it is not forced (a group at zero in one block does not force a live one out of
+    another).
 
     ``paths``: the kernel path of each variable index; ``families``: tuples of members, each a kernel path (all its
     groups) or ``(path, rows)`` (those groups of it: the query heads of one key-value group). A family keeps as
@@ -390,8 +392,9 @@ def tied_by_rank(entries, paths, families):
         ranked = [sorted(member, key=lambda entry: entry[0]) for member in members.values()]
         for rank in range(min(len(member) for member in ranked)):
             slot = [member[rank] for member in ranked]
-            own.append((float(np.mean([entry[0] for entry in slot])), Slot(entry[1][0] for entry in slot),
-                        all(entry[2] for entry in slot)))
+            scores = [entry[0] for entry in slot]
+            paid = [score for score in scores if score >= 0.0] or scores  # what the slot's live groups cost
+            own.append((float(np.mean(paid)), Slot(entry[1][0] for entry in slot), all(entry[2] for entry in slot)))
     return own
 
 
