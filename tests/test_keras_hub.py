@@ -774,6 +774,23 @@ def test_a_flop_budget_per_token_trains_a_gemma_causal_lm_to_its_size_and_prunes
                                atol=1e-5 * max(1.0, float(np.max(np.abs(want)))))
 
 
+def test_a_cut_takes_query_heads_key_value_group_by_group_and_with_uniform_blocks_block_by_block():
+    """The kernels whose groups a budget's cut takes by rank together: a grouped-query attention's query heads, one
+    member per key-value group (its class gives every group as many); with ``uniform_blocks`` the same place of both
+    decoder blocks too (the query heads of every group of every block, each feed-forward kernel)."""
+    from keras_group_lasso.budget.measure import kernel_families
+
+    graph = model_graph(add_group_sparsity(M.GemmaCausalLM(backbone=_gemma(), preprocessor=None), 1e-3))
+    heads = "decoder_block_{}/attention/attention_output/kernel"
+    assert kernel_families(graph, uniform=False) == [
+        ((heads.format(block), (0, 1)), (heads.format(block), (2, 3))) for block in (0, 1)]
+    uniform = kernel_families(graph)
+    assert tuple((heads.format(block), rows) for block in (0, 1) for rows in ((0, 1), (2, 3))) in uniform
+    for kernel in ("ffw_gating", "ffw_gating_2", "ffw_linear"):
+        assert (f"decoder_block_0/{kernel}/kernel", f"decoder_block_1/{kernel}/kernel") in uniform
+    assert len(uniform) == 4
+
+
 @pytest.mark.skipif(keras.backend.backend() == "jax", reason="compiles slowly on JAX; Gemma prunes there above")
 def test_a_budget_with_uniform_blocks_trains_a_gemma_causal_lm_into_a_gemma_causal_lm_within_its_size(rng):
     """``SparsityBudget(max_flops=0.6, uniform_blocks=True)`` counts the sizes ``prune_model(blocks="uniform")``
