@@ -774,6 +774,8 @@ def test_a_flop_budget_per_token_trains_a_gemma_causal_lm_to_its_size_and_prunes
                                atol=1e-5 * max(1.0, float(np.max(np.abs(want)))))
 
 
+@pytest.mark.skipif(keras.backend.backend() == "jax", reason="10 s on JAX, the suite's longest leg; the graph is "
+                                                             "one for every backend")
 def test_a_cut_takes_query_heads_key_value_group_by_group_and_with_uniform_blocks_block_by_block():
     """The kernels whose groups a budget's cut takes by rank together: a grouped-query attention's query heads, one
     member per key-value group (its class gives every group as many); with ``uniform_blocks`` the same place of both
