@@ -459,6 +459,59 @@ def test_the_graph_of_a_model_that_does_not_serialize_is_read_from_its_nodes(rng
     assert small.count_params() < model.count_params()
 
 
+class ListShaped(L.Layer):
+    """A sublayer whose own output shapes are computed from a list of input shapes it is not given when called on one
+    tensor (as KerasHub 0.32's SmolLM3 attention): called symbolically, its ``compute_output_shape`` fails."""
+
+    def __init__(self, units, **kwargs):
+        super().__init__(**kwargs)
+        self.units = units
+        self.dense = L.Dense(units, activation="relu", name="dense")
+
+    def call(self, x):
+        return self.dense(x)
+
+    def compute_output_shape(self, input_shape):
+        return tuple(input_shape[0][:-1]) + (self.units,)
+
+
+class HoldsListShaped(L.Layer):
+    """A block calling a :class:`ListShaped`; its own output shapes are right, so a model can be built on it."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.inner = ListShaped(6, name="inner")
+        self.out = L.Dense(4, name="out")
+
+    def call(self, x):
+        return self.out(self.inner(x))
+
+    def compute_output_shape(self, input_shape):
+        return tuple(input_shape[:-1]) + (4,)
+
+
+@pytest.mark.skipif(keras.backend.backend() == "jax", reason="7 s on JAX, the suite's longest leg (it passes there); "
+                                                             "the trace is one for every backend")
+def test_a_sublayer_whose_own_output_shapes_fail_is_traced_with_keras_shapes(rng):
+    inputs = keras.Input((5,))
+    model = keras.Model(inputs, L.Dense(2, name="head")(HoldsListShaped(name="block")(inputs)))
+    with pytest.raises(TypeError):
+        ListShaped(3)(keras.KerasTensor((None, 5)))  # what tracing the block meets
+    graph = model_graph(model)
+    assert graph.supported, graph.problems
+    assert [node.name for node in graph.units] == ["block/inner/dense", "block/out", "head"]
+    out = model.get_layer("block").out
+    kernel, bias = out.get_weights()
+    kernel[[1, 3]] = 0.0  # two of the six units inside the sublayer go
+    out.set_weights([kernel, bias])
+    small = prune_model(model, T)
+    apply_threshold(model, T)
+    x = rng.normal(size=(6, 5)).astype("float32")
+    np.testing.assert_allclose(keras.ops.convert_to_numpy(small(x)), keras.ops.convert_to_numpy(model(x)),
+                               rtol=1e-5, atol=1e-5)
+    assert small.count_params() < model.count_params()
+
+
 # ----------------------------------------------------------------------------- blocks called on several tensors
 
 
