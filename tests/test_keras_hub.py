@@ -22,7 +22,7 @@ from test_model_families import T, assert_prunes_exactly_and_reloads
 
 from keras_group_lasso import UnsupportedModelError, add_group_sparsity, apply_threshold, prune_model
 from keras_group_lasso.graph import registry
-from keras_group_lasso.graph.build import model_graph
+from keras_group_lasso.graph.build import fixed_sizes, model_graph
 
 keras_hub = pytest.importorskip("keras_hub")
 M = keras_hub.models
@@ -280,6 +280,95 @@ def test_bart_prunes_exactly_with_its_cross_attention_kept_whole(rng, tmp_path):
     assert small_lm.count_params() < lm.count_params()
 
 
+# T5: each stack's first block computes the relative position bias (its own table, the padding or causal mask
+# folded in) and returns it beside its outputs; the later blocks of the stack are given it. The attention layers
+# (self and cross) are kept whole, the position bias a side tensor from the first block's attention to the later
+# ones; the gated feed-forward neurons go, each block built again as a T5TransformerLayer.
+def _t5():
+    return M.T5Backbone(vocabulary_size=50, num_layers=2, num_heads=2, hidden_dim=16, intermediate_dim=32,
+                        key_value_dim=8, dropout=0.0)
+
+
+_T5_BLOCKS = [f"transformer_{stack}_layer_{i}" for stack in ("encoder", "decoder") for i in (0, 1)]
+
+
+def _t5_batch(rng, encoder=12, decoder=12):
+    x = {}
+    for side, length in (("encoder", encoder), ("decoder", decoder)):
+        x[f"{side}_token_ids"] = rng.integers(1, 50, size=(3, length)).astype("int32")
+        x[f"{side}_padding_mask"] = (np.arange(length)[None] < np.array([length, 7, 3])[:, None]).astype("int32")
+    return x
+
+
+def _kill_t5_neurons(model, counts, rng):
+    for call, count in zip(_T5_BLOCKS, counts):  # rows of the down projection: neurons whose group is zero
+        variable = next(v for v in model.weights if v.path == f"{call}/output_projector/kernel")
+        kernel = keras.ops.convert_to_numpy(variable).copy()
+        kernel[rng.permutation(kernel.shape[0])[:count]] = 0.0
+        variable.assign(kernel)
+
+
+def test_t5_is_read_with_its_position_bias_a_side_tensor_from_each_stack_s_first_block():
+    # on JAX too, where the decoder's causal mask (a JAX array) and its padding mask (an input) meet in `&`
+    graph = model_graph(_t5())
+    assert graph.supported, graph.problems
+    for stack in ("encoder", "decoder"):
+        side = graph.side_tensors[f"transformer_{stack}_layer_1/self_attention"]["position_bias"]
+        assert side.end == f"transformer_{stack}_layer_0/self_attention/@1" and side.steps == ()
+        mask = graph.side_tensors[f"transformer_{stack}_layer_1/self_attention"]["mask"]
+        assert mask.reads() == (f"{stack}_padding_mask",)  # padding_mask[:, None, :], computed again
+    assert all(graph.tensor(f"{call}/self_attention").kind == "whole" for call in _T5_BLOCKS)
+    assert [graph.tensor(f"transformer_decoder_layer_{i}/cross_attention").kind for i in (0, 1)] == ["whole"] * 2
+    assert fixed_sizes(graph.blocks["transformer_decoder_layer_0"].layer)  # its causal mask: built again as itself
+
+
+@pytest.mark.skipif(keras.backend.backend() == "jax", reason="tested on TensorFlow and PyTorch (time; the graph is "
+                                                             "read on JAX above)")
+def test_t5_loses_gated_feed_forward_neurons_exactly_with_its_attention_and_position_bias_whole(rng, tmp_path):
+    from test_model_families import assert_same_outputs
+
+    model = _t5()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        sparse = add_group_sparsity(model, 1e-3)
+    said = [str(w.message) for w in caught if "stay whole" in str(w.message)]
+    assert len(said) == 1 and "'transformer_decoder_layer_0/self_attention' (T5MultiHeadAttention)" in said[0], said
+    assert {v.path for v in sparse.trainable_weights if v.regularizer is not None} == {
+        f"{call}/{kernel}/kernel" for call in _T5_BLOCKS
+        for kernel in ("input_projector", "gate_projector", "output_projector")}
+    _kill_t5_neurons(model, (3, 7, 1, 11), rng)
+    small = assert_prunes_exactly_and_reloads(model, _t5_batch(rng), tmp_path)
+    assert_same_outputs(small, model, _t5_batch(rng, encoder=5, decoder=9), 1e-5)  # other lengths, other masks
+    for call, kept in zip(_T5_BLOCKS, (29, 25, 31, 21)):
+        assert type(small.get_layer(call)).__name__ == "T5TransformerLayer"
+        assert small.rebuilt_blocks[call].changed == {"intermediate_dim": (32, kept)}
+    # the token table the encoder and the decoder share stays one layer
+    assert [type(layer).__name__ for layer in small.layers].count("ReversibleEmbedding") == 1
+
+
+@pytest.mark.skipif(keras.backend.backend() == "jax", reason="27 s on JAX, the suite's longest leg (the graph is "
+                                                             "read on JAX above)")
+def test_a_t5_whose_blocks_keep_as_many_neurons_is_a_t5_seq2seq_lm_again_and_generates(rng):
+    from test_model_families import assert_same_outputs
+
+    model = _t5()
+    _kill_t5_neurons(model, (5, 5, 5, 5), rng)
+    lm = M.T5Seq2SeqLM(backbone=model, preprocessor=None)
+    small = prune_model(lm, T)
+    assert type(small) is M.T5Seq2SeqLM and small.rebuilt_model
+    assert small.backbone.intermediate_dim == 27
+    assert_same_outputs(small, lm, _t5_batch(rng, encoder=7, decoder=4), 1e-5)
+    x = {"encoder_token_ids": rng.integers(1, 50, size=(2, 6)).astype("int32"),
+         "encoder_padding_mask": np.ones((2, 6), "int32"), "decoder_token_ids": np.zeros((2, 5), "int32"),
+         "decoder_padding_mask": (np.arange(5) < 1)[None].repeat(2, 0).astype("int32")}
+    apply_threshold(lm, T)  # what prune_model's result computes: the same greedy tokens
+    for task in (small, lm):
+        task.compile(sampler="greedy")
+    got, want = small.generate(x, stop_token_ids=None), lm.generate(x, stop_token_ids=None)
+    np.testing.assert_array_equal(keras.ops.convert_to_numpy(got["decoder_token_ids"]),
+                                  keras.ops.convert_to_numpy(want["decoder_token_ids"]))
+
+
 @pytest.mark.skipif(keras.backend.backend() == "jax", reason="40 s on JAX; blocks built again are tested there in "
                                                              "tests/test_traced_blocks.py")
 def test_an_encoder_that_lost_feed_forward_neurons_only_is_a_keras_hub_transformer_encoder_again(rng, tmp_path):
@@ -413,10 +502,9 @@ def test_gpt2_loses_feed_forward_neurons_exactly_and_its_decoders_stay_keras_hub
 # Bloom's attention (ALiBi positions), GPT-NeoX's (one fused query-key-value projection, partial rotary positions)
 # and Falcon's (an ALiBi table its decoder computes from the padding mask and passes in) are kept whole by their
 # class; their decoders, traced at probe sizes, lose feed-forward neurons and are built again as themselves.
-# (Falcon's decoder does not run on symbolic inputs on JAX, where KerasHub multiplies a JAX array by one: refused
-# there by name, as any such block.) SmolLM3's grouped-query attention builds and computes its output shapes from a
-# list of input shapes: kept whole too, built and called symbolically with Keras's shapes; its gated feed-forward
-# loses a neuron from gate, up and down together.
+# (Falcon's decoder multiplies a JAX array by a symbolic tensor on JAX: traced there as elsewhere.) SmolLM3's
+# grouped-query attention builds and computes its output shapes from a list of input shapes: kept whole too, built
+# and called symbolically with Keras's shapes; its gated feed-forward loses a neuron from gate, up and down together.
 def _smollm3():
     return M.SmolLM3Backbone(
         vocabulary_size=50, hidden_dim=16, intermediate_dim=32, num_layers=2, num_attention_heads=4,
@@ -470,6 +558,14 @@ def test_decoders_whose_attention_is_kept_whole_lose_feed_forward_neurons_exactl
     for call, kept in (("transformer_layer_0", 28), ("transformer_layer_1", 26)):
         assert small.rebuilt_blocks[call].changed == {width: (32, kept)}
         assert type(small.get_layer(call)).__name__ == decoder
+
+
+def test_falcon_is_read_on_every_backend():
+    # its decoder computes its ALiBi table from a JAX array and the padding mask on JAX (pruned exactly above)
+    graph = model_graph(WHOLE_ATTENTION["Falcon"][0]())
+    assert graph.supported, graph.problems
+    assert graph.tensor("transformer_layer_1/attention").kind == "whole"
+    assert all(fixed_sizes(graph.blocks[f"transformer_layer_{i}"].layer) for i in (0, 1))  # built again as itself
 
 
 def test_gpt2_whose_decoders_keep_as_many_neurons_is_a_gpt2_backbone_again_and_generates(rng, tmp_path):

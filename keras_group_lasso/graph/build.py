@@ -21,6 +21,7 @@ that makes it drops it.
 """
 
 import collections
+import contextlib
 import dataclasses
 import inspect
 import math
@@ -232,8 +233,9 @@ class ModelGraph:
 
     def side_inputs(self):
         """Names of the model inputs that side tensors read (a padding mask): taken whole by a pruned model."""
+        inputs = {found.name for found in self.inputs}  # not a layer's side output (T5's position bias)
         return tuple(dict.fromkeys(read for found in self.side_tensors.values() for side in found.values()
-                                   for read in side.reads()))
+                                   for read in side.reads() if read in inputs))
 
     def unread_kernels(self):
         """``((name, class name, reason, kernels), ...)``: the layers it cannot read that hold trainable kernels.
@@ -437,29 +439,42 @@ def _io_names(entry):
     return [name for name, _, _ in _io_calls(entry)]
 
 
-def _output_of(name, tensor):
+def output_of(name, tensor):
     """The producer ``name`` of a tensor: the node itself for its first output, ``"<node>/@k"`` for output ``k``
     of a layer with several (a nested block's; ``/`` never occurs in a layer name)."""
     return f"{name}/@{tensor}" if tensor else name
 
 
-def _node_of(producer):
+def node_of(producer):
+    """The node whose output ``producer`` is (see :func:`output_of`)."""
     return producer.split("/@")[0]
+
+
+def is_side_output(name, layers):
+    """``name`` is output ``k > 0`` of a node whose rule says its later outputs carry no units (T5's position
+    bias, :class:`~.rules.shape.PositionBiasAttentionRule`): read only as a side tensor, or returned by a block."""
+    if "/@" not in name or name in layers:
+        return False
+    layer = layers.get(node_of(name))
+    return layer is not None and not is_operation(layer) and getattr(registry.rule_of(layer), "side_outputs", False)
 
 
 def _multi_output_reads(order, layers, producers, consumers, output_names, problems):
     """Flag (in place) what still reads output ``k > 0`` of a node after the blocks are inlined, and point it at
-    the node: the graph follows one output per node."""
+    the node: the graph follows one output per node (a side output, :func:`is_side_output`, is followed as a side
+    tensor: a block may return it)."""
     for name in order:
         if any("/@" in p and p not in layers for p in producers.get(name, [])):
             problems.append((name, "a layer reading a multi-output layer"))
-            producers[name] = [p if p in layers else _node_of(p) for p in producers[name]]
+            producers[name] = [p if p in layers else node_of(p) for p in producers[name]]
     for key in [k for k in consumers if "/@" in k and k not in layers]:
-        consumers.setdefault(_node_of(key), []).extend(consumers.pop(key))
+        consumers.setdefault(node_of(key), []).extend(consumers.pop(key))
     for i, name in enumerate(output_names):
+        if is_side_output(name, layers):
+            continue
         if "/@" in name and name not in layers:
-            problems.append((_node_of(name), "a model output that is one of several outputs of a layer"))
-            output_names[i] = _node_of(name)
+            problems.append((node_of(name), "a model output that is one of several outputs of a layer"))
+            output_names[i] = node_of(name)
 
 
 def flat_graph(model):
@@ -514,8 +529,30 @@ def flat_graph(model):
     if sides:  # what an inlined block's side tensors read, computed here; then nothing else reads it
         fixed = tuple(call for call, block in blocks.items() if fixed_sizes(block.layer))
         _complete_sides(sides, layers, producers, input_names, problems, fixed)
+        read = dict(producers)
         _drop_mask_operations(order, layers, producers, consumers, output_names)
+        _dropped_operands(blocks, order, layers, read, input_names)
     return order, layers, producers, consumers, input_names, output_names, problems, shapes, sides, blocks
+
+
+def _dropped_operands(blocks, order, layers, producers, input_names):
+    """Give (in place) each block call the side tensors of its operands that the graph dropped (read by its side
+    tensors alone), computed from the inputs; ``producers`` as they were before the drop."""
+    kept, operation_of = set(order) | set(input_names), _operation_of(layers)
+
+    def leaf(name):
+        return is_side_output(name, layers)
+
+    for call, block in list(blocks.items()):
+        found = []
+        for name in block.operands:
+            if name in kept or leaf(name):
+                continue
+            steps = _side_steps(name, operation_of, producers, input_names, leaf)
+            if steps is not None:
+                found.append((name, SideTensor(name, steps)))
+        if found:
+            blocks[call] = dataclasses.replace(block, sides=tuple(found))
 
 
 _TRACED = weakref.WeakKeyDictionary()
@@ -808,9 +845,31 @@ def _traced_call(layer, call):
     return found
 
 
+_DEFERRING_LOCK = threading.RLock()
+
+
+@contextlib.contextmanager
+def _arrays_defer_to_symbolic_tensors():
+    """On JAX, while a block is traced: a JAX array combined with a symbolic tensor by an operator
+    (``causal_mask & keras.ops.cast(mask, "bool")``, as KerasHub's T5 and Falcon compute a mask from constants
+    and an input) gives the symbolic result Keras computes, as on the other backends. A JAX array converts the
+    other operand through its ``__jax_array__``, which a ``KerasTensor`` answers by raising; without it, the array
+    returns ``NotImplemented`` and Python calls the tensor's own operator."""
+    method = vars(keras.KerasTensor).get("__jax_array__")
+    if keras.backend.backend() != "jax" or method is None:
+        yield
+        return
+    with _DEFERRING_LOCK:
+        delattr(keras.KerasTensor, "__jax_array__")
+        try:
+            yield
+        finally:
+            keras.KerasTensor.__jax_array__ = method
+
+
 def _call_on(layer, call):
     args, kwargs, inputs = call
-    with _ConstantCatcher(layer) as catcher:
+    with _ConstantCatcher(layer) as catcher, _arrays_defer_to_symbolic_tensors():
         returned = layer.call(*args, **kwargs)
     y = _traced_outputs(returned)
     if y is not returned:
@@ -904,15 +963,15 @@ def _inline(block, inner, order, layers, producers, consumers, output_names, pro
         producers[qualified(name)] = [qualified(p) for p in i_producers.get(name, [])]
         consumers[qualified(name)] = [qualified(c) for c in i_consumers.get(name, [])]
     # output k of the block (the producer "block" for k = 0, "block/@k" after) is the node of its k-th output
-    ends = {_output_of(block, k): qualified(output) for k, output in enumerate(i_outputs)}
+    ends = {output_of(block, k): qualified(output) for k, output in enumerate(i_outputs)}
     for end, last in ends.items():
         outer_consumers = consumers.pop(end, [])
-        node = last if last in layers else _node_of(last)  # a split's part is a node of its own
+        node = last if last in layers else node_of(last)  # a split's part is a node of its own
         consumers[node] = consumers.get(node, []) + outer_consumers
         for consumer in outer_consumers:
             producers[consumer] = [last if p == end else p for p in producers[consumer]]
     for i_input, source in sources.items():
-        entry = consumers[source]
+        entry = consumers[source if source in consumers else node_of(source)]  # a side output: its node's
         at = entry.index(block)
         entry[at : at + 1] = [qualified(c) for c in i_consumers.get(i_input, [])]
     output_names[:] = [ends.get(o, o) for o in output_names]
@@ -982,15 +1041,16 @@ def _flat_graph(model):
             if registry.is_reverse_call(layer, node):  # a language model's logits from its token table
                 layers[node_name] = registry.ReverseCall(layer)
             producers[node_name] = []
-            node, side = _without_side(_without_mask(node), layer)
+            node, side = _without_side(node, layer)  # a mask its rule names a side tensor (T5's), then any other
+            node = _without_mask(node)
             if _is_functional(layer):  # a nested model's inputs are its dict's entries in sorted order
                 node = _sorted_dicts(node)
             if side:  # an attention mask: not units, computed again in the pruned model (side_tensors below)
-                side_ends[node_name] = {key: _output_of(call_name(h[0], h[1]), h[2]) for key, h in side.items()}
+                side_ends[node_name] = {key: output_of(call_name(h[0], h[1]), h[2]) for key, h in side.items()}
             for k, (what, found) in enumerate(_operands(node)):
                 if what == "tensor":
                     # output k > 0 of a layer: resolved when that layer is a block inlined below, flagged otherwise
-                    producers[node_name].append(_output_of(call_name(found[0], found[1]), found[2]))
+                    producers[node_name].append(output_of(call_name(found[0], found[1]), found[2]))
                 else:  # a constant operand (positions from keras.ops.arange, through an Embedding): a node of its own
                     leaf = f"{node_name}/constant{k}"
                     layers[leaf] = registry.ConstantValue(leaf, found)
@@ -1016,8 +1076,8 @@ def _flat_graph(model):
                 consumers.setdefault(producer, []).append(node_name)
     # Keras numbers the calls of a nested functional model from 1 in ``output_layers`` (its node 0 is its own
     # input-to-output node) but from 0 in the ``keras_history`` of the layers that read it.
-    output_names = [_output_of(call_name(name, index - 1 if index and _is_functional(layers.get(name)) else index),
-                               tensor)
+    output_names = [output_of(call_name(name, index - 1 if index and _is_functional(layers.get(name)) else index),
+                              tensor)
                     for name, index, tensor in _io_calls(config["output_layers"])]
     for name, value in _CONSTANT_INPUTS.get(model, {}).items():  # a traced block's constants: not inputs
         layers[name] = registry.ConstantValue(name, value)
@@ -1109,21 +1169,26 @@ class BlockCall:
     layer: object
     operands: tuple
     ends: tuple
+    #: ``((operand, SideTensor), ...)``: the operands that only the block's side tensors read (T5's attention mask,
+    #: ``padding_mask[:, None, :]``), which the graph drops: computed again from the inputs for the block's call
+    sides: tuple = ()
 
     def renamed(self, rename):
-        return BlockCall(self.layer, tuple(rename(p) for p in self.operands), tuple(rename(e) for e in self.ends))
+        return BlockCall(self.layer, tuple(rename(p) for p in self.operands), tuple(rename(e) for e in self.ends),
+                         tuple((rename(name), side.renamed(rename)) for name, side in self.sides))
 
 
-def _side_steps(end, operation_of, producers, input_names):
-    """The steps that compute ``end`` from ``input_names`` (see :class:`SideTensor`), or ``None`` where something
-    else than a keras.ops call of one node (``operation_of(name)``) is on the way."""
+def _side_steps(end, operation_of, producers, input_names, leaf=None):
+    """The steps that compute ``end`` from ``input_names`` and the names where ``leaf(name)`` holds (the side
+    outputs of layers the pruned model holds, :func:`is_side_output`; see :class:`SideTensor`), or ``None`` where
+    something else than a keras.ops call of one node (``operation_of(name)``) is on the way."""
     steps, seen, stack = [], set(), [(end, False)]
     while stack:
         name, done = stack.pop()
         if done:
             steps.append((name, operation_of(name), tuple(producers.get(name, []))))
             continue
-        if name in seen or name in input_names:
+        if name in seen or name in input_names or (leaf is not None and leaf(name)):
             continue
         seen.add(name)
         operation = operation_of(name)
@@ -1160,9 +1225,10 @@ def _complete_sides(sides, layers, producers, input_names, problems, fixed=()):
     Inside a block traced at probe sizes (``fixed``, see :func:`fixed_sizes`) a side tensor (a causal mask) is
     computed from constants right at those sizes only: it is left out, and surgery builds such a block again as
     itself (which computes its masks), never from its layers."""
-    def operation_of(name):
-        layer = layers.get(name)
-        return layer if isinstance(layer, keras.Operation) and not isinstance(layer, keras.layers.Layer) else None
+    operation_of = _operation_of(layers)
+
+    def leaf(name):
+        return is_side_output(name, layers)
 
     for node_name, found in sides.items():
         if any(node_name.startswith(f"{call}/") for call in fixed):
@@ -1170,14 +1236,23 @@ def _complete_sides(sides, layers, producers, input_names, problems, fixed=()):
             continue
         for key, side in list(found.items()):
             for read in side.reads():
-                if read in input_names:
+                if read in input_names or leaf(read):
                     continue
-                steps = _side_steps(read, operation_of, producers, input_names)
+                steps = _side_steps(read, operation_of, producers, input_names, leaf)
                 if steps is None:
                     problems.append((node_name, _side_refusal(key)))
                     break
                 side = side.after(steps)
             found[key] = side
+
+
+def _operation_of(layers):
+    """``name -> the keras.ops operation of that node``, ``None`` for a layer."""
+    def operation_of(name):
+        layer = layers.get(name)
+        return layer if isinstance(layer, keras.Operation) and not isinstance(layer, keras.layers.Layer) else None
+
+    return operation_of
 
 
 def _split_parts(name, layer, call):

@@ -96,6 +96,7 @@ from keras_group_lasso.graph.rules.shape import (
     ConstantValue,
     FlattenRule,
     GlobalPoolRule,
+    PositionBiasAttentionRule,
     ShapeListAttentionRule,
     ReverseCall,
     ReverseCallRule,
@@ -329,6 +330,11 @@ _BY_NAME = {  # module.name: (kind, description, rule of the class)
         "whole", "FalconAttention (KerasHub Falcon; heads kept whole)", AlibiAttentionRule),
     "keras_hub.src.models.smollm3.smollm3_layers.SmolLM3Attention": (
         "whole", "SmolLM3Attention (KerasHub SmolLM3; heads kept whole)", ShapeListAttentionRule),
+    "keras_hub.src.models.t5.t5_multi_head_attention.T5MultiHeadAttention": (
+        "whole", "T5MultiHeadAttention (KerasHub T5; heads kept whole, its position bias passed on)",
+        PositionBiasAttentionRule),
+    "keras_hub.src.models.t5.t5_layer_norm.T5LayerNorm": (
+        "tail", "T5LayerNorm (KerasHub T5; its channels stay)", channels.LastAxisNormalizationRule),
 
 }
 

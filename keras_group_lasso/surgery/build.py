@@ -2,6 +2,7 @@
 
 import collections
 import copy
+import re
 import warnings
 
 import keras
@@ -17,6 +18,8 @@ from keras_group_lasso.graph.build import (
     graph_config,
     graph_model,
     is_graph_model,
+    node_of,
+    output_of,
     traced_block,
 )
 from keras_group_lasso.graph.masks import threshold_array
@@ -275,10 +278,19 @@ def _apply_steps(plan, model, replace=None):
     blocks = plan.analysis.graph.blocks
     pending = dict(replace or {})
     last = {step.name: i for i, step in enumerate(plan.steps)}  # a merge's constants are folded by a second step
+
+    def made_by(name, sides):
+        """The index of the last step ``name`` needs (an operand computed again: what it reads; a side output:
+        its node)."""
+        if name in sides:
+            return max((made_by(read, {}) for read in sides[name].reads()), default=-1)
+        return last[name] if name in last else last[node_of(name)]
+
     for i, step in enumerate(plan.steps):
         if not any(step.name.startswith(f"{call}/") for call in replace or ()):
             getattr(builder, step.kind)(step)
-        for call in [call for call in pending if all(last[p] <= i for p in blocks[call].operands)]:
+        for call in [call for call in pending
+                     if all(made_by(p, dict(blocks[call].sides)) <= i for p in blocks[call].operands)]:
             builder.call_block(blocks[call], pending.pop(call))
     return builder.model(), builder
 
@@ -310,7 +322,7 @@ def _rebuilt_blocks(builder, threshold):
 
 
 def _rebuilt_block(builder, call, block, probes, threshold):
-    tensors = [builder.tensors.get(name) for name in block.operands]
+    tensors = builder.operands(block)
     ends = [builder.tensors.get(name) for name in block.ends]
     if any(x is None for x in tensors + ends) or len({id(x) for x in tensors}) != len(tensors):
         return blocks_module.Rebuilt(None, {}, "an input or output of the block is dropped or repeated")
@@ -386,26 +398,42 @@ def _rebuilt_model(model, small, rebuilt):
                 source)
             if preprocessor is not None:
                 again.preprocessor = preprocessor
-        values = _weights_by_path(again, small)
-        if values is None or any(tuple(v.shape) != tuple(values[v.path].shape) for v in again.weights):
+        values = _weights_by_path(again, small) or _weights_in_order(again, small)
+        if values is None or any(tuple(v.shape) != tuple(w.shape) for v, w in zip(again.weights, values)):
             return None  # a layer was added (a feature selection, a folded constant) or removed
-        again.set_weights([keras.ops.convert_to_numpy(values[v.path]) for v in again.weights])
+        again.set_weights([keras.ops.convert_to_numpy(w) for w in values])
     except Exception:  # noqa: BLE001 - a config its class refuses
         return None
     return again if blocks_module.same_outputs(small, None, again, None) else None
 
 
+def _weights_in_order(model, small):
+    """The weights of ``small`` in order, where the k-th of ``model`` and of ``small`` have paths that agree but
+    for Keras's numbering of the layers it names (KerasHub T5's blocks hold unnamed normalizations,
+    ``t5_layer_norm_88`` in one model and ``t5_layer_norm_206`` in the other, and two position tables of one path);
+    ``None`` otherwise."""
+    def unnumbered(path):
+        return re.sub(r"_\d+(?=/|$)", "", path)
+
+    def agree(a, b):  # also after the name of the nested model that held it (see _weights_by_path)
+        return unnumbered(a.path) == unnumbered(b.path) or unnumbered(b.path).endswith(f"_{unnumbered(a.path)}")
+
+    if len(model.weights) != len(small.weights) or not all(map(agree, model.weights, small.weights)):
+        return None
+    return list(small.weights)
+
+
 def _weights_by_path(model, small):
-    """``{path: variable of small}`` for every weight path of ``model``: the variable of ``small`` of that path, or
-    of that path after the name of the nested model that held it (``gemma_backbone_token_embedding/embeddings``
-    for a Task's Backbone's ``token_embedding/embeddings``); ``None`` unless that pairs every weight of both once."""
-    found, used = {}, set()
+    """The variables of ``small`` for the weights of ``model``, in order: the one of the same path, or of that
+    path after the name of the nested model that held it (``gemma_backbone_token_embedding/embeddings`` for a
+    Task's Backbone's ``token_embedding/embeddings``); ``None`` unless that pairs every weight of both once."""
+    found, used = [], set()
     for variable in model.weights:
         candidates = [v for v in small.weights if v.path == variable.path] or [
             v for v in small.weights if v.path.endswith(f"_{variable.path}")]
         if len(candidates) != 1 or id(candidates[0]) in used:
             return None
-        found[variable.path] = candidates[0]
+        found.append(candidates[0])
         used.add(id(candidates[0]))
     return found if len(used) == len(small.weights) else None
 
@@ -473,6 +501,7 @@ class _Builder:
         self.options = _call_options(model)
         self.side = graph.side_tensors
         self.tensors = {}  # tensor name -> the new model's tensor (None: it has none)
+        self.side_made = {}  # name of a side tensor's step -> its tensor in the new model
         self.inputs = []
         self.built = []  # (new layer, weights), in call order
         self.initializers = {}  # id(new layer) -> the user's initializers, put back once it is built
@@ -547,7 +576,7 @@ class _Builder:
     def call_block(self, block, layer):
         """Call ``layer`` (the block's class built again) on the block's operands; its outputs are the tensors of
         the block's ends."""
-        args, kwargs = block_arguments(block.layer, [self.tensors[name] for name in block.operands])
+        args, kwargs = block_arguments(block.layer, self.operands(block))
         new = self.blocks.get(id(layer))
         if new is None:  # a fresh copy: the checked one was also called on inputs of its own
             new = self.blocks[id(layer)] = registry.layer_from_config(layer, registry.layer_config(layer))
@@ -561,6 +590,13 @@ class _Builder:
         for end, tensor in zip(block.ends, outputs, strict=True):
             self.tensors[end] = tensor
 
+    def operands(self, block):
+        """The new model's tensors of the operands of ``block`` (a :class:`BlockCall`), ``None`` for one it has
+        not; an operand the graph dropped (read by the block's side tensors alone) computed again."""
+        sides = dict(block.sides)
+        return [self.side_tensor(sides[name]) if name in sides else self.tensors.get(name)
+                for name in block.operands]
+
     def call_options(self, name):
         """The keyword arguments node ``name`` is called with: its options, and its side tensors (an attention
         mask) computed again from the new model's inputs."""
@@ -570,21 +606,29 @@ class _Builder:
         return options or None
 
     def side_tensor(self, side):
-        made = {}
+        """The new model's tensor of ``side`` (a :class:`SideTensor`), each of its steps computed once (a block
+        built again is given the very tensors its pruned layers read)."""
+        made = self.side_made
         for name, operation, reads in side.steps:
-            made[name] = _call_again(operation, [made[p] if p in made else self.tensors[p] for p in reads])
+            if name not in made:
+                made[name] = _call_again(operation, [made[p] if p in made else self.tensors[p] for p in reads])
         return made[side.end] if side.end in made else self.tensors[side.end]
 
     def make(self, step, config, new, operands=None):
         """Build the new layer of node ``step.name`` from ``(config, weights)`` and call it on ``step.source`` (or
         on the list ``operands``, when it reads several tensors)."""
         layer = self.layers[step.name]
-        config["name"] = self.names[step.name]
+        config["name"] = self.names[self.graph.layer_name(step.name)]  # a shared layer: its first call's name
         _drop_package_penalties(layer, config)
         new_layer, new = _new_layer(layer, config, new, self.initializers)
         self.made[step.name] = new_layer
         x = operands if operands is not None and len(operands) > 1 else self.tensors[step.source]
-        self.tensors[step.name] = self.call(new_layer, new, x, step.name)
+        made = self.call(new_layer, new, x, step.name)
+        if getattr(registry.rule_of(layer), "side_outputs", False) and isinstance(made, (tuple, list)):
+            # outputs that carry no units (T5's position bias): side tensors of later calls, by their names
+            made, *sides = made
+            self.tensors.update({output_of(step.name, k): side for k, side in enumerate(sides, 1)})
+        self.tensors[step.name] = made
 
     def call(self, layer, weights, x, name=None):
         """Call the new ``layer`` on ``x`` as node ``name`` called its original (the original's rule: a layer

@@ -415,11 +415,14 @@ class _Planner:
         return len(self.graph.output_shape(name))
 
     def call_shared(self, node, source):
-        """A later call of a shared layer whose new layer is built: call it again (True), else False."""
+        """A call of a shared layer whose new layer is built at another of its calls (the graph's order may put a
+        later call first: T5's decoder embeds its tokens before its encoder): call it again (True), else False."""
         first = self.graph.layer_name(node.name)
-        if first not in self.made:
+        calls = [first, *(name for name, layer in self.graph.calls.items() if layer == first)]
+        made = next((name for name in calls if name in self.made and name != node.name), None)
+        if made is None:
             return False
-        self.steps.append(CallShared(node.name, source, first))
+        self.steps.append(CallShared(node.name, source, made))
         return True
 
     def units(self, node):

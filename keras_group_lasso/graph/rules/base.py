@@ -306,8 +306,11 @@ def _own_arguments(layer, required=False):
 
 def _argument_value(layer, key):
     """The value of constructor argument ``key`` as a config holds it, from the attribute of that name (or that
-    name after ``_``); ``_UNSET`` where the layer keeps no such attribute or its value cannot be written."""
+    name after ``_``; a rate ``key`` from the ``Dropout`` it made, ``<key>_layer``: KerasHub T5's attention);
+    ``_UNSET`` where the layer keeps no such attribute or its value cannot be written."""
     found = next((vars(layer)[at] for at in (key, f"_{key}") if at in vars(layer)), _UNSET)
+    if found is _UNSET and isinstance(getattr(layer, f"{key}_layer", None), keras.layers.Dropout):
+        found = float(getattr(layer, f"{key}_layer").rate)
     if isinstance(found, (keras.initializers.Initializer, keras.regularizers.Regularizer, keras.constraints.Constraint)):
         return keras.saving.serialize_keras_object(found)
     if callable(found) and isinstance(_activation_name(found), str):  # an activation: by its name

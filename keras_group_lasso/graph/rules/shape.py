@@ -285,6 +285,27 @@ class AlibiAttentionRule(WholeAttentionRule):
         return super().call(layer, x, options)
 
 
+class PositionBiasAttentionRule(WholeAttentionRule):
+    """KerasHub T5's attention kept whole: as :class:`WholeAttentionRule`, with its ``mask`` and its
+    ``position_bias`` side tensors. The first block of a stack computes the relative position bias (its own table,
+    the mask folded in) and returns it beside its outputs; every later block of the stack is given it. That second
+    output (``"<node>/@1"``) carries no units: the graph reads it as a side tensor of the later calls, and the pruned
+    model takes it from the new first attention. A cross-attention is called on the encoder's output as
+    ``key_value_states``: both streams it reads stay."""
+
+    side_arguments = ("mask", "position_bias")
+    side_outputs = True
+
+    def new_units(self, layer, flat):
+        return int(layer.hidden_dim), None
+
+    def call(self, layer, x, options=None):
+        options = dict(options or {})
+        if isinstance(x, (list, tuple)):  # a cross-attention: the encoder's output as its keys and values
+            x, options["key_value_states"] = x
+        return without_none(call_without_none(layer, type(layer).__call__, (x,), options))
+
+
 class ReverseCall:
     """A ``ReversibleEmbedding`` called with ``reverse=True`` (a language model's logits from its token table), as
     a node of the graph: the layer's later call, kept whole (every channel it reads stays; its outputs, one per
