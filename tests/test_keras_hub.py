@@ -369,6 +369,33 @@ def test_a_t5_whose_blocks_keep_as_many_neurons_is_a_t5_seq2seq_lm_again_and_gen
                                   keras.ops.convert_to_numpy(want["decoder_token_ids"]))
 
 
+@pytest.mark.skipif(keras.backend.backend() == "jax", reason="tested on TensorFlow and PyTorch (time; BART's parts "
+                                                             "are BERT's and GPT-2's, tested on JAX)")
+def test_a_bart_whose_blocks_keep_as_many_neurons_is_a_bart_seq2seq_lm_again_and_generates(rng):
+    from test_model_families import assert_same_outputs
+
+    model = M.BartBackbone(vocabulary_size=50, num_layers=2, num_heads=2, hidden_dim=16, intermediate_dim=32,
+                           max_sequence_length=12)
+    for variable in model.weights:  # each block of both stacks loses 5 neurons, its heads all stay
+        if variable.path.endswith("feedforward_output_dense/kernel"):
+            kernel = keras.ops.convert_to_numpy(variable).copy()
+            kernel[rng.permutation(32)[:5]] = 0.0
+            variable.assign(kernel)
+    lm = M.BartSeq2SeqLM(backbone=model, preprocessor=None)
+    small = prune_model(lm, T)
+    assert type(small) is M.BartSeq2SeqLM and small.rebuilt_model and small.backbone.intermediate_dim == 27
+    assert_same_outputs(small, lm, _t5_batch(rng, encoder=7, decoder=4), 1e-5)
+    x = {"encoder_token_ids": rng.integers(1, 50, size=(2, 6)).astype("int32"),
+         "encoder_padding_mask": np.ones((2, 6), "int32"), "decoder_token_ids": np.zeros((2, 5), "int32"),
+         "decoder_padding_mask": (np.arange(5) < 1)[None].repeat(2, 0).astype("int32")}
+    apply_threshold(lm, T)
+    for task in (small, lm):
+        task.compile(sampler="greedy")
+    got, want = small.generate(x, stop_token_ids=None), lm.generate(x, stop_token_ids=None)
+    np.testing.assert_array_equal(keras.ops.convert_to_numpy(got["decoder_token_ids"]),
+                                  keras.ops.convert_to_numpy(want["decoder_token_ids"]))
+
+
 @pytest.mark.skipif(keras.backend.backend() == "jax", reason="40 s on JAX; blocks built again are tested there in "
                                                              "tests/test_traced_blocks.py")
 def test_an_encoder_that_lost_feed_forward_neurons_only_is_a_keras_hub_transformer_encoder_again(rng, tmp_path):
