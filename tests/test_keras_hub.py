@@ -302,6 +302,19 @@ def _t5_batch(rng, encoder=12, decoder=12):
     return x
 
 
+def _assert_generates_the_thresholded_tokens(small, lm, rng):
+    """The pruned sequence-to-sequence Task ``small`` generates greedily what ``lm`` thresholded (in place) does."""
+    x = {"encoder_token_ids": rng.integers(1, 50, size=(2, 6)).astype("int32"),
+         "encoder_padding_mask": np.ones((2, 6), "int32"), "decoder_token_ids": np.zeros((2, 5), "int32"),
+         "decoder_padding_mask": (np.arange(5) < 1)[None].repeat(2, 0).astype("int32")}
+    apply_threshold(lm, T)  # what prune_model's result computes: the same greedy tokens
+    for task in (small, lm):
+        task.compile(sampler="greedy")
+    got, want = small.generate(x, stop_token_ids=None), lm.generate(x, stop_token_ids=None)
+    np.testing.assert_array_equal(keras.ops.convert_to_numpy(got["decoder_token_ids"]),
+                                  keras.ops.convert_to_numpy(want["decoder_token_ids"]))
+
+
 def _kill_t5_neurons(model, counts, rng):
     for call, count in zip(_T5_BLOCKS, counts):  # rows of the down projection: neurons whose group is zero
         variable = next(v for v in model.weights if v.path == f"{call}/output_projector/kernel")
@@ -360,15 +373,7 @@ def test_a_t5_whose_blocks_keep_as_many_neurons_is_a_t5_seq2seq_lm_again_and_gen
     assert type(small) is M.T5Seq2SeqLM and small.rebuilt_model
     assert small.backbone.intermediate_dim == 27
     assert_same_outputs(small, lm, _t5_batch(rng, encoder=7, decoder=4), 1e-5)
-    x = {"encoder_token_ids": rng.integers(1, 50, size=(2, 6)).astype("int32"),
-         "encoder_padding_mask": np.ones((2, 6), "int32"), "decoder_token_ids": np.zeros((2, 5), "int32"),
-         "decoder_padding_mask": (np.arange(5) < 1)[None].repeat(2, 0).astype("int32")}
-    apply_threshold(lm, T)  # what prune_model's result computes: the same greedy tokens
-    for task in (small, lm):
-        task.compile(sampler="greedy")
-    got, want = small.generate(x, stop_token_ids=None), lm.generate(x, stop_token_ids=None)
-    np.testing.assert_array_equal(keras.ops.convert_to_numpy(got["decoder_token_ids"]),
-                                  keras.ops.convert_to_numpy(want["decoder_token_ids"]))
+    _assert_generates_the_thresholded_tokens(small, lm, rng)
 
 
 @pytest.mark.skipif(keras.backend.backend() == "jax", reason="tested on TensorFlow and PyTorch (time; BART's parts "
@@ -387,15 +392,7 @@ def test_a_bart_whose_blocks_keep_as_many_neurons_is_a_bart_seq2seq_lm_again_and
     small = prune_model(lm, T)
     assert type(small) is M.BartSeq2SeqLM and small.rebuilt_model and small.backbone.intermediate_dim == 27
     assert_same_outputs(small, lm, _t5_batch(rng, encoder=7, decoder=4), 1e-5)
-    x = {"encoder_token_ids": rng.integers(1, 50, size=(2, 6)).astype("int32"),
-         "encoder_padding_mask": np.ones((2, 6), "int32"), "decoder_token_ids": np.zeros((2, 5), "int32"),
-         "decoder_padding_mask": (np.arange(5) < 1)[None].repeat(2, 0).astype("int32")}
-    apply_threshold(lm, T)
-    for task in (small, lm):
-        task.compile(sampler="greedy")
-    got, want = small.generate(x, stop_token_ids=None), lm.generate(x, stop_token_ids=None)
-    np.testing.assert_array_equal(keras.ops.convert_to_numpy(got["decoder_token_ids"]),
-                                  keras.ops.convert_to_numpy(want["decoder_token_ids"]))
+    _assert_generates_the_thresholded_tokens(small, lm, rng)
 
 
 @pytest.mark.skipif(keras.backend.backend() == "jax", reason="40 s on JAX; blocks built again are tested there in "
