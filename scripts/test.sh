@@ -30,6 +30,8 @@ if [[ "${TEST_SERIAL:-0}" != "1" ]]; then
   export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}" TF_NUM_INTRAOP_THREADS="${TF_NUM_INTRAOP_THREADS:-1}"
   [[ -n "${XLA_FLAGS:-}" ]] || jax_flags="$jax_flags --xla_cpu_multi_thread_eigen=false"
 fi
+# Tests that start JAX processes of their own (tests/test_distribution.py) give them these flags from any leg.
+export TEST_JAX_XLA_FLAGS="$jax_flags"
 xla_flags_for() { if [[ "$1" == "jax" ]]; then echo "$jax_flags"; else echo "${XLA_FLAGS:-}"; fi; }
 if [[ -n "${TEST_BACKENDS:-}" ]]; then
   read -r -a backends <<<"$TEST_BACKENDS"

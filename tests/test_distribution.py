@@ -11,14 +11,24 @@ import subprocess
 import sys
 import textwrap
 
-import keras
 import pytest
 
 import _cluster
+import _turns
 
-pytestmark = pytest.mark.skipif(
-    keras.backend.backend() != "jax", reason="keras.distribution (DataParallel, ModelParallel) is JAX-only in Keras 3"
-)
+# keras.distribution is JAX-only in Keras 3, and JAX fixes its device count when it starts: each check is a JAX
+# process of its own, whichever backend runs this file.
+pytest.importorskip("jax")
+pytestmark = _turns.own_processes("JAX processes of their own")
+
+
+def _jax_env():
+    """This process's environment for a JAX subprocess, with the flags the suite compiles JAX with (scripts/test.sh
+    exports them as TEST_JAX_XLA_FLAGS; the caller's XLA_FLAGS otherwise)."""
+    env = dict(os.environ, KERAS_BACKEND="jax", TF_CPP_MIN_LOG_LEVEL="3")
+    env["XLA_FLAGS"] = os.environ.get("TEST_JAX_XLA_FLAGS", env.get("XLA_FLAGS", ""))
+    return env
+
 
 SCRIPT = textwrap.dedent(
     """
@@ -209,7 +219,7 @@ PROCESS = textwrap.dedent(
 def test_two_jax_processes_train_to_the_single_process_weights_and_only_the_chief_writes(tmp_path):
     script = tmp_path / "process.py"
     script.write_text(PROCESS)
-    env = dict(os.environ, KERAS_BACKEND="jax", TF_CPP_MIN_LOG_LEVEL="3")
+    env = _jax_env()
     # One device per process, compiled with the flags the suite runs JAX with (scripts/test.sh).
     env["XLA_FLAGS"] = " ".join(flag for flag in env.get("XLA_FLAGS", "").split() if "device_count" not in flag)
     single, cluster = _cluster.run_single_and_cluster(script, tmp_path, env)
@@ -219,7 +229,7 @@ def test_two_jax_processes_train_to_the_single_process_weights_and_only_the_chie
 def test_data_and_model_parallel_training_match_one_device(tmp_path):
     script = tmp_path / "distributed.py"
     script.write_text(SCRIPT)
-    env = dict(os.environ, KERAS_BACKEND="jax", TF_CPP_MIN_LOG_LEVEL="3")
+    env = _jax_env()
     done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=400, env=env)
     assert done.returncode == 0 and "OK" in done.stdout, done.stdout[-2000:] + done.stderr[-4000:]
 
@@ -228,6 +238,6 @@ def test_a_keras_hub_backbone_sharded_by_its_own_layout_map_trains_to_the_one_de
     pytest.importorskip("keras_hub")
     script = tmp_path / "sharded_gemma.py"
     script.write_text(SHARDED_GEMMA)
-    env = dict(os.environ, KERAS_BACKEND="jax", TF_CPP_MIN_LOG_LEVEL="3")
+    env = _jax_env()
     done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=400, env=env)
     assert done.returncode == 0 and "OK" in done.stdout, done.stdout[-2000:] + done.stderr[-4000:]

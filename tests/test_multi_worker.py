@@ -13,13 +13,11 @@ worker, each with a directory of its own, and only the chief's is written.
 import os
 import textwrap
 
-import keras
-import pytest
-
 import _cluster
+import _turns
 
-pytestmark = pytest.mark.skipif(keras.backend.backend() != "tensorflow",
-                                reason="tf.distribute needs the TensorFlow backend")
+# The workers are TensorFlow processes of their own, whichever backend runs this file.
+pytestmark = _turns.own_processes("TensorFlow processes of their own")
 
 WORKER = textwrap.dedent(
     """
