@@ -376,6 +376,49 @@ def test_a_t5_whose_blocks_keep_as_many_neurons_is_a_t5_seq2seq_lm_again_and_gen
     _assert_generates_the_thresholded_tokens(small, lm, rng)
 
 
+@pytest.mark.skipif(keras.backend.backend() == "jax", reason="tested on TensorFlow and PyTorch (time; the graph is "
+                                                             "read on JAX above)")
+def test_a_budget_with_uniform_blocks_trains_a_t5_seq2seq_lm_into_a_t5_seq2seq_lm_within_its_size(rng):
+    """``SparsityBudget(max_flops=0.6, uniform_blocks=True)`` on a ``T5Seq2SeqLM`` (two sequences, FLOPs counted per
+    position): the gated feed-forward neurons of its four blocks go during training, by rank together; the result
+    of ``prune_model(blocks="uniform")`` is a ``T5Seq2SeqLM`` within the budget, exact against the thresholded copy,
+    and generates its tokens."""
+    from keras_group_lasso import Proximal, SparsityBudget
+    from keras_group_lasso.analysis import analyze
+    from test_model_families import assert_same_outputs
+
+    enc = rng.integers(1, 50, size=(256, 8)).astype("int32")
+    x = {"encoder_token_ids": enc, "encoder_padding_mask": np.ones_like(enc),  # the answer: each token times 7
+         "decoder_token_ids": np.concatenate([np.zeros_like(enc[:, :1]), (enc[:, :-1] * 7) % 50], axis=1),
+         "decoder_padding_mask": np.ones_like(enc)}
+    keras.utils.set_random_seed(0)
+    sparse = add_group_sparsity(M.T5Seq2SeqLM(backbone=_t5(), preprocessor=None), 1e-4)
+    sparse.compile(optimizer=Proximal(keras.optimizers.Adam(1e-2)),
+                   loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the cut to the budget when settling began: said, tested elsewhere
+        sparse.fit(x, (enc * 7) % 50, epochs=4, batch_size=32, verbose=0,
+                   callbacks=[SparsityBudget(max_flops=0.6, uniform_blocks=True)])
+    report = analyze(sparse, T, uniform=True).report
+    assert report.flops_per_position and 0.48 <= report.flops_after / report.flops_before <= 0.6
+    small = prune_model(sparse, T, blocks="uniform")
+    assert type(small) is M.T5Seq2SeqLM and small.rebuilt_model and small.backbone.intermediate_dim < 32
+    assert small.pruning_report.flops_after == report.flops_after
+    apply_threshold(sparse, T)
+    assert_same_outputs(small, sparse, _t5_batch(rng, encoder=7, decoder=4), 1e-5)
+    # the penalised copy is a functional model (no generate()): its greedy tokens, one position at a time
+    x = {"encoder_token_ids": enc[:2], "encoder_padding_mask": np.ones_like(enc[:2]),
+         "decoder_token_ids": np.zeros((2, 5), "int32"), "decoder_padding_mask": np.ones((2, 5), "int32")}
+    for i in range(4):
+        logits = keras.ops.convert_to_numpy(sparse(x))
+        x["decoder_token_ids"][:, i + 1] = logits[:, i].argmax(-1)
+    small.compile(sampler="greedy")
+    got = small.generate(dict(x, decoder_token_ids=np.zeros((2, 5), "int32"),
+                              decoder_padding_mask=(np.arange(5) < 1)[None].repeat(2, 0).astype("int32")),
+                         stop_token_ids=None)
+    np.testing.assert_array_equal(keras.ops.convert_to_numpy(got["decoder_token_ids"]), x["decoder_token_ids"])
+
+
 @pytest.mark.skipif(keras.backend.backend() == "jax", reason="tested on TensorFlow and PyTorch (time; BART's parts "
                                                              "are BERT's and GPT-2's, tested on JAX)")
 def test_a_bart_whose_blocks_keep_as_many_neurons_is_a_bart_seq2seq_lm_again_and_generates(rng):
