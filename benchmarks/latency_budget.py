@@ -19,7 +19,9 @@ hand. ``--table FILE`` loads a saved latency table (or saves the one measured
 there), so that runs comparing settings steer with the same table.
 
 For each row: test accuracy of the pruned model (``prune_model``, no
-fine-tuning), multiply-adds per sample, live channels, the table's predicted
+fine-tuning; with ``--finetune-epochs T`` the budget rows train E - T of the
+E epochs and their pruned models are fine-tuned T epochs, the peers' recipe:
+prune, then a fine-tuning tail), multiply-adds per sample, live channels, the table's predicted
 time and speed-up, and the measured speed-up of the pruned model vs the dense
 one at batch 256 (``LatencyTable.time_model``: compiled inference, the fastest
 of several samples; dense and pruned timed side by side (``LatencyTable.time_models``), several rounds, the
@@ -68,10 +70,11 @@ def run_budget(label, data, args, seed, group_weight=None, weight_table=None, **
 
     from keras_group_lasso import Proximal
 
+    epochs = args.epochs - args.finetune_epochs  # the fine-tuning tail, if any, follows the pruning
     if args.optimizer == "adam":  # the dense row's Adam and learning-rate schedule, with the proximal step
-        optimizer = Proximal(cnn_fashion.optimizer_for("adam", args.epochs, len(data["x_train"])))
+        optimizer = Proximal(cnn_fashion.optimizer_for("adam", epochs, len(data["x_train"])))
     else:
-        optimizer = cnn_fashion.optimizer_for("proximal", args.epochs, len(data["x_train"]))
+        optimizer = cnn_fashion.optimizer_for("proximal", epochs, len(data["x_train"]))
     if args.defaults:  # nothing chosen but the budget: add_group_sparsity's and SparsityBudget's defaults
         network = add_group_sparsity(cnn_fashion.build_cnn(seed))
         min_width = "auto" if args.min_width == "auto" else float(args.min_width)
@@ -85,7 +88,7 @@ def run_budget(label, data, args, seed, group_weight=None, weight_table=None, **
     model = cnn_fashion.compile_model(network, optimizer, False)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", RuntimeWarning)
-        wall, _ = cnn_fashion.fit(model, data, args.epochs, seed, label, callbacks=[budget])
+        wall, _ = cnn_fashion.fit(model, data, epochs, seed, label, callbacks=[budget])
     return model, budget, {"label": label, "train_seconds": wall,
                            "warnings": [str(w.message) for w in caught if "SparsityBudget" in str(w.message)]}
 
@@ -160,6 +163,9 @@ def main(argv=None):
     parser.add_argument("--epochs", type=common.positive_int, default=15)
     parser.add_argument("--train", type=common.positive_int, default=None, help="training images (default: all)")
     parser.add_argument("--test", type=common.positive_int, default=None, help="test images (default: all)")
+    parser.add_argument("--finetune-epochs", type=common.non_negative_int, default=0,
+                        help="T: the budget rows train epochs - T epochs, then their pruned models T epochs of Adam "
+                        "(cosine-decayed from the dense row's rate; the peers' recipe); default 0: no fine-tuning")
     parser.add_argument("--latency", type=float, default=0.2, help="max_latency, a fraction of the dense time")
     parser.add_argument("--factor", type=float, default=3e-4, help="penalty strength the budget starts from")
     parser.add_argument("--group-weight", choices=("size", "flops"), default="flops")
@@ -198,7 +204,11 @@ def main(argv=None):
                         "benchmarks/out/ with --quick)")
     args = parser.parse_args(argv)
     if args.quick:
-        args.epochs, args.train, args.test, args.rounds, args.batch1_rounds = 1, 2000, 1000, 1, 1
+        args.finetune_epochs = min(args.finetune_epochs, 1)
+        args.epochs, args.train, args.test = 1 + args.finetune_epochs, 2000, 1000
+        args.rounds, args.batch1_rounds = 1, 1
+    if args.finetune_epochs >= args.epochs:
+        parser.error(f"--finetune-epochs must be less than --epochs ({args.epochs}); received {args.finetune_epochs}")
 
     import keras
 
@@ -272,6 +282,15 @@ def main(argv=None):
         report = sparsity_report(model, cnn_fashion.THRESHOLD)
         pruned = model if record.get("scratch") else prune_model(model, cnn_fashion.THRESHOLD)
         accuracy = cnn_fashion.accuracy(pruned, data["x_test"], data["y_test"])
+        if args.finetune_epochs and not record.get("scratch"):
+            record["accuracy_after_pruning"] = accuracy
+            cnn_fashion.compile_model(pruned, cnn_fashion.optimizer_for("adam", args.finetune_epochs,
+                                                                          len(data["x_train"])), False)
+            record["finetune_seconds"], _ = cnn_fashion.fit(pruned, data, args.finetune_epochs, args.seed + 1,
+                                                            f"{record['label']} fine-tuning")
+            accuracy = cnn_fashion.accuracy(pruned, data["x_test"], data["y_test"])
+            common.say(f"{record['label']}: accuracy {record['accuracy_after_pruning']:.4f} after pruning, "
+                       f"{accuracy:.4f} after {args.finetune_epochs} epochs of fine-tuning")
         if record.get("scratch"):  # a small network of its own: its widths as built, nothing under the threshold
             filters, head = record["scratch"]
             flops_after = sparsity_report(model).flops_before
@@ -319,7 +338,12 @@ def main(argv=None):
         f"of {BATCH_TIMED}",
         f"Speed-ups at batch {BATCH_TIMED}: dense / pruned time, compiled inference "
         f"(LatencyTable.time_models: 5 interleaved samples of each, the fastest counts), median of {args.rounds} "
-        f"such rounds; no fine-tuning",
+        f"such rounds; "
+        + (f"the budget rows trained {args.epochs - args.finetune_epochs} epochs, then their pruned models "
+           f"{args.finetune_epochs} of Adam (cosine from {cnn_fashion.ADAM_LR:g}); accuracy after pruning, before "
+           "it: " + ", ".join(f"{r['label']} {100 * r['accuracy_after_pruning']:.2f} %" for r in records
+                              if "accuracy_after_pruning" in r)
+           if args.finetune_epochs else "no fine-tuning"),
     ]
     lines = [
         common.markdown_table(["row", "test acc. (%)", "multiply-adds", "FLOP reduction", "channels / units",
