@@ -1,4 +1,4 @@
-"""Peers on a VGG-style CNN, Fashion-MNIST: ``SparsityBudget`` vs Torch-Pruning's recipes, same FLOPs and epochs.
+"""Peers on a VGG-style CNN or a MobileNetV2, Fashion-MNIST: ``SparsityBudget`` vs Torch-Pruning, same FLOPs.
 
 The network is ``benchmarks/cnn_fashion.py``'s VGG with ``--convs-per-stage 2``:
 per stage two ``Conv(3x3, same)-BN-ReLU`` then ``MaxPool(2)``, stages of
@@ -69,10 +69,33 @@ largest ``budget_cut`` of a single epoch (groups the budget set to zero at
 once, over seeds and epochs) and wall seconds (training, pruning and
 fine-tuning; not evaluation).
 
+**``--network mobilenetv2``**: the same rows and recipe on the MobileNetV2-style
+network of ``benchmarks/modern_cnn.py`` (``modern_cnn.build("mobilenetv2", seed,
+--width)``, ``--width`` 0.5 by default: inverted residual blocks with 3x3
+depthwise convolutions, ReLU6, residual adds, BatchNormalization, global average
+pooling, Dropout 0.2, Dense(10)) on 32x32x1 inputs (the 28x28 images padded with
+2 zero pixels on each side, in every row); results ``peers_cnn_mobilenetv2_w05``
+by default. The PyTorch rows train its twin (``torch_mobilenetv2``): the same
+layers and widths, no convolution bias, BatchNorm, initialisation and Adam as
+above. Keras's ``same`` padding of a stride-2 convolution pads the bottom and
+right only, PyTorch's ``padding=1`` both sides: the same output sizes and
+multiply-adds, and the twin is trained from scratch. Here the MACs are counted
+from the (pruned) model itself rather than by the formula above: every
+convolution ``H_out * W_out * k_h * k_w * C_in / groups * C_out`` (depthwise
+included), every Dense / Linear ``in * out``, nothing for BatchNorm,
+activations, pooling, adds or biases (Keras: its Conv2D, DepthwiseConv2D and
+Dense layers; PyTorch: forward hooks on one 1x1x32x32 image); Torch-Pruning is
+stepped to F of this count (and of its own). ``sparsity_report``, and with it
+the budget, leaves the depthwise convolutions out of its count: the Keras rows
+meet F on that count, and their shared count may lie above F (both are
+recorded). Keras trains with ``jit_compile=False`` (as for the VGG: XLA trains
+depthwise convolutions far slower on a CPU).
+
 Usage:
     KERAS_BACKEND=tensorflow python benchmarks/peers_cnn.py            # 3 seeds -> benchmarks/results/peers_cnn.{md,json}
     KERAS_BACKEND=tensorflow python benchmarks/peers_cnn.py --quick    # 1 seed, 2,000 images, 2 epochs -> benchmarks/out/
     KERAS_BACKEND=tensorflow python benchmarks/peers_cnn.py --seeds 1 --train 3000 --epochs 3 --output /tmp/peers
+    KERAS_BACKEND=tensorflow python benchmarks/peers_cnn.py --network mobilenetv2  # -> peers_cnn_mobilenetv2_w05.md
     ... --results-md                                                   # also writes its section of benchmarks/RESULTS.md
 """
 
@@ -87,7 +110,7 @@ from pathlib import Path
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks import cnn_fashion, common
+from benchmarks import cnn_fashion, common, modern_cnn
 
 NAME = "peers_cnn"
 QUICK = "1 seed, 2,000 training and 1,000 test images, 2 epochs; output under benchmarks/out/"
@@ -96,6 +119,9 @@ CONVS = 2
 UNITS = 64
 N_CLASSES = 10
 SIZE = 28
+NETWORKS = ("vgg", "mobilenetv2")
+NETWORK = "vgg"
+WIDTH = 0.5  # of the MobileNetV2
 BATCH = 128
 LR = 1e-3
 GAP_IMAGES = 1000
@@ -111,7 +137,26 @@ METHODS = {
 
 
 # ---------------------------------------------------------------------------------------------------------------------
-# The shared multiply-add count
+# The network and the shared multiply-add count
+
+
+def configure(network, width, channels=None):
+    """The network every function here builds: ``"vgg"`` (``channels`` per stage) or ``"mobilenetv2"`` (``width``)."""
+    global NETWORK, WIDTH, CHANNELS
+    NETWORK, WIDTH = network, width
+    CHANNELS = tuple(channels or CHANNELS)
+    cnn_fashion.CHANNELS, cnn_fashion.CONVS, cnn_fashion.UNITS = CHANNELS, CONVS, UNITS
+
+
+def side():
+    """The input images' side: 28, or 32 for the MobileNetV2 (padded with 2 zero pixels each side)."""
+    return SIZE if NETWORK == "vgg" else 32
+
+
+def network_name():
+    if NETWORK == "vgg":
+        return f"{'-'.join(map(str, CHANNELS))} VGG"
+    return f"MobileNetV2-style network at width {WIDTH:g}"
 
 
 def filter_counts():
@@ -138,6 +183,49 @@ def macs(filters, units, convs=None, size=SIZE, in_channels=1, classes=N_CLASSES
     return total + d_in * classes
 
 
+def keras_macs(model):
+    """The shared count of a (pruned) Keras model: the VGG's formula from its widths, or, for the MobileNetV2, every
+    Conv2D / DepthwiseConv2D ``H_out * W_out * kernel size`` and every Dense's kernel size."""
+    import keras
+    import numpy as np
+
+    if NETWORK == "vgg":
+        return macs(*keras_widths(model))
+    total = 0
+    for layer in model.layers:
+        if isinstance(layer, (keras.layers.Conv2D, keras.layers.DepthwiseConv2D)):
+            total += int(np.prod(layer.output.shape[1:3])) * int(np.prod(layer.kernel.shape))
+        elif isinstance(layer, keras.layers.Dense):
+            total += int(np.prod(layer.kernel.shape))
+    return total
+
+
+def torch_macs(model):
+    """The same count of a PyTorch model: forward hooks on every Conv2d (``H_out * W_out * weight size``, the weight
+    ``(C_out, C_in / groups, k_h, k_w)``) and Linear (its weight size), one image through the model in eval mode."""
+    import torch
+
+    if NETWORK == "vgg":
+        return macs(*torch_widths(model))
+    counts = []
+
+    def hook(module, _, out):
+        counts.append(module.weight.numel() * (out.shape[2] * out.shape[3] if out.dim() == 4 else 1))
+
+    handles = [m.register_forward_hook(hook) for m in model.modules() if isinstance(m, (torch.nn.Conv2d,
+                                                                                          torch.nn.Linear))]
+    training = model.training
+    model.eval()
+    try:
+        with torch.no_grad():
+            model(example_input())
+    finally:
+        for handle in handles:
+            handle.remove()
+        model.train(training)
+    return sum(counts)
+
+
 # ---------------------------------------------------------------------------------------------------------------------
 # Data
 
@@ -147,9 +235,14 @@ def load_data(n_train, n_test):
     import numpy as np
 
     data = cnn_fashion.load(quick=False, seed=0)
+    pad = (side() - SIZE) // 2  # the MobileNetV2's 32x32 (modern_cnn.load's padding)
+
+    def images(x):
+        return np.pad(x.astype("float32"), ((0, 0), (pad, pad), (pad, pad), (0, 0)))
+
     out = {
-        "x_train": data["x_train"][:n_train].astype("float32"), "y_train": np.asarray(data["y_train"][:n_train]),
-        "x_test": data["x_test"][:n_test].astype("float32"), "y_test": np.asarray(data["y_test"][:n_test]),
+        "x_train": images(data["x_train"][:n_train]), "y_train": np.asarray(data["y_train"][:n_train]),
+        "x_test": images(data["x_test"][:n_test]), "y_test": np.asarray(data["y_test"][:n_test]),
     }
     if len(out["x_train"]) < n_train or len(out["x_test"]) < n_test:
         common.say(f"note: only {len(out['x_train'])} training / {len(out['x_test'])} test images available")
@@ -160,8 +253,16 @@ def load_data(n_train, n_test):
 # Keras rows
 
 
+def keras_model(seed):
+    """The dense Keras network, seeded."""
+    if NETWORK == "vgg":
+        return cnn_fashion.build_cnn(seed)
+    return modern_cnn.build(NETWORK, seed, WIDTH)
+
+
 def keras_widths(pruned):
-    """``(conv filters, hidden Dense units)`` of a (pruned) Keras VGG, in layer order; the output layer excluded."""
+    """``(conv filters, hidden Dense units)`` of a (pruned) Keras network, in layer order (not the depthwise
+    convolutions, as wide as their inputs); the output layer excluded."""
     import keras
 
     convs = [layer.filters for layer in pruned.layers if isinstance(layer, keras.layers.Conv2D)]
@@ -203,15 +304,15 @@ def logits(model, x):
 
 
 def thresholded(model, threshold=1e-3):
-    """A copy of ``model`` with every Dense and Conv2D kernel and bias weight ``|w| <= threshold`` set to 0: what
-    ``prune_model(model)`` (default threshold 1e-3) promises to compute."""
+    """A copy of ``model`` with every Dense, Conv2D and DepthwiseConv2D kernel and bias weight ``|w| <= threshold``
+    set to 0: what ``prune_model(model)`` (default threshold 1e-3) promises to compute."""
     import keras
     import numpy as np
 
     copy = keras.models.clone_model(model)
     copy.set_weights(model.get_weights())
     for layer in copy.layers:
-        if isinstance(layer, (keras.layers.Dense, keras.layers.Conv2D)):
+        if isinstance(layer, (keras.layers.Dense, keras.layers.Conv2D, keras.layers.DepthwiseConv2D)):
             for weight in (layer.kernel, layer.bias):
                 if weight is not None:
                     value = keras.ops.convert_to_numpy(weight)
@@ -220,12 +321,12 @@ def thresholded(model, threshold=1e-3):
 
 
 def keras_dense(seed, data, epochs):
-    model = compile_plain(cnn_fashion.build_cnn(seed), _adam())
+    model = compile_plain(keras_model(seed), _adam())
     history, wall, _ = keras_fit(model, data, epochs, seed)
     say_epochs("keras dense", history)
-    widths = (filter_counts(), [UNITS])
+    widths = keras_widths(model)
     return {"test_accuracy": cnn_fashion.accuracy(model, data["x_test"], data["y_test"]),
-            "widths": {"conv": widths[0], "dense": widths[1]}, "macs_after": macs(*widths),
+            "widths": {"conv": widths[0], "dense": widths[1]}, "macs_after": keras_macs(model),
             "wall_seconds": wall, "train_seconds": wall, "history": history}
 
 
@@ -242,7 +343,7 @@ def keras_budget(seed, data, epochs, fraction, finetune=0):
 
     import keras_group_lasso as kgl
 
-    model = kgl.add_group_sparsity(cnn_fashion.build_cnn(seed))
+    model = kgl.add_group_sparsity(keras_model(seed))
     compile_plain(model, kgl.Proximal(keras.optimizers.Adam(LR)))
     budget_epochs = epochs - finetune
     history, train_wall, budget_warnings = keras_fit(model, data, budget_epochs, seed,
@@ -261,7 +362,7 @@ def keras_budget(seed, data, epochs, fraction, finetune=0):
     record = {
         "budget_epochs": budget_epochs, "finetune_epochs": finetune,
         "flops_before": int(report.flops_before), "flops_after": int(report.flops_after),
-        "widths": {"conv": conv_w, "dense": dense_w}, "macs_after": macs(conv_w, dense_w),
+        "widths": {"conv": conv_w, "dense": dense_w}, "macs_after": keras_macs(pruned),
         "max_gap": gap, "max_gap_vs_thresholded": gap_thresholded, "output_scale": float(np.max(np.abs(want))),
         "prune_seconds": prune_wall, "train_seconds": train_wall,
         "history": history, "budget_logs": {k: v for k, v in history.items() if k.startswith("budget_")},
@@ -269,8 +370,8 @@ def keras_budget(seed, data, epochs, fraction, finetune=0):
     }
     record["accuracy_after_pruning"] = cnn_fashion.accuracy(pruned, data["x_test"], data["y_test"])
     if record["macs_after"] != record["flops_after"]:
-        common.say(f"  note: sparsity_report flops_after {record['flops_after']:,} != shared formula "
-                   f"{record['macs_after']:,} from the pruned widths")
+        common.say(f"  note: sparsity_report flops_after {record['flops_after']:,} != shared count "
+                   f"{record['macs_after']:,} of the pruned model")
     if gap > 1e-4:
         common.say(f"  note: pruned vs trained model logits differ by up to {gap:.3g} (> 1e-4); vs the thresholded "
                    f"model {gap_thresholded:.3g}")
@@ -305,18 +406,72 @@ def torch_vgg(seed):
             layers.append(nn.MaxPool2d(2))
             side //= 2
     layers += [nn.Flatten(), nn.Linear(side * side * c_in, UNITS), nn.ReLU(), nn.Linear(UNITS, N_CLASSES)]
-    model = nn.Sequential(*layers)
+    return keras_init(nn.Sequential(*layers))
+
+
+def keras_init(model):
+    """Keras's initialisation: Glorot-uniform kernels (depthwise ones too: the same fan-in + fan-out), zero biases."""
+    from torch import nn
+
     for m in model.modules():
         if isinstance(m, (nn.Conv2d, nn.Linear)):
             nn.init.xavier_uniform_(m.weight)
-            nn.init.zeros_(m.bias)
+            if m.bias is not None:
+                nn.init.zeros_(m.bias)
     return model
 
 
-def torch_widths(model):
+def torch_mobilenetv2(seed):
+    """The twin of ``modern_cnn.build("mobilenetv2", seed, WIDTH)``: stem Conv3x3-BN-ReLU6; per block an optional
+    1x1 expansion-BN-ReLU6, a 3x3 depthwise convolution (the block's stride)-BN-ReLU6, a 1x1 projection-BN, the
+    residual add at stride 1 and the same width; head 1x1-BN-ReLU6, global average pooling, Dropout(0.2),
+    Linear(10). No convolution bias; BatchNorm and initialisation as ``torch_vgg``'s. ``padding=1`` pads both sides
+    where Keras's ``same`` pads a stride-2 convolution's bottom and right only: the same output sizes."""
+    import torch
     from torch import nn
 
-    convs = [m.out_channels for m in model.modules() if isinstance(m, nn.Conv2d)]
+    def unit(c_in, c_out, kernel=1, stride=1, groups=1, act=True):
+        return [nn.Conv2d(c_in, c_out, kernel, stride, kernel // 2, groups=groups, bias=False),
+                nn.BatchNorm2d(c_out, eps=1e-3, momentum=0.01)] + ([nn.ReLU6()] if act else [])
+
+    class Block(nn.Module):
+        def __init__(self, c_in, expansion, c_out, stride, kernel):
+            super().__init__()
+            mid = c_in * expansion
+            self.body = nn.Sequential(*(unit(c_in, mid) if expansion != 1 else []),
+                                      *unit(mid, mid, kernel, stride, groups=mid), *unit(mid, c_out, act=False))
+            self.residual = stride == 1 and c_in == c_out
+
+        def forward(self, x):
+            return x + self.body(x) if self.residual else self.body(x)
+
+    torch.manual_seed(seed)
+    spec = modern_cnn.scaled(NETWORK, WIDTH)
+    layers, c_in = unit(1, spec["stem"], 3), spec["stem"]
+    for expansion, channels, blocks, stride, kernel in spec["stages"]:
+        for i in range(blocks):
+            layers.append(Block(c_in, expansion, channels, stride if i == 0 else 1, kernel))
+            c_in = channels
+    layers += [*unit(c_in, spec["head"]), nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Dropout(0.2),
+               nn.Linear(spec["head"], N_CLASSES)]
+    return keras_init(nn.Sequential(*layers))
+
+
+def torch_model(seed):
+    return torch_vgg(seed) if NETWORK == "vgg" else torch_mobilenetv2(seed)
+
+
+def example_input():
+    import torch
+
+    return torch.zeros(1, 1, side(), side())
+
+
+def torch_widths(model):
+    """Out-channels of every convolution but the depthwise ones, units of every Linear but the last."""
+    from torch import nn
+
+    convs = [m.out_channels for m in model.modules() if isinstance(m, nn.Conv2d) and m.groups == 1]
     linear = [m.out_features for m in model.modules() if isinstance(m, nn.Linear)]
     return convs, linear[:-1]
 
@@ -380,7 +535,7 @@ def tp_pruner(model, method, reg):
     import torch
     import torch_pruning as tp
 
-    example = torch.zeros(1, 1, SIZE, SIZE)
+    example = example_input()
     last = [m for m in model.modules() if isinstance(m, torch.nn.Linear)][-1]
     common_args = {"global_pruning": False, "pruning_ratio": 1.0, "max_pruning_ratio": 1.0,
                    "iterative_steps": TP_STEPS, "ignored_layers": [last]}
@@ -393,13 +548,12 @@ def tp_pruner(model, method, reg):
 
 def tp_prune_to(model, pruner, fraction):
     """Step ``pruner`` until Torch-Pruning's count and the shared count are both at most ``fraction`` of the dense."""
-    import torch
     import torch_pruning as tp
 
-    example = torch.zeros(1, 1, SIZE, SIZE)
+    example = example_input()
     model.eval()
     tp_dense, params_dense = tp.utils.count_ops_and_params(model, example)
-    shared_dense = macs(*torch_widths(model))
+    shared_dense = torch_macs(model)
     tp_now, shared_now, tp_steps_first = tp_dense, shared_dense, None
     while tp_now > fraction * tp_dense or shared_now > fraction * shared_dense:
         if pruner.current_step >= pruner.iterative_steps:
@@ -407,7 +561,7 @@ def tp_prune_to(model, pruner, fraction):
             break
         pruner.step()
         tp_now, params_now = tp.utils.count_ops_and_params(model, example)
-        shared_now = macs(*torch_widths(model))
+        shared_now = torch_macs(model)
         if tp_steps_first is None and tp_now <= fraction * tp_dense:
             tp_steps_first = pruner.current_step
     _, params_now = tp.utils.count_ops_and_params(model, example)
@@ -420,7 +574,7 @@ def tp_prune_to(model, pruner, fraction):
 
 def torch_pruned(seed, data, tdata, epochs, finetune, fraction, method, reg):
     """Rows 4 and 5: train E - T epochs (row 5 with the group regularisation), prune to F, fine-tune T."""
-    model = torch_vgg(seed)
+    model = torch_model(seed)
     pruner = tp_pruner(model, method, reg) if method == "tp_group_sl" else None
     train_wall = torch_fit(model, tdata, epochs - finetune, seed, method + " train", pruner=pruner)
     accuracy_trained = torch_accuracy(model, tdata)
@@ -434,21 +588,35 @@ def torch_pruned(seed, data, tdata, epochs, finetune, fraction, method, reg):
     common.say(f"  {method}: pruned in {steer['tp_steps']} steps to widths {conv_w} / {dense_w}, "
                f"TP MACs {steer['tp_ratio']:.3f}, shared {steer['shared_ratio']:.3f} of dense; accuracy "
                f"{accuracy_trained:.4f} -> {accuracy_pruned:.4f}")
+    if not depthwise_consistent(model):
+        common.say("  note: a pruned depthwise convolution is no longer depthwise, or a BatchNorm not its width")
     ft_wall = torch_fit(model, tdata, finetune, seed + 1, method + " fine-tuning")
     return {"budget_epochs": epochs - finetune, "finetune_epochs": finetune,
             "accuracy_before_pruning": accuracy_trained, "accuracy_after_pruning": accuracy_pruned,
             "test_accuracy": torch_accuracy(model, tdata),
-            "widths": {"conv": conv_w, "dense": dense_w}, "macs_after": macs(conv_w, dense_w), **steer,
+            "widths": {"conv": conv_w, "dense": dense_w}, "macs_after": torch_macs(model), **steer,
+            "depthwise_consistent": depthwise_consistent(model),
             "train_seconds": train_wall, "prune_seconds": prune_wall, "finetune_seconds": ft_wall,
             "wall_seconds": train_wall + prune_wall + ft_wall, "tp_reg": reg if method == "tp_group_sl" else None}
 
 
+def depthwise_consistent(model):
+    """Whether every grouped convolution of a (pruned) PyTorch model is still depthwise (groups = in = out channels)
+    and every BatchNorm as wide as the convolution before it."""
+    from torch import nn
+
+    modules = list(model.modules())
+    return all((m.groups == 1 or m.groups == m.in_channels == m.out_channels)
+               and (not isinstance(after, nn.BatchNorm2d) or after.num_features == m.out_channels)
+               for m, after in zip(modules, modules[1:] + [None]) if isinstance(m, nn.Conv2d))
+
+
 def torch_dense(seed, tdata, epochs):
-    model = torch_vgg(seed)
+    model = torch_model(seed)
     wall = torch_fit(model, tdata, epochs, seed, "torch dense")
     conv_w, dense_w = torch_widths(model)
     return {"test_accuracy": torch_accuracy(model, tdata), "widths": {"conv": conv_w, "dense": dense_w},
-            "macs_after": macs(conv_w, dense_w), "wall_seconds": wall, "train_seconds": wall}
+            "macs_after": torch_macs(model), "wall_seconds": wall, "train_seconds": wall}
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -458,9 +626,19 @@ def torch_dense(seed, tdata, epochs):
 _WORKER = {}
 
 
-def _worker_init(data):
+def _worker_init(data, network):
+    configure(*network)
     _WORKER["data"] = data
     _WORKER["tdata"] = torch_tensors(data)
+
+
+def _worker_dense_counts():
+    """The dense twin's shared count and Torch-Pruning's ``count_ops_and_params`` (MACs, parameters)."""
+    import torch_pruning as tp
+
+    model = torch_model(0).eval()
+    tp_macs, params = tp.utils.count_ops_and_params(model, example_input())
+    return {"shared": torch_macs(model), "tp": int(tp_macs), "params": int(params)}
 
 
 def _worker_info():
@@ -478,8 +656,6 @@ def _worker_run(method, seed, args):
     import numpy as np
     import torch
 
-    global CHANNELS
-    CHANNELS = tuple(args["channels"])
     np.random.seed(seed)
     torch.manual_seed(seed)
     data, tdata = _WORKER["data"], _WORKER["tdata"]
@@ -493,12 +669,13 @@ def run_in_worker(worker, method, seed, args):
 
 
 def torch_worker(data):
-    """A one-process pool (spawned, so nothing of this process's TensorFlow comes along) holding the data."""
+    """A one-process pool (spawned, so nothing of this process's TensorFlow comes along) holding the data and
+    building this process's network."""
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor
 
     return ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn"),
-                               initializer=_worker_init, initargs=(data,))
+                               initializer=_worker_init, initargs=(data, (NETWORK, WIDTH, CHANNELS)))
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -506,7 +683,8 @@ def torch_worker(data):
 
 
 def widths_text(record):
-    return "-".join(map(str, record["widths"]["conv"])) + " / " + ",".join(map(str, record["widths"]["dense"]))
+    dense = record["widths"]["dense"]
+    return "-".join(map(str, record["widths"]["conv"])) + (" / " + ",".join(map(str, dense)) if dense else "")
 
 
 def table(records, dense_macs):
@@ -529,8 +707,10 @@ def table(records, dense_macs):
             (f"{max(cuts):.0f}" if cuts else "no `budget_cut` log") if has_budget else "-",
             common.mean_std([r["wall_seconds"] for r in group], 0),
         ])
+    widths = ("widths, seed 0 (convs / Dense)" if NETWORK == "vgg" else
+              "widths, seed 0 (stem, [expand-]project of each block, head)")
     head = ["method", "test acc. (%)", "acc. right after pruning (%)", "MACs reduction (dense / after)",
-            "MACs after", "widths, seed 0 (convs / Dense)", "largest single `budget_cut`", "wall (s)"]
+            "MACs after", widths, "largest single `budget_cut`", "wall (s)"]
     return common.markdown_table(head, rows)
 
 
@@ -576,7 +756,9 @@ def plot(records, dense_macs, path):
                     markersize=9, capsize=4, label=f"{label} ({len(group)} seeds)")
     ax.set_xlabel("multiply-adds per image, share of the dense network")
     ax.set_ylabel("test accuracy (%)")
-    ax.set_title(f"VGG-style CNN ({'-'.join(map(str, CHANNELS))}) on Fashion-MNIST, 8 epochs in every row")
+    network = (f"VGG-style CNN ({'-'.join(map(str, CHANNELS))})" if NETWORK == "vgg"
+               else f"MobileNetV2-style (width {WIDTH:g})")
+    ax.set_title(f"{network} on Fashion-MNIST, 8 epochs in every row")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7, loc="lower right")
     fig.tight_layout()
@@ -594,8 +776,12 @@ def parse_args(argv=None):
     parser.add_argument("--epochs", type=common.positive_int, default=8, help="total epochs of every row (default 8)")
     parser.add_argument("--finetune-epochs", type=common.positive_int, default=2,
                         help="T: fine-tuning epochs of rows 3-5, out of --epochs (default 2; at most epochs - 1)")
-    parser.add_argument("--channels", type=common.positive_int, nargs="+", default=[16, 32, 64],
-                        help="channels of the three stages (default 16 32 64)")
+    parser.add_argument("--network", choices=NETWORKS, default="vgg",
+                        help="the VGG (default) or modern_cnn's MobileNetV2-style network")
+    parser.add_argument("--channels", type=common.positive_int, nargs="+", default=None,
+                        help="the VGG's channels of the three stages (default 16 32 64)")
+    parser.add_argument("--width", type=float, default=None,
+                        help="the MobileNetV2's width multiplier (modern_cnn.scaled; default 0.5)")
     parser.add_argument("--flops", type=float, default=0.25, help="F: fraction of the dense multiply-adds (default 0.25)")
     parser.add_argument("--tp-reg", type=float, default=5e-4,
                         help="GroupNormPruner's reg (default 5e-4, Torch-Pruning's benchmarks' --reg)")
@@ -607,8 +793,9 @@ def parse_args(argv=None):
                         help=f"also write the section {NAME} of benchmarks/RESULTS.md (not with --quick)")
     parser.add_argument("--plot", nargs="+", metavar="RESULT", default=None,
                         help="train nothing: draw the .json (or .log) results of earlier runs into --plot-output")
-    parser.add_argument("--plot-output", default="benchmarks/results/peers_cnn.png",
-                        help="the picture --plot writes (default benchmarks/results/peers_cnn.png)")
+    parser.add_argument("--plot-output", default=None,
+                        help="the picture --plot writes (default benchmarks/results/peers_cnn.png; "
+                             "peers_cnn_mobilenetv2_w05.png there for that network)")
     args = parser.parse_args(argv)
     if args.quick:
         args.seeds, args.train, args.test, args.epochs = 1, 2000, 1000, 2
@@ -616,40 +803,90 @@ def parse_args(argv=None):
         parser.error("--epochs must be at least 2 (rows 3-5 train, prune, then fine-tune)")
     if not 0 < args.flops <= 1:
         parser.error("--flops must be in (0, 1]")
+    if args.network == "vgg":
+        if args.width is not None:
+            parser.error("--width is the MobileNetV2's (--network mobilenetv2)")
+        args.channels = args.channels or [16, 32, 64]
+    elif args.channels is not None:
+        parser.error("--channels is the VGG's")
+    elif args.width is None:
+        args.width = 0.5
+    if args.width is not None and args.width <= 0:
+        parser.error("--width must be positive")
     args.finetune = min(args.finetune_epochs, args.epochs - 1)
     return args
 
 
+def default_name(args):
+    """``peers_cnn`` for the VGG, ``peers_cnn_mobilenetv2_w05`` for the MobileNetV2 at width 0.5."""
+    return NAME if args.network == "vgg" else f"{NAME}_{args.network}_w{args.width:g}".replace(".", "")
+
+
+def network_notes(dense_macs, check, twin):
+    """The notes that describe the network and the MAC count (the others are the same for both networks)."""
+    if NETWORK == "vgg":
+        return [(f"Network: {cnn_fashion.network_text()}; dense MACs {dense_macs:,} per sample "
+                 f"(`sparsity_report` flops_before {check:,})")], [
+            ("MACs: the shared count from the widths, sum of 3x3 conv H*W*9*C_in*C_out and Dense in*out per sample "
+             "(no biases, BN, ReLU, pooling); `sparsity_report`'s and Torch-Pruning's counts are in the JSON")]
+    return [
+        (f"Network: `modern_cnn.build(\"{NETWORK}\", seed, {WIDTH:g})`, MobileNetV2-style: "
+         f"{modern_cnn.describe(NETWORK, WIDTH)}; inverted residual blocks (1x1 expansion, 3x3 depthwise, 1x1 "
+         "projection, each with BatchNormalization; residual add at stride 1 and the same width), global average "
+         "pooling, Dropout 0.2, Dense(10) logits; 32x32x1 inputs (the 28x28 images padded with 2 zero pixels each "
+         "side, in every row)"),
+        ("PyTorch twin (rows 4-5): the same layers and widths (no convolution bias; BatchNorm eps 1e-3, momentum "
+         "0.01; Glorot-uniform kernels, zero biases); Keras's `same` padding of a stride-2 convolution pads the "
+         "bottom and right only, PyTorch's `padding=1` both sides: the same output sizes and MACs, the twin is "
+         f"trained from scratch; Torch-Pruning counts the dense twin at {twin['tp']:,} MACs"),
+        "Keras trains with `jit_compile=False` (XLA trains the depthwise convolutions far slower on a CPU)",
+    ], [
+        (f"MACs: the shared count, from each (pruned) model itself: every convolution "
+         "H_out*W_out*k_h*k_w*C_in/groups*C_out (depthwise included), every Dense / Linear in*out per sample, "
+         "nothing for biases, BN, activations, pooling, adds (Keras: its Conv2D, DepthwiseConv2D and Dense "
+         "layers; PyTorch: forward hooks on one 1x1x32x32 image); dense: "
+         f"{dense_macs:,} in Keras, {twin['shared']:,} in PyTorch. `sparsity_report` counts {check:,} (flops_before): "
+         f"it leaves the depthwise convolutions' {dense_macs - check:,} out, and the budget meets F on its count, "
+         "so the Keras rows' shared count may lie above F; Torch-Pruning is stepped to F of the shared count and "
+         "of its own. `sparsity_report`'s and Torch-Pruning's counts are in the JSON"),
+    ]
+
+
 def main(argv=None):
-    global CHANNELS
     args = parse_args(argv)
-    CHANNELS = tuple(args.channels)
+    configure(args.network, args.width, args.channels)
     if args.plot:
-        path = plot(read_records(args.plot), macs(filter_counts(), [UNITS]), args.plot_output)
-        common.say(f"wrote {path}")
+        dense = macs(filter_counts(), [UNITS]) if NETWORK == "vgg" else keras_macs(keras_model(0))
+        output = args.plot_output or str(common.RESULTS_DIR / f"{default_name(args)}.png")
+        common.say(f"wrote {plot(read_records(args.plot), dense, output)}")
         return
     import keras
     import numpy as np
 
-    cnn_fashion.CHANNELS, cnn_fashion.CONVS, cnn_fashion.UNITS = CHANNELS, CONVS, UNITS
     from keras_group_lasso import sparsity_report
 
-    run = common.Run(NAME, args, seeds=range(args.first_seed, args.first_seed + args.seeds), output=args.output)
+    run = common.Run(default_name(args), args, seeds=range(args.first_seed, args.first_seed + args.seeds),
+                     output=args.output)
     seeds = run.seeds
     data = load_data(args.train, args.test)
     worker = torch_worker(data)
     lib = {"keras": keras.__version__, **worker.submit(_worker_info).result()}
-    dense_macs = macs(filter_counts(), [UNITS])
-    check = int(sparsity_report(cnn_fashion.build_cnn(0)).flops_before)
+    dense_macs = keras_macs(keras_model(0))
+    check = int(sparsity_report(keras_model(0)).flops_before)
+    twin = worker.submit(_worker_dense_counts).result()
     common.say(f"{len(data['x_train'])} training / {len(data['x_test'])} test images, {args.epochs} epochs "
                f"(T = {args.finetune}), F = {args.flops}, seeds {seeds}; dense MACs {dense_macs:,} "
                f"(sparsity_report: {check:,}); backend {keras.backend.backend()}, torch {lib['torch']} "
                f"({lib['threads']} threads, in a worker process), torch_pruning {lib['torch_pruning']}")
+    common.say(f"{network_name()}: the PyTorch twin's dense MACs {twin['shared']:,} by the shared count, "
+               f"{twin['tp']:,} by Torch-Pruning's count_ops_and_params ({twin['params']:,} parameters)")
+    if twin["shared"] != dense_macs:
+        common.say(f"  note: the Keras and PyTorch dense networks count differently ({dense_macs:,} vs "
+                   f"{twin['shared']:,})")
 
     records = []
     for seed in seeds:
-        torch_args = {"epochs": args.epochs, "finetune": args.finetune, "flops": args.flops, "tp_reg": args.tp_reg,
-                      "channels": list(args.channels)}
+        torch_args = {"epochs": args.epochs, "finetune": args.finetune, "flops": args.flops, "tp_reg": args.tp_reg}
         runs = [("keras_dense", partial(keras_dense, seed, data, args.epochs)),
                 ("keras_budget", partial(keras_budget, seed, data, args.epochs, args.flops)),
                 ("keras_budget_ft", partial(keras_budget, seed, data, args.epochs, args.flops, args.finetune))]
@@ -667,9 +904,8 @@ def main(argv=None):
                        f"wall {record['wall_seconds']:.0f} s")
 
     worker.shutdown()
-    notes = [
-        (f"Network: {cnn_fashion.network_text()}; dense MACs {dense_macs:,} per sample "
-         f"(`sparsity_report` flops_before {check:,})"),
+    network, counting = network_notes(dense_macs, check, twin)
+    notes = network + [
         (f"Data: the first {len(data['x_train']):,} images of `cnn_fashion.load`'s training split (the same for every "
          f"seed), {len(data['x_test']):,} official test images"),
         (f"E = {args.epochs} epochs in every row, T = {args.finetune} of them fine-tuning in rows 3-5; batch {BATCH}, "
@@ -681,16 +917,19 @@ def main(argv=None):
          f"local ranking, final Linear ignored, pruning_ratio 1.0 over {TP_STEPS} steps, stepped until "
          "`count_ops_and_params` and the shared count are both <= F; group-norm row: "
          f"`GroupMagnitudeImportance(p=2, normalizer='max')`, reg {args.tp_reg:g}"),
-        ("MACs: the shared count from the widths, sum of 3x3 conv H*W*9*C_in*C_out and Dense in*out per sample "
-         "(no biases, BN, ReLU, pooling); `sparsity_report`'s and Torch-Pruning's counts are in the JSON"),
+        *counting,
         ("`acc. right after pruning`: rows 3-5 before their fine-tuning (row 2 has none: its accuracy is the pruned "
          "model's)"),
         "Times: wall seconds of training + pruning + fine-tuning on a 2-core machine shared with other jobs",
     ]
-    run.publish(f"Peers on the {'-'.join(map(str, CHANNELS))} VGG, Fashion-MNIST: SparsityBudget vs Torch-Pruning",
-                table(records, dense_macs), records, notes=notes, section=NAME if args.results_md else False,
+    vgg = NETWORK == "vgg"
+    run.publish(f"Peers on the {network_name()}, Fashion-MNIST: SparsityBudget vs Torch-Pruning",
+                table(records, dense_macs), records, notes=notes,
+                section=(NAME if vgg else run.name) if args.results_md else False,
                 versions=lib, dense_macs=dense_macs, dense_flops_sparsity_report=check,
-                macs_formula="sum_k H_k*W_k*9*C_(k-1)*C_k + (H*W*C_last)*U + U*10")
+                dense_macs_torch=twin["shared"], dense_macs_torch_pruning=twin["tp"],
+                macs_formula=("sum_k H_k*W_k*9*C_(k-1)*C_k + (H*W*C_last)*U + U*10" if vgg else
+                              "sum over convolutions H_out*W_out*k_h*k_w*C_in/groups*C_out + sum over Dense in*out"))
     return 0
 
 
