@@ -835,7 +835,7 @@ def network_notes(dense_macs, check, twin):
          "projection, each with BatchNormalization; residual add at stride 1 and the same width), global average "
          "pooling, Dropout 0.2, Dense(10) logits; 32x32x1 inputs (the 28x28 images padded with 2 zero pixels each "
          "side, in every row)"),
-        ("PyTorch twin (rows 4-5): the same layers and widths (no convolution bias; BatchNorm eps 1e-3, momentum "
+        ("PyTorch twin (the PyTorch rows): the same layers and widths (no convolution bias; BatchNorm eps 1e-3, momentum "
          "0.01; Glorot-uniform kernels, zero biases); Keras's `same` padding of a stride-2 convolution pads the "
          "bottom and right only, PyTorch's `padding=1` both sides: the same output sizes and MACs, the twin is "
          f"trained from scratch; Torch-Pruning counts the dense twin at {twin['tp']:,} MACs"),
