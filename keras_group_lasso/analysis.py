@@ -385,8 +385,9 @@ class SparsityReport:
             channel of a residual stream) counts once.
         params_before: parameters (kernels and biases) of the layers that make units.
         params_after: the same after removing the dead features and units.
-        flops_before: multiply-adds per sample of those layers; per position
-            when ``flops_per_position``.
+        flops_before: multiply-adds per sample of those layers and of the
+            depthwise convolutions (``per_channel``); per position when
+            ``flops_per_position``.
         flops_after: the same after removing the dead features and units.
         flops_per_position: some layer's output has axes of unknown size (a
             model on ``keras.Input((None, 8))`` or ``(None, None, 3)`` takes
@@ -416,6 +417,12 @@ class SparsityReport:
             (``None`` without a table).
         latency_after: the same for the pruned structure (live features and units).
         latency_batch_size: the batch size those times are for.
+        per_channel: ``(("name (Class)", flops_before, flops_after), ...)``: the
+            layers that cost multiply-adds per channel on their own (a
+            depthwise convolution: its window at every output position, for
+            each channel it keeps), counted in ``flops_before`` and
+            ``flops_after`` (normalization, activations, pooling and merges
+            are not counted).
     """
 
     threshold: float
@@ -441,6 +448,7 @@ class SparsityReport:
     latency_before: float = None
     latency_after: float = None
     latency_batch_size: int = None
+    per_channel: tuple = ()
 
     @property
     def n_selected_features(self):
@@ -517,6 +525,10 @@ class SparsityReport:
             + (" (per position of the variable (None) axes)" if self.flops_per_position else "")
             + f" ({100 * self.flops_ratio:.1f}%)",
         ]
+        if self.per_channel:
+            lines.append(f"  of which per channel: {sum(before for _, before, _ in self.per_channel):,} -> "
+                         f"{sum(after for _, _, after in self.per_channel):,} in {len(self.per_channel)} "
+                         "depthwise layers")
         if self.latency_before is not None:
             lines.append(f"  latency:           {1e3 * self.latency_before:.3f} ms -> {1e3 * self.latency_after:.3f} ms"
                          f" per batch of {self.latency_batch_size} (predicted by the latency table, "
@@ -784,6 +796,9 @@ def _report_from(graph, weights, masks, threshold):
         if not is_output:
             live += kept_out
 
+    per_channel = _per_channel(graph, masks)
+    flops_before += sum(before for _, before, _ in per_channel)
+    flops_after += sum(after for _, _, after in per_channel)
     hidden = [layer for layer in per_layer if not layer.is_output]
     n_features = int(masks.features.size)
     neurons, live, streams = _counted_once(graph, masks, live)
@@ -813,7 +828,18 @@ def _report_from(graph, weights, masks, threshold):
             for found in graph.inputs
         ),
         kept_whole=_kept_whole(graph, masks),
+        per_channel=per_channel,
     )
+
+
+def _per_channel(graph, masks):
+    """``(("name (Class)", flops before, flops after), ...)`` of the layers that cost multiply-adds per channel
+    (:meth:`~keras_group_lasso.graph.ModelGraph.channel_costs`), after: at the channels that stay."""
+    costs = graph.channel_costs() if graph.supported else {}
+    needed = needed_units(graph, masks) if costs else None
+    return tuple((f"{name} ({class_name(graph.layers[name])})", each * int(ids.size),
+                  0 if name in masks.detached else each * int(needed[ids].sum()))
+                 for name, (each, ids) in costs.items())
 
 
 def _kept_whole(graph, masks):

@@ -231,6 +231,32 @@ def vgg(channels=(8, 16), dense=32, classes=10, batchnorm=True):
     return keras.Sequential(layers)
 
 
+def test_depthwise_convolutions_count_their_window_per_channel_kept_in_the_flops():
+    """A depthwise convolution's multiply-adds (its window at every output position, per channel) are in the FLOPs:
+    before, after (at the channels that stay), in the pruned model's count, and in what one channel costs."""
+    from keras_group_lasso.costs import unit_costs
+    from keras_group_lasso.graph import model_graph
+
+    model = keras.Sequential([keras.Input((12, 12, 3)), L.Conv2D(6, 1, use_bias=False, name="expand"),
+                              L.DepthwiseConv2D(3, strides=2, padding="same", name="dw"), L.ReLU(),
+                              L.Conv2D(4, 1, name="project"), L.GlobalAveragePooling2D(), L.Dense(2, name="head")])
+    dead = [1, 4]  # channels of the expansion nobody reads: the depthwise window over them goes too
+    kernel = model.get_layer("project").get_weights()
+    kernel[0][:, :, dead, :] = 0.0
+    model.get_layer("project").set_weights(kernel)
+    report = sparsity_report(model, T)
+    dense_units = 12 * 12 * 3 * 6 + 6 * 6 * 6 * 4 + 4 * 2
+    assert report.per_channel == (("dw (DepthwiseConv2D)", 6 * 6 * 9 * 6, 6 * 6 * 9 * 4),)
+    assert report.flops_before == dense_units + 6 * 6 * 9 * 6
+    assert report.flops_after == 12 * 12 * 3 * 4 + 6 * 6 * 4 * 4 + 4 * 2 + 6 * 6 * 9 * 4
+    assert "of which per channel: 1,944 -> 1,296 in 1 depthwise layers" in str(report)
+    small = prune_model(model, T)
+    assert sparsity_report(small, T).flops_before == report.flops_after
+    graph = model_graph(model)
+    each = unit_costs(graph, "flops")[int(graph.node("expand").out_ids[0])]
+    assert each == pytest.approx(12 * 12 * 3 + 6 * 6 * 9 + 6 * 6 * 4)  # made, slid over, read
+
+
 def test_add_group_sparsity_gives_channel_groups_to_the_cnn():
     sparse = add_group_sparsity(vgg(), 1e-4)
     convs = [layer for layer in sparse.layers if type(layer) is L.Conv2D]

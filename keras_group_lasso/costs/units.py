@@ -15,7 +15,8 @@ def unit_costs(graph, kind, latency_table=None, batch_size=None, widths=None):
     A unit costs what making it costs in every layer that makes it plus what reading it costs in every layer that
     reads it, each layer's cost per unit being::
 
-        flops:    multiply-adds / input units,  multiply-adds / output units
+        flops:    multiply-adds / input units,  multiply-adds / output units (and what a layer that costs
+                  multiply-adds per channel on its own costs per channel: a depthwise convolution's window)
         params:   the kernel row of one input unit,  the kernel column and bias of one output unit
         latency:  LatencyTable.marginal_seconds (the slope of the layer's measured time over its widths)
         units:    0,  1 for a unit a hidden layer makes
@@ -58,6 +59,10 @@ def unit_costs(graph, kind, latency_table=None, batch_size=None, widths=None):
     for node in graph.units:
         per_in, per_out = per_node[node.name]
         for ids, each in ((node.out_ids, per_out), (node.in_ids, per_in)):
+            for unit in ids:
+                cost[int(unit)] = cost.get(int(unit), 0.0) + each
+    if kind == "flops":  # a depthwise convolution's window over each channel it reads
+        for each, ids in graph.channel_costs().values():
             for unit in ids:
                 cost[int(unit)] = cost.get(int(unit), 0.0) + each
     return cost

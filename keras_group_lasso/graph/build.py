@@ -266,6 +266,18 @@ class ModelGraph:
                 return (None, units)
         return registry.output_shape(layer, units)
 
+    def channel_costs(self):
+        """``{node name: (multiply-adds per channel, unit ids)}`` of the nodes that cost multiply-adds per channel
+        on their own (:meth:`LayerRule.channel_flops`: a depthwise convolution), each call of a layer counted."""
+        out = {}
+        for node in self.nodes:
+            if node.kind == Kind.PER_UNIT:
+                layer = self.layers[node.name]
+                each = registry.rule_of(layer).channel_flops(layer, self.output_shape(node.name, node.ids.size))
+                if each:
+                    out[node.name] = (int(each), node.ids)
+        return out
+
     def node_flops(self, name):
         """Multiply-adds per sample of the units node ``name`` with all its units."""
         node, layer = self.node(name), self.layers[name]

@@ -456,6 +456,11 @@ class LayerRule:
         """Index arrays of channels that are kept or removed together (a GroupNormalization's groups); ``[]``."""
         return []
 
+    def channel_flops(self, layer, output_shape):
+        """Multiply-adds per sample that each channel costs in this layer on its own (a depthwise convolution's
+        window at every output position); 0 for a layer counted as free (normalization, activation, pooling)."""
+        return 0
+
     def serving_config(self, layer):
         """The config a serving export builds the layer from instead, or ``None`` (the layer as it is)."""
         return None

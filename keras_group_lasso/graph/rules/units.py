@@ -521,6 +521,10 @@ class ConvRule(UnitsRule):
     def pass_constants(self, layer, values, threshold=0.0):
         return _depthwise_constants(layer, values, threshold)
 
+    def channel_flops(self, layer, output_shape):
+        """``output positions * window``: the kernel ``(k..., C, 1)`` slides one window over each channel."""
+        return _spatial(output_shape) * math.prod(int(d) for d in layer.kernel.shape[:-2])
+
     def checked_weights(self, layer):
         labels = ("kernel", "bias")
         return {labels[i]: to_numpy(v) for i, v in enumerate(self.thresholded_variables(layer))}
@@ -826,6 +830,10 @@ class DepthwiseRule(LayerRule):
 
     def pass_constants(self, layer, values, threshold=0.0):
         return _depthwise_constants(layer, values, threshold)
+
+    def channel_flops(self, layer, output_shape):
+        """``output positions * window``: the kernel ``(k..., C, 1)`` slides one window over each channel."""
+        return _spatial(output_shape) * math.prod(int(d) for d in layer.kernel.shape[:-2])
 
 
 def _depthwise_constants(layer, values, threshold):
