@@ -240,6 +240,29 @@ def test_round_to_lands_every_hidden_width_on_a_multiple_within_the_budget(rng):
     assert_surgery_exact(cnn, images)
 
 
+def test_a_width_the_rounding_plans_counts_the_depthwise_window_of_each_unit_it_adds_or_removes(rng):
+    """The sizes a rounding plans (``sizes_with``) are those the model has once the widths are written: the
+    multiply-adds of a depthwise convolution over the units that go or come included."""
+    from keras_group_lasso.analysis import analyze
+    from keras_group_lasso.budget import rounding
+    from keras_group_lasso.budget.measure import Meter
+
+    model = add_group_sparsity(keras.Sequential([
+        keras.Input((8, 8, 3)), keras.layers.Conv2D(12, 1, name="expand"),
+        keras.layers.DepthwiseConv2D(3, padding="same", name="dw"), keras.layers.ReLU(),
+        keras.layers.Conv2D(4, 1, name="project"), keras.layers.GlobalAveragePooling2D(),
+        keras.layers.Dense(2, name="head")]), 1e-3)
+    for width in (8, 5):
+        found = analyze(model, 1e-3)
+        layer = {found.name: found for found in rounding.roundable_layers(found)}["expand"]
+        layer.width = width
+        planned = rounding.sizes_with(found, Meter(model, 1e-3).of(found.report), {"expand": layer})
+        rounding.apply_width(layer, 1e-3, rng)
+        report = sparsity_report(model, 1e-3)
+        assert report.per_channel[0][2] == 8 * 8 * 9 * width
+        assert planned["flops"] == report.flops_after and planned["params"] == report.params_after
+
+
 def test_round_to_cuts_a_model_over_its_budget_in_whole_blocks(rng):
     x, y = data(rng)
     model = mlp(hidden=(24, 20), factor=1e-6)  # too weak to remove anything: the settling cut does it all

@@ -168,10 +168,15 @@ def sizes_with(found, sizes, widths, latency=None):
         new_out[name] = layer.width
         new_in[layer.reader_name] += layer.width - layer.live
     out = dict(sizes)
+    per_channel = np.zeros(graph.n_ids)  # a depthwise convolution's window over each unit it reads
+    for each, ids in graph.channel_costs().values():
+        np.add.at(per_channel, ids, each)
     for node in graph.units:
         name = node.name
         if (new_in[name], new_out[name]) == (kept_in[name], kept_out[name]):
             continue
+        if name in widths:
+            out["flops"] += float(np.mean(per_channel[node.out_ids])) * (new_out[name] - kept_out[name])
         layer = graph.layers[name]
         rule = registry.units_rule(layer)
         shape = graph.output_shape(name, node.out_units)
