@@ -85,11 +85,11 @@ convolution ``H_out * W_out * k_h * k_w * C_in / groups * C_out`` (depthwise
 included), every Dense / Linear ``in * out``, nothing for BatchNorm,
 activations, pooling, adds or biases (Keras: its Conv2D, DepthwiseConv2D and
 Dense layers; PyTorch: forward hooks on one 1x1x32x32 image); Torch-Pruning is
-stepped to F of this count (and of its own). ``sparsity_report``, and with it
-the budget, leaves the depthwise convolutions out of its count: the Keras rows
-meet F on that count, and their shared count may lie above F (both are
-recorded). Keras trains with ``jit_compile=False`` (as for the VGG: XLA trains
-depthwise convolutions far slower on a CPU).
+stepped to F of this count (and of its own), the Keras rows meet F on
+``sparsity_report``'s count, the budget's (the same since ``sparsity_report``
+counts the depthwise convolutions; the notes say where the two differ, and the
+JSON keeps both). Keras trains with ``jit_compile=False`` (as for the VGG: XLA
+trains depthwise convolutions far slower on a CPU).
 
 Usage:
     KERAS_BACKEND=tensorflow python benchmarks/peers_cnn.py            # 3 seeds -> benchmarks/results/peers_cnn.{md,json}
@@ -835,20 +835,22 @@ def network_notes(dense_macs, check, twin):
          "projection, each with BatchNormalization; residual add at stride 1 and the same width), global average "
          "pooling, Dropout 0.2, Dense(10) logits; 32x32x1 inputs (the 28x28 images padded with 2 zero pixels each "
          "side, in every row)"),
-        ("PyTorch twin (the PyTorch rows): the same layers and widths (no convolution bias; BatchNorm eps 1e-3, momentum "
-         "0.01; Glorot-uniform kernels, zero biases); Keras's `same` padding of a stride-2 convolution pads the "
-         "bottom and right only, PyTorch's `padding=1` both sides: the same output sizes and MACs, the twin is "
+        ("PyTorch twin (the PyTorch rows): the same layers and widths (no convolution bias; BatchNorm eps 1e-3, "
+         "momentum 0.01; Glorot-uniform kernels, zero biases); Keras's `same` padding of a stride-2 convolution pads "
+         "the bottom and right only, PyTorch's `padding=1` both sides: the same output sizes and MACs, the twin is "
          f"trained from scratch; Torch-Pruning counts the dense twin at {twin['tp']:,} MACs"),
         "Keras trains with `jit_compile=False` (XLA trains the depthwise convolutions far slower on a CPU)",
     ], [
-        (f"MACs: the shared count, from each (pruned) model itself: every convolution "
+        ("MACs: the shared count, from each (pruned) model itself: every convolution "
          "H_out*W_out*k_h*k_w*C_in/groups*C_out (depthwise included), every Dense / Linear in*out per sample, "
          "nothing for biases, BN, activations, pooling, adds (Keras: its Conv2D, DepthwiseConv2D and Dense "
          "layers; PyTorch: forward hooks on one 1x1x32x32 image); dense: "
-         f"{dense_macs:,} in Keras, {twin['shared']:,} in PyTorch. `sparsity_report` counts {check:,} (flops_before): "
-         f"it leaves the depthwise convolutions' {dense_macs - check:,} out, and the budget meets F on its count, "
-         "so the Keras rows' shared count may lie above F; Torch-Pruning is stepped to F of the shared count and "
-         "of its own. `sparsity_report`'s and Torch-Pruning's counts are in the JSON"),
+         f"{dense_macs:,} in Keras, {twin['shared']:,} in PyTorch, "
+         + ("the same as `sparsity_report`'s flops_before" if check == dense_macs else
+            f"`sparsity_report` {check:,} (flops_before; {dense_macs - check:+,} by the shared count): the budget "
+            "meets F on its count, so the Keras rows' shared count may differ from F")
+         + "; Torch-Pruning is stepped to F of the shared count and of its own. `sparsity_report`'s and "
+         "Torch-Pruning's counts are in the JSON"),
     ]
 
 
