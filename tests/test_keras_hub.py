@@ -249,6 +249,77 @@ def test_a_keras_hub_transformer_encoder_prunes_heads_and_neurons_exactly(family
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
 
 
+# A MaskedLM Task: KerasHub's MaskedLMHead gathers the encoder's outputs at ``mask_positions`` (an input passed by
+# position, read as a side tensor), transforms them and projects them with the token table it was given (tied to
+# the Backbone's). It is kept whole; the pruned model's head projects with the new model's table, still tied.
+MASKED_LMS = {
+    "BertMaskedLM": lambda: M.BertMaskedLM(backbone=ENCODERS["BERT"](), preprocessor=None),
+    "RobertaMaskedLM": lambda: M.RobertaMaskedLM(backbone=ENCODERS["RoBERTa"](), preprocessor=None),
+    "DistilBertMaskedLM": lambda: M.DistilBertMaskedLM(backbone=ENCODERS["DistilBERT"](), preprocessor=None),
+    "AlbertMaskedLM": lambda: M.AlbertMaskedLM(backbone=ENCODERS["ALBERT"](), preprocessor=None),
+}
+MASKED_LM_BACKENDS = {"BertMaskedLM": "tensorflow", "RobertaMaskedLM": "torch", "DistilBertMaskedLM": "jax",
+                      "AlbertMaskedLM": "torch"}
+
+
+def _masked_lm_batch(model, rng):
+    x = _token_batch(model, rng)
+    x["mask_positions"] = np.stack([rng.permutation(length)[:3] for length in (12, 7, 3)]).astype("int32")
+    return x
+
+
+def _tables(model):
+    return {id(layer) for layer in model._flatten_layers() if type(layer).__name__ == "ReversibleEmbedding"}
+
+
+@pytest.mark.parametrize("family", [pytest.param(family, marks=pytest.mark.skipif(
+    keras.backend.backend() != backend, reason=f"tested on {backend} (the head's rule is one for all)"))
+    for family, backend in MASKED_LM_BACKENDS.items()])
+def test_a_masked_lm_prunes_exactly_with_its_head_whole_and_its_token_table_still_tied(family, rng, tmp_path):
+    from test_model_families import assert_same_outputs
+    from test_traced_blocks import sparsify as sparsify_blocks
+
+    model = MASKED_LMS[family]()
+    graph = model_graph(model)
+    assert graph.supported, graph.problems
+    assert {"padding_mask", "mask_positions"} <= set(graph.side_inputs())
+    sparsify_blocks(model, rng)
+    x = _masked_lm_batch(model, rng)
+    small = prune_model(model, T)
+    assert_same_outputs(small, model, x, 1e-5)
+    small.save(tmp_path / "small.keras")
+    again = keras.saving.load_model(tmp_path / "small.keras")  # plain Keras and KerasHub
+    assert_same_outputs(again, small, x, 1e-6)
+    head = next(layer for layer in small.layers if type(layer).__name__ == "MaskedLMHead")
+    if family in ("BertMaskedLM", "AlbertMaskedLM"):  # the table is a layer of the model: the head projects with it
+        assert _tables(small) == {id(head.token_embedding)}
+    else:  # inside the TokenAndPositionEmbedding block built again: a copy (a Keras file holds a layer once)
+        assert len(_tables(small)) == 2
+
+
+@pytest.mark.skipif(keras.backend.backend() == "jax", reason="tested on TensorFlow and PyTorch (time; the head "
+                                                             "prunes on JAX above)")
+def test_a_bert_masked_lm_whose_blocks_keep_as_many_neurons_is_a_bert_masked_lm_again(rng):
+    """Every block loses the same feed-forward neurons: a ``BertMaskedLM`` from its config, its Backbone's pooler
+    (which no output of the Task reads, so surgery leaves it out) holding the original's weights."""
+    from test_model_families import assert_same_outputs
+
+    lm = MASKED_LMS["BertMaskedLM"]()
+    dead = rng.permutation(32)[:9]
+    for variable in lm.weights:
+        if variable.path.endswith("feedforward_intermediate_dense/kernel"):
+            kernel = keras.ops.convert_to_numpy(variable).copy()
+            kernel[:, dead] = 0.0
+            variable.assign(kernel)
+    pooler = keras.ops.convert_to_numpy(lm.backbone.get_layer("pooled_dense").kernel)
+    small = prune_model(lm, T)
+    assert type(small) is M.BertMaskedLM and small.rebuilt_model and small.backbone.intermediate_dim == 23
+    np.testing.assert_array_equal(keras.ops.convert_to_numpy(small.backbone.get_layer("pooled_dense").kernel), pooler)
+    apply_threshold(lm, T)
+    assert_same_outputs(small, lm, _masked_lm_batch(lm, rng), 1e-5)  # the tied table thresholded too
+    assert len(_tables(small)) == 1
+
+
 @pytest.mark.skipif(keras.backend.backend() == "jax", reason="tested on TensorFlow and PyTorch (its parts are BERT's "
                                                              "and GPT-2's, tested on JAX)")
 def test_bart_prunes_exactly_with_its_cross_attention_kept_whole(rng, tmp_path):
@@ -383,9 +454,10 @@ def test_a_budget_with_uniform_blocks_trains_a_t5_seq2seq_lm_into_a_t5_seq2seq_l
     position): the gated feed-forward neurons of its four blocks go during training, by rank together; the result
     of ``prune_model(blocks="uniform")`` is a ``T5Seq2SeqLM`` within the budget, exact against the thresholded copy,
     and generates its tokens."""
+    from test_model_families import assert_same_outputs
+
     from keras_group_lasso import Proximal, SparsityBudget
     from keras_group_lasso.analysis import analyze
-    from test_model_families import assert_same_outputs
 
     enc = rng.integers(1, 50, size=(256, 8)).astype("int32")
     x = {"encoder_token_ids": enc, "encoder_padding_mask": np.ones_like(enc),  # the answer: each token times 7

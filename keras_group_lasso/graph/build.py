@@ -1136,6 +1136,14 @@ def _without_side(node, layer):
     kwargs = node.get("kwargs") if isinstance(node, dict) else None
     if not keys or not isinstance(kwargs, dict):
         return node, {}
+    args = node.get("args")
+    if isinstance(args, list) and len(args) > 1:  # a side tensor passed by position (MaskedLMHead's mask_positions)
+        names = _positional_parameters(layer)[:len(args)]
+        moved = {name: value for name, value in zip(names, args) if name in keys}
+        if moved:
+            kept = [value for name, value in zip(names, args) if name not in moved] + args[len(names):]
+            node = dict(node, args=kept, kwargs={**kwargs, **moved})
+            kwargs = node["kwargs"]
     side = {}
     for key in keys:
         value = kwargs.get(key)
@@ -1144,6 +1152,16 @@ def _without_side(node, layer):
     if not side:
         return node, {}
     return dict(node, kwargs={k: v for k, v in kwargs.items() if k not in side}), side
+
+
+def _positional_parameters(layer):
+    """The names of the arguments ``layer.call`` takes by position, in order (``[]`` where it cannot say)."""
+    try:
+        parameters = inspect.signature(layer.call).parameters.values()
+    except (TypeError, ValueError):
+        return []
+    kinds = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    return [parameter.name for parameter in parameters if parameter.kind in kinds]
 
 
 @dataclasses.dataclass(frozen=True)

@@ -96,6 +96,7 @@ from keras_group_lasso.graph.rules.shape import (
     ConstantValue,
     FlattenRule,
     GlobalPoolRule,
+    MaskedLMHeadRule,
     PositionBiasAttentionRule,
     ShapeListAttentionRule,
     ReverseCall,
@@ -335,6 +336,8 @@ _BY_NAME = {  # module.name: (kind, description, rule of the class)
         PositionBiasAttentionRule),
     "keras_hub.src.models.t5.t5_layer_norm.T5LayerNorm": (
         "tail", "T5LayerNorm (KerasHub T5; its channels stay)", channels.LastAxisNormalizationRule),
+    "keras_hub.src.layers.modeling.masked_lm_head.MaskedLMHead": (
+        "whole", "MaskedLMHead (KerasHub; kept whole, its token table still the model's)", MaskedLMHeadRule),
 
 }
 

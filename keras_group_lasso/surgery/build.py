@@ -398,7 +398,7 @@ def _rebuilt_model(model, small, rebuilt):
                 source)
             if preprocessor is not None:
                 again.preprocessor = preprocessor
-        values = _weights_by_path(again, small) or _weights_in_order(again, small)
+        values = _weights_by_path(again, small, model) or _weights_in_order(again, small)
         if values is None or any(tuple(v.shape) != tuple(w.shape) for v, w in zip(again.weights, values)):
             return None  # a layer was added (a feature selection, a folded constant) or removed
         again.set_weights([keras.ops.convert_to_numpy(w) for w in values])
@@ -423,19 +423,31 @@ def _weights_in_order(model, small):
     return list(small.weights)
 
 
-def _weights_by_path(model, small):
+def _weights_by_path(model, small, original=None):
     """The variables of ``small`` for the weights of ``model``, in order: the one of the same path, or of that
     path after the name of the nested model that held it (``gemma_backbone_token_embedding/embeddings`` for a
-    Task's Backbone's ``token_embedding/embeddings``); ``None`` unless that pairs every weight of both once."""
+    Task's Backbone's ``token_embedding/embeddings``); ``None`` unless that pairs every weight of both once.
+
+    With ``original`` (the model that was pruned), a weight of ``model`` that ``small`` lacks is the original's of
+    that path: a layer no output reads, which surgery leaves out (a ``BertMaskedLM``'s Backbone's pooler)."""
     found, used = [], set()
     for variable in model.weights:
-        candidates = [v for v in small.weights if v.path == variable.path] or [
-            v for v in small.weights if v.path.endswith(f"_{variable.path}")]
+        candidates = _same_path(variable, small.weights)
+        if not candidates and original is not None:
+            unread = _same_path(variable, original.weights)
+            if len(unread) == 1:
+                found.append(unread[0])
+                continue
         if len(candidates) != 1 or id(candidates[0]) in used:
             return None
         found.append(candidates[0])
         used.add(id(candidates[0]))
     return found if len(used) == len(small.weights) else None
+
+
+def _same_path(variable, weights):
+    same = [v for v in weights if v.path == variable.path]
+    return same or [v for v in weights if v.path.endswith(f"_{variable.path}")]
 
 
 def _thresholded_block(block, tensors, threshold):
@@ -620,7 +632,16 @@ class _Builder:
         layer = self.layers[step.name]
         config["name"] = self.names[self.graph.layer_name(step.name)]  # a shared layer: its first call's name
         _drop_package_penalties(layer, config)
+        tied = {}
+        for attribute, shared in registry.rule_of(layer).shared_sublayers(layer).items():
+            made = self.counterpart(shared)
+            if made is not None:  # the new model's layer, tied as the original was (not a copy from the config)
+                tied[attribute] = made
+                config[attribute] = None
+                new = self._tied_weights(layer, new, shared, made)
         new_layer, new = _new_layer(layer, config, new, self.initializers)
+        for attribute, made in tied.items():
+            setattr(new_layer, attribute, made)
         self.made[step.name] = new_layer
         x = operands if operands is not None and len(operands) > 1 else self.tensors[step.source]
         made = self.call(new_layer, new, x, step.name)
@@ -629,6 +650,26 @@ class _Builder:
             made, *sides = made
             self.tensors.update({output_of(step.name, k): side for k, side in enumerate(sides, 1)})
         self.tensors[step.name] = made
+
+    def _tied_weights(self, layer, weights, shared, made):
+        """``weights`` (of ``layer``, in its order) with the entries of its sublayer ``shared`` replaced by those the
+        new layer ``made`` gets (sliced, thresholded), so that setting ``layer``'s weights does not write the
+        original's values back into the table both now hold."""
+        own = next((values for built, values in self.built if built is made), None)
+        places = [k for k, variable in enumerate(layer.weights) if any(variable is v for v in shared.weights)]
+        if own is None or len(places) != len(own):
+            return weights
+        weights = list(weights)
+        for k, value in zip(places, own):
+            weights[k] = value
+        return weights
+
+    def counterpart(self, old):
+        """The new model's layer for ``old``, a layer of the model being pruned that is a node of its graph; ``None``
+        when the new model made none for it (a layer inside a block built again: a plain Keras file cannot load a
+        layer that two other layers hold, so a layer tied to it there gets a copy of its own)."""
+        return next((self.made[name] for name, layer in self.layers.items() if layer is old and name in self.made),
+                    None)
 
     def call(self, layer, weights, x, name=None):
         """Call the new ``layer`` on ``x`` as node ``name`` called its original (the original's rule: a layer

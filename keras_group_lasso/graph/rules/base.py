@@ -456,6 +456,11 @@ class LayerRule:
         """Index arrays of channels that are kept or removed together (a GroupNormalization's groups); ``[]``."""
         return []
 
+    def shared_sublayers(self, layer):
+        """``{attribute: layer}``: layers this one holds that the model calls elsewhere too (a token table a head
+        projects with, tied): surgery gives the new layer the new model's layer there, so the tie holds; ``{}``."""
+        return {}
+
     def channel_flops(self, layer, output_shape):
         """Multiply-adds per sample that each channel costs in this layer on its own (a depthwise convolution's
         window at every output position); 0 for a layer counted as free (normalization, activation, pooling)."""

@@ -306,6 +306,18 @@ class PositionBiasAttentionRule(WholeAttentionRule):
         return without_none(call_without_none(layer, type(layer).__call__, (x,), options))
 
 
+class MaskedLMHeadRule(WholeRule):
+    """KerasHub's ``MaskedLMHead`` kept whole: it gathers the encoder's outputs at ``mask_positions`` (a side
+    tensor: integer positions, no units), transforms them (a Dense and a LayerNormalization of its own) and gives
+    one logit per token of the vocabulary from the token table it was given (tied). Every channel it reads stays;
+    surgery copies it with its weights."""
+
+    side_arguments = ("mask_positions",)
+
+    def shared_sublayers(self, layer):
+        return {"token_embedding": layer.token_embedding} if layer.token_embedding is not None else {}
+
+
 class ReverseCall:
     """A ``ReversibleEmbedding`` called with ``reverse=True`` (a language model's logits from its token table), as
     a node of the graph: the layer's later call, kept whole (every channel it reads stays; its outputs, one per
