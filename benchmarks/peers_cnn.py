@@ -122,6 +122,7 @@ SIZE = 28
 NETWORKS = ("vgg", "mobilenetv2")
 NETWORK = "vgg"
 WIDTH = 0.5  # of the MobileNetV2
+BN_MOMENTUM = 0.99  # Keras's default
 BATCH = 128
 LR = 1e-3
 GAP_IMAGES = 1000
@@ -140,10 +141,11 @@ METHODS = {
 # The network and the shared multiply-add count
 
 
-def configure(network, width, channels=None):
-    """The network every function here builds: ``"vgg"`` (``channels`` per stage) or ``"mobilenetv2"`` (``width``)."""
-    global NETWORK, WIDTH, CHANNELS
-    NETWORK, WIDTH = network, width
+def configure(network, width, channels=None, bn_momentum=0.99):
+    """The network every function here builds: ``"vgg"`` (``channels`` per stage) or ``"mobilenetv2"`` (``width``),
+    its BatchNormalization with ``bn_momentum`` (Keras's convention; PyTorch's ``momentum`` is ``1 - bn_momentum``)."""
+    global NETWORK, WIDTH, CHANNELS, BN_MOMENTUM
+    NETWORK, WIDTH, BN_MOMENTUM = network, width, bn_momentum
     CHANNELS = tuple(channels or CHANNELS)
     cnn_fashion.CHANNELS, cnn_fashion.CONVS, cnn_fashion.UNITS = CHANNELS, CONVS, UNITS
 
@@ -254,10 +256,14 @@ def load_data(n_train, n_test):
 
 
 def keras_model(seed):
-    """The dense Keras network, seeded."""
-    if NETWORK == "vgg":
-        return cnn_fashion.build_cnn(seed)
-    return modern_cnn.build(NETWORK, seed, WIDTH)
+    """The dense Keras network, seeded, its BatchNormalization layers with ``BN_MOMENTUM``."""
+    import keras
+
+    model = cnn_fashion.build_cnn(seed) if NETWORK == "vgg" else modern_cnn.build(NETWORK, seed, WIDTH)
+    for layer in model.layers:
+        if isinstance(layer, keras.layers.BatchNormalization):
+            layer.momentum = BN_MOMENTUM
+    return model
 
 
 def keras_widths(pruned):
@@ -393,14 +399,14 @@ def keras_budget(seed, data, epochs, fraction, finetune=0):
 
 
 def torch_vgg(seed):
-    """The VGG in PyTorch: Keras's widths, BatchNorm (eps 1e-3, momentum 0.01 = Keras's 0.99) and initialisation."""
+    """The VGG in PyTorch: Keras's widths, BatchNorm (eps 1e-3, momentum ``1 - BN_MOMENTUM``) and initialisation."""
     import torch
     from torch import nn
 
     torch.manual_seed(seed)
     layers, c_in, side = [], 1, SIZE
     for k, c in enumerate(filter_counts(), start=1):
-        layers += [nn.Conv2d(c_in, c, 3, padding=1), nn.BatchNorm2d(c, eps=1e-3, momentum=0.01), nn.ReLU()]
+        layers += [nn.Conv2d(c_in, c, 3, padding=1), nn.BatchNorm2d(c, eps=1e-3, momentum=1 - BN_MOMENTUM), nn.ReLU()]
         c_in = c
         if k % CONVS == 0:
             layers.append(nn.MaxPool2d(2))
@@ -432,7 +438,7 @@ def torch_mobilenetv2(seed):
 
     def unit(c_in, c_out, kernel=1, stride=1, groups=1, act=True):
         return [nn.Conv2d(c_in, c_out, kernel, stride, kernel // 2, groups=groups, bias=False),
-                nn.BatchNorm2d(c_out, eps=1e-3, momentum=0.01)] + ([nn.ReLU6()] if act else [])
+                nn.BatchNorm2d(c_out, eps=1e-3, momentum=1 - BN_MOMENTUM)] + ([nn.ReLU6()] if act else [])
 
     class Block(nn.Module):
         def __init__(self, c_in, expansion, c_out, stride, kernel):
@@ -675,7 +681,7 @@ def torch_worker(data):
     from concurrent.futures import ProcessPoolExecutor
 
     return ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn"),
-                               initializer=_worker_init, initargs=(data, (NETWORK, WIDTH, CHANNELS)))
+                               initializer=_worker_init, initargs=(data, (NETWORK, WIDTH, CHANNELS, BN_MOMENTUM)))
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -782,6 +788,9 @@ def parse_args(argv=None):
                         help="the VGG's channels of the three stages (default 16 32 64)")
     parser.add_argument("--width", type=float, default=None,
                         help="the MobileNetV2's width multiplier (modern_cnn.scaled; default 0.5)")
+    parser.add_argument("--bn-momentum", type=float, default=0.99,
+                        help="every BatchNormalization's momentum, Keras's convention (default 0.99, Keras's; "
+                        "PyTorch's 0.1 is 0.9 here): the moving statistics of a short run lag behind at 0.99")
     parser.add_argument("--flops", type=float, default=0.25, help="F: fraction of the dense multiply-adds (default 0.25)")
     parser.add_argument("--tp-reg", type=float, default=5e-4,
                         help="GroupNormPruner's reg (default 5e-4, Torch-Pruning's benchmarks' --reg)")
@@ -803,6 +812,8 @@ def parse_args(argv=None):
         parser.error("--epochs must be at least 2 (rows 3-5 train, prune, then fine-tune)")
     if not 0 < args.flops <= 1:
         parser.error("--flops must be in (0, 1]")
+    if not 0 <= args.bn_momentum < 1:
+        parser.error(f"--bn-momentum must be in [0, 1); received {args.bn_momentum}")
     if args.network == "vgg":
         if args.width is not None:
             parser.error("--width is the MobileNetV2's (--network mobilenetv2)")
@@ -835,8 +846,9 @@ def network_notes(dense_macs, check, twin):
          "projection, each with BatchNormalization; residual add at stride 1 and the same width), global average "
          "pooling, Dropout 0.2, Dense(10) logits; 32x32x1 inputs (the 28x28 images padded with 2 zero pixels each "
          "side, in every row)"),
+        (f"BatchNormalization momentum {BN_MOMENTUM:g} (Keras's convention) in both frameworks"),
         ("PyTorch twin (the PyTorch rows): the same layers and widths (no convolution bias; BatchNorm eps 1e-3, "
-         "momentum 0.01; Glorot-uniform kernels, zero biases); Keras's `same` padding of a stride-2 convolution pads "
+         f"momentum {1 - BN_MOMENTUM:.2g} in PyTorch's convention; Glorot-uniform kernels, zero biases); Keras's `same` padding of a stride-2 convolution pads "
          "the bottom and right only, PyTorch's `padding=1` both sides: the same output sizes and MACs, the twin is "
          f"trained from scratch; Torch-Pruning counts the dense twin at {twin['tp']:,} MACs"),
         "Keras trains with `jit_compile=False` (XLA trains the depthwise convolutions far slower on a CPU)",
@@ -856,7 +868,7 @@ def network_notes(dense_macs, check, twin):
 
 def main(argv=None):
     args = parse_args(argv)
-    configure(args.network, args.width, args.channels)
+    configure(args.network, args.width, args.channels, args.bn_momentum)
     if args.plot:
         dense = macs(filter_counts(), [UNITS]) if NETWORK == "vgg" else keras_macs(keras_model(0))
         output = args.plot_output or str(common.RESULTS_DIR / f"{default_name(args)}.png")
