@@ -249,6 +249,31 @@ def test_a_keras_hub_transformer_encoder_prunes_heads_and_neurons_exactly(family
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
 
 
+def _trained_in_uniform_budget(make, factor, x, y):
+    """``make()`` penalised at ``factor``, trained 4 epochs with Proximal(Adam) under
+    ``SparsityBudget(max_flops=0.6, uniform_blocks=True)``."""
+    from keras_group_lasso import Proximal, SparsityBudget
+
+    keras.utils.set_random_seed(0)
+    sparse = add_group_sparsity(make(), factor)
+    sparse.compile(optimizer=Proximal(keras.optimizers.Adam(1e-2)),
+                   loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the cut to the budget when settling began: said, tested elsewhere
+        sparse.fit(x, y, epochs=4, batch_size=32, verbose=0,
+                   callbacks=[SparsityBudget(max_flops=0.6, uniform_blocks=True)])
+    return sparse
+
+
+def _kill_columns(model, suffix, dead):
+    """Zero the columns ``dead`` (units) of every kernel whose path ends with ``suffix``: each block loses them."""
+    for variable in model.weights:
+        if variable.path.endswith(suffix):
+            kernel = keras.ops.convert_to_numpy(variable).copy()
+            kernel[:, dead] = 0.0
+            variable.assign(kernel)
+
+
 # A MaskedLM Task: KerasHub's MaskedLMHead gathers the encoder's outputs at ``mask_positions`` (an input passed by
 # position, read as a side tensor), transforms them and projects them with the token table it was given (tied to
 # the Backbone's). It is kept whole; the pruned model's head projects with the new model's table, still tied.
@@ -305,12 +330,7 @@ def test_a_bert_masked_lm_whose_blocks_keep_as_many_neurons_is_a_bert_masked_lm_
     from test_model_families import assert_same_outputs
 
     lm = MASKED_LMS["BertMaskedLM"]()
-    dead = rng.permutation(32)[:9]
-    for variable in lm.weights:
-        if variable.path.endswith("feedforward_intermediate_dense/kernel"):
-            kernel = keras.ops.convert_to_numpy(variable).copy()
-            kernel[:, dead] = 0.0
-            variable.assign(kernel)
+    _kill_columns(lm, "feedforward_intermediate_dense/kernel", rng.permutation(32)[:9])
     pooler = keras.ops.convert_to_numpy(lm.backbone.get_layer("pooled_dense").kernel)
     small = prune_model(lm, T)
     assert type(small) is M.BertMaskedLM and small.rebuilt_model and small.backbone.intermediate_dim == 23
@@ -456,21 +476,14 @@ def test_a_budget_with_uniform_blocks_trains_a_t5_seq2seq_lm_into_a_t5_seq2seq_l
     and generates its tokens."""
     from test_model_families import assert_same_outputs
 
-    from keras_group_lasso import Proximal, SparsityBudget
     from keras_group_lasso.analysis import analyze
 
     enc = rng.integers(1, 50, size=(256, 8)).astype("int32")
     x = {"encoder_token_ids": enc, "encoder_padding_mask": np.ones_like(enc),  # the answer: each token times 7
          "decoder_token_ids": np.concatenate([np.zeros_like(enc[:, :1]), (enc[:, :-1] * 7) % 50], axis=1),
          "decoder_padding_mask": np.ones_like(enc)}
-    keras.utils.set_random_seed(0)
-    sparse = add_group_sparsity(M.T5Seq2SeqLM(backbone=_t5(), preprocessor=None), 1e-4)
-    sparse.compile(optimizer=Proximal(keras.optimizers.Adam(1e-2)),
-                   loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # the cut to the budget when settling began: said, tested elsewhere
-        sparse.fit(x, (enc * 7) % 50, epochs=4, batch_size=32, verbose=0,
-                   callbacks=[SparsityBudget(max_flops=0.6, uniform_blocks=True)])
+    sparse = _trained_in_uniform_budget(lambda: M.T5Seq2SeqLM(backbone=_t5(), preprocessor=None), 1e-4, x,
+                                        (enc * 7) % 50)
     report = analyze(sparse, T, uniform=True).report
     assert report.flops_per_position and 0.48 <= report.flops_after / report.flops_before <= 0.6
     small = prune_model(sparse, T, blocks="uniform")
@@ -827,12 +840,7 @@ def test_a_keras_hub_vision_transformer_prunes_heads_and_neurons_exactly(family,
                                                              "FLOP-budget test below")
 def test_a_vit_whose_blocks_lose_as_many_neurons_is_a_vit_backbone_again(rng, tmp_path):
     model = _vit()
-    dead = rng.permutation(32)[:9]
-    for variable in model.weights:  # each block loses 9 MLP neurons; the heads all stay
-        if variable.path.endswith("mlp/dense_1/kernel"):
-            kernel = keras.ops.convert_to_numpy(variable).copy()
-            kernel[:, dead] = 0.0
-            variable.assign(kernel)
+    _kill_columns(model, "mlp/dense_1/kernel", rng.permutation(32)[:9])  # each block: 9 MLP neurons; heads all stay
     x = rng.normal(size=(3, 16, 16, 3)).astype("float32")
     small = assert_prunes_exactly_and_reloads(model, x, tmp_path)
     assert type(small) is M.ViTBackbone and small.rebuilt_model and small.mlp_dim == 23
@@ -862,12 +870,7 @@ def test_deit_prunes_heads_and_neurons_exactly_and_a_deit_whose_blocks_lose_as_m
     assert small.pruning_report.uninterpreted_layers == ()
     # Every block loses the same MLP neurons, the heads all stay: a DeiTBackbone of the same class, from its config.
     backbone = _deit()
-    dead = rng.permutation(32)[:9]
-    for variable in backbone.weights:
-        if variable.path.endswith("mlp/dense/kernel"):
-            kernel = keras.ops.convert_to_numpy(variable).copy()
-            kernel[:, dead] = 0.0
-            variable.assign(kernel)
+    _kill_columns(backbone, "mlp/dense/kernel", rng.permutation(32)[:9])
     small = assert_prunes_exactly_and_reloads(backbone, x, tmp_path)
     assert type(small) is M.DeiTBackbone and small.rebuilt_model and small.intermediate_dim == 23
 
@@ -1038,20 +1041,13 @@ def test_a_budget_with_uniform_blocks_trains_a_gemma_causal_lm_into_a_gemma_caus
     """``SparsityBudget(max_flops=0.6, uniform_blocks=True)`` counts the sizes ``prune_model(blocks="uniform")``
     builds and cuts the heads and neurons at the same place of the two decoder blocks by rank together: the result
     is a ``GemmaCausalLM`` again, within the budget, exact against the thresholded copy."""
-    from keras_group_lasso import Proximal, SparsityBudget
     from keras_group_lasso.analysis import analyze
 
     ids = rng.integers(1, 50, size=(256, 10)).astype("int32")
     ids[:, 1::2] = (ids[:, ::2] * 7) % 50  # every other token follows from the one before
     x = {"token_ids": ids, "padding_mask": np.ones_like(ids)}
-    keras.utils.set_random_seed(0)
-    sparse = add_group_sparsity(M.GemmaCausalLM(backbone=_gemma(), preprocessor=None), 1e-3)
-    sparse.compile(optimizer=Proximal(keras.optimizers.Adam(1e-2)),
-                   loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # the cut to the budget when settling began: said, tested elsewhere
-        sparse.fit(x, np.roll(ids, -1, axis=1), epochs=4, batch_size=32, verbose=0,
-                   callbacks=[SparsityBudget(max_flops=0.6, uniform_blocks=True)])
+    sparse = _trained_in_uniform_budget(lambda: M.GemmaCausalLM(backbone=_gemma(), preprocessor=None), 1e-3, x,
+                                        np.roll(ids, -1, axis=1))
     report = analyze(sparse, T, uniform=True).report
     assert 0.3 <= report.flops_after / report.flops_before <= 0.6
     small = prune_model(sparse, T, blocks="uniform")
