@@ -486,6 +486,7 @@ class SparsityReport:
         out["inputs"] = [dict(dataclasses.asdict(found), selected_features=list(found.selected_features))
                          for found in self.inputs]
         out["kept_whole"] = [list(item) for item in self.kept_whole]
+        out["per_channel"] = [list(item) for item in self.per_channel]
         return out
 
     def __str__(self):

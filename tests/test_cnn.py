@@ -250,6 +250,7 @@ def test_depthwise_convolutions_count_their_window_per_channel_kept_in_the_flops
     assert report.flops_before == dense_units + 6 * 6 * 9 * 6
     assert report.flops_after == 12 * 12 * 3 * 4 + 6 * 6 * 4 * 4 + 4 * 2 + 6 * 6 * 9 * 4
     assert "of which per channel: 1,944 -> 1,296 in 1 depthwise layers" in str(report)
+    assert report.to_dict()["per_channel"] == [["dw (DepthwiseConv2D)", 1944, 1296]]
     small = prune_model(model, T)
     assert sparsity_report(small, T).flops_before == report.flops_after
     graph = model_graph(model)

@@ -269,14 +269,17 @@ class ModelGraph:
     def channel_costs(self):
         """``{node name: (multiply-adds per channel, unit ids)}`` of the nodes that cost multiply-adds per channel
         on their own (:meth:`LayerRule.channel_flops`: a depthwise convolution), each call of a layer counted."""
-        out = {}
-        for node in self.nodes:
-            if node.kind == Kind.PER_UNIT:
-                layer = self.layers[node.name]
-                each = registry.rule_of(layer).channel_flops(layer, self.output_shape(node.name, node.ids.size))
-                if each:
-                    out[node.name] = (int(each), node.ids)
-        return out
+        found = self.__dict__.get("_channel_costs")  # the graph is frozen: computed once, on first use
+        if found is None:
+            found = {}
+            for node in self.nodes:
+                rule = registry.rule_of(self.layers[node.name]) if node.kind == Kind.PER_UNIT else None
+                if rule is not None and rule.per_channel_flops:
+                    each = rule.channel_flops(self.layers[node.name], self.output_shape(node.name, node.ids.size))
+                    if each:
+                        found[node.name] = (int(each), node.ids)
+            self.__dict__["_channel_costs"] = found
+        return found
 
     def node_flops(self, name):
         """Multiply-adds per sample of the units node ``name`` with all its units."""

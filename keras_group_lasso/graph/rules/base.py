@@ -380,6 +380,8 @@ class LayerRule:
     inference_identity = False
     #: A BatchNormalization on the last axis: ``prune_model(fold_batchnorm=True)`` may merge it into a units layer.
     batchnorm = False
+    #: It costs multiply-adds per channel on its own (:meth:`channel_flops`: a depthwise convolution).
+    per_channel_flops = False
     #: Keyword arguments that take a tensor carrying no units (an attention mask): not read as units, and
     #: computed again from the model's inputs in the pruned model (``ModelGraph.side_tensors``).
     side_arguments = ()

@@ -820,6 +820,7 @@ class DepthwiseRule(LayerRule):
     """
 
     thresholded = True
+    per_channel_flops = True
 
     def thresholded_variables(self, layer):
         return [layer.kernel] + ([layer.bias] if getattr(layer, "use_bias", False) and layer.bias is not None else [])
