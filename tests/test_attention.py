@@ -77,7 +77,7 @@ def kill_heads(model, rng, dead=0.4):
             layer.set_weights(weights)
 
 
-@pytest.mark.parametrize("seed", range(examples(8)))  # JAX: half of them (each compiles its shapes op by op)
+@pytest.mark.parametrize("seed", range(examples(8)))  # JAX: a third of them (each compiles its shapes op by op)
 def test_random_transformers_prune_heads_exactly_and_reload(seed, tmp_path):
     rng = np.random.default_rng(300 + seed)
     model, x = random_transformer(rng)

@@ -103,6 +103,17 @@ def _bare_kernel_warnings(model):
 ON_JAX = ("ResNetV2",)
 
 
+def on_torch(why):
+    """The mark of a test run on PyTorch only, where KerasHub's models run 3-6x faster than on TensorFlow and JAX
+    (the suite's time on 2 cores): ``why`` says where its parts are tested on the other backends."""
+    return pytest.mark.skipif(keras.backend.backend() != "torch", reason=f"tested on PyTorch (time; {why})")
+
+
+def on_tensorflow(why):
+    """The mark of a test run on TensorFlow only (one that runs slower on PyTorch): ``why`` as for :func:`on_torch`."""
+    return pytest.mark.skipif(keras.backend.backend() != "tensorflow", reason=f"tested on TensorFlow (time; {why})")
+
+
 def _params():
     skip = pytest.mark.skipif(keras.backend.backend() == "jax", reason="tested on TensorFlow and PyTorch (time)")
     return [pytest.param(family, marks=() if family in ON_JAX else (skip,)) for family in sorted(BACKBONES)]
@@ -130,6 +141,8 @@ def test_a_keras_hub_backbone_is_penalised_whole_and_prunes_exactly(family, rng,
     assert small.pruning_report.uninterpreted_layers == ()
 
 
+@pytest.mark.skipif(keras.backend.backend() == "jax", reason="tested on TensorFlow and PyTorch (time: 10 s on JAX, "
+                                                             "where a backbone prunes above)")
 def test_a_keras_hub_image_classifier_prunes_exactly_with_its_backbone_inside(rng, tmp_path):
     backbone = BACKBONES["ResNet"]()
     classifier = M.ImageClassifier(backbone=backbone, num_classes=5, activation=None)
@@ -195,8 +208,9 @@ def _encoder_params():
         only = ENCODER_BACKENDS.get(family)
         skip = pytest.mark.skipif(only is not None and keras.backend.backend() != only,
                                   reason=f"tested on {only} (the parts are BERT's, tested everywhere)")
-        if family == "BERT":  # 24 s on JAX, the suite's longest leg, where BertTextClassifier holds a BERT
-            skip = pytest.mark.skipif(keras.backend.backend() == "jax", reason="on JAX inside BertTextClassifier")
+        if family in ("BERT", "BertTextClassifier"):  # 21-24 s each on JAX, the suite's longest leg
+            skip = pytest.mark.skipif(keras.backend.backend() == "jax",
+                                      reason="tested on TensorFlow and PyTorch (time; the encoder block on JAX: ALBERT)")
         params.append(pytest.param(family, marks=(skip,)))
     return params
 
@@ -452,8 +466,7 @@ def test_t5_loses_gated_feed_forward_neurons_exactly_with_its_attention_and_posi
     assert [type(layer).__name__ for layer in small.layers].count("ReversibleEmbedding") == 1
 
 
-@pytest.mark.skipif(keras.backend.backend() == "jax", reason="27 s on JAX, the suite's longest leg (the graph is "
-                                                             "read on JAX above)")
+@on_torch("T5 prunes on TensorFlow above, its graph is read on JAX")
 def test_a_t5_whose_blocks_keep_as_many_neurons_is_a_t5_seq2seq_lm_again_and_generates(rng):
     from test_model_families import assert_same_outputs
 
@@ -467,8 +480,7 @@ def test_a_t5_whose_blocks_keep_as_many_neurons_is_a_t5_seq2seq_lm_again_and_gen
     _assert_generates_the_thresholded_tokens(small, lm, rng)
 
 
-@pytest.mark.skipif(keras.backend.backend() == "jax", reason="tested on TensorFlow and PyTorch (time; the graph is "
-                                                             "read on JAX above)")
+@on_torch("T5 prunes on TensorFlow above, uniform-block budgets on Gemma and plain blocks everywhere")
 def test_a_budget_with_uniform_blocks_trains_a_t5_seq2seq_lm_into_a_t5_seq2seq_lm_within_its_size(rng):
     """``SparsityBudget(max_flops=0.6, uniform_blocks=True)`` on a ``T5Seq2SeqLM`` (two sequences, FLOPs counted per
     position): the gated feed-forward neurons of its four blocks go during training, by rank together; the result
@@ -504,8 +516,7 @@ def test_a_budget_with_uniform_blocks_trains_a_t5_seq2seq_lm_into_a_t5_seq2seq_l
     np.testing.assert_array_equal(keras.ops.convert_to_numpy(got["decoder_token_ids"]), x["decoder_token_ids"])
 
 
-@pytest.mark.skipif(keras.backend.backend() == "jax", reason="tested on TensorFlow and PyTorch (time; BART's parts "
-                                                             "are BERT's and GPT-2's, tested on JAX)")
+@on_torch("BART prunes on TensorFlow above; its parts are BERT's and GPT-2's, tested on JAX")
 def test_a_bart_whose_blocks_keep_as_many_neurons_is_a_bart_seq2seq_lm_again_and_generates(rng):
     from test_model_families import assert_same_outputs
 
@@ -549,7 +560,7 @@ DECODERS = {  # grouped-query attention whose class ties the size of a head to t
 }
 # each family on one backend or two (the suite's time on 2 cores): the parts are Llama's, and Gemma's rule (the
 # same one, heads pruned) runs on all three
-DECODER_BACKENDS = {"Llama": ("tensorflow", "torch"), "Llama3": ("torch",), "Mistral": ("torch",),
+DECODER_BACKENDS = {"Llama": ("tensorflow",), "Llama3": ("torch",), "Mistral": ("torch",),
                     "Qwen2": ("tensorflow",), "Phi3": ("torch",)}
 
 
@@ -596,8 +607,7 @@ def test_llama_style_decoders_lose_gated_neurons_exactly_with_their_heads_whole(
     assert_loads_without_this_package({family: (small, _token_batch(model, rng))}, tmp_path)
 
 
-@pytest.mark.skipif(keras.backend.backend() == "jax", reason="compiles slowly on JAX; a Task built again is tested "
-                                                             "there with Gemma")
+@on_torch("Llama prunes on TensorFlow above; a Task built again is tested on JAX with GPT-2")
 def test_a_llama_causal_lm_whose_decoders_keep_as_many_neurons_is_a_llama_causal_lm_again_and_generates(rng,
                                                                                                        tmp_path):
     lm = M.LlamaCausalLM(backbone=DECODERS["Llama"](), preprocessor=None)
@@ -618,6 +628,8 @@ def _gpt2():
                           max_sequence_length=16)
 
 
+@pytest.mark.skipif(keras.backend.backend() == "jax", reason="tested on TensorFlow and PyTorch (time: 21 s on JAX, "
+                                                             "where GPT-2's decoders are built again below)")
 def test_gpt2_loses_feed_forward_neurons_exactly_and_its_decoders_stay_keras_hub_decoders(rng, tmp_path):
     """GPT-2's decoders take the sequence length as a number (their causal mask): traced at probe sizes, they are
     penalised inside (feed-forward neurons; heads stay whole, said once) and pruned only as themselves, built again
@@ -756,7 +768,7 @@ def test_a_gpt2_decoder_is_never_flattened_into_layers_that_hold_its_mask_at_one
         prune_model(model, T, blocks="flatten")
 
 
-@pytest.mark.skipif(keras.backend.backend() == "jax", reason="50 s on JAX; GPT-2's decoders prune there above")
+@on_torch("GPT-2's decoders prune on every backend above")
 def test_a_parameter_budget_trains_gpt2_to_its_size_and_the_decoders_lose_neurons_exactly(rng):
     """A language-model head on GPT-2, group penalties, Proximal(Adam) and a parameter budget: the decoders' neurons
     go during training, and the pruned model is exact against the thresholded one."""
@@ -814,9 +826,8 @@ def _penalised_blocks(model, encoder, mlp):
 
 
 @pytest.mark.parametrize("family", [
-    pytest.param(family, marks=pytest.mark.skipif(keras.backend.backend() == "jax", reason="20-30 s on JAX, the suite's "
-                                                  "longest leg; the FLOP-budget test below prunes a ViT classifier there"))
-    for family in ("ViT", "ViTImageClassifier")])
+    pytest.param("ViT", marks=on_tensorflow("20-30 s on JAX; the ViT classifier, DeiT and a ViT budget on PyTorch")),
+    pytest.param("ViTImageClassifier", marks=on_torch("the ViT inside it on TensorFlow"))])
 def test_a_keras_hub_vision_transformer_prunes_heads_and_neurons_exactly(family, rng, tmp_path):
     from test_traced_blocks import sparsify as sparsify_blocks
 
@@ -835,9 +846,7 @@ def test_a_keras_hub_vision_transformer_prunes_heads_and_neurons_exactly(family,
     assert_prunes_exactly_and_reloads(again, x, tmp_path)
 
 
-@pytest.mark.skipif(keras.backend.backend() == "jax", reason="16 s on JAX, the suite's longest leg; a Backbone built "
-                                                             "again is tested there with GPT-2, ViT's blocks by the "
-                                                             "FLOP-budget test below")
+@on_torch("ViT prunes on TensorFlow and JAX above; a Backbone built again is tested on JAX with GPT-2")
 def test_a_vit_whose_blocks_lose_as_many_neurons_is_a_vit_backbone_again(rng, tmp_path):
     model = _vit()
     _kill_columns(model, "mlp/dense_1/kernel", rng.permutation(32)[:9])  # each block: 9 MLP neurons; heads all stay
@@ -856,8 +865,7 @@ def _deit():
                           intermediate_dim=32)
 
 
-@pytest.mark.skipif(keras.backend.backend() == "jax", reason="tested on TensorFlow and PyTorch (time); ViT's traced "
-                                                              "encoder prunes on JAX")
+@on_torch("ViT's traced encoder prunes on every backend above")
 def test_deit_prunes_heads_and_neurons_exactly_and_a_deit_whose_blocks_lose_as_many_neurons_is_a_deit_again(
         rng, tmp_path):
     from test_traced_blocks import sparsify as sparsify_blocks
@@ -875,6 +883,7 @@ def test_deit_prunes_heads_and_neurons_exactly_and_a_deit_whose_blocks_lose_as_m
     assert type(small) is M.DeiTBackbone and small.rebuilt_model and small.intermediate_dim == 23
 
 
+@on_torch("ViT prunes on every backend above; FLOP budgets on plain models everywhere")
 def test_a_flop_budget_trains_a_vit_classifier_to_its_size_and_prunes_it_exactly(rng):
     """``ViTImageClassifier``, group penalties, Proximal(Adam) and ``SparsityBudget(max_flops=0.6)``: heads or MLP
     neurons go during training, the FLOPs land within the budget, and the pruned model is exact."""
@@ -916,8 +925,7 @@ def _kill_gemma(model, block, heads, neurons):
         variable.assign(values)
 
 
-@pytest.mark.skipif(keras.backend.backend() == "jax", reason="31 s on JAX, the suite's longest leg; a Gemma pruned "
-                                                             "there: tests/test_distribution.py (ModelParallel)")
+@on_tensorflow("Gemma's tied logits and Task on PyTorch below; a Gemma pruned on JAX: tests/test_distribution.py")
 def test_gemma_loses_query_heads_key_value_heads_and_neurons_exactly_and_stays_gemma_decoders(rng, tmp_path):
     from test_model_families import assert_same_outputs
 
@@ -962,8 +970,7 @@ def test_a_gemma_whose_blocks_keep_as_many_heads_and_neurons_is_a_gemma_backbone
     assert tokens.shape == (1, 6) and tokens[0, :3].tolist() == [5, 6, 7] and (tokens < 50).all()
 
 
-@pytest.mark.skipif(keras.backend.backend() == "jax", reason="compiles slowly on JAX; Gemma's blocks prune "
-                                                             "there above")
+@on_torch("Gemma's blocks prune on TensorFlow above")
 def test_a_gemma_causal_lm_prunes_exactly_with_its_tied_logits_and_is_a_gemma_causal_lm_again(rng, tmp_path):
     """``GemmaCausalLM``: the logits are the token table again (``ReversibleEmbedding`` called with
     ``reverse=True``), kept whole, so the table keeps its columns; heads and neurons go from the blocks. Blocks that
@@ -991,7 +998,7 @@ def test_a_gemma_causal_lm_prunes_exactly_with_its_tied_logits_and_is_a_gemma_ca
     assert small.output.shape[-1] == 50  # the logits: one per token of the vocabulary
 
 
-@pytest.mark.skipif(keras.backend.backend() == "jax", reason="compiles slowly on JAX; Gemma prunes there above")
+@on_torch("Gemma prunes on TensorFlow above; FLOP budgets on plain models everywhere")
 def test_a_flop_budget_per_token_trains_a_gemma_causal_lm_to_its_size_and_prunes_it_exactly(rng):
     """``SparsityBudget(max_flops=0.6)`` on a ``GemmaCausalLM`` (sequences of any length: its FLOPs are counted per
     token), group penalties and Proximal(Adam): heads or neurons go during training, the FLOPs land within the
@@ -1036,7 +1043,7 @@ def test_a_cut_takes_query_heads_key_value_group_by_group_and_with_uniform_block
     assert len(uniform) == 4
 
 
-@pytest.mark.skipif(keras.backend.backend() == "jax", reason="compiles slowly on JAX; Gemma prunes there above")
+@on_torch("Gemma prunes on TensorFlow above; uniform-block budgets on traced blocks everywhere")
 def test_a_budget_with_uniform_blocks_trains_a_gemma_causal_lm_into_a_gemma_causal_lm_within_its_size(rng):
     """``SparsityBudget(max_flops=0.6, uniform_blocks=True)`` counts the sizes ``prune_model(blocks="uniform")``
     builds and cuts the heads and neurons at the same place of the two decoder blocks by rank together: the result

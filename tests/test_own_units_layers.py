@@ -158,7 +158,8 @@ def _sparsify(model, rng):
 
 
 @pytest.mark.parametrize("sequence", [False, True])
-@pytest.mark.parametrize("seed", [pytest.param(0, marks=pytest.mark.quick), 1, 2, 3])
+@pytest.mark.parametrize("seed", [pytest.param(0, marks=pytest.mark.quick), 1, 2, 3]
+                         [:2 if keras.backend.backend() == "jax" else 4])  # JAX compiles each shape op by op
 def test_random_models_holding_gated_dense_prune_exactly_and_reload(seed, sequence, tmp_path):
     rng = np.random.default_rng(seed + 10 * sequence)
     keras.utils.set_random_seed(seed)

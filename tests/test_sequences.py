@@ -119,7 +119,7 @@ def random_sequence_model(rng):
     return keras.Model(inp, out), data, not tokens
 
 
-@pytest.mark.parametrize("seed", range(examples(10)))  # JAX: half of them (each compiles its shapes op by op)
+@pytest.mark.parametrize("seed", range(examples(10)))  # JAX: a third of them (each compiles its shapes op by op)
 def test_random_recurrent_models_prune_exactly_and_reload(seed, tmp_path):
     rng = np.random.default_rng(100 + seed)
     model, x, float_input = random_sequence_model(rng)
