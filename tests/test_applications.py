@@ -79,8 +79,8 @@ FAMILIES = [
     Family("MobileNetV3", "MobileNetV3Small", ("MobileNetV3Small", "MobileNetV3Large"), runs_on="torch"),
     Family("NASNet", "NASNetMobile", ("NASNetMobile", "NASNetLarge")),  # not built on PyTorch by Keras  # 32x32 without ImageNet weights
     Family("ResNet", "ResNet50", ("ResNet50", "ResNet101", "ResNet152"), runs_on="torch"),
-    Family("ResNetV2", "ResNet50V2", ("ResNet50V2", "ResNet101V2", "ResNet152V2")),
-    Family("VGG", "VGG16", ("VGG16", "VGG19")),
+    Family("ResNetV2", "ResNet50V2", ("ResNet50V2", "ResNet101V2", "ResNet152V2"), runs_on="torch"),
+    Family("VGG", "VGG16", ("VGG16", "VGG19"), runs_on="torch"),
     Family("Xception", "Xception", ("Xception",), runs_on="torch", size=71),
 ]
 
