@@ -28,6 +28,12 @@ Rows, per network and seed (trained on the 60,000 training images, the
   ``SparsityBudget(max_flops=0.25)`` (a fraction of the dense network's
   multiply-adds per sample, λ its starting strength), then ``prune_model``;
   no fine-tuning.
+* budget+ft (``--budget-finetune T``): the budget row trains ``EPOCHS - T``
+  epochs instead, then its pruned model T epochs of Adam: the peers' recipe
+  of a fine-tuning tail in the same total epochs as dense.
+* scratch (``--scratch``): the budget's pruned network, its weights drawn
+  afresh, trained dense as long as the dense row: whether the accuracy lost
+  is the structure's capacity or the training that found it.
 * magnitude: magnitude filter pruning (Li et al. 2017) of the dense network
   at the budget row's FLOPs: the filters of every convolution that makes
   channels are scored by their L1 norm (a channel that several layers make,
@@ -346,11 +352,14 @@ def train_dense(network, seed, data, epochs, lr, jit=True, width=1.0):
 
 
 def train_budget(network, seed, data, epochs, lr, factor, schedule_power, settle, jit=True, defaults=False,
-                 width=1.0, **limits):
+                 width=1.0, finetune_epochs=0, **limits):
     """The budget row: FLOP-weighted group penalties, ``Proximal(Adam)``, ``SparsityBudget(**limits)``, surgery.
 
     With ``defaults``: ``add_group_sparsity(model)`` and ``SparsityBudget(**limits)``, nothing else chosen
-    (``factor``, ``schedule_power`` and ``settle`` unused)."""
+    (``factor``, ``schedule_power`` and ``settle`` unused). With ``finetune_epochs`` T: the budget trains
+    ``epochs - T`` epochs, then the pruned model T epochs of Adam (a "budget+ft" record, returned last)."""
+    finetune = finetune_epochs
+    epochs = epochs - finetune
     import keras
 
     from keras_group_lasso import Proximal, SparsityBudget, add_group_sparsity
@@ -382,7 +391,13 @@ def train_budget(network, seed, data, epochs, lr, factor, schedule_power, settle
                            ("budget_flops", "budget_latency", "budget_over", "budget_multiplier_hidden", "budget_phase") if key in history},
         "warnings": sorted({str(w.message)[:300] for w in caught if "SparsityBudget" in str(w.message)}),
     })
-    return model, small, record
+    if not finetune:
+        return model, small, record
+    compile_model(small, keras.optimizers.Adam(cosine(FINETUNE_LR, finetune, len(data["x_train"]))), jit)
+    wall, epoch_seconds = fit(small, data, finetune, seed, f"{network} budget fine-tune seed {seed}")
+    tuned = dict(record, row="budget+ft", finetune_epochs=finetune, test_accuracy=accuracy(small, data),
+                 finetune_seconds=wall)
+    return model, small, record, tuned
 
 
 # ----------------------------------------------------------------------------- magnitude filter pruning
@@ -460,6 +475,25 @@ def magnitude_prune(model, max_flops, steps=12):
     return best
 
 
+def scratch(network, seed, small, flops_dense, data, epochs, lr, jit=True):
+    """The pruned network ``small`` with fresh weights (its layers' initializers), trained like the dense row;
+    ``flops_dense``: the dense network's multiply-adds (for the reduction)."""
+    import keras
+
+    keras.utils.set_random_seed(seed)
+    optimizer = keras.optimizers.Adam(cosine(lr, epochs, len(data["x_train"])))
+    model = compile_model(keras.models.clone_model(small), optimizer, jit)
+    wall, epoch_seconds = fit(model, data, epochs, seed, f"{network} scratch seed {seed}")
+    from keras_group_lasso import sparsity_report
+
+    report = sparsity_report(model, 0.0)
+    return {"row": "scratch", "network": network, "seed": seed, "epochs": epochs,
+            "test_accuracy": accuracy(model, data),
+            "flops_after": int(report.flops_before), "flop_reduction": flops_dense / max(report.flops_before, 1),
+            "params_after": int(model.count_params()),
+            "train_seconds": wall, "epoch_seconds": epoch_seconds}
+
+
 def magnitude(network, seed, dense, max_flops, data, finetune_epochs, jit=True):
     import keras
 
@@ -526,7 +560,10 @@ def notes(setup, args):
         (f"Data: {setup['n_train']:,} training / {setup['n_test']:,} test images, 28x28 padded to 32x32x1"
          + (" (--quick subset)" if args["quick"] else "")),
         (f"Training: batch {BATCH}, {args['epochs']} epochs, cosine-decayed learning rate {args['lr']:g}, "
-         f"`jit_compile={args.get('jit', True)}`; dense: Adam; budget: {budget}, threshold {THRESHOLD:g}, no fine-tuning; magnitude: L1 "
+         f"`jit_compile={args.get('jit', True)}`; dense: Adam; budget: {budget}, threshold {THRESHOLD:g}, "
+         + (f"{args['epochs'] - args['budget_finetune']} epochs, then the pruned model {args['budget_finetune']} "
+            f"of Adam ({FINETUNE_LR:g}, cosine)" if args.get("budget_finetune") else "no fine-tuning")
+         + "; magnitude: L1 "
          f"filter pruning of the dense network at the budget row's FLOPs, the same fraction in every layer, "
          f"fine-tuned {args['finetune_epochs']} epochs with Adam ({FINETUNE_LR:g}, cosine)"),
         (f"Surgery diff: the largest |pruned - thresholded| logit on {min(GAP_IMAGES, setup['n_test'])} test images, "
@@ -543,7 +580,7 @@ def tables(networks, args, rows):
         header = ["seed", "row", "test [%]", "Δ vs dense [points]", "FLOPs", "FLOP reduction", "params",
                   "surgery rel. diff", "surgery [s]", "train [s]"]
         table = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-        order = {"dense": 0, "budget": 1, "magnitude": 2, "magnitude+ft": 3}
+        order = {"dense": 0, "budget": 1, "budget+ft": 2, "scratch": 3, "magnitude": 4, "magnitude+ft": 5}
         for row in sorted(rows, key=lambda r: (r["seed"], order[r["row"]])):
             if row["network"] != network:
                 continue
@@ -551,7 +588,11 @@ def tables(networks, args, rows):
                           and r["row"] == "dense"), None)
             delta = "–" if dense is None or row["row"] == "dense" else \
                 f"{100 * (row['test_accuracy'] - dense['test_accuracy']):+.2f}"
-            label = {"dense": "dense (Adam)", "budget": f"budget (max_flops={args['max_flops']:g}), no fine-tuning",
+            label = {"dense": "dense (Adam)", "budget": f"budget (max_flops={args['max_flops']:g}), no fine-tuning"
+                     + (f" ({row['epochs']} epochs)" if row["row"] == "budget" and row["epochs"] != args["epochs"]
+                        else ""),
+                     "budget+ft": f"budget ({row['epochs']} epochs) + {row.get('finetune_epochs')} of fine-tuning",
+                     "scratch": f"the budget's pruned network from fresh weights, {row['epochs']} epochs dense",
                      "magnitude": "magnitude filter pruning, no fine-tuning",
                      "magnitude+ft": f"magnitude filter pruning + {row.get('finetune_epochs')} epochs"}[row["row"]]
             rel = f"{row['relative_diff']:.1e}" if "relative_diff" in row else "–"
@@ -562,7 +603,7 @@ def tables(networks, args, rows):
                 f"{row['flop_reduction']:.2f}x", f"{row['params_after']:,}", rel, surg, train]) + " |")
         lines += table + [""]
         for row in rows:
-            if row["network"] != network or row["row"] != "budget":
+            if row["network"] != network or row["row"] != ("budget+ft" if args.get("budget_finetune") else "budget"):
                 continue
             dense = next((r for r in rows if r["network"] == network and r["seed"] == row["seed"]
                           and r["row"] == "dense"), None)
@@ -575,7 +616,7 @@ def tables(networks, args, rows):
                 (row["relative_diff"] <= 1e-4, f"surgery exact (relative diff {row['relative_diff']:.1e} <= 1e-4)"),
             ]
             largest = max((groups for _, groups in row.get("budget_cuts", [])), default=0)
-            lines.append(f"Seed {row['seed']}: " + "; ".join(("yes: " if ok else "**no**: ") + text for ok, text in checks)
+            lines.append(f"Seed {row['seed']} ({row['row']}): " + "; ".join(("yes: " if ok else "**no**: ") + text for ok, text in checks)
                          + f". Groups cut per epoch: {row['budget_cut_groups']}; the largest single cut "
                          f"{largest} of {row.get('prunable_groups', '?')} groups.")
             for warning in row.get("warnings", []):
@@ -613,6 +654,11 @@ def summary(setup, args, rows):
             fewer = common.mean_std([r["flop_reduction"] for r in budget], 2)
             text += (f", {budget_call} {pct(network, 'budget')} % at {fewer}x fewer FLOPs, no fine-tuning (surgery "
                      f"rel. diff {max(r['relative_diff'] for r in budget):.1e})")
+        if pct(network, "budget+ft") is not None:
+            text += (f"; {args['epochs'] - args['budget_finetune']} budget epochs + {args['budget_finetune']} of "
+                     f"fine-tuning {pct(network, 'budget+ft')} %")
+        if pct(network, "scratch") is not None:
+            text += f"; the budget's pruned network trained from fresh weights {pct(network, 'scratch')} %"
         if pct(network, "magnitude") is not None:
             text += f", magnitude filter pruning {pct(network, 'magnitude')} %"
         if pct(network, "magnitude+ft") is not None:
@@ -661,6 +707,11 @@ def main(argv=None):
                         help=f"epochs of the dense and budget runs ({EPOCHS})")
     parser.add_argument("--finetune-epochs", type=common.non_negative_int, default=FINETUNE_EPOCHS,
                         help=f"fine-tuning epochs of the magnitude-pruned network ({FINETUNE_EPOCHS}; 0: none)")
+    parser.add_argument("--budget-finetune", type=common.non_negative_int, default=0, metavar="T",
+                        help="the budget row trains EPOCHS - T epochs, then its pruned model T epochs of Adam "
+                             f"({FINETUNE_LR:g}, cosine): a 'budget+ft' row (default 0: none)")
+    parser.add_argument("--scratch", action="store_true",
+                        help="a 'scratch' row: the budget's pruned network with fresh weights, trained dense EPOCHS")
     parser.add_argument("--lr", type=float, default=LEARNING_RATE, help=f"Adam's peak learning rate ({LEARNING_RATE:g})")
     parser.add_argument("--lam", type=float, default=LAMBDA, help=f"the budget's starting group strength ({LAMBDA:g})")
     parser.add_argument("--max-flops", type=float, default=MAX_FLOPS,
@@ -680,6 +731,10 @@ def main(argv=None):
     args = parser.parse_args(argv)
     if args.quick:
         args.epochs, args.finetune_epochs = 1, min(args.finetune_epochs, 1)
+        args.budget_finetune = min(args.budget_finetune, 1)
+        args.epochs += args.budget_finetune
+    if args.budget_finetune >= args.epochs:
+        parser.error(f"--budget-finetune must be less than --epochs ({args.epochs}); received {args.budget_finetune}")
     run = common.Run(NAME, args, seeds=range(args.first_seed, args.first_seed + args.seeds))
     if args.out:
         run.out = Path(args.out)
@@ -701,10 +756,18 @@ def main(argv=None):
             say(f"{network} seed {seed} dense: {100 * record['test_accuracy']:.2f} %, "
                 f"{fmt_flops(record['flops_before'])} multiply-adds, {record['params']:,} params")
             save(run, setup, vars(args), rows)
-            _, _, budget = train_budget(network, seed, data, args.epochs, args.lr, args.lam, args.schedule_power,
-                                        args.settle, args.jit, defaults=args.defaults, width=args.width,
-                                        max_flops=args.max_flops)
-            rows.append(budget)
+            _, small, budget, *tuned = train_budget(network, seed, data, args.epochs, args.lr, args.lam,
+                                                args.schedule_power, args.settle, args.jit, defaults=args.defaults,
+                                                width=args.width, finetune_epochs=args.budget_finetune,
+                                                max_flops=args.max_flops)
+            rows += [budget, *tuned]
+            for row in tuned:
+                say(f"{network} seed {seed} budget + {row['finetune_epochs']} fine-tuning epochs: "
+                    f"{100 * row['test_accuracy']:.2f} %")
+            if args.scratch:
+                rows.append(scratch(network, seed, small, budget["flops_before"], data, args.epochs, args.lr, args.jit))
+                say(f"{network} seed {seed} the pruned network from fresh weights: "
+                    f"{100 * rows[-1]['test_accuracy']:.2f} %")
             say(f"{network} seed {seed} budget: {100 * budget['test_accuracy']:.2f} %, "
                 f"{budget['flop_reduction']:.2f}x fewer FLOPs, surgery {budget['surgery_seconds']:.2f} s, "
                 f"relative diff {budget['relative_diff']:.1e}")

@@ -209,8 +209,8 @@ def _encoder_params():
         skip = pytest.mark.skipif(only is not None and keras.backend.backend() != only,
                                   reason=f"tested on {only} (the parts are BERT's, tested everywhere)")
         if family in ("BERT", "BertTextClassifier"):  # 21-24 s each on JAX, the suite's longest leg
-            skip = pytest.mark.skipif(keras.backend.backend() == "jax",
-                                      reason="tested on TensorFlow and PyTorch (time; the encoder block on JAX: ALBERT)")
+            why = "tested on TensorFlow and PyTorch (time; the encoder block on JAX: ALBERT)"
+            skip = pytest.mark.skipif(keras.backend.backend() == "jax", reason=why)
         params.append(pytest.param(family, marks=(skip,)))
     return params
 
