@@ -33,7 +33,9 @@ Rows, per network and seed (trained on the 60,000 training images, the
   of a fine-tuning tail in the same total epochs as dense.
 * scratch (``--scratch``): the budget's pruned network, its weights drawn
   afresh, trained dense as long as the dense row: whether the accuracy lost
-  is the structure's capacity or the training that found it.
+  is the structure's capacity or the training that found it; with the
+  magnitude rows, "uniform scratch": their uniformly narrowed network (the
+  same fraction of every layer, the same FLOPs) trained the same way.
 * magnitude: magnitude filter pruning (Li et al. 2017) of the dense network
   at the budget row's FLOPs: the filters of every convolution that makes
   channels are scored by their L1 norm (a channel that several layers make,
@@ -494,7 +496,9 @@ def scratch(network, seed, small, flops_dense, data, epochs, lr, jit=True):
             "train_seconds": wall, "epoch_seconds": epoch_seconds}
 
 
-def magnitude(network, seed, dense, max_flops, data, finetune_epochs, jit=True):
+def magnitude(network, seed, dense, max_flops, data, finetune_epochs, jit=True, scratch_epochs=0, lr=LEARNING_RATE):
+    """The magnitude rows; with ``scratch_epochs``, also the uniformly narrowed structure they prune to, trained from
+    fresh weights that many epochs (a "uniform scratch" row, before the fine-tuning rows)."""
     import keras
 
     start = time.perf_counter()
@@ -504,6 +508,9 @@ def magnitude(network, seed, dense, max_flops, data, finetune_epochs, jit=True):
     record.update({"network": network, "seed": seed, "keep_fraction": fraction, "select_seconds": select,
                    "flop_target": int(max_flops), "params": int(dense.count_params())})
     rows = [dict(record, row="magnitude", finetune_epochs=0, test_accuracy=accuracy(small, data))]
+    if scratch_epochs:
+        rows.append(dict(scratch(network, seed, small, record["flops_before"], data, scratch_epochs, lr, jit),
+                         row="uniform scratch"))
     if finetune_epochs:
         compile_model(small, keras.optimizers.Adam(cosine(FINETUNE_LR, finetune_epochs, len(data["x_train"]))), jit)
         wall, epoch_seconds = fit(small, data, finetune_epochs, seed, f"{network} magnitude fine-tune seed {seed}")
@@ -580,7 +587,8 @@ def tables(networks, args, rows):
         header = ["seed", "row", "test [%]", "Δ vs dense [points]", "FLOPs", "FLOP reduction", "params",
                   "surgery rel. diff", "surgery [s]", "train [s]"]
         table = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-        order = {"dense": 0, "budget": 1, "budget+ft": 2, "scratch": 3, "magnitude": 4, "magnitude+ft": 5}
+        order = {"dense": 0, "budget": 1, "budget+ft": 2, "scratch": 3, "uniform scratch": 4, "magnitude": 5,
+                 "magnitude+ft": 6}
         for row in sorted(rows, key=lambda r: (r["seed"], order[r["row"]])):
             if row["network"] != network:
                 continue
@@ -593,6 +601,8 @@ def tables(networks, args, rows):
                         else ""),
                      "budget+ft": f"budget ({row['epochs']} epochs) + {row.get('finetune_epochs')} of fine-tuning",
                      "scratch": f"the budget's pruned network from fresh weights, {row['epochs']} epochs dense",
+                     "uniform scratch": f"the magnitude rows' uniformly narrowed network from fresh weights, "
+                                        f"{row['epochs']} epochs dense",
                      "magnitude": "magnitude filter pruning, no fine-tuning",
                      "magnitude+ft": f"magnitude filter pruning + {row.get('finetune_epochs')} epochs"}[row["row"]]
             rel = f"{row['relative_diff']:.1e}" if "relative_diff" in row else "–"
@@ -659,6 +669,8 @@ def summary(setup, args, rows):
                      f"fine-tuning {pct(network, 'budget+ft')} %")
         if pct(network, "scratch") is not None:
             text += f"; the budget's pruned network trained from fresh weights {pct(network, 'scratch')} %"
+        if pct(network, "uniform scratch") is not None:
+            text += f"; the uniformly narrowed network from fresh weights {pct(network, 'uniform scratch')} %"
         if pct(network, "magnitude") is not None:
             text += f", magnitude filter pruning {pct(network, 'magnitude')} %"
         if pct(network, "magnitude+ft") is not None:
@@ -711,7 +723,8 @@ def main(argv=None):
                         help="the budget row trains EPOCHS - T epochs, then its pruned model T epochs of Adam "
                              f"({FINETUNE_LR:g}, cosine): a 'budget+ft' row (default 0: none)")
     parser.add_argument("--scratch", action="store_true",
-                        help="a 'scratch' row: the budget's pruned network with fresh weights, trained dense EPOCHS")
+                        help="a 'scratch' row: the budget's pruned network with fresh weights, trained dense EPOCHS "
+                             "(and, with the magnitude rows, a 'uniform scratch' row: their network the same way)")
     parser.add_argument("--lr", type=float, default=LEARNING_RATE, help=f"Adam's peak learning rate ({LEARNING_RATE:g})")
     parser.add_argument("--lam", type=float, default=LAMBDA, help=f"the budget's starting group strength ({LAMBDA:g})")
     parser.add_argument("--max-flops", type=float, default=MAX_FLOPS,
@@ -776,7 +789,7 @@ def main(argv=None):
         for seed in run.seeds:
             budget = next(r for r in rows if r["network"] == network and r["seed"] == seed and r["row"] == "budget")
             for row in magnitude(network, seed, dense_models[network, seed], budget["flops_after"], data,
-                                 args.finetune_epochs, args.jit):
+                                 args.finetune_epochs, args.jit, args.epochs if args.scratch else 0, args.lr):
                 rows.append(row)
                 say(f"{network} seed {seed} {row['row']}: {100 * row['test_accuracy']:.2f} %, "
                     f"{row['flop_reduction']:.2f}x, keep {row['keep_fraction']:.3f}")
