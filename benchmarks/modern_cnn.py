@@ -496,6 +496,25 @@ def scratch(network, seed, small, flops_dense, data, epochs, lr, jit=True):
             "train_seconds": wall, "epoch_seconds": epoch_seconds}
 
 
+def uniform_only(run, setup, args, data):
+    """``--uniform-only``: per network and seed, the uniformly narrowed network at ``--max-flops`` from scratch."""
+    from keras_group_lasso import sparsity_report
+
+    rows = []
+    for network in args.networks:
+        for seed in run.seeds:
+            model = build(network, seed, args.width)
+            flops = sparsity_report(model, 0.0).flops_before
+            zeroed, fraction = magnitude_prune(model, args.max_flops * flops)
+            small, _ = surgery(zeroed, 0.0, data)
+            rows.append(dict(scratch(network, seed, small, flops, data, args.epochs, args.lr, args.jit),
+                             row="uniform scratch", keep_fraction=fraction))
+            say(f"{network} seed {seed} uniform ({fraction:.3f} of every layer, {rows[-1]['flop_reduction']:.2f}x "
+                f"fewer FLOPs) from fresh weights: {100 * rows[-1]['test_accuracy']:.2f} %")
+            save(run, setup, vars(args), rows)
+    save(run, setup, vars(args), rows, quiet=False)
+
+
 def magnitude(network, seed, dense, max_flops, data, finetune_epochs, jit=True, scratch_epochs=0, lr=LEARNING_RATE):
     """The magnitude rows; with ``scratch_epochs``, also the uniformly narrowed structure they prune to, trained from
     fresh weights that many epochs (a "uniform scratch" row, before the fine-tuning rows)."""
@@ -656,9 +675,9 @@ def summary(setup, args, rows):
     budget_call = f"`SparsityBudget(max_flops={args['max_flops']:g})`" + (" (defaults)" if args["defaults"] else "")
     parts = []
     for network in setup["networks"]:
-        if pct(network, "dense") is None:
+        if pct(network, "dense") is None and pct(network, "uniform scratch") is None:
             continue
-        text = f"{network}: dense {pct(network, 'dense')} %"
+        text = f"{network}: dense {pct(network, 'dense')} %" if pct(network, "dense") else f"{network}: "
         budget = [r for r in rows if r["network"] == network and r["row"] == "budget"]
         if budget:
             fewer = common.mean_std([r["flop_reduction"] for r in budget], 2)
@@ -739,6 +758,10 @@ def main(argv=None):
                         help="every layer's channels times WIDTH (0.5 trains in minutes per epoch on 2 cores)")
     parser.add_argument("--no-jit", dest="jit", action="store_false",
                         help="jit_compile=False (TensorFlow on a CPU trains these networks faster without XLA)")
+    parser.add_argument("--uniform-only", action="store_true",
+                        help="no dense or budget row: only a 'uniform scratch' row, the untrained network narrowed by "
+                             "the same fraction in every layer to MAX_FLOPS of its multiply-adds (which channels go "
+                             "does not matter from fresh weights), trained EPOCHS from fresh weights")
     parser.add_argument("--merge", nargs="+", default=None, metavar="JSON",
                         help="no training: merge the rows of these result files into OUT/NAME.json and .md")
     args = parser.parse_args(argv)
@@ -760,6 +783,8 @@ def main(argv=None):
     say(f"{setup['device']['gpu']} / {setup['device']['compute']}; {setup['n_train']} training images; "
         f"out {run.out}")
     rows, dense_models = [], {}
+    if args.uniform_only:
+        return uniform_only(run, setup, args, data)
     # The claim first (dense and budget of every network), then the magnitude peers: a run cut short keeps the claim.
     for network in args.networks:
         for seed in run.seeds:
