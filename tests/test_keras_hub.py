@@ -768,7 +768,7 @@ def test_a_gpt2_decoder_is_never_flattened_into_layers_that_hold_its_mask_at_one
         prune_model(model, T, blocks="flatten")
 
 
-@on_torch("GPT-2's decoders prune on every backend above")
+@on_torch("GPT-2's decoders prune on TensorFlow and PyTorch above and are built again on JAX")
 def test_a_parameter_budget_trains_gpt2_to_its_size_and_the_decoders_lose_neurons_exactly(rng):
     """A language-model head on GPT-2, group penalties, Proximal(Adam) and a parameter budget: the decoders' neurons
     go during training, and the pruned model is exact against the thresholded one."""
@@ -846,7 +846,7 @@ def test_a_keras_hub_vision_transformer_prunes_heads_and_neurons_exactly(family,
     assert_prunes_exactly_and_reloads(again, x, tmp_path)
 
 
-@on_torch("ViT prunes on TensorFlow and JAX above; a Backbone built again is tested on JAX with GPT-2")
+@on_torch("ViT prunes on TensorFlow above; a Backbone built again is tested on JAX with GPT-2")
 def test_a_vit_whose_blocks_lose_as_many_neurons_is_a_vit_backbone_again(rng, tmp_path):
     model = _vit()
     _kill_columns(model, "mlp/dense_1/kernel", rng.permutation(32)[:9])  # each block: 9 MLP neurons; heads all stay
@@ -865,7 +865,7 @@ def _deit():
                           intermediate_dim=32)
 
 
-@on_torch("ViT's traced encoder prunes on every backend above")
+@on_torch("ViT's traced encoder prunes on TensorFlow above; traced blocks on every backend: test_traced_blocks.py")
 def test_deit_prunes_heads_and_neurons_exactly_and_a_deit_whose_blocks_lose_as_many_neurons_is_a_deit_again(
         rng, tmp_path):
     from test_traced_blocks import sparsify as sparsify_blocks
@@ -883,7 +883,7 @@ def test_deit_prunes_heads_and_neurons_exactly_and_a_deit_whose_blocks_lose_as_m
     assert type(small) is M.DeiTBackbone and small.rebuilt_model and small.intermediate_dim == 23
 
 
-@on_torch("ViT prunes on every backend above; FLOP budgets on plain models everywhere")
+@on_torch("ViT prunes on TensorFlow above; FLOP budgets on plain models everywhere")
 def test_a_flop_budget_trains_a_vit_classifier_to_its_size_and_prunes_it_exactly(rng):
     """``ViTImageClassifier``, group penalties, Proximal(Adam) and ``SparsityBudget(max_flops=0.6)``: heads or MLP
     neurons go during training, the FLOPs land within the budget, and the pruned model is exact."""
