@@ -427,6 +427,16 @@ def test_bad_arguments_are_named(kwargs, message):
         SparsityBudget(**kwargs)
 
 
+def test_the_arguments_read_back_as_checked_and_cannot_be_changed_unchecked():
+    budget = SparsityBudget(max_flops=0.25, update_freq="batch", min_width=0, settle=0.25)
+    assert (budget.max_flops, budget.update_freq, budget.min_width, budget.settle) == (0.25, 1, 0.0, 0.25)
+    assert budget.settings.budgets == {"features": None, "units": None, "params": None, "flops": 0.25}
+    assert budget.settings.search_end(epochs=8) == 6 and budget.settings.checks_every(steps=40) == 1
+    with pytest.raises(AttributeError):
+        budget.settle = 2.0  # would skip the check: a new budget is the way
+    assert budget.settle == 0.25
+
+
 def test_a_model_without_group_penalties_is_refused_by_name(rng):
     x, y = data(rng, n=32)
     plain = keras.Sequential([keras.Input((12,)), keras.layers.Dense(1, kernel_regularizer="l2")])

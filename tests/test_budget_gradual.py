@@ -16,7 +16,8 @@ import pytest
 
 from keras_group_lasso import (Proximal, SparsityBudget, add_group_sparsity, apply_threshold, prune_model,
                                sparsity_report)
-from keras_group_lasso.budget.callback import LEAST_WIDTH, SMALL_CUT, WARM_UP
+from keras_group_lasso.budget.cutting import SMALL_CUT
+from keras_group_lasso.budget.settings import LEAST_WIDTH, WARM_UP
 from keras_group_lasso.budget.cut import fixed_units, group_loads, penalised_kernels, ranked_groups
 from keras_group_lasso.costs import unit_costs
 from keras_group_lasso.declared import group_sparse_penalties

@@ -152,7 +152,7 @@ def test_a_budget_with_a_strength_too_high_keeps_a_residual_stream_open():
     # 0.8 % of the FLOPs left of a budget of 50 %); under a budget every reader spares the stream's strongest
     # channels, so the stream keeps its least width and the model lands on its budget.
     from keras_group_lasso import SparsityBudget, sparsity_report
-    from keras_group_lasso.budget.callback import LEAST_WIDTH
+    from keras_group_lasso.budget.settings import LEAST_WIDTH
 
     keras.utils.set_random_seed(0)
     inputs = keras.Input((8, 8, 1))

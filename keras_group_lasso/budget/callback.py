@@ -1,6 +1,7 @@
 """Ask for a size, get it: a callback that steers the penalty strength until the model fits a budget.
 
-The callback is the loop; the parts it calls decide and act: :mod:`.controller`
+The callback is the loop; the parts it calls decide and act: :mod:`.settings`
+the arguments, checked and frozen, :mod:`.controller`
 what to do at a check (state and sizes in, a decision out, with the pure
 functions of :mod:`.schedule`), :mod:`.measure` the sizes, :mod:`.cutting` the
 cuts and what they say (ranked on arrays by :mod:`.cut`, rounded by
@@ -12,39 +13,25 @@ in the model's named variables (:mod:`keras_group_lasso.declared`) so that a
 resumed training decides as the uninterrupted one.
 """
 
+import dataclasses
 import logging
-import math
-import numbers
 import warnings
 
 import keras
-import numpy as np
 
-from keras_group_lasso import analysis
-from keras_group_lasso._validation import check_non_negative, check_positive_int, fail
+from keras_group_lasso._validation import fail
 from keras_group_lasso.budget import controller, cut, latency_check, measure, messages, schedule
 from keras_group_lasso.budget.cutting import SMALL_CUT, Cutting
 from keras_group_lasso.budget.hold import StepHold
 from keras_group_lasso.budget.latency_limit import LatencyLimit
+from keras_group_lasso.budget.settings import WARM_UP, BudgetSettings
 from keras_group_lasso.budget.state import CUT, SEARCH, WITHIN, BudgetState
 from keras_group_lasso.declared import declare_group_penalties, group_sparse_penalties
-from keras_group_lasso.graph import model_graph
 
 __all__ = ["SparsityBudget", "SMALL_CUT"]
 
 _OWNER = "SparsityBudget"
 _LOG = logging.getLogger("keras_group_lasso")
-#: How a budget gets to its size: ``"gradual"`` cuts the weakest groups along the schedule as training goes;
-#: ``"penalty"`` lets the steered penalties remove groups and cuts, once settling begins, what they left over.
-PACES = ("gradual", "penalty")
-#: Checks per epoch with ``update_freq="auto"`` and the gradual pace.
-CHECKS_PER_EPOCH = 8
-#: With the gradual pace, the share of the searching epochs before the first cut: the weights first learn which
-#: groups matter.
-WARM_UP = 1 / 3
-#: ``min_width="auto"``: each layer keeps at least this share of the width at which all prunable layers, equally
-#: narrowed, meet the budget (:func:`.schedule.even_share`).
-LEAST_WIDTH = 0.9
 
 
 class SparsityBudget(keras.callbacks.Callback):
@@ -159,48 +146,15 @@ class SparsityBudget(keras.callbacks.Callback):
                  schedule_power=1.0, round_to=1, update_freq="auto", spare_block=False, pace="gradual",
                  min_width="auto", uniform_blocks=False):
         super().__init__()
-        self.max_features = schedule.check_limit(_OWNER, "max_features", max_features)
-        self.max_units = schedule.check_limit(_OWNER, "max_units", max_units)
-        self.max_params = schedule.check_limit(_OWNER, "max_params", max_params)
-        self.max_flops = schedule.check_limit(_OWNER, "max_flops", max_flops)
-        if all(v is None for v in (self.max_features, self.max_units, self.max_params, self.max_flops,
-                                   max_latency)):
-            fail(_OWNER, "max_features", "a budget (at least one of max_features, max_units, max_params, "
-                 "max_flops, max_latency)", None)
+        self.settings = BudgetSettings.checked(
+            _OWNER, max_features=max_features, max_units=max_units, max_params=max_params, max_flops=max_flops,
+            max_latency=max_latency, latency_check=latency_check, threshold=threshold, settle=settle,
+            max_strength=max_strength, schedule_power=schedule_power, round_to=round_to, update_freq=update_freq,
+            spare_block=spare_block, pace=pace, min_width=min_width, uniform_blocks=uniform_blocks)
         self._latency = LatencyLimit.checked(_OWNER, max_latency, latency_table)
         self.max_latency = None if self._latency is None else self._latency.given
-        self.latency_check = _checked_bool("latency_check", latency_check)
         self.latency = None
-        self.threshold = check_non_negative(_OWNER, "threshold", threshold)
-        self.settle = check_non_negative(_OWNER, "settle", settle)
-        if self.settle >= 1.0:
-            fail(_OWNER, "settle", "a fraction in [0, 1)", settle)
-        self.max_strength = check_non_negative(_OWNER, "max_strength", max_strength)
-        if self.max_strength < 1.0:
-            fail(_OWNER, "max_strength", "a number >= 1", max_strength)
-        self.schedule_power = check_non_negative(_OWNER, "schedule_power", schedule_power)
-        if self.schedule_power <= 0.0:
-            fail(_OWNER, "schedule_power", "a number > 0", schedule_power)
-        self.round_to = check_positive_int(_OWNER, "round_to", round_to)
-        if pace not in PACES:
-            fail(_OWNER, "pace", " or ".join(repr(p) for p in PACES), pace)
-        self.pace = pace
-        if not (isinstance(min_width, str) and min_width == "auto") and (
-                isinstance(min_width, bool) or not isinstance(min_width, numbers.Real) or not 0.0 <= min_width < 1.0):
-            fail(_OWNER, "min_width", "'auto' or a fraction in [0, 1) of each layer's units", min_width)
-        self.min_width = min_width if isinstance(min_width, str) else float(min_width)
-        if isinstance(update_freq, str) and update_freq in ("epoch", "batch", "auto"):
-            self.update_freq = 1 if update_freq == "batch" else update_freq
-        elif isinstance(update_freq, bool) or not isinstance(update_freq, numbers.Integral) or update_freq < 1:
-            fail(_OWNER, "update_freq", "'auto', 'epoch', 'batch' or an integer >= 1 (batches between checks)",
-                 update_freq)
-        else:
-            self.update_freq = int(update_freq)
-        self.spare_block = _checked_bool("spare_block", spare_block)
-        self.uniform_blocks = _checked_bool("uniform_blocks", uniform_blocks)
-        if self.update_freq != "epoch" and not (self.update_freq == "auto" and self.pace == "penalty"):
-            # Only then a batch hook: Keras dispatches the batches of a fit whose callbacks have none
-            # asynchronously.
+        if self.settings.checks_inside_epochs:
             self.on_train_batch_end = self._check_batch
         self._epoch = 0
         self._every = self._declared = self._first_epoch = self._cutting = self.limits = None
@@ -251,16 +205,18 @@ class SparsityBudget(keras.callbacks.Callback):
         """What this ``fit`` aims at (:class:`~keras_group_lasso.budget.controller.Plan`; ``None`` before it began)."""
         if self.limits is None:
             return None
-        return controller.Plan(self.dense, self.limits, self.schedule_power, self.max_strength, self.pace == "gradual",
-                               self._curves, self._share)
+        s = self.settings
+        return controller.Plan(self.dense, self.limits, s.schedule_power, s.max_strength, s.gradual, self._curves,
+                               self._share)
 
     # ------------------------------------------------------------------ measuring, and where training is
 
     def _meter(self):
         """How this budget counts the model's sizes now (:class:`.measure.Meter`); until settling rounds the
         widths, at those rounding up would give. Reading ``self.model`` on JAX writes the training state back."""
-        return measure.Meter(self.model, self.threshold, self._latency, self.round_to,
-                             self.round_to > 1 and self.state.rounded, _OWNER, self.uniform_blocks)
+        s = self.settings
+        return measure.Meter(self.model, s.threshold, self._latency, s.round_to, s.round_to > 1 and self.state.rounded,
+                             _OWNER, s.uniform_blocks)
 
     def _over(self, sizes):
         return schedule.over(sizes, self.limits)
@@ -269,8 +225,7 @@ class SparsityBudget(keras.callbacks.Callback):
         return int(self.params.get("epochs", self._epoch + 1) if self.params else self._epoch + 1)
 
     def _search_end(self):
-        """The number of epochs before the settling part."""
-        return max(1, int(math.ceil((1.0 - self.settle) * self._epochs())))
+        return self.settings.search_end(self._epochs())
 
     def _elapsed(self, epoch):
         """Epochs since ``fit`` began at a check in ``epoch`` (``None``: when training ends)."""
@@ -279,12 +234,6 @@ class SparsityBudget(keras.callbacks.Callback):
         if self._steps and 0 < self._done < self._steps and epoch == self._epoch:
             return epoch + self._done / self._steps
         return float(epoch + 1)
-
-    def _checks_every(self):
-        """Batches between two checks inside an epoch, or ``None`` (the epoch's end only)."""
-        if self.update_freq == "auto" and self.pace == "penalty":
-            return None
-        return schedule.checks_every(self.update_freq, self._steps, CHECKS_PER_EPOCH)
 
     # ------------------------------------------------------------------ Keras hooks
 
@@ -299,36 +248,25 @@ class SparsityBudget(keras.callbacks.Callback):
         if not any(cut.strength(p) > 0 for _, _, p in group_sparse_penalties(self.model)):
             fail(_OWNER, "model", "a model with group penalties of factor > 0 (the budget scales their strength)",
                  self.model)
-        report = analysis.sparsity_report(self.model, threshold=self.threshold)
-        per_position = {layer.flops_per_position for layer in report.layers if layer.flops_before}
-        if self.max_flops is not None and len(per_position) > 1:
-            fail(_OWNER, "max_flops", "None for a model with inputs of variable size whose layers are counted some "
-                 "per position and some per sample (after a global pooling): use max_params or max_units",
-                 self.max_flops)
-        self.dense = {"features": report.n_features, "units": report.neurons, "params": report.params_before,
-                      "flops": report.flops_before}
-        self.limits, above = schedule.limits_of({"features": self.max_features, "units": self.max_units,
-                                                 "params": self.max_params, "flops": self.max_flops}, self.dense)
+        self.dense = measure.dense_sizes(self.model, self.settings, _OWNER)
+        self.limits, above = schedule.limits_of(self.settings.budgets, self.dense)
         if self._latency is not None:  # the table (given, kept in the model's state or measured now) and the limit
             self._latency.begin(self.model, self._declared, above)
             self._latency_limit()
         if above:
             warnings.warn(messages.within_already(_OWNER, above), RuntimeWarning, stacklevel=2)
-        graph = model_graph(self.model) if self.uniform_blocks else None
-        if graph is not None and measure.kernel_families(graph) == measure.kernel_families(graph, uniform=False):
-            warnings.warn(f"{_OWNER}: uniform_blocks=True has nothing to even out: the model has no penalised layers "
-                          "in two calls of one block class; each layer keeps the width training leaves it.",
-                          RuntimeWarning, stacklevel=2)
+        if self.settings.uniform_blocks:
+            measure.warn_uneven_blocks(self.model, _OWNER)
         self._hold.release(self.model, self._declared)  # a fit that ended by an exception may have left them
         self._finished = self._first_epoch = None
         self._steps = self.params.get("steps") if self.params else None  # None: a dataset of unknown length
-        self._every = self._checks_every()
+        self._every = self.settings.checks_every(self._steps)
         self._narrowing()
-        if self.min_width == "auto" and self._share:
+        if self.settings.min_width == "auto" and self._share:
             _LOG.info("%s: no layer goes below %.3g of its units while the budget can be met without (min_width="
                       "'auto')", _OWNER, self._share)
-        groups = sum(int(v.regularizer.group_shape(tuple(v.shape))[-2]) for v in cut.penalised_kernels(self.model))
-        self._cutting = Cutting(_OWNER, self.limits, groups, self.pace == "gradual", self.round_to)
+        self._cutting = Cutting(_OWNER, self.limits, cut.group_count(self.model), self.settings.gradual,
+                                self.settings.round_to)
         self._done = self._checked = 0  # batches of this epoch: done, done at the last check
 
     def _latency_limit(self):
@@ -340,8 +278,7 @@ class SparsityBudget(keras.callbacks.Callback):
         """The sizes as curves of the width every prunable layer keeps, the even share that meets the budget (the
         schedule narrows the widths toward it) and the least width (``min_width``)."""
         self._curves = self._meter().width_curves(self.dense, self.limits)
-        even = schedule.even_share(self.dense, self._curves, self.limits)
-        self._share = LEAST_WIDTH * even if self.min_width == "auto" else self.min_width
+        self._share = self.settings.least_width(schedule.even_share(self.dense, self._curves, self.limits))
 
     def on_epoch_begin(self, epoch, logs=None):
         """A new search at epoch 0; later, a resumed training catches up with the decision of the epoch before.
@@ -366,13 +303,13 @@ class SparsityBudget(keras.callbacks.Callback):
             start = [v if v > 0 else 1.0 for v in self._declared.multiplier_values()]
             self._declared.set_budget_values(BudgetState().started_from(start).values())
             self._declared.set_multiplier(*start)
-        self._hold.begin(self.model, self.state.settling, self._share, self.pace == "gradual",
-                         self.round_to if self.spare_block else 0, self.threshold, _OWNER)
+        self._hold.begin(self.model, self.state.settling, self._share, self.settings.gradual,
+                         self.settings.round_to if self.settings.spare_block else 0, self.settings.threshold, _OWNER)
         if state.started and epoch > 0:
             if state.decided < epoch:
                 self._decide(epoch - 1)
-            elif state.settling or self.pace == "gradual":  # resumed: hold the groups at zero again, as the
-                self._hold.freeze(self.model, self.threshold)  # uninterrupted training does since they went
+            elif state.settling or self.settings.gradual:  # resumed: hold the groups at zero again, as the
+                self._hold.freeze(self.model, self.settings.threshold)  # uninterrupted training does since they went
             if self.state.settling and self.state.phase == CUT:  # and renew the statistics as the training
                 self._renew_statistics()  # that was not interrupted does (after the cut's epoch)
 
@@ -398,11 +335,10 @@ class SparsityBudget(keras.callbacks.Callback):
     def _ask(self, sizes, elapsed, fraction, epoch_end):
         """The controller's decision (:func:`.controller.decide`) at a check ``elapsed`` epochs into ``fit``, a
         ``fraction`` of an epoch after the last one."""
-        gradual = self.pace == "gradual"
+        gradual = self.settings.gradual
         # The gradual pace starts after a warm-up and closes, at each check, its share of the way to the next one.
         gap = (self._every / self._steps if self._every and self._steps else 1.0) if gradual else None
-        check = controller.check_at(elapsed, self._search_end(), WARM_UP if gradual else 0.0, gap, fraction,
-                                    epoch_end)
+        check = controller.check_at(elapsed, self._search_end(), WARM_UP if gradual else 0.0, gap, fraction, epoch_end)
         return controller.decide(self.state, self.multiplier, sizes, self.plan, check)
 
     def _follow(self, decision, sizes, epoch):
@@ -418,16 +354,16 @@ class SparsityBudget(keras.callbacks.Callback):
             _LOG.info("%s: %d groups set to zero in epoch %d to follow the schedule.", _OWNER, removed, epoch + 1)
             self._update(cut=self.state.cut + removed)
             self._epoch_cut += removed
-            self._hold.hold(self.model, self.threshold)
+            self._hold.hold(self.model, self.settings.threshold)
         return sizes
 
     def on_epoch_end(self, epoch, logs=None):
         self._epoch = epoch
         if self._hold.pending:  # the groups cut inside the epoch: the step is traced again once, with all of them
-            self._hold.freeze(self.model, self.threshold)
-        if self.update_freq != "epoch" and not self._steps:  # a dataset of unknown length: its first epoch counts
+            self._hold.freeze(self.model, self.settings.threshold)
+        if self.settings.update_freq != "epoch" and not self._steps:  # a dataset of unknown length: its first counts
             self._steps = self._done or None
-            self._every = self._checks_every()
+            self._every = self.settings.checks_every(self._steps)
         if self.limits is None:
             return
         sizes = self._decide(epoch)
@@ -451,8 +387,8 @@ class SparsityBudget(keras.callbacks.Callback):
             sizes = self._settle(epoch, sizes)
         else:
             sizes = self._follow(decision, sizes, epoch)
-            if self.pace == "gradual":
-                self._hold.freeze(self.model, self.threshold)  # every group at zero stays (as a resumed one holds)
+            if self.settings.gradual:
+                self._hold.freeze(self.model, self.settings.threshold)  # every group at zero stays (so a resumed one)
             self._update(phase=SEARCH if self._over(sizes) > 1.0 else WITHIN)
         self._update(last_sizes=sizes, decided=epoch + 1)
         return sizes
@@ -462,7 +398,7 @@ class SparsityBudget(keras.callbacks.Callback):
         within it without the penalties; the sizes after."""
         state, removed = self.state, 0
         phase = state.phase
-        if not state.settling and self.round_to > 1:
+        if not state.settling and self.settings.round_to > 1:
             # Whole blocks: widths step down a block at a time where the budget needs it (a cut of single groups
             # would remove units that free nothing until a block empties).
             removed = self._cutting.round_widths(self._meter(), epoch, grow=epoch + 1 < self._epochs())
@@ -482,14 +418,14 @@ class SparsityBudget(keras.callbacks.Callback):
             message = messages.far_below(_OWNER, sizes, self.limits, self.dense, epoch)
             if message:  # the penalties took more than was asked
                 warnings.warn(message, RuntimeWarning, stacklevel=2)
-            cut.zero_dead_groups(self.model, self.threshold)
+            cut.zero_dead_groups(self.model, self.settings.threshold)
             self._update(settling=True, reached=self.multiplier)
             self._declared.set_multiplier(0.0, 0.0)
         self._update(phase=phase, cut=self.state.cut + removed)
         self._epoch_cut += removed
         if removed or (not state.settling and phase == CUT):  # after the last cut, whenever it was
             self._renew_statistics()
-        self._hold.freeze(self.model, self.threshold)
+        self._hold.freeze(self.model, self.settings.threshold)
         return sizes
 
     def _renew_statistics(self):
@@ -505,8 +441,8 @@ class SparsityBudget(keras.callbacks.Callback):
             return
         self._declared.training_latency = None
         self._finish()
-        if "latency" in self.limits and self.latency_check:
-            self.latency = latency_check.time_pruned(self.model, self.latency_table, self.threshold,
+        if "latency" in self.limits and self.settings.latency_check:
+            self.latency = latency_check.time_pruned(self.model, self.latency_table, self.settings.threshold,
                                                      self.latency_batch_size, self.limits["latency"], _OWNER)
             if self.latency is not None and logs is not None:
                 logs["budget_latency_predicted"] = self.latency["predicted"]
@@ -538,7 +474,7 @@ class SparsityBudget(keras.callbacks.Callback):
             self._declared.set_multiplier(*self.reached)
 
 
-def _checked_bool(name, value):
-    if not isinstance(value, (bool, np.bool_)):
-        fail(_OWNER, name, "True or False", value)
-    return bool(value)
+# The arguments, read-only as given (checked: ``"batch"`` reads 1): ``budget.settle`` is ``budget.settings.settle``.
+for _field in dataclasses.fields(BudgetSettings):
+    setattr(SparsityBudget, _field.name, property(lambda self, name=_field.name: getattr(self.settings, name)))
+del _field

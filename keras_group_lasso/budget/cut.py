@@ -14,14 +14,19 @@ from keras_group_lasso.graph import registry
 from keras_group_lasso.regularizers import CoupledGroupLasso, GroupSparseRegularizer
 
 __all__ = ["FrozenGroups", "strength", "ranked_groups", "fewest", "fixed_units", "narrowed", "group_loads", "zeroed",
-           "zero_rows", "penalised_kernels", "dead_groups", "zero_dead_groups", "least_groups", "FORCED", "hold_groups",
-           "tied_by_rank", "Slot", "freeze_groups", "hold_live", "zero_groups", "release_frozen_groups", "spare_floors"]
+           "zero_rows", "penalised_kernels", "group_count", "dead_groups", "zero_dead_groups", "least_groups", "FORCED",
+           "hold_groups", "tied_by_rank", "Slot", "freeze_groups", "hold_live", "zero_groups", "release_frozen_groups", "spare_floors"]
 
 
 def penalised_kernels(model):
     """The kernels of ``model`` (rank >= 2) that carry a group penalty of this package."""
     return [v for v in model.weights
             if isinstance(getattr(v, "regularizer", None), GroupSparseRegularizer) and len(v.shape) >= 2]
+
+
+def group_count(model):
+    """The groups a cut may take: the rows of every penalised kernel (a channel two kernels read counts twice)."""
+    return sum(int(v.regularizer.group_shape(tuple(v.shape))[-2]) for v in penalised_kernels(model))
 
 
 def _largest(variable):

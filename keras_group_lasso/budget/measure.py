@@ -7,16 +7,18 @@ again where it must.
 """
 
 import dataclasses
+import warnings
 
 import numpy as np
 
 from keras_group_lasso import analysis
+from keras_group_lasso._validation import fail
 from keras_group_lasso.budget import cut, rounding, schedule
 from keras_group_lasso.costs import unit_costs
 from keras_group_lasso.graph import model_graph, registry
 from keras_group_lasso.graph.masks import block_siblings
 
-__all__ = ["Meter", "cut_to", "round_widths", "unmet_causes", "kernel_families"]
+__all__ = ["Meter", "dense_sizes", "cut_to", "round_widths", "unmet_causes", "kernel_families", "warn_uneven_blocks"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -108,6 +110,32 @@ class Meter:
         over = [kind for kind, limit in goals.items() if sizes[kind] > limit] or list(goals)
         costs = [(unit_costs(found.graph, kind, table, batch_size, widths), goals[kind]) for kind in over]
         return cut.group_loads(found.graph, self.model, costs, cut.fixed_units(found.graph))
+
+
+def dense_sizes(model, settings, owner):
+    """``{kind: size}`` of the dense ``model`` as ``settings`` (:class:`.settings.BudgetSettings`) count them.
+
+    Raises:
+        InvalidParameterError: a ``max_flops`` for a model whose layers are counted some per position and some per
+            sample.
+    """
+    report = analysis.sparsity_report(model, threshold=settings.threshold)
+    per_position = {layer.flops_per_position for layer in report.layers if layer.flops_before}
+    if settings.max_flops is not None and len(per_position) > 1:
+        fail(owner, "max_flops", "None for a model with inputs of variable size whose layers are counted some "
+             "per position and some per sample (after a global pooling): use max_params or max_units",
+             settings.max_flops)
+    return {"features": report.n_features, "units": report.neurons, "params": report.params_before,
+            "flops": report.flops_before}
+
+
+def warn_uneven_blocks(model, owner):
+    """With ``uniform_blocks``: a warning when ``model`` has no penalised layers in two calls of one block class."""
+    graph = model_graph(model)
+    if kernel_families(graph) == kernel_families(graph, uniform=False):
+        warnings.warn(f"{owner}: uniform_blocks=True has nothing to even out: the model has no penalised layers in "
+                      "two calls of one block class; each layer keeps the width training leaves it.", RuntimeWarning,
+                      stacklevel=3)
 
 
 def cut_to(meter, sizes, goals, floors, final=True, limits=None, closing=0.0, ceilings=None):
