@@ -82,7 +82,7 @@ def test_each_layer_is_timed_with_the_per_channel_layers_after_it(monkeypatch):
     x = keras.layers.GlobalAveragePooling2D(name="gap")(x)
     outputs = keras.layers.Dense(2, name="logits")(keras.layers.Dropout(0.5, name="drop")(x))
     model = keras.Model(inputs, outputs, name="branchy")
-    from keras_group_lasso.costs import latency as cost
+    from keras_group_lasso.costs import timing as cost
 
     timed, compiled = [], cost._compiled
 
@@ -104,7 +104,7 @@ def test_each_layer_is_timed_with_the_per_channel_layers_after_it(monkeypatch):
 
 def _record_timers(monkeypatch):
     """``[("built" | "sampled", timer id), ...]`` of every _Timer as LatencyTable.measure builds and samples it."""
-    from keras_group_lasso.costs import latency as cost
+    from keras_group_lasso.costs import timing as cost
 
     events, init, sample = [], cost._Timer.__init__, cost._Timer.sample
 
@@ -145,7 +145,7 @@ def test_every_timed_call_is_sampled_in_interleaved_rounds(monkeypatch):
 def test_a_large_grid_is_sampled_in_parts_that_fit_in_memory(monkeypatch):
     # With room for one layer's inputs at a time, each layer's grid is sampled (with the dense model, the fixed
     # cost and the narrow model in every part) and released before the next is built; the table is the same kind.
-    from keras_group_lasso.costs import latency as cost
+    from keras_group_lasso.costs import timing as cost
 
     monkeypatch.setattr(cost, "_HELD_BYTES", 0)
     events = _record_timers(monkeypatch)
@@ -162,7 +162,7 @@ def test_a_large_grid_is_sampled_in_parts_that_fit_in_memory(monkeypatch):
 
 
 def test_a_chain_that_cannot_be_rebuilt_is_dropped_with_a_warning(monkeypatch):
-    from keras_group_lasso.costs import latency as cost
+    from keras_group_lasso.costs import timing as cost
 
     inputs = keras.Input((8, 8, 2))
     x = keras.layers.Conv2D(4, 3, padding="same", name="conv1")(inputs)
