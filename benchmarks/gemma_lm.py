@@ -33,6 +33,8 @@ Usage:
     KERAS_BACKEND=tensorflow python benchmarks/gemma_lm.py            # -> benchmarks/results/gemma_lm.{md,json}, RESULTS.md
     KERAS_BACKEND=tensorflow python benchmarks/gemma_lm.py --quick    # 2,000 windows, 1 epoch, 1 seed -> benchmarks/out/
     KERAS_BACKEND=tensorflow python benchmarks/gemma_lm.py --uniform-blocks   # -> gemma_lm_uniform: a GemmaCausalLM
+    KERAS_BACKEND=tensorflow python benchmarks/gemma_lm.py --hidden 128 --head-dim 32 --neurons 512 --out-name NAME
+        # a wider model (the sizes of every run are in its notes)
 """
 
 import sys
@@ -307,7 +309,17 @@ def main(argv=None):
     parser.add_argument("--finetune", type=common.positive_int, default=FINETUNE)
     parser.add_argument("--uniform-blocks", action="store_true",
                         help="the budget with uniform_blocks=True, pruned with blocks='uniform' (-> gemma_lm_uniform)")
+    parser.add_argument("--hidden", type=common.positive_int, default=HIDDEN, help=f"model width ({HIDDEN})")
+    parser.add_argument("--head-dim", type=common.positive_int, default=HEAD_DIM, help=f"per head ({HEAD_DIM})")
+    parser.add_argument("--neurons", type=common.positive_int, default=NEURONS,
+                        help=f"gated feed-forward neurons per block ({NEURONS})")
+    parser.add_argument("--max-flops", type=float, default=BUDGET,
+                        help=f"SparsityBudget(max_flops=...), a fraction of the counted FLOPs ({BUDGET})")
     args = parser.parse_args(argv)
+    if not 0.0 < args.max_flops <= 1.0:
+        parser.error(f"--max-flops must be a fraction in (0, 1]; received {args.max_flops}")
+    globals().update(HIDDEN=args.hidden, HEAD_DIM=args.head_dim, NEURONS=args.neurons,  # what every function
+                     BUDGET=args.max_flops)  # of this script reads
     n_train, n_test = (2000, 500) if args.quick else (TRAIN, 4000)
     epochs = 1 if args.quick else args.epochs
     finetune = 1 if args.quick else args.finetune
