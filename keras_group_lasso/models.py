@@ -169,6 +169,12 @@ class GroupSparseModel(_MultiplierState, keras.Model):
         self.block_penalties = {path: variable.regularizer for path, variable in inside.items()}
 
     @property
+    def preprocessor(self):
+        """The preprocessor of the KerasHub Task ``add_group_sparsity`` copied (kept, not applied: this model takes
+        what it makes), or ``None``; not saved with the model."""
+        return getattr(self, "_task_preprocessor", None)
+
+    @property
     def source_model(self):
         """The class and config (``keras.saving.serialize_keras_object``) of the model this one copies, a new dict
         each time; ``None`` for a model of Keras's own classes."""
@@ -507,7 +513,11 @@ def add_group_sparsity(model, factor=1e-3, *, l1=None, input_factor=None, penalt
         strength multiplier (``penalty_multiplier``, 1): a
         :class:`GroupSparseSequential` for a Sequential model without coupled
         units or blocks traced into the graph, else a :class:`GroupSparseModel`
-        (over the same layers).
+        (over the same layers). For a KerasHub Task with a preprocessor, the
+        copy keeps that preprocessor as ``preprocessor`` without applying it
+        (with a warning): its ``fit`` and ``predict`` take what the
+        preprocessor makes, and ``prune_model(..., blocks="uniform")`` gives
+        it to the Task it builds again.
 
     Raises:
         InvalidParameterError: bad arguments, or a model that is not
@@ -539,6 +549,7 @@ def add_group_sparsity(model, factor=1e-3, *, l1=None, input_factor=None, penalt
         fail(owner, "bias", "True or False", bias)
     group_weight = check_choice(owner, "group_weight", group_weight, _GROUP_WEIGHTS)
     _check_latency_table(owner, group_weight, latency_table)
+    preprocessor = getattr(model, "preprocessor", None) if isinstance(model, keras.Model) else None
     model = graph_model(model)  # a subclassed model: the functional model of the layers its call runs
     _check_graph_model(owner, model)
     if latency_table is not None:
@@ -721,6 +732,18 @@ def add_group_sparsity(model, factor=1e-3, *, l1=None, input_factor=None, penalt
                                 source_model=_source_model(model))
     copy.set_weights([keras.ops.convert_to_numpy(v) for v in _in_order_of(layer_weights(model), copy)])
     _refresh_normalization(copy)
+    if preprocessor is not None and isinstance(copy, GroupSparseModel):
+        # kept out of Keras's tracking (a tracked layer would join the model's weights and its saved file)
+        object.__setattr__(copy, "_task_preprocessor", preprocessor)
+        warnings.warn(
+            f"{owner}: the penalised copy of {type(model).__name__} {model.name!r} is a functional model over the "
+            f"Task's inputs: it keeps the Task's preprocessor ({type(preprocessor).__name__}) as `.preprocessor` but "
+            "does not apply it, so fit, evaluate and predict take what it makes (for instance "
+            "`copy.preprocessor(x)`); prune_model(copy, blocks='uniform') builds the Task again with it where every "
+            "block keeps as many units.",
+            UserWarning,
+            stacklevel=2,
+        )
     return copy
 
 

@@ -20,7 +20,7 @@ from _fresh_process import assert_loads_without_this_package
 from test_applications import sparsify
 from test_model_families import T, assert_prunes_exactly_and_reloads
 
-from keras_group_lasso import UnsupportedModelError, add_group_sparsity, apply_threshold, prune_model
+from keras_group_lasso import GroupSparseModel, UnsupportedModelError, add_group_sparsity, apply_threshold, prune_model
 from keras_group_lasso.graph import registry
 from keras_group_lasso.graph.build import fixed_sizes, model_graph
 
@@ -854,6 +854,31 @@ def test_a_vit_whose_blocks_lose_as_many_neurons_is_a_vit_backbone_again(rng, tm
     small = assert_prunes_exactly_and_reloads(model, x, tmp_path)
     assert type(small) is M.ViTBackbone and small.rebuilt_model and small.mlp_dim == 23
     assert small.rebuilt_blocks["vit_encoder"].changed == {"mlp_dim": (32, 23)}
+
+
+@on_torch("a Task again on PyTorch with the other Tasks; ViT prunes on TensorFlow above")
+def test_a_tasks_preprocessor_stays_with_its_penalised_copy_and_comes_back_with_the_task_pruned_uniformly(rng):
+    """A ViTImageClassifier with an image preprocessor (resizing and scaling raw images): the penalised copy keeps
+    the preprocessor, says that it does not apply it, and the model pruned with ``blocks="uniform"`` is a
+    ViTImageClassifier with it again, predicting on raw images what the thresholded copy gives their preprocessed
+    form."""
+    converter = keras_hub.layers.ViTImageConverter(image_size=(16, 16), scale=1 / 255.0)
+    preprocessor = M.ViTImageClassifierPreprocessor(image_converter=converter)
+    task = M.ViTImageClassifier(backbone=_vit(), num_classes=5, preprocessor=preprocessor)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        sparse = add_group_sparsity(task, 1e-3)
+    told = [str(w.message) for w in caught if str(w.message).startswith("add_group_sparsity")]
+    assert len(told) == 1 and "does not apply it" in told[0] and "ViTImageClassifierPreprocessor" in told[0]
+    assert sparse.preprocessor is preprocessor
+    _kill_columns(sparse, "mlp/dense_1/kernel", rng.permutation(32)[:9])
+    small = prune_model(sparse, 1e-3, blocks="uniform")
+    assert type(small) is M.ViTImageClassifier and small.preprocessor is preprocessor
+    raw = rng.integers(0, 256, size=(3, 20, 20, 3)).astype("float32")  # resized to 16 x 16 by the preprocessor
+    apply_threshold(sparse, 1e-3)
+    expected = keras.ops.convert_to_numpy(sparse(preprocessor(raw)))
+    np.testing.assert_allclose(small.predict(raw, verbose=0), expected, rtol=0, atol=1e-5)
+    assert GroupSparseModel(sparse.inputs, sparse.outputs).preprocessor is None  # only a Task's copy has one
 
 
 # DeiT: its patches, class and distillation tokens and positions come from one layer kept whole (DeiTEmbeddings);
