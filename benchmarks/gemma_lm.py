@@ -313,6 +313,8 @@ def main(argv=None):
     parser.add_argument("--head-dim", type=common.positive_int, default=HEAD_DIM, help=f"per head ({HEAD_DIM})")
     parser.add_argument("--neurons", type=common.positive_int, default=NEURONS,
                         help=f"gated feed-forward neurons per block ({NEURONS})")
+    parser.add_argument("--first-seed", type=common.non_negative_int, default=0,
+                        help="the first seed: seeds F..F+N-1 (default 0)")
     parser.add_argument("--max-flops", type=float, default=BUDGET,
                         help=f"SparsityBudget(max_flops=...), a fraction of the counted FLOPs ({BUDGET})")
     args = parser.parse_args(argv)
@@ -324,7 +326,8 @@ def main(argv=None):
     epochs = 1 if args.quick else args.epochs
     finetune = 1 if args.quick else args.finetune
     data = load(n_train, n_test)
-    run = common.Run(NAME + ("_uniform" if args.uniform_blocks else ""), args)
+    seeds = None if args.quick else range(args.first_seed, args.first_seed + args.seeds)
+    run = common.Run(NAME + ("_uniform" if args.uniform_blocks else ""), args, seeds=seeds)
     records = [run_seed(seed, data, epochs, finetune, args.uniform_blocks) for seed in run.seeds]
     budget = _budget_text(args.uniform_blocks) + ("" if args.uniform_blocks else " with no other argument")
     train_files, held = data["files"]
