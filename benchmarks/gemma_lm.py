@@ -34,7 +34,7 @@ Usage:
     KERAS_BACKEND=tensorflow python benchmarks/gemma_lm.py --quick    # 2,000 windows, 1 epoch, 1 seed -> benchmarks/out/
     KERAS_BACKEND=tensorflow python benchmarks/gemma_lm.py --uniform-blocks   # -> gemma_lm_uniform: a GemmaCausalLM
     KERAS_BACKEND=tensorflow python benchmarks/gemma_lm.py --hidden 128 --head-dim 32 --neurons 512 --out-name NAME
-        # a wider model (the sizes of every run are in its notes)
+        # a wider model (the sizes of every run are in its notes); --cosine: a decaying learning rate
 """
 
 import sys
@@ -64,6 +64,7 @@ VOCAB, SEQ = 256, 64
 LAYERS, HEADS, KV_HEADS, HEAD_DIM, HIDDEN, NEURONS = 2, 4, 2, 16, 64, 256
 TRAIN, BATCH, LR = 24000, 32, 2e-3
 EPOCHS, FINETUNE, BUDGET = 6, 1, 0.4
+COSINE = False  # --cosine: every run's learning rate decays from LR to 0 over its own epochs
 HELD_OUT = 10  # every tenth file
 
 
@@ -106,6 +107,14 @@ def load(n_train, n_test):
     (x_train, y_train), (x_test, y_test) = split(train), split(test)
     return {"x_train": x_train, "y_train": y_train, "x_test": x_test, "y_test": y_test,
             "files": (len(train_files), len(held))}
+
+
+def adam(data, epochs):
+    """Adam at ``LR``, constant, or with ``--cosine`` decaying to 0 over ``epochs`` of ``data``."""
+    if not COSINE:
+        return keras.optimizers.Adam(LR)
+    steps = epochs * -(-data["y_train"].shape[0] // BATCH)
+    return keras.optimizers.Adam(keras.optimizers.schedules.CosineDecay(LR, steps))
 
 
 def compiled(model, optimizer):
@@ -173,12 +182,12 @@ def generated(model, data):
 
 
 def run_seed(seed, data, epochs, finetune, uniform=False):
-    dense = compiled(build(seed), keras.optimizers.Adam(LR))
+    dense = compiled(build(seed), adam(data, epochs))
     _, dense_s, _ = common.fit_recording_warnings(dense, data, BATCH, epochs)
     dense_ppl = perplexity(dense, data)
     common.say(f"seed {seed} dense: perplexity {dense_ppl:.3f} in {dense_s:.0f} s")
 
-    sparse = compiled(add_group_sparsity(build(seed)), Proximal(keras.optimizers.Adam(LR)))
+    sparse = compiled(add_group_sparsity(build(seed)), Proximal(adam(data, epochs)))
     _, budget_s, warned = common.fit_recording_warnings(sparse, data, BATCH, epochs,
                                                         [SparsityBudget(max_flops=BUDGET, uniform_blocks=uniform)])
     trained_ppl = perplexity(sparse, data)
@@ -204,7 +213,7 @@ def run_seed(seed, data, epochs, finetune, uniform=False):
                f"{same_report.flops_after / same_report.flops_before:.3f} of the counted FLOPs, widths "
                f"{block_widths(same)}")
     pruned_class, pruned_generates = type(small).__name__, generated(same, data)
-    compiled(small, keras.optimizers.Adam(LR))  # the peers' recipe: a fine-tuning tail on the pruned model
+    compiled(small, adam(data, finetune))  # the peers' recipe: a fine-tuning tail on the pruned model
     _, tail_s, _ = common.fit_recording_warnings(small, data, BATCH, finetune)
     tail_ppl = perplexity(small, data)
     common.say(f"seed {seed} budget + {finetune} epoch(s) of fine-tuning: perplexity {tail_ppl:.3f}")
@@ -212,7 +221,7 @@ def run_seed(seed, data, epochs, finetune, uniform=False):
     cut, share, cut_ratio = common.magnitude_pruned(dense, list(_kernels(dense).values()),
                                                     report.flops_after / report.flops_before)
     cut_ppl = perplexity(cut, data)
-    compiled(cut, keras.optimizers.Adam(LR))
+    compiled(cut, adam(data, finetune))
     _, finetune_s, _ = common.fit_recording_warnings(cut, data, BATCH, finetune)
     tuned_ppl = perplexity(cut, data)
     common.say(f"seed {seed} magnitude: share {share:.3f}, {cut_ratio:.3f} of the counted FLOPs, perplexity "
@@ -313,6 +322,8 @@ def main(argv=None):
     parser.add_argument("--head-dim", type=common.positive_int, default=HEAD_DIM, help=f"per head ({HEAD_DIM})")
     parser.add_argument("--neurons", type=common.positive_int, default=NEURONS,
                         help=f"gated feed-forward neurons per block ({NEURONS})")
+    parser.add_argument("--cosine", action="store_true",
+                        help="every run's learning rate decays from LR to 0 over its own epochs (default constant)")
     parser.add_argument("--first-seed", type=common.non_negative_int, default=0,
                         help="the first seed: seeds F..F+N-1 (default 0)")
     parser.add_argument("--max-flops", type=float, default=BUDGET,
@@ -321,7 +332,7 @@ def main(argv=None):
     if not 0.0 < args.max_flops <= 1.0:
         parser.error(f"--max-flops must be a fraction in (0, 1]; received {args.max_flops}")
     globals().update(HIDDEN=args.hidden, HEAD_DIM=args.head_dim, NEURONS=args.neurons,  # what every function
-                     BUDGET=args.max_flops)  # of this script reads
+                     BUDGET=args.max_flops, COSINE=args.cosine)  # of this script reads
     n_train, n_test = (2000, 500) if args.quick else (TRAIN, 4000)
     epochs = 1 if args.quick else args.epochs
     finetune = 1 if args.quick else args.finetune
@@ -341,7 +352,7 @@ def main(argv=None):
         (f"Data: the `.py` files at the top of this Python's standard library, sorted; every {HELD_OUT}th held out "
          f"({train_files} training files, {held} held out); {n_train:,} training windows of {SEQ + 1} bytes at "
          f"seeded random offsets, {data['y_test'].shape[0]:,} consecutive held-out windows"),
-        (f"Batch {BATCH}, Adam lr {LR:g} (constant) in every run; budget run: `add_group_sparsity(model)` (default "
+        (f"Batch {BATCH}, Adam lr {LR:g} ({'decaying by a cosine to 0 over each run' if COSINE else 'constant'}) in every run; budget run: `add_group_sparsity(model)` (default "
          f"strength), `Proximal(Adam({LR:g}))`, {budget}; magnitude: the dense model, the same share of query heads and of neurons removed "
          f"in every block (smallest L2 norm of their outgoing weights), the least share that meets the budget's "
          f"counted FLOPs, `prune_model`, then fine-tuned with Adam({LR:g})"),
