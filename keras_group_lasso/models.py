@@ -171,8 +171,22 @@ class GroupSparseModel(_MultiplierState, keras.Model):
     @property
     def preprocessor(self):
         """The preprocessor of the KerasHub Task ``add_group_sparsity`` copied (kept, not applied: this model takes
-        what it makes), or ``None``; not saved with the model."""
+        what it makes), or ``None``; not saved with the model: after loading one, give it back with
+        ``model.preprocessor = task.preprocessor`` (a layer, or ``None``) before ``prune_model``."""
         return getattr(self, "_task_preprocessor", None)
+
+    @preprocessor.setter
+    def preprocessor(self, value):
+        if value is not None and not isinstance(value, keras.layers.Layer):
+            fail(type(self).__name__, "preprocessor", "a preprocessor layer (a KerasHub Task's) or None", value)
+        # kept out of Keras's tracking (a tracked layer would join the model's weights and its saved file)
+        object.__setattr__(self, "_task_preprocessor", value)
+
+    def __setattr__(self, name, value):
+        if name == "preprocessor":  # past Keras's tracking, to the property
+            GroupSparseModel.preprocessor.fset(self, value)
+            return
+        super().__setattr__(name, value)
 
     @property
     def source_model(self):
@@ -549,7 +563,8 @@ def add_group_sparsity(model, factor=1e-3, *, l1=None, input_factor=None, penalt
         fail(owner, "bias", "True or False", bias)
     group_weight = check_choice(owner, "group_weight", group_weight, _GROUP_WEIGHTS)
     _check_latency_table(owner, group_weight, latency_table)
-    preprocessor = getattr(model, "preprocessor", None) if isinstance(model, keras.Model) else None
+    preprocessor = getattr(model, "preprocessor", None) if _is_hub_task(model) else None
+    source = f"{type(model).__name__} {model.name!r}"
     model = graph_model(model)  # a subclassed model: the functional model of the layers its call runs
     _check_graph_model(owner, model)
     if latency_table is not None:
@@ -733,10 +748,9 @@ def add_group_sparsity(model, factor=1e-3, *, l1=None, input_factor=None, penalt
     copy.set_weights([keras.ops.convert_to_numpy(v) for v in _in_order_of(layer_weights(model), copy)])
     _refresh_normalization(copy)
     if preprocessor is not None and isinstance(copy, GroupSparseModel):
-        # kept out of Keras's tracking (a tracked layer would join the model's weights and its saved file)
-        object.__setattr__(copy, "_task_preprocessor", preprocessor)
+        copy.preprocessor = preprocessor
         warnings.warn(
-            f"{owner}: the penalised copy of {type(model).__name__} {model.name!r} is a functional model over the "
+            f"{owner}: the penalised copy of {source} is a functional model over the "
             f"Task's inputs: it keeps the Task's preprocessor ({type(preprocessor).__name__}) as `.preprocessor` but "
             "does not apply it, so fit, evaluate and predict take what it makes (for instance "
             "`copy.preprocessor(x)`); prune_model(copy, blocks='uniform') builds the Task again with it where every "
@@ -745,6 +759,14 @@ def add_group_sparsity(model, factor=1e-3, *, l1=None, input_factor=None, penalt
             stacklevel=2,
         )
     return copy
+
+
+def _is_hub_task(model):
+    """Whether ``model`` is a KerasHub Task (whose ``preprocessor`` runs before it, outside its graph): a class
+    named ``Task`` from ``keras_hub`` among its bases. A model of the user's that applies a preprocessor of its own
+    in ``call`` is not one: its copy runs that layer already."""
+    return any(base.__name__ == "Task" and base.__module__.split(".")[0] == "keras_hub"
+               for base in type(model).__mro__)
 
 
 def _in_order_of(weights, copy):

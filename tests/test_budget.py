@@ -432,9 +432,10 @@ def test_the_arguments_read_back_as_checked_and_cannot_be_changed_unchecked():
     assert (budget.max_flops, budget.update_freq, budget.min_width, budget.settle) == (0.25, 1, 0.0, 0.25)
     assert budget.settings.budgets == {"features": None, "units": None, "params": None, "flops": 0.25}
     assert budget.settings.search_end(epochs=8) == 6 and budget.settings.checks_every(steps=40) == 1
-    with pytest.raises(AttributeError):
-        budget.settle = 2.0  # would skip the check: a new budget is the way
-    assert budget.settle == 0.25
+    for name, value in (("settle", 2.0), ("max_latency", 0.5), ("settings", None)):
+        with pytest.raises(AttributeError):
+            setattr(budget, name, value)  # would skip the check: a new budget is the way
+    assert budget.settle == 0.25 and budget.max_latency is None and budget.settings.settle == 0.25
 
 
 def test_a_model_without_group_penalties_is_refused_by_name(rng):

@@ -20,7 +20,8 @@ from _fresh_process import assert_loads_without_this_package
 from test_applications import sparsify
 from test_model_families import T, assert_prunes_exactly_and_reloads
 
-from keras_group_lasso import GroupSparseModel, UnsupportedModelError, add_group_sparsity, apply_threshold, prune_model
+from keras_group_lasso import (GroupSparseModel, InvalidParameterError, UnsupportedModelError, add_group_sparsity,
+                               apply_threshold, prune_model)
 from keras_group_lasso.graph import registry
 from keras_group_lasso.graph.build import fixed_sizes, model_graph
 
@@ -879,6 +880,18 @@ def test_a_tasks_preprocessor_stays_with_its_penalised_copy_and_comes_back_with_
     expected = keras.ops.convert_to_numpy(sparse(preprocessor(raw)))
     np.testing.assert_allclose(small.predict(raw, verbose=0), expected, rtol=0, atol=1e-5)
     assert GroupSparseModel(sparse.inputs, sparse.outputs).preprocessor is None  # only a Task's copy has one
+    # not saved with the copy: without it the Task comes back without one, and says so; given back, it is kept
+    count = len(sparse.weights)
+    sparse.preprocessor = None
+    with pytest.warns(UserWarning, match="built again without the preprocessor its config names"):
+        again = prune_model(sparse, 1e-3, blocks="uniform")
+    assert type(again) is M.ViTImageClassifier and again.preprocessor is None
+    sparse.preprocessor = preprocessor
+    assert prune_model(sparse, 1e-3, blocks="uniform").preprocessor is preprocessor
+    assert preprocessor not in sparse.layers and len(sparse.weights) == count  # never tracked as a layer
+    with pytest.raises(InvalidParameterError, match=r"GroupSparseModel: argument `preprocessor` must be a "
+                                                    r"preprocessor layer \(a KerasHub Task's\) or None; received 'x'"):
+        sparse.preprocessor = "x"
 
 
 # DeiT: its patches, class and distillation tokens and positions come from one layer kept whole (DeiTEmbeddings);

@@ -177,8 +177,9 @@ def test_a_chain_that_cannot_be_rebuilt_is_dropped_with_a_warning(monkeypatch):
         return layer_timer(layer, rule, weights, node, shape, width_in, width_out, batch, after, inputs)
 
     monkeypatch.setattr(cost, "_layer_timer", failing)
-    with pytest.warns(RuntimeWarning, match=r"layer 'conv1' is timed alone: the layers after it \(bn1\)"):
+    with pytest.warns(RuntimeWarning, match=r"layer 'conv1' is timed alone: the layers after it \(bn1\)") as said:
         table = LatencyTable.measure(model, batch_size=4, repeats=1)
+    assert {w.filename for w in said if "timed alone" in str(w.message)} == {__file__}  # the caller's line
     assert table.segments["conv1"] == ()
     assert np.all(np.asarray(grids(table)["conv1"]["seconds"]) > 0)
 

@@ -1,6 +1,7 @@
 import subprocess
 import sys
 import textwrap
+import warnings
 
 import keras
 import numpy as np
@@ -191,6 +192,32 @@ def test_bad_arguments():
         add_group_sparsity(Subclassed())
     with pytest.raises(InvalidParameterError, match=r"a built model with a known input"):
         add_group_sparsity(keras.Sequential([keras.layers.Dense(2)]))
+
+
+def test_a_subclassed_model_that_applies_a_preprocessor_of_its_own_keeps_it_in_its_copy_once(rng):
+    """A model of the user's whose ``call`` runs ``self.preprocessor`` is no KerasHub Task: its traced copy runs that
+    layer already, keeps no ``preprocessor`` beside it and says nothing of one."""
+
+    class Net(keras.Model):
+        def __init__(self):
+            super().__init__()
+            self.preprocessor = keras.layers.Rescaling(1 / 255.0)
+            self.hidden = keras.layers.Dense(8, activation="relu")
+            self.out = keras.layers.Dense(1)
+
+        def call(self, x):
+            return self.out(self.hidden(self.preprocessor(x)))
+
+    model = Net()
+    x = rng.uniform(0, 255, size=(4, 5)).astype("float32")
+    model(x)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        copy = add_group_sparsity(model, 1e-3)
+    assert not [w for w in caught if "preprocessor" in str(w.message)]
+    assert getattr(copy, "preprocessor", None) is None
+    np.testing.assert_allclose(keras.ops.convert_to_numpy(copy(x)), keras.ops.convert_to_numpy(model(x)),
+                               rtol=1e-6, atol=1e-6)
 
 
 DISTRIBUTED = textwrap.dedent(

@@ -146,13 +146,12 @@ class SparsityBudget(keras.callbacks.Callback):
                  schedule_power=1.0, round_to=1, update_freq="auto", spare_block=False, pace="gradual",
                  min_width="auto", uniform_blocks=False):
         super().__init__()
-        self.settings = BudgetSettings.checked(
+        self._settings = BudgetSettings.checked(
             _OWNER, max_features=max_features, max_units=max_units, max_params=max_params, max_flops=max_flops,
             max_latency=max_latency, latency_check=latency_check, threshold=threshold, settle=settle,
             max_strength=max_strength, schedule_power=schedule_power, round_to=round_to, update_freq=update_freq,
             spare_block=spare_block, pace=pace, min_width=min_width, uniform_blocks=uniform_blocks)
         self._latency = LatencyLimit.checked(_OWNER, max_latency, latency_table)
-        self.max_latency = None if self._latency is None else self._latency.given
         self.latency = None
         if self.settings.checks_inside_epochs:
             self.on_train_batch_end = self._check_batch
@@ -194,6 +193,11 @@ class SparsityBudget(keras.callbacks.Callback):
     least_width = property(lambda self: self._share, doc=(
         "The share of its units below which this ``fit``'s budget takes no layer while the budget can be met "
         "without: ``min_width``, or with ``'auto'`` the share measured when training began (0 before)."))
+    settings = property(lambda self: self._settings, doc=(
+        "The checked arguments (:class:`~keras_group_lasso.budget.settings.BudgetSettings`), read-only: a new "
+        "``SparsityBudget`` is the way to others."))
+    max_latency = property(lambda self: None if self._latency is None else self._latency.given,
+                           doc="The latency budget as given (a fraction of the dense model's time), or ``None``.")
     latency_batch_size = property(lambda self: None if self._latency is None else self._latency.batch_size,
                                   doc="The batch size the latency budget counts at (``None`` without one).")
     latency_table = property(lambda self: None if self._latency is None else self._latency.table, doc=(

@@ -216,7 +216,7 @@ def measure_fields(model, batch_sizes, grid, repeats):
                 warnings.warn(f"{_OWNER}: layer {node.name!r} is timed alone: the layers after it "
                               f"({', '.join(segments[node.name])}) could not be rebuilt at every width "
                               f"({type(error).__name__}: {error}); their time counts in the rest.",
-                              RuntimeWarning, stacklevel=2)
+                              RuntimeWarning, stacklevel=3)
                 segments[node.name] = ()
                 inputs.clear()
                 timers = grid_timers([])

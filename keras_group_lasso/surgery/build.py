@@ -389,6 +389,7 @@ def _rebuilt_model(model, small, rebuilt):
     # a Task's preprocessor writes no vocabulary in its config (KerasHub keeps it as an asset): the same object
     # goes with the new Task
     preprocessor = getattr(model, "preprocessor", None) if "preprocessor" in config else None
+    lost = isinstance(config.get("preprocessor"), dict) and preprocessor is None
     if "preprocessor" in config:
         config["preprocessor"] = None
     try:
@@ -404,7 +405,17 @@ def _rebuilt_model(model, small, rebuilt):
         again.set_weights([keras.ops.convert_to_numpy(w) for w in values])
     except Exception:  # noqa: BLE001 - a config its class refuses
         return None
-    return again if blocks_module.same_outputs(small, None, again, None) else None
+    if not blocks_module.same_outputs(small, None, again, None):
+        return None
+    if lost:
+        warnings.warn(
+            f"prune_model: {type(again).__name__} is built again without the preprocessor its config names: the "
+            f"model given holds none (a penalised copy loaded from a file or cloned does not keep it); give it back "
+            "with `model.preprocessor = task.preprocessor` before prune_model, or set it on the result.",
+            UserWarning,
+            stacklevel=3,
+        )
+    return again
 
 
 def _weights_in_order(model, small):
