@@ -35,8 +35,12 @@ Usage:
     KERAS_BACKEND=tensorflow python benchmarks/gemma_lm.py --uniform-blocks   # -> gemma_lm_uniform: a GemmaCausalLM
     KERAS_BACKEND=tensorflow python benchmarks/gemma_lm.py --hidden 128 --head-dim 32 --neurons 512 --out-name NAME
         # a wider model (the sizes of every run are in its notes); --cosine: a decaying learning rate
+    python benchmarks/gemma_lm.py --merge A.json B.json --out-name NAME
+        # no training: the seeds of runs made with the same arguments (--first-seed apart) in one table
 """
 
+import argparse
+import json
 import sys
 import sysconfig
 import time
@@ -328,7 +332,24 @@ def main(argv=None):
                         help="the first seed: seeds F..F+N-1 (default 0)")
     parser.add_argument("--max-flops", type=float, default=BUDGET,
                         help=f"SparsityBudget(max_flops=...), a fraction of the counted FLOPs ({BUDGET})")
+    parser.add_argument("--merge", nargs="+", default=None, metavar="JSON",
+                        help="no training: the records of these result files (the same arguments but the seeds) "
+                             "in one table, under --out-name")
     args = parser.parse_args(argv)
+    parts = []
+    if args.merge:
+        parts = [json.loads(Path(path).read_text()) for path in args.merge]
+        defaults = vars(parser.parse_args([]))  # for arguments added after a file was written
+        for part in parts:
+            part["args"] = dict(defaults, **part["args"])
+        apart = ("seeds", "first_seed", "out_name", "quick", "merge")
+        same = [{k: v for k, v in part["args"].items() if k not in apart} for part in parts]
+        if any(found != same[0] for found in same):
+            parser.error(f"--merge: the files were run with other arguments: {same}")
+        if not args.out_name:
+            parser.error("--merge needs --out-name (the merged result's name)")
+        args = argparse.Namespace(**dict(parts[0]["args"], seeds=sum(len(p["records"]) for p in parts),
+                                         quick=False, out_name=args.out_name, merge=args.merge))
     if not 0.0 < args.max_flops <= 1.0:
         parser.error(f"--max-flops must be a fraction in (0, 1]; received {args.max_flops}")
     globals().update(HIDDEN=args.hidden, HEAD_DIM=args.head_dim, NEURONS=args.neurons,  # what every function
@@ -338,11 +359,18 @@ def main(argv=None):
     finetune = 1 if args.quick else args.finetune
     data = load(n_train, n_test)
     seeds = None if args.quick else range(args.first_seed, args.first_seed + args.seeds)
+    if parts:
+        seeds = sorted(r["seed"] for part in parts for r in part["records"])
     run = common.Run(NAME + ("_uniform" if args.uniform_blocks else ""), args, seeds=seeds)
-    records = [run_seed(seed, data, epochs, finetune, args.uniform_blocks) for seed in run.seeds]
+    if parts:
+        records = sorted((r for part in parts for r in part["records"]), key=lambda r: r["seed"])
+    else:
+        records = [run_seed(seed, data, epochs, finetune, args.uniform_blocks) for seed in run.seeds]
     budget = _budget_text(args.uniform_blocks) + ("" if args.uniform_blocks else " with no other argument")
     train_files, held = data["files"]
-    notes = [
+    sources = ["Records of " + "; ".join(f"`{part['command']}` ({part['date']}, {part['wall_seconds'] / 60:.1f} min)"
+                                         for part in parts)] if parts else []
+    notes = sources + [
         (f"Model: KerasHub's `GemmaCausalLM` around a `GemmaBackbone` (byte vocabulary of {VOCAB}, hidden {HIDDEN}, "
          f"{LAYERS} blocks of {HEADS} query heads on {KV_HEADS} key-value heads of {HEAD_DIM}, {NEURONS} gated "
          f"feed-forward neurons), built from its constructor with random initial weights; "
