@@ -306,3 +306,27 @@ def test_magnitude_pruning_meets_its_flop_target_and_leaves_the_dense_model_as_i
     np.testing.assert_array_equal(small.get_layer("out").get_weights()[0], before[2][kept])
     for got, want in zip(model.get_weights(), before):
         np.testing.assert_array_equal(got, want)
+
+
+def test_the_language_model_benchmark_merges_the_seeds_of_runs_made_alike_and_refuses_others(tmp_path, monkeypatch,
+                                                                                              capsys):
+    """``gemma_lm.py --merge``: the records of two result files (seed 0; seeds 1 and 2, the same arguments) in one
+    table, what their own numbers give over the three seeds; files run with other arguments are refused."""
+    from benchmarks import gemma_lm
+
+    results = Path(common.RESULTS_DIR)
+    monkeypatch.setattr(common, "RESULTS_MD", tmp_path / "RESULTS.md")
+    monkeypatch.setattr(common, "RESULTS_DIR", tmp_path / "results")
+    for name in ("HIDDEN", "HEAD_DIM", "NEURONS", "BUDGET", "COSINE"):  # main() sets them from the files' arguments
+        monkeypatch.setattr(gemma_lm, name, getattr(gemma_lm, name))
+    parts = [str(results / "gemma_lm_h128.json"), str(results / "gemma_lm_h128_s12.json")]
+    assert gemma_lm.main(["--merge", *parts, "--out-name", "merged"]) == 0
+    text = (tmp_path / "results" / "merged.md").read_text()
+    assert "- Seeds: 0, 1, 2\n" in text and "hidden 128" in text
+    assert "| `SparsityBudget(max_flops=0.4)`, `prune_model`, no fine-tuning | 6 | 4.557 ± 0.071 | 7.4 ± 1.9 |" in text
+    assert "| gemma_lm_h128" not in (tmp_path / "RESULTS.md").read_text() and "merged" in (
+        tmp_path / "RESULTS.md").read_text()
+    with pytest.raises(SystemExit):
+        gemma_lm.main(["--merge", parts[0], str(results / "gemma_lm_h128_12ep_cos.json"), "--out-name", "mixed"])
+    assert "--merge: the files were run with other arguments" in capsys.readouterr().err
+    assert not (tmp_path / "results" / "mixed.md").exists()
