@@ -43,9 +43,9 @@ else
 fi
 # Tests marked `turns` (many cases alike: model families, documentation blocks) deal their cases out over these
 # backends, each case on one of them (tests/conftest.py); TEST_TURNS="" runs every case on every backend. PyTorch's
-# leg is the shortest (eager steps of small models are quick): it is named three times and takes three shares.
+# leg is the shortest (eager steps of small models are quick): it is named four times and takes four shares.
 turns=("${backends[@]}")
-if [[ " ${backends[*]} " == *" torch "* ]]; then turns+=(torch torch); fi
+if [[ " ${backends[*]} " == *" torch "* ]]; then turns+=(torch torch torch); fi
 export TEST_TURNS="${TEST_TURNS-${turns[*]}}"
 status=0
 if [[ "${TEST_SERIAL:-0}" == "1" ]]; then
