@@ -414,6 +414,9 @@ def test_the_multiplier_saves_and_a_resumed_budget_starts_from_it(rng, tmp_path)
         ({"max_features": 3, "update_freq": 2.0}, "argument `update_freq` must be .* received 2.0"),
         ({"max_features": 3, "update_freq": True}, "argument `update_freq` must be .* received True"),
         ({"max_features": 3, "spare_block": 1}, "argument `spare_block` must be True or False; received 1"),
+        ({"max_features": 3, "spare_block": True},
+         r"argument `spare_block` must be False with round_to=1 \(it spares a block of round_to units\); "
+         "received True"),
         ({"max_features": 3, "uniform_blocks": "yes"},
          "argument `uniform_blocks` must be True or False; received 'yes'"),
         ({"max_features": 3, "pace": "fast"}, "argument `pace` must be 'gradual' or 'penalty'; received 'fast'"),
@@ -762,3 +765,115 @@ def test_no_cut_leaves_a_kernel_all_zero_not_even_through_a_residual_stream():
     kernel = model.get_layer("conv_c").kernel
     strongest = int(np.argmax(np.abs(np.asarray(kernel)).reshape(-1, 4, 3).sum(axis=(0, 2))))
     assert (kernel.path, strongest) not in cut_rows
+
+
+def test_a_fraction_that_leaves_no_group_is_refused_when_fit_starts(rng):
+    x, y = data(rng, n=64)
+    model = mlp()
+    model.compile("sgd", "binary_crossentropy")
+    with pytest.raises(InvalidParameterError, match=r"^SparsityBudget: argument `max_features` must be a fraction that "
+                       r"leaves at least one of the model's 12 selected input features \(the strongest group of every "
+                       r"layer stays\); received 0.05\.$"):
+        model.fit(x, y, epochs=1, verbose=0, callbacks=[SparsityBudget(max_features=0.05)])
+    with pytest.raises(InvalidParameterError, match="argument `max_units` must be a fraction that leaves at least one "
+                                                    "of the model's 8 live hidden units"):
+        model.fit(x, y, epochs=1, verbose=0, callbacks=[SparsityBudget(max_units=0.1)])
+
+
+def _grown_back(model, live, out_scale=None):
+    """``model``'s hidden layer with only its first ``live`` units alive (the others zero in and out)."""
+    hidden, out = model.get_layer("hidden"), model.get_layer("out")
+    value = keras.ops.convert_to_numpy(hidden.kernel).copy()
+    value[:, live:] = 0.0
+    hidden.kernel.assign(value)
+    value = keras.ops.convert_to_numpy(out.kernel).copy()
+    value[live:] = 0.0
+    if out_scale is not None:
+        value[:live] = out_scale
+    out.kernel.assign(value)
+    return hidden, out
+
+
+def test_units_that_rounding_grows_back_are_all_live_however_small_the_draw(rng):
+    """A grown unit's new weights are drawn small (a tenth of the live ones, at least 4x the threshold); a group of
+    one weight (a row of a one-output layer) drawn under the threshold would be dead at once: none is."""
+    from keras_group_lasso.analysis import analyze
+    from keras_group_lasso.budget import rounding
+
+    model = add_group_sparsity(keras.Sequential([keras.Input((12,)), keras.layers.Dense(64, name="hidden"),
+                                                 keras.layers.Dense(1, name="out")]), 1e-3)
+    hidden, out = _grown_back(model, 8, out_scale=0.005)  # the least scale: 4e-3, a draw under 1e-3 one in five
+    layer = {found.name: found for found in rounding.roundable_layers(analyze(model, 1e-3))}["hidden"]
+    layer.width = 64
+    back = rounding.apply_width(layer, 1e-3, np.random.default_rng(0))
+    assert len(back) == 56
+    assert np.all(np.abs(keras.ops.convert_to_numpy(out.kernel)).max(axis=1) > 1e-3)
+    assert np.all(np.abs(keras.ops.convert_to_numpy(hidden.kernel)).max(axis=0) > 1e-3)
+    assert sparsity_report(model, 1e-3).live_neurons == 64
+
+
+def test_units_that_rounding_grows_back_train_on_with_the_gradual_pace(rng):
+    """With the gradual pace every zero group is held at zero by a mask from the first epoch on; rounding that grows
+    a layer back to all its units frees their rows again, so they train and the layer keeps its rounded width."""
+    x, y = data(rng, n=256)
+    keras.utils.set_random_seed(0)
+    model = add_group_sparsity(keras.Sequential([keras.Input((12,)), keras.layers.Dense(16, activation="relu",
+                                                                                           name="hidden"),
+                                                 keras.layers.Dense(2, activation="softmax", name="out")]), 1e-4)
+    _grown_back(model, 10)
+    model.compile(keras.optimizers.SGD(0.05), "sparse_categorical_crossentropy")
+    budget = SparsityBudget(max_features=11, round_to=8)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model.fit(x, y, epochs=4, batch_size=32, verbose=0, callbacks=[budget])
+    assert budget.rounded == {"hidden": (10, 16)}
+    assert sparsity_report(model, 1e-3).layer_sizes[1] == 16
+    assert np.all(np.abs(keras.ops.convert_to_numpy(model.get_layer("out").kernel)).max(axis=1) > 0.0)
+
+
+def test_batch_normalization_renews_its_statistics_after_a_cut_on_data_of_unknown_length(rng):
+    """Without a batch hook (``update_freq="epoch"``) and with no step count from Keras (a dataset of unknown
+    length), the steps of an epoch are counted from the optimizer: the cut's renewal lowers the momentum as it does
+    on arrays, and the momentum is the layer's own again when ``fit`` ends."""
+    import tensorflow as tf
+
+    x, y = data(rng, n=256)
+    inputs = keras.Input((12,))
+    hidden = keras.layers.Dense(16, name="hidden")(inputs)
+    hidden = keras.layers.Activation("relu")(keras.layers.BatchNormalization(name="bn")(hidden))
+    model = add_group_sparsity(keras.Model(inputs, keras.layers.Dense(1, activation="sigmoid")(hidden)), 1e-4)
+    model.compile(keras.optimizers.SGD(0.05), "binary_crossentropy")
+    budget = SparsityBudget(max_units=4, update_freq="epoch")
+    momenta = []
+
+    class Momentum(keras.callbacks.Callback):
+        def on_epoch_begin(self, epoch, logs=None):
+            momenta.append(self.model.get_layer("bn").momentum)
+
+    unknown = tf.data.Dataset.from_tensor_slices((x, y)).batch(32).filter(lambda a, b: True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model.fit(unknown, epochs=4, verbose=0, callbacks=[budget, Momentum()])
+    assert budget.state.cut > 0 and budget.cuts
+    assert momenta[0] == 0.99 and min(momenta) < 0.9
+    assert model.get_layer("bn").momentum == 0.99
+
+
+def test_a_small_cut_with_no_epoch_left_after_it_is_said_in_a_warning(rng, caplog):
+    """A cut of a few groups when settling begins is the gradual pace's last step (logged); the same cut when
+    ``fit`` ends (stopped during the search) leaves no step to recover from it: a warning says so."""
+    x, y = data(rng, n=128)
+    model = mlp(hidden=(40,), factor=1e-7)  # too weak to remove anything by itself
+
+    class StopAfterOne(keras.callbacks.Callback):
+        def on_epoch_end(self, epoch, logs=None):
+            self.model.stop_training = True
+
+    budget = SparsityBudget(max_units=38)
+    with caplog.at_level("INFO", logger="keras_group_lasso"):
+        history, said = fit(model, x, y, [budget, StopAfterOne()], epochs=10)
+    assert len(history.history["loss"]) == 1 and budget.cuts and sum(n for _, n in budget.cuts) <= 0.05 * 52
+    assert sparsity_report(model, 1e-3).live_neurons <= 38
+    assert [str(w.message) for w in said if "at the end of training the model was still over its budget" in
+            str(w.message)], [str(w.message) for w in said]
+    assert "when settling began" not in caplog.text

@@ -115,12 +115,14 @@ class SparsityBudget(keras.callbacks.Callback):
     Raises:
         InvalidParameterError: no budget, or a budget, ``threshold``,
             ``settle``, ``max_strength``, ``schedule_power``, ``round_to``, ``pace``, ``min_width``,
-            ``update_freq``, ``spare_block`` or ``uniform_blocks`` out of range (a count budget
-            is at least 1: the strongest group of every layer stays), a
+            ``update_freq``, ``spare_block`` (or ``True`` with ``round_to=1``) or ``uniform_blocks`` out of
+            range (a count budget is at least 1: the strongest group of every layer stays), a
             ``max_latency`` at a batch size the ``latency_table`` lacks; when
             ``fit`` starts, a model whose layers carry no penalty of this
             package, whose group penalties all have ``factor`` 0, or (on JAX) a
-            plain Sequential (see :mod:`keras_group_lasso.declared`); a
+            plain Sequential (see :mod:`keras_group_lasso.declared`); a fraction
+            that leaves less than one of the model's features, units,
+            parameters or multiply-adds; a
             ``max_flops`` for a model with inputs of variable size whose
             layers are counted some per position and some per sample; a
             ``latency_table`` measured for another model; a ``max_latency``
@@ -155,7 +157,7 @@ class SparsityBudget(keras.callbacks.Callback):
         self.latency = None
         if self.settings.checks_inside_epochs:
             self.on_train_batch_end = self._check_batch
-        self._epoch = 0
+        self._epoch, self._steps_at_begin = 0, None
         self._every = self._declared = self._first_epoch = self._cutting = self.limits = None
         self._share, self._epoch_cut, self._curves = 0.0, 0, {}
         self._hold = StepHold()  # kept across fits: one that ended by an exception is released by the next
@@ -253,7 +255,7 @@ class SparsityBudget(keras.callbacks.Callback):
             fail(_OWNER, "model", "a model with group penalties of factor > 0 (the budget scales their strength)",
                  self.model)
         self.dense = measure.dense_sizes(self.model, self.settings, _OWNER)
-        self.limits, above = schedule.limits_of(self.settings.budgets, self.dense)
+        self.limits, above = schedule.limits_of(self.settings.budgets, self.dense, _OWNER)
         if self._latency is not None:  # the table (given, kept in the model's state or measured now) and the limit
             self._latency.begin(self.model, self._declared, above)
             self._latency_limit()
@@ -294,6 +296,7 @@ class SparsityBudget(keras.callbacks.Callback):
         """
         self._epoch = epoch
         self._done = self._checked = self._epoch_cut = 0
+        self._steps_at_begin = self._optimizer_steps()
         if self.limits and "latency" in self.limits:  # for a monitor in this fit (which dropped a failed fit's table)
             self._declared.training_latency = (self.latency_table, self.latency_batch_size)
         if self._first_epoch is not None:
@@ -365,6 +368,9 @@ class SparsityBudget(keras.callbacks.Callback):
         self._epoch = epoch
         if self._hold.pending:  # the groups cut inside the epoch: the step is traced again once, with all of them
             self._hold.freeze(self.model, self.settings.threshold)
+        if not self._steps and not self.settings.checks_inside_epochs:  # no batch hook counted them: the optimizer
+            steps = self._optimizer_steps()  # did (the steps a BatchNormalization renewal spreads over)
+            self._done = steps - self._steps_at_begin if None not in (steps, self._steps_at_begin) else 0
         if self.settings.update_freq != "epoch" and not self._steps:  # a dataset of unknown length: its first counts
             self._steps = self._done or None
             self._every = self.settings.checks_every(self._steps)
@@ -431,6 +437,11 @@ class SparsityBudget(keras.callbacks.Callback):
             self._renew_statistics()
         self._hold.freeze(self.model, self.settings.threshold)
         return sizes
+
+    def _optimizer_steps(self):
+        """The optimizer's step count (``iterations``), or ``None`` (no optimizer yet)."""
+        iterations = getattr(getattr(self.model, "optimizer", None), "iterations", None)
+        return None if iterations is None else int(keras.ops.convert_to_numpy(iterations))
 
     def _renew_statistics(self):
         left = (self._epochs() - self._search_end()) * (self._steps or self._done)

@@ -87,16 +87,23 @@ def hold_groups(model):
 
 
 def freeze_groups(model, groups):
-    """Hold ``groups`` (``{(path, row)}``) at zero after every optimizer step; returns whether the compiled step
-    must be traced again to do so.
+    """Hold ``groups`` (``{(path, row)}``) at zero after every optimizer step, and only them; returns whether the
+    compiled step must be traced again to do so.
 
     Each kernel with such groups gets them in its :class:`FrozenGroups` constraint (applied by the optimizer
     inside the compiled step, after the constraint the kernel had). A kernel without one (see
     :func:`hold_groups`) gets one, and a constraint whose mask a traced step does not read as it runs
-    (``read_as_it_runs``) changes: both need the step traced again.
+    (``read_as_it_runs``) changes: both need the step traced again. A kernel with none of ``groups`` whose mask
+    holds some (units that rounding grew back) keeps every group again.
     """
     changed = False
-    for variable, _, keep in _kernel_masks(model, groups):
+    masks = list(_kernel_masks(model, groups))
+    masked = {id(variable) for variable, _, _ in masks}
+    for variable in model.weights:
+        current = variable.constraint
+        if id(variable) not in masked and isinstance(current, FrozenGroups) and not np.all(current.kept == 1.0):
+            masks.append((variable, None, np.ones_like(current.kept)))
+    for variable, _, keep in masks:
         if not variable.trainable:  # no optimizer step moves it
             continue
         current = variable.constraint

@@ -1,8 +1,9 @@
 """The cuts of one ``fit`` under a budget: made through :mod:`.measure`, recorded, and said when they must be.
 
 A cut along the schedule is the budget's own pace and is only recorded; a cut to the budget itself (when settling
-begins or ``fit`` ends) is logged when it is a small last step and said in a warning when it is large, when it
-needed whole blocks of units to go, or when not even every group it may take meets the budget.
+begins or ``fit`` ends) is logged when it is a small last step with epochs left after it, and said in a warning when
+it is large, when no epoch is left to recover from it, when it needed whole blocks of units to go, or when not even
+every group it may take meets the budget.
 """
 
 import logging
@@ -13,8 +14,8 @@ from keras_group_lasso.budget import cut, measure, messages, renewal, schedule
 __all__ = ["Cutting", "SMALL_CUT"]
 
 _LOG = logging.getLogger("keras_group_lasso")
-#: With the gradual pace, a cut of at most this share of the prunable groups when settling begins is the
-#: schedule's last step (logged); a larger one is said in a warning.
+#: With the gradual pace, a cut of at most this share of the prunable groups when settling begins, with epochs left,
+#: is the schedule's last step (logged); a larger one, or one with no epoch after it, is said in a warning.
 SMALL_CUT = 0.05
 
 
@@ -57,7 +58,8 @@ class Cutting:
             warnings.warn(messages.unmeetable(self.owner, newly, best, self.limits,
                                               *measure.unmet_causes(meter.model, declared)), RuntimeWarning,
                           stacklevel=4)
-        elif newly and self.gradual and newly <= SMALL_CUT * self.groups:
+        elif (newly and self.gradual and newly <= SMALL_CUT * self.groups and epoch is not None and not last
+              and not self._blocks_failed):  # the schedule's last step, with epochs left to recover from it
             _LOG.info("%s: %d groups set to zero to meet the budget when settling began.", self.owner, newly)
         elif newly and schedule.over(best, self.limits) <= 1.0:
             blocks = (f"widths in blocks of {self.round_to} (round_to) could not meet it, so "

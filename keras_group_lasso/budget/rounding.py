@@ -224,10 +224,10 @@ def apply_width(layer, threshold, rng):
             view[..., row, :] = 0.0
             continue
         if np.max(np.abs(view[..., row, :])) <= threshold:
-            view[..., row, :] = rng.normal(scale=out_scale, size=view[..., row, :].shape)
+            view[..., row, :] = _drawn(rng, out_scale, view[..., row, :].shape, threshold)
             back.add((kernel.path, row))
         if np.max(np.abs(own[:, j])) <= threshold:
-            own[:, j] = rng.normal(scale=in_scale, size=own.shape[0]) * reads
+            own[:, j] = _drawn(rng, in_scale, own.shape[:1], threshold, reads)
     kernel.assign(value)
     layer.layer.kernel.assign(own_value)
     return back
@@ -247,6 +247,19 @@ def spare_blocks(found, round_to):
             penalty.spared = max(penalty.spared, round_to)
             spared[layer.name] = round_to
     return spared
+
+
+def _drawn(rng, scale, shape, threshold, reads=None):
+    """Normal weights of ``scale`` (zero where ``reads`` is False) whose largest magnitude is above ``threshold``
+    (at least twice it), so that the unit they bring back counts as live: a group of one weight (the row of a
+    one-output layer) would otherwise be drawn dead about one time in five at the least scale."""
+    values = rng.normal(scale=scale, size=shape)
+    allowed = np.ones(shape, dtype=bool) if reads is None else np.broadcast_to(reads, shape)
+    values = np.where(allowed, values, 0.0)
+    if allowed.any() and np.max(np.abs(values)) <= threshold:
+        at = np.unravel_index(np.argmax(np.where(allowed, np.abs(values), -1.0)), shape)
+        values[at] = (1.0 if values[at] >= 0 else -1.0) * 2.0 * threshold
+    return values
 
 
 def _rms(values):

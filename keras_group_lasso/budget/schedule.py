@@ -18,6 +18,8 @@ __all__ = ["KINDS", "check_limit", "check_latency", "limits_of", "targets", "ove
 KINDS = ("features", "units", "params", "flops", "latency")
 NEAR = 0.05  # settling may begin early once the schedule is this close to the budget (a fraction of it)
 _SERVED = (("features", "params", "flops", "latency"), ("units", "params", "flops", "latency"))
+_NOUNS = {"features": "selected input features", "units": "live hidden units", "params": "parameters",
+          "flops": "multiply-adds"}
 
 
 def check_limit(owner, name, value):
@@ -70,11 +72,15 @@ def check_latency(owner, name, value):
     return ("fraction", float(value))
 
 
-def limits_of(budgets, dense):
+def limits_of(budgets, dense, owner="SparsityBudget"):
     """``(limits, notes)``: each budget as a count, and a note for each that the dense model meets already.
 
     A budget that is not ``None`` counts as itself or, a fraction, as that share of the ``dense`` size rounded
     down; at most the dense size.
+
+    Raises:
+        InvalidParameterError: a fraction that is less than one of the model's features, units, parameters or
+            multiply-adds (no model meets it: the strongest group of every layer stays).
 
     Example:
         >>> limits_of({"features": 0.5, "units": None, "params": 100}, {"features": 9, "units": 4, "params": 80})
@@ -84,6 +90,9 @@ def limits_of(budgets, dense):
     for kind, limit in budgets.items():
         if limit is not None:
             count = limit if isinstance(limit, int) else int(math.floor(limit * dense[kind]))
+            if count < 1:
+                fail(owner, f"max_{kind}", f"a fraction that leaves at least one of the model's {dense[kind]} "
+                     f"{_NOUNS.get(kind, kind)} (the strongest group of every layer stays)", limit)
             if count >= dense[kind]:
                 notes.append(f"max_{kind}={limit!r} (the model has {dense[kind]})")
             limits[kind] = min(count, dense[kind])

@@ -95,6 +95,8 @@ class BudgetSettings:
             update_freq = int(update_freq)
         flags = {name: _checked_bool(owner, name, value) for name, value in
                  (("latency_check", latency_check), ("spare_block", spare_block), ("uniform_blocks", uniform_blocks))}
+        if flags["spare_block"] and round_to == 1:
+            fail(owner, "spare_block", "False with round_to=1 (it spares a block of round_to units)", spare_block)
         return cls(**budgets, threshold=threshold, settle=float(settle), max_strength=float(max_strength),
                    schedule_power=float(schedule_power), round_to=round_to, update_freq=update_freq, pace=pace,
                    min_width=min_width if isinstance(min_width, str) else float(min_width), **flags)
