@@ -316,6 +316,8 @@ class LayerSparsity:
             in full); ``False``: per sample.
         heads: attention heads (a MultiHeadAttention; 0 for other layers).
         heads_alive: heads kept by pruning (non-zero output weights).
+        inputs_alive: input units kept by pruning (the groups alive whose unit in the layer before lives; what a
+            :class:`~keras_group_lasso.LatencyTable` predicts the pruned layer's time at). ``-1``: not counted.
     """
 
     name: str
@@ -335,6 +337,7 @@ class LayerSparsity:
     flops_per_position: bool = False
     heads: int = 0
     heads_alive: int = 0
+    inputs_alive: int = -1
 
 
 @dataclasses.dataclass(frozen=True)
@@ -786,6 +789,7 @@ def _report_from(graph, weights, masks, threshold):
                 flops_per_position=bool(registry.variable_axes(shape)),
                 heads=0 if inner is None else inner[1],
                 heads_alive=0 if inner is None else inner[0],
+                inputs_alive=kept_in,
             )
         )
         total += size

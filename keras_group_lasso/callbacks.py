@@ -292,11 +292,23 @@ class SparsityMonitor(keras.callbacks.Callback):
         table, batch = serving
         return table.annotate(found, batch)
 
+    def _has_heads(self):
+        """Whether the model has attention layers (``live_heads`` is logged), read from its weights with the
+        values that are not finite as zeros."""
+        values = {w.path: np.nan_to_num(np.asarray(keras.ops.convert_to_numpy(w)), nan=0.0, posinf=0.0, neginf=0.0)
+                  for w in self.model.weights if keras.backend.standardize_dtype(w.dtype).startswith("float")}
+        try:
+            found = analysis.analyze(self.model, threshold=self.threshold, owner="sparsity_report", values=values)
+        except Exception:  # noqa: BLE001 - the epoch's other keys are NaN either way
+            return False
+        return any(layer.heads for layer in found.report.layers)
+
     def _non_finite(self, epoch, error, logs):
         self.last_report = None
         if logs is not None:
             latency = ("latency", "latency_speedup") if self._serving_table() is not None else ()
-            for key in ("sparsity", "selected_features", "live_neurons", "flops") + latency:
+            heads = ("live_heads",) if self._has_heads() else ()  # every epoch logs the same keys
+            for key in ("sparsity", "selected_features", "live_neurons", "flops") + latency + heads:
                 logs[key] = float("nan")
         if not self._warned_non_finite:
             self._warned_non_finite = True

@@ -421,13 +421,16 @@ def declare_group_penalties(model, owner="declare_group_penalties", multiplier=N
                      "kernel_regularizer=SparseGroupLasso(1e-4), or a model made by add_group_sparsity)", model)
             if state is None:
                 state = getattr(model, "group_penalty_state", None)
-            if not isinstance(state, PenaltyState):
+            attached = not isinstance(state, PenaltyState)
+            if attached:
                 state = PenaltyState(with_multiplier=True)
                 attach_state(model, state, carried=keras.backend.backend() == "jax")
             if keras.backend.backend() == "jax" and not any(v is state.multiplier
                                                            for v in model.non_trainable_variables):
                 # A compiled JAX step receives the model's variables only; a plain Sequential does not
                 # count a layer set as its attribute among them, so a new strength would never arrive.
+                if attached:  # refused: the model is left as it was
+                    delattr(model, "group_penalty_state")
                 fail(owner, "model", "a Functional model or one made by add_group_sparsity, on the JAX backend "
                      "(a plain Sequential cannot carry the penalties' strength into a compiled JAX step: "
                      "use keras_group_lasso.add_group_sparsity(model) or the functional API)", model)

@@ -95,9 +95,9 @@ def test_report_known_answer():
     assert report.uninterpreted_layers == ()
     assert (report.flops_before, report.flops_after) == (24 + 12 + 6, 12 + 6 + 4)
     assert report.layers == (
-        LayerSparsity("d0", "input", 24, 9, 9 / 24, 6, 4, 4, 3, 0, False, "Dense", 24, 4 * 3),
-        LayerSparsity("d1", "hidden", 12, 3, 3 / 12, 4, 3, 3, 2, 0, False, "Dense", 12, 3 * 2),
-        LayerSparsity("d2", "hidden", 6, 2, 2 / 6, 3, 2, 2, 2, 0, True, "Dense", 6, 2 * 2),
+        LayerSparsity("d0", "input", 24, 9, 9 / 24, 6, 4, 4, 3, 0, False, "Dense", 24, 4 * 3, inputs_alive=4),
+        LayerSparsity("d1", "hidden", 12, 3, 3 / 12, 4, 3, 3, 2, 0, False, "Dense", 12, 3 * 2, inputs_alive=3),
+        LayerSparsity("d2", "hidden", 6, 2, 2 / 6, 3, 2, 2, 2, 0, True, "Dense", 6, 2 * 2, inputs_alive=2),
     )
 
 

@@ -877,3 +877,24 @@ def test_a_small_cut_with_no_epoch_left_after_it_is_said_in_a_warning(rng, caplo
     assert [str(w.message) for w in said if "at the end of training the model was still over its budget" in
             str(w.message)], [str(w.message) for w in said]
     assert "when settling began" not in caplog.text
+
+
+@pytest.mark.skipif(keras.backend.backend() != "jax", reason="JAX only: a compiled JAX step receives the model's "
+                    "variables, which a plain Sequential does not count its penalties' state among")
+def test_a_plain_sequential_is_refused_on_jax_and_left_as_it_was(rng, tmp_path):
+    from keras_group_lasso import SparseGroupLasso
+
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(3, kernel_regularizer=SparseGroupLasso(1e-3)),
+                              keras.layers.Dense(2)])
+    before = len(model.weights)
+    x, y = rng.normal(size=(16, 4)).astype("float32"), rng.normal(size=(16, 2)).astype("float32")
+    model.compile("sgd", "mse")
+    for attempt in (lambda: set_penalty_multiplier(model, 2.0),
+                    lambda: model.fit(x, y, verbose=0, callbacks=[SparsityBudget(max_units=2)])):
+        with pytest.raises(InvalidParameterError, match="a Functional model or one made by add_group_sparsity, on "
+                                                        "the JAX backend"):
+            attempt()
+        assert not hasattr(model, "group_penalty_state") and len(model.weights) == before
+    model.save_weights(tmp_path / "plain.weights.h5")  # the layers' weights only
+    fresh = keras.Sequential([keras.Input((4,)), keras.layers.Dense(3), keras.layers.Dense(2)])
+    fresh.load_weights(tmp_path / "plain.weights.h5")

@@ -224,6 +224,30 @@ def test_non_finite_weights_warn_once_and_log_nan_instead_of_counting_zeros(tmp_
     assert monitor.last_report is None
 
 
+def test_an_attention_model_logs_its_heads_as_nan_in_an_epoch_that_is_not_finite():
+    """Every epoch logs the same keys: ``live_heads`` too, NaN with the others (``History`` keeps the epochs
+    aligned)."""
+    inputs = keras.Input((4, 8))
+    attended = keras.layers.MultiHeadAttention(num_heads=2, key_dim=4, name="mha")(inputs, inputs)
+    outputs = keras.layers.Dense(1, name="out")(keras.layers.GlobalAveragePooling1D()(attended))
+    model = keras.Model(inputs, outputs)
+    model.compile("sgd", "mse")
+    x = np.random.default_rng(0).normal(size=(32, 4, 8)).astype("float32")
+
+    def diverge(epoch, logs):
+        if epoch == 1:
+            kernel = model.get_layer("out").kernel
+            kernel.assign(np.full(kernel.shape, np.nan, "float32"))
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        history = model.fit(x, x[:, 0, :1], epochs=3, batch_size=16, verbose=0,
+                            callbacks=[keras.callbacks.LambdaCallback(on_epoch_end=diverge),
+                                       SparsityMonitor(log_dir=None)])
+    assert history.history["live_heads"][0] == 2
+    assert [math.isnan(v) for v in history.history["live_heads"]] == [False, True, True]
+
+
 # ----------------------------------------------------------------------------- epoch logs
 
 

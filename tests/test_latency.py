@@ -8,6 +8,7 @@ be exact. The speed-ups themselves are measured in ``benchmarks/latency_budget.p
 import glob
 import itertools
 import math
+import os
 import re
 import warnings
 
@@ -25,6 +26,7 @@ from keras_group_lasso import (
     sparsity_report,
 )
 from keras_group_lasso.analysis import analyze
+from keras_group_lasso.costs import current_device
 
 
 def small_cnn(name="cnn", filters=(8, 16), units=16):
@@ -321,6 +323,11 @@ def test_errors_of_the_table(table, tmp_path):
     with pytest.raises(InvalidParameterError, match=re.escape(
             "LatencyTable: argument `grid` must be a non-empty sequence of fractions in (0, 1]; received (0.0, 0.5).")):
         LatencyTable.measure(other, grid=(0.0, 0.5))
+    for bad in ([True], (0.5, np.True_)):  # a bool is not a fraction, though float(True) is 1.0
+        with pytest.raises(InvalidParameterError, match=re.escape(
+                "LatencyTable: argument `grid` must be a non-empty sequence of fractions in (0, 1]; "
+                f"received {bad!r}.")):
+            LatencyTable.measure(other, grid=bad)
     variable = keras.Sequential([keras.Input((None, 4)), keras.layers.Dense(3)])
     with pytest.raises(InvalidParameterError, match=re.escape(
             "LatencyTable: argument `model` must be a model whose inputs have a fixed size (a latency is measured "
@@ -663,3 +670,50 @@ def test_latency_group_weights_save_and_load(table, tmp_path):
                                rtol=1e-6, atol=1e-6)
     assert float(keras.ops.convert_to_numpy(sum(loaded.losses))) == pytest.approx(
         float(keras.ops.convert_to_numpy(sum(model.losses))), rel=1e-6)
+
+
+def _dead_first_units(model, name, count):
+    layer = model.get_layer(name)
+    for weight, index in ((layer.kernel, (Ellipsis, slice(0, count))), (layer.bias, slice(0, count))):
+        value = keras.ops.convert_to_numpy(weight).copy()
+        value[index] = 0.0
+        weight.assign(value)
+
+
+def test_a_report_and_an_analysis_predict_the_same_time(table):
+    """A unit whose weights are all zero feeds nothing: the layer after it is timed without that input whether the
+    table reads the report (its ``inputs_alive``) or the analysis (its masks), though the rows it feeds are not
+    zero (``groups_alive`` counts them)."""
+    model = small_cnn()
+    _dead_first_units(model, "conv2", 5)
+    report = sparsity_report(model, latency_table=table)
+    row = {r.name: r for r in report.layers}["dense"]
+    assert row.groups == row.groups_alive == 16 and row.inputs_alive == 11
+    found = analyze(model, 1e-3)
+    assert table.widths_of(report) == table.widths_of(found)
+    assert table.predict(report) == pytest.approx(report.latency_after) == pytest.approx(table.predict(found))
+
+
+def test_the_rest_of_a_partly_dead_model_is_timed_on_a_narrow_copy(rng):
+    """The narrow copy that times the rest keeps the first units of each layer at values of its own: a trained
+    model whose first units are dead is timed as the dense one is, with no warning."""
+    model = small_cnn()
+    _dead_first_units(model, "conv1", 4)
+    _dead_first_units(model, "dense", 8)
+    before = [keras.ops.convert_to_numpy(w).copy() for w in model.weights]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)  # "the rest ... counts as a fixed time" would be one
+        measured = LatencyTable.measure(model, batch_size=4, repeats=1, grid=(0.5,))
+    assert measured.narrow_widths == {"conv1": (1, 4), "conv2": (4, 8), "dense": (8, 8), "logits": (8, 3)}
+    assert measured.to_dict()["batches"]["4"]["narrow"] > 0
+    for weight, value in zip(model.weights, before):  # the model is left as it was
+        np.testing.assert_array_equal(keras.ops.convert_to_numpy(weight), value)
+
+
+def test_the_device_names_the_processor_or_the_accelerator():
+    device = current_device()
+    assert device.startswith(("CPU (", "GPU (", "TPU ("))
+    if device.startswith("CPU (") and os.path.exists("/proc/cpuinfo"):
+        names = [line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo", encoding="utf-8")
+                 if line.lower().startswith("model name")]
+        assert not names or " ".join(names[0].split()) in device

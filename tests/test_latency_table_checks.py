@@ -284,6 +284,13 @@ def test_a_directory_or_a_missing_file(tmp_path):
         LatencyTable.load(tmp_path / "missing.json")
 
 
+def test_a_save_into_a_missing_directory_names_the_file_asked_for(measured, tmp_path):
+    target = tmp_path / "missing" / "table.json"
+    with pytest.raises(FileNotFoundError, match=re.escape(f"No such file or directory: {str(target)!r}")):
+        measured.save(target)
+    assert os.listdir(tmp_path) == []
+
+
 def test_from_dict_refuses_what_is_not_a_table():
     for bad, received in ((None, "None"), ([], "[]"), ({"format": "other"}, "format 'other'")):
         with pytest.raises(InvalidParameterError, match=re.escape(

@@ -242,8 +242,11 @@ class LatencyTable:
             widths = {}
             for name, (dense_in, dense_out) in self.layers.items():
                 row = rows.get(name.split("#")[0])
-                widths[name] = (dense_in, dense_out) if row is None else (
-                    min(dense_in, row.groups_alive), row.units_alive)
+                if row is None:
+                    widths[name] = (dense_in, dense_out)
+                    continue
+                live_in = row.groups_alive if row.inputs_alive < 0 else row.inputs_alive
+                widths[name] = (min(dense_in, live_in), row.units_alive)
             return widths
         if isinstance(structure, dict):
             widths = {}
@@ -273,7 +276,7 @@ class LatencyTable:
         Args:
             structure: ``None`` (the dense widths), a ``{layer name: (input units, output units)}`` dict
                 (layers left out keep their dense widths), or a
-                :class:`~keras_group_lasso.SparsityReport` (each layer at its live groups and units).
+                :class:`~keras_group_lasso.SparsityReport` (each layer at the input units and units pruning keeps).
             batch_size: one of :attr:`batch_sizes` (``None``: the table's only one).
 
         Returns:

@@ -277,7 +277,10 @@ def write_json(data, path):
     """
     target = os.path.realpath(os.fspath(path))
     directory, base = os.path.split(target)
-    temporary, descriptor = _new_file(directory, f".{base}.")
+    try:
+        temporary, descriptor = _new_file(directory, f".{base}.")
+    except OSError as error:  # a missing or read-only directory: said of the file asked for, not of the temporary
+        raise type(error)(error.errno, error.strerror, os.fspath(path)) from None
     try:
         with os.fdopen(descriptor, "w", encoding="utf-8") as handle:
             json.dump(data, handle, indent=1)

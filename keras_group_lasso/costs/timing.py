@@ -49,14 +49,25 @@ def _compiled(obj, is_model):
     if backend == "tensorflow":
         import tensorflow as tf
 
-        return tf.function(lambda x: obj(x, **kwargs), jit_compile=False)
+        run = tf.function(lambda x: obj(x, **kwargs), jit_compile=False)
+        if not tf.config.list_logical_devices("GPU"):
+            return run
+
+        def call_and_wait(x):  # a GPU runs the kernels after the call returns: wait for them
+            out = run(x)
+            tf.test.experimental.sync_devices()
+            return out
+
+        return call_and_wait
     if backend == "torch":
         import torch
+
+        accelerated = torch.cuda.is_available()
 
         def call(x):
             with torch.no_grad():
                 out = obj(x, **kwargs)
-            if getattr(getattr(out, "device", None), "type", "cpu") == "cuda":
+            if accelerated:  # whatever the outputs' structure: the kernels run after the call returns
                 torch.cuda.synchronize()
             return out
 
@@ -131,10 +142,23 @@ def _inputs(model, batch_size, owner):
     return xs[0] if len(xs) == 1 else xs
 
 
+def _processor():
+    """The processor's model name where the system says it (Linux), else ``""``: two CPUs of as many cores are told
+    apart, so that a table measured on one is measured again on the other."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as info:
+            for line in info:
+                if line.lower().startswith("model name"):
+                    return " ".join(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return platform.processor() or ""
+
+
 def current_device():
     """The device that runs the backend's calls, in words."""
     backend = keras.backend.backend()
-    cpu = f"CPU ({platform.machine() or 'unknown'}, {os.cpu_count()} cores)"
+    cpu = f"CPU ({_processor() or platform.machine() or 'unknown'}, {os.cpu_count()} cores)"
     try:
         if backend == "jax":
             import jax
@@ -144,8 +168,11 @@ def current_device():
         if backend == "tensorflow":
             import tensorflow as tf
 
-            gpus = tf.config.list_logical_devices("GPU")
-            return f"GPU ({gpus[0].name})" if gpus else cpu
+            gpus = tf.config.list_physical_devices("GPU")
+            if not gpus:
+                return cpu
+            details = tf.config.experimental.get_device_details(gpus[0])
+            return f"GPU ({details.get('device_name') or gpus[0].name})"
         if backend == "torch":
             import torch
 
@@ -301,10 +328,11 @@ def check_batch_sizes(owner, name, value):
 def check_grid(grid):
     constraint = "a non-empty sequence of fractions in (0, 1]"
     try:
-        values = tuple(float(f) for f in grid)
+        items = tuple(grid)
+        values = tuple(float(f) for f in items)
     except (TypeError, ValueError):
         fail(_OWNER, "grid", constraint, grid)
-    if not values or any(isinstance(f, bool) or not (0.0 < f <= 1.0) for f in values):
+    if not values or any(isinstance(f, (bool, np.bool_)) for f in items) or not all(0.0 < f <= 1.0 for f in values):
         fail(_OWNER, "grid", constraint, grid)
     return tuple(sorted(set(values) | {1.0}))
 
@@ -459,19 +487,21 @@ def output_positions(graph, node):
 def _narrow_model(model, graph, fraction):
     """``(pruned model, widths)``: ``model`` with each hidden layer at ``ceil(fraction * units)`` units.
 
-    Built by :func:`~keras_group_lasso.surgery.build.prune_as_if` from kernels whose columns beyond that width are
-    zero, values the model's own weights never hold. ``(None, None)`` with a warning when the model cannot be
-    pruned.
+    Built by :func:`~keras_group_lasso.surgery.build.prune_as_if` from kernels of one small value each (not the
+    model's own weights, whose zero groups would cut more: a trained or pruned model) whose columns beyond that
+    width are zero. ``(None, None)`` with a warning when the model cannot be pruned.
     """
     values = {}
     for node in graph.units:
         layer = graph.layers[node.name]
-        if node.is_output or "#" in node.name or not registry.units_rule(layer).rounds:
+        kernel = getattr(layer, "kernel", None)
+        if "#" in node.name or kernel is None or not hasattr(kernel, "path"):
             continue
-        keep = max(1, int(math.ceil(fraction * node.out_units)))
-        value = np.array(keras.ops.convert_to_numpy(layer.kernel))
-        value[..., keep:] = 0.0
-        values[layer.kernel.path] = value
+        shape = tuple(kernel.shape)
+        value = np.full(shape, 1.0 / math.sqrt(max(1, int(np.prod(shape[:-1])))), dtype="float32")
+        if not node.is_output and registry.units_rule(layer).rounds:
+            value[..., max(1, int(math.ceil(fraction * node.out_units))):] = 0.0
+        values[kernel.path] = value
     try:
         masks = analysis.analyze(model, threshold=0.0, owner=_OWNER, values=values).masks
         widths = {node.name: (int(masks.inputs[node.name].sum()), int(masks.units[node.name].sum()))
