@@ -728,3 +728,55 @@ def test_best_errors(path_result):
         path.best(max_features=-1)
     with pytest.raises(InvalidParameterError, match="argument `tolerance` must be a finite number >= 0; received -0.1."):
         path.best(tolerance=-0.1)
+
+
+def _two_features(n=200, features=8, seed=0):
+    rng = np.random.default_rng(seed)
+    X = rng.uniform(size=(n, features))
+    return X, (X[:, 0] + X[:, 1] > 1).astype(int)
+
+
+@pytest.mark.parametrize("penalty", ["l1", "l2"])
+def test_proximal_with_a_penalty_it_does_not_step_is_refused(penalty):
+    """Proximal steps the group penalties only; with Keras's L1 or L2 no weight would reach zero and no threshold
+    would apply: nothing could be selected."""
+    X, y = _two_features(n=40)
+    message = (f"The 'proximal' parameter of GroupSparseMLPClassifier must be False with penalty={penalty!r} (the "
+               "proximal step is for the group penalties 'sgl' and 'group'). Got True instead.")
+    clf = GroupSparseMLPClassifier((4,), penalty=penalty, proximal=True, epochs=1)
+    for call in (lambda: clf.fit(X, y), lambda: clf.path(X, y, alphas=[0.0])):
+        with pytest.raises(ParameterError, match=re.escape(message)):
+            call()
+
+
+def test_a_fit_that_fails_leaves_the_estimator_unfitted_not_half_fitted():
+    X, y = _two_features(n=60)
+    y = y + (X[:, 2] > 0.8)  # three classes
+    clf = GroupSparseMLPClassifier((4,), epochs=2, random_state=0).fit(X, y)
+    with pytest.raises(ValueError):
+        clf.fit(X[:, :5], np.zeros(len(X), dtype=int))  # one class: refused after the data were read
+    with pytest.raises(NotFittedError):
+        clf.predict(X)
+    assert not [name for name in vars(clf) if name.endswith("_") and not name.startswith("__")]
+    assert clf.fit(X, y).predict(X).shape == (len(X),)
+
+
+def test_the_fitted_model_keeps_the_strengths_it_was_fitted_with():
+    X, y = _two_features(n=60)
+    clf = GroupSparseMLPClassifier((4,), alpha=1e-3, learning_rate=1e-2, epochs=2, random_state=0).fit(X, y)
+    clf.set_params(alpha=0.5, learning_rate=0.3)  # for the next fit only
+    model = clf.model_
+    assert model.layers[-1].kernel_regularizer.get_config()["factor"] == pytest.approx(1e-3)
+    assert float(keras.ops.convert_to_numpy(model.optimizer.learning_rate)) == pytest.approx(1e-2)
+
+
+def test_a_refit_changes_nothing_the_path_selects():
+    """Each refit trains a copy's worth of steps with the strength off; the path goes on from the selection step's
+    weights and optimizer state, so the points select and score as a path without refits does."""
+    X, y = _two_features()
+    clf = GroupSparseMLPClassifier((16,), alpha=1e-3, learning_rate=3e-3, proximal=True, epochs=30, batch_size=20,
+                                   random_state=0)
+    with_refit, without = (clf.path(X, y, alphas=[0.0, 0.005, 0.01, 0.02], refit=refit) for refit in (True, False))
+    assert [p.selected_features for p in with_refit] == [p.selected_features for p in without]
+    assert [p.penalized_score for p in with_refit] == [p.penalized_score for p in without]
+    assert [p.passes for p in with_refit][1:] == [2 * p.passes for p in without][1:]

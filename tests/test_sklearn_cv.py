@@ -306,3 +306,25 @@ def test_one_class_is_refused_in_the_estimators_name():
     assert str(info.value) == f"{NAME}: argument `y` must contain at least 2 classes; received 1 class (np.int64(3))."
     with pytest.raises(NotFittedError):  # a failed fit leaves nothing behind
         est.predict(np.zeros((6, 2)))
+
+
+def test_every_fold_takes_as_many_steps_per_point_as_the_all_data_path():
+    from keras_group_lasso.sklearn._cv import fold_passes
+
+    for n, n_train, batch, passes in ((300, 200, 50, 20), (150, 100, 200, 20), (250, 200, 200, 8), (7, 3, 2, 5)):
+        steps = passes * -(-n // batch)
+        fold = fold_passes(passes, n, n_train, batch)
+        per_pass = -(-n_train // batch)
+        assert abs(fold * per_pass - steps) <= per_pass / 2 and fold >= 1
+
+
+def test_a_fold_without_a_class_is_named_as_the_cross_validation_s_error():
+    rng = np.random.default_rng(0)
+    X = rng.uniform(size=(30, 4))
+    y = np.array([0] * 15 + [1] * 14 + [2])  # class 2 has one member: some training part lacks it
+    clf = GroupSparseMLPClassifierCV(**dict(FAST, cv=KFold(3)))
+    with pytest.raises(ValueError, match=r"^GroupSparseMLPClassifierCV: the training part of fold 3 of cv=KFold\("
+                                         r".*\) has no sample of class 2 "):
+        clf.fit(X, y)
+    with pytest.raises(NotFittedError):
+        clf.predict(X)

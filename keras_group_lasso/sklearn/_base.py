@@ -11,7 +11,6 @@ from sklearn.feature_selection import SelectorMixin
 from sklearn.utils.multiclass import check_classification_targets
 from sklearn.utils.validation import check_is_fitted
 
-from keras_group_lasso._validation import NonFiniteError
 from keras_group_lasso.analysis import is_zero
 from keras_group_lasso.sklearn import _network
 from keras_group_lasso.sklearn._constraints import ParameterError, check_parameters
@@ -97,6 +96,11 @@ class _GroupSparseMLP(SelectorMixin, BaseEstimator):
         name = type(self).__name__
         if not sklearn.get_config().get("skip_parameter_validation", False):
             check_parameters(self._constraints, self.get_params(deep=False), name)
+        if self.proximal is True and self.penalty in ("l1", "l2"):
+            # Proximal steps the package's group penalties only: Keras's L1 and L2 stay loss terms, which make no
+            # exact zero, and with proximal=True no threshold is applied either: nothing would be selected.
+            raise ParameterError(f"The 'proximal' parameter of {name} must be False with penalty={self.penalty!r} "
+                                 "(the proximal step is for the group penalties 'sgl' and 'group'). Got True instead.")
         return _network.hidden_sizes(self.hidden_layer_sizes, name)
 
     def _validate_fit_data(self, X, y, reset=True):
@@ -161,6 +165,13 @@ class _GroupSparseMLP(SelectorMixin, BaseEstimator):
                 estimator is left unfitted.
         """
         hidden = self._check_params()
+        try:
+            return self._fit(hidden, X, y)
+        except BaseException:  # the data attributes may be the new data's already: unfitted, not half-fitted
+            self._forget_fit()
+            raise
+
+    def _fit(self, hidden, X, y):
         X, y = self._validate_fit_data(X, y)
         y_encoded, n_outputs = self._encode_targets(y)
         init_seed, data_seed, split_seed = _network.draw_seeds(self.random_state)
@@ -191,14 +202,9 @@ class _GroupSparseMLP(SelectorMixin, BaseEstimator):
         # Only a network that trained without error goes back (a diverged one would be fine too: the next fit
         # resets its weights and optimizer).
         _network.NETWORKS.release(network)
-        try:
-            _network.check_finite(
-                f"{type(self).__name__}.fit", self._task, self.learning_rate, monitor, weights, self.epochs
-            )
-        except NonFiniteError:
-            self._forget_fit()
-            raise
-
+        _network.check_finite(
+            f"{type(self).__name__}.fit", self._task, self.learning_rate, monitor, weights, self.epochs
+        )
         return self._finish(spec, weights, self._input_alpha(), monitor.history())
 
     def _forget_fit(self):
@@ -234,6 +240,7 @@ class _GroupSparseMLP(SelectorMixin, BaseEstimator):
         self.loss_ = self.history_["loss"][-1] if self.history_["loss"] else float("nan")
         self._fitted_spec = spec
         self._fitted_input_alpha = float(input_alpha)
+        self._fitted_alpha, self._fitted_learning_rate = float(self.alpha), self.learning_rate
         self._model = None
         self._pruned = None
         return self
@@ -378,9 +385,9 @@ class _GroupSparseMLP(SelectorMixin, BaseEstimator):
         check_is_fitted(self)
         if self._model is None:
             model = _network.build_export_model(
-                self._fitted_spec, self.alpha, self._fitted_input_alpha, self._weights()
+                self._fitted_spec, self._fitted_alpha, self._fitted_input_alpha, self._weights()
             )
-            _network.compile_export_model(model, self._fitted_spec, self.learning_rate)
+            _network.compile_export_model(model, self._fitted_spec, self._fitted_learning_rate)
             self._model = model
         return self._model
 

@@ -28,6 +28,7 @@ from sklearn.base import clone, is_classifier
 from sklearn.metrics import check_scoring, get_scorer_names
 from sklearn.model_selection import check_cv
 
+from keras_group_lasso.sklearn import _network
 from keras_group_lasso.sklearn._base import GroupSparseMLPClassifier, GroupSparseMLPRegressor
 from keras_group_lasso.sklearn._constraints import Interval, ParameterError, StrOptions
 
@@ -51,6 +52,19 @@ _CV_CONSTRAINTS = {
 # The base estimator's early-stopping arguments: the path does not use them.
 _FIT_ONLY = ("early_stopping", "validation_fraction", "n_iter_no_change", "tol")
 
+
+
+def fold_passes(passes, n, n_train, batch_size):
+    """The passes over a fold's ``n_train`` rows that take as many steps of ``batch_size`` rows as ``passes`` over
+    all ``n`` rows (at least 1): ``round(passes * ceil(n / b) / ceil(n_train / b))``, so that a strength shrinks as
+    much on every path of a cross-validation (a pass over fewer rows can be fewer steps, or as many).
+
+    Example:
+        >>> fold_passes(20, 300, 200, 50), fold_passes(20, 150, 100, 200)
+        (30, 20)
+    """
+    per_pass = -(-max(1, n_train) // batch_size)
+    return max(1, round(passes * -(-n // batch_size) / per_pass))
 
 class _CrossValidated:
     """``fit`` by cross-validation along the path; prediction and selection come from the base estimator."""
@@ -173,7 +187,7 @@ class _CrossValidated:
         self._forget_fit()
         try:
             return self._fit(X, y, hidden)
-        except Exception:
+        except BaseException:
             self._forget_fit()  # a failed fit leaves the estimator unfitted, as the base estimators do
             raise
 
@@ -192,18 +206,23 @@ class _CrossValidated:
         penalized = np.empty((len(alphas), len(splits)))
         scorer = None if self.scoring is None else check_scoring(base, scoring=self.scoring)
         epochs_per_alpha = kwargs.pop("epochs_per_alpha") or max(1, self.epochs // 4)
+        batch = _network.resolved_batch_size(self.batch_size)
         for k, (train, test) in enumerate(splits):
             X_test, y_test = X_checked[test], y_checked[test]
-            # As many training steps per point as on the all-data path (a pass over
-            # fewer rows is fewer steps), so that a strength shrinks as much on every path.
-            scale = len(X_checked) / max(1, len(train))
-            fold = clone(base).set_params(epochs=max(1, round(self.epochs * scale))).path(
+            missing = ()
+            if is_classifier(self):  # a path learns the classes it is shown
+                missing = sorted(set(self.classes_.tolist()) - set(y_checked[train].tolist()))
+            if missing:
+                raise ValueError(f"{type(self).__name__}: the training part of fold {k + 1} of cv={self.cv!r} has no "
+                                 f"sample of class {missing[0]!r} (a path learns the classes it is shown): use fewer "
+                                 "folds or a stratified splitter (an int cv is stratified for a classifier).")
+            fold = clone(base).set_params(epochs=fold_passes(self.epochs, len(X_checked), len(train), batch)).path(
                 X_checked[train],
                 y_checked[train],
                 alphas,
                 validation_data=(X_test, y_test),
                 keep_weights=scorer is not None,
-                epochs_per_alpha=max(1, round(epochs_per_alpha * scale)),
+                epochs_per_alpha=fold_passes(epochs_per_alpha, len(X_checked), len(train), batch),
                 **kwargs,
             )
             if scorer is None:
@@ -333,7 +352,7 @@ class GroupSparseMLPClassifierCV(_CrossValidated, GroupSparseMLPClassifier):
         >>> clf.fit(X, y).get_support(indices=True)
         array([0, 1])
         >>> clf.alpha_, clf.scores_path_.shape
-        (0.04, (4, 3))
+        (0.02, (4, 3))
     """
     )
 

@@ -120,12 +120,17 @@ def score_outputs(task, outputs, y):
     return r2_score(y, outputs)
 
 
+def resolved_batch_size(batch_size):
+    """The rows of a training step: ``batch_size``, with ``"auto"`` 200."""
+    return 200 if batch_size == "auto" else int(batch_size)
+
+
 def make_spec(task, hidden, n_features, n_outputs, n_train, *, penalty, l1_ratio, optimizer, proximal, batch_size):
     """The :class:`Spec` of the training network (``batch_size``: ``"auto"`` is 200)."""
     # Not clipped to the data: a step with more rows than samples takes
     # rows from consecutive reshuffled passes, and every small data set
     # then trains with the same batch shape.
-    batch_size = 200 if batch_size == "auto" else int(batch_size)
+    batch_size = resolved_batch_size(batch_size)
     return Spec(
         n_features=int(n_features),
         hidden=tuple(hidden),
@@ -349,6 +354,15 @@ class Network:
         for layer in self.dense:
             out += [layer.kernel, layer.bias]
         return out
+
+    def optimizer_state(self):
+        """The optimizer's state (step counter, moments) as arrays, for :meth:`set_optimizer_state`."""
+        return [np.array(ops.convert_to_numpy(v)) for v in self.model.optimizer.variables]
+
+    def set_optimizer_state(self, values):
+        """Set back a state of :meth:`optimizer_state` (a refit between two points leaves none of its own)."""
+        for variable, value in zip(self.model.optimizer.variables, values):
+            variable.assign(value)
 
     def reset_optimizer(self, learning_rate):
         """Zero the optimizer's state (step counter, moments) as if it were new."""

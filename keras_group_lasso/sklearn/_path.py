@@ -113,7 +113,7 @@ class RegularizationPath:
         RegularizationPath: 3 points, ... s
                alpha  features  neurons  accuracy  penalized
                    0         8       10    0.9200        ...
-                0.01         3       10    0.9600     0.9500
+                0.01         3       10    0.9600     0.9700
                 0.02         2        9    0.9600     0.9500
         >>> best = path.best(max_features=2)
         >>> best.alpha, best.n_features, best.score
@@ -485,6 +485,7 @@ def run_path(
     task = spec.task
     threshold = 0.0 if spec.proximal else float(threshold)
     phase_seeds = np.random.default_rng(data_seed)
+    refit_seeds = np.random.default_rng((int(data_seed), 1))  # a refit draws none of the path's own
     n_features = spec.n_features
     mask = np.ones(n_features, dtype=bool)
     points = []
@@ -497,9 +498,9 @@ def run_path(
     def score(weights):  # as the estimator's predict computes it
         return float(_network.score_outputs(task, _network.forward(weights, x_val, task), y_val))
 
-    def train_for(passes, alpha_now, losses):
+    def train_for(passes, alpha_now, losses, seeds=phase_seeds):
         monitor = _network.PassMonitor(network)
-        network.train(x_train, y_train, passes, int(phase_seeds.integers(0, 2**31 - 1)), monitor)
+        network.train(x_train, y_train, passes, int(seeds.integers(0, 2**31 - 1)), monitor)
         _network.check_finite(
             f"{owner} (alpha={alpha_now:g})", task, learning_rate, monitor, network.get_weights(), passes
         )
@@ -533,14 +534,18 @@ def run_path(
             penalized_score = score(selected)
             final, final_report, final_score = selected, report, penalized_score
             if refit and mask.any():
+                # The path goes on from the selection step's weights and optimizer state: a refit changes
+                # nothing the next points select.
+                kept_state = network.optimizer_state()
                 network.set_alpha(alpha, 0.0)
                 network.set_weights(selected)
                 network.set_mask(mask)
-                passes += train_for(epochs_per_alpha, input_alpha, losses)
+                passes += train_for(epochs_per_alpha, input_alpha, losses, refit_seeds)
                 final = _threshold(network.get_weights(), threshold)
                 final[0][~mask] = 0
                 final_report = read_sparsity(final, threshold)
                 final_score = score(final)
+                network.set_optimizer_state(kept_state)
             network.set_weights(selected)
             network.set_mask(mask)
             points.append(
