@@ -89,7 +89,7 @@ def _add_prune(subparsers):
     p.add_argument("--representative", metavar="DATA",
                    help="inputs to calibrate the int8 model on and to check onnx and tflite-int8 against: a .npy "
                    "array of the exported model's inputs, or a .npz file with one array per input, by input name")
-    p.add_argument("--round-to", type=int, default=1, metavar="N",
+    p.add_argument("--round-to", type=_positive_int, default=1, metavar="N",
                    help="each hidden layer keeps a multiple of N units (default 1: only the live ones; "
                    "8 often runs faster on CPUs and GPUs)")
     p.add_argument("--fold-batchnorm", action="store_true",

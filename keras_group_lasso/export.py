@@ -40,13 +40,14 @@ A staging directory that another export is writing (it holds a lock on it) is
 left alone; where the file system has no locks, every one counts as left by a
 killed export.
 
-TensorFlow is imported only for the SavedModel, TFLite and ONNX formats; onnx, onnxruntime and tf2onnx
-(the ``onnx`` extra) only for ONNX. The pruned
-model is made of Keras's own layers, so every artifact loads and runs with
-plain Keras / TensorFlow, without this package.
+TensorFlow is imported only for the SavedModel, TFLite, int8 TFLite and ONNX formats; onnx, onnxruntime and
+tf2onnx (the ``onnx`` extra) only for ONNX. The serving formats load and run with TensorFlow, TFLite or ONNX
+Runtime alone; ``model.keras`` loads with plain Keras, without this package, where the pruned model is made of
+Keras's own layers (``blocks="flatten"``), and where the classes of the blocks it holds are registered otherwise.
 """
 
 import dataclasses
+import functools
 import importlib
 import json
 import os
@@ -151,6 +152,18 @@ def _check_formats(formats):
     ):
         fail(_OWNER, "formats", constraint, formats)
     return items
+
+
+def _missing_directories(path):
+    """The folders of ``path`` that do not exist, the deepest first (what ``os.makedirs(path)`` makes)."""
+    missing = []
+    while path and not os.path.lexists(path):
+        missing.append(path)
+        parent = os.path.dirname(path)
+        if parent == path:
+            break
+        path = parent
+    return missing
 
 
 def _check_directory(directory, overwrite, contents=True):
@@ -367,6 +380,22 @@ def _serving_model(small):
     return serving
 
 
+def _output_structure(small):
+    """``small.output`` (a tensor, a list or a dict of them), or ``None`` for a model never called (one output)."""
+    try:
+        return small.output
+    except (AttributeError, ValueError):  # a Sequential built without a call has one output
+        return None
+
+
+def _serving_output_names(small):
+    """The names the serving signature returns ``small``'s outputs under: a dict's keys, else ``output_<i>``."""
+    outputs = _output_structure(small)
+    if isinstance(outputs, dict):
+        return sorted(outputs)
+    return [f"output_{i}" for i in range(len(outputs) if isinstance(outputs, (list, tuple)) else 1)]
+
+
 def _write_saved_model(tf, model, path):
     model.export(
         path,
@@ -406,7 +435,7 @@ def _write_tflite(tf, saved_model_path, path):
         f.write(flatbuffer)
 
 
-def _write_serving_formats(tf, small, staging, formats, representative):
+def _write_serving_formats(tf, small, staging, formats, representative, flat=None):
     """SavedModel, TFLite, ONNX and int8 TFLite of ``small`` (those in ``formats``) into ``staging``.
 
     On TensorFlow all are written here. On PyTorch (no SavedModel without ``torch_xla``) a TensorFlow-backend
@@ -419,7 +448,7 @@ def _write_serving_formats(tf, small, staging, formats, representative):
     backend = keras.backend.backend()
     if backend == "torch":
         _convert_in_tensorflow(small, staging, saved_model, targets, representative,
-                               "the PyTorch backend cannot write a SavedModel without torch_xla")
+                               "the PyTorch backend cannot write a SavedModel without torch_xla", flat)
     else:
         if backend == "tensorflow" or "saved_model" in formats or "tflite" in formats:
             serving = _serving_model(small)
@@ -431,7 +460,7 @@ def _write_serving_formats(tf, small, staging, formats, representative):
         elif converted:
             source = os.path.join(staging, ".tf_saved_model")
             _convert_in_tensorflow(small, staging, source, converted, representative,
-                                   "ONNX and int8 TFLite are converted from TensorFlow's own ops")
+                                   "ONNX and int8 TFLite are converted from TensorFlow's own ops", flat)
             shutil.rmtree(source)
     if "saved_model" in formats:
         _follow_umask(saved_model, staging)
@@ -452,16 +481,48 @@ def _follow_umask(path, made):
         os.chmod(folder, directory_mode)
 
 
-def _convert_in_tensorflow(small, staging, saved_model, targets, representative, why):
+#: Packages whose classes a fresh Keras process finds by itself (Keras imports them as it loads a file).
+_LOADED_BY_KERAS = ("keras", "keras_hub", "keras_cv", "keras_nlp", "keras_group_lasso")
+
+
+def _foreign_classes(model):
+    """``{class: module}`` of ``model``'s layers (nested ones too) that a fresh process would not find by itself:
+    a user's own blocks and layers."""
+    found = {}
+    for layer in model._flatten_layers(include_self=True, recursive=True):
+        module = type(layer).__module__
+        if module.split(".")[0] not in _LOADED_BY_KERAS:
+            found[type(layer)] = module
+    return found
+
+
+def _convert_in_tensorflow(small, staging, saved_model, targets, representative, why, flat=None):
     """The serving formats ``targets`` (format -> path) of ``small`` written by a TensorFlow-backend child process.
 
-    The pruned model is made of Keras's own layers, so its ``.keras`` file loads on any backend: a child
-    process with ``KERAS_BACKEND=tensorflow`` loads it and writes the same files the TensorFlow backend
-    writes. ``why`` says in an error why a child was needed.
+    The pruned model's ``.keras`` file loads on any backend: a child process with ``KERAS_BACKEND=tensorflow``
+    loads it and writes the same files the TensorFlow backend writes. ``why`` says in an error why a child was
+    needed. A model that holds a user's own block classes is given to the child as ``flat()`` (the same
+    computation in plain layers) where that is plain; the modules of the classes left are imported there.
+
+    Raises:
+        RuntimeError: the child failed, or a class the child needs is defined in ``__main__`` (a script or a
+            notebook), which another process cannot import.
     """
+    foreign = _foreign_classes(small)
+    if foreign and flat is not None:
+        small = flat()
+        foreign = _foreign_classes(small)
+    in_main = sorted(cls.__qualname__ for cls, module in foreign.items() if module == "__main__")
+    if in_main:
+        raise RuntimeError(
+            f"{_OWNER}: the {', '.join(repr(f) for f in targets)} files are written by a TensorFlow-backend process "
+            f"({why}), which cannot load the class {', '.join(in_main)} of the pruned model: it is defined in "
+            "__main__ (a script or a notebook); define it in a module that process can import")
     source = os.path.join(staging, ".pruned.keras")
     small.save(source)
     command = [sys.executable, "-m", "keras_group_lasso.export", source, saved_model]
+    if foreign:
+        command += ["--import", ",".join(sorted(set(foreign.values())))]
     for name, path in targets.items():
         command += [f"--{name}", path]
     data = None
@@ -471,6 +532,8 @@ def _convert_in_tensorflow(small, staging, saved_model, targets, representative,
         command += ["--representative", data]
     env = dict(os.environ, KERAS_BACKEND="tensorflow")
     env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    if foreign:  # the modules of the user's classes, found as this process finds them
+        env["PYTHONPATH"] = os.pathsep.join([p for p in sys.path if p] + [env.get("PYTHONPATH", "")]).strip(os.pathsep)
     try:
         done = subprocess.run(command, env=env, capture_output=True, text=True)
     finally:
@@ -491,8 +554,10 @@ def _convert_main(argv):
     [--tflite-int8 PATH --representative DATA.npz]`` (TensorFlow backend)."""
     import tensorflow as tf
 
-    small = keras.saving.load_model(argv[0], compile=False)
     options = dict(zip(argv[2::2], argv[3::2]))
+    for module in filter(None, options.get("--import", "").split(",")):  # the user's classes register themselves
+        importlib.import_module(module)
+    small = keras.saving.load_model(argv[0], compile=False)
     serving = _serving_model(small)
     _write_saved_model(tf, serving, argv[1])
     if "--tflite" in options:
@@ -662,8 +727,9 @@ def _fits(arrays, small):
 
 
 def _check_inputs(small):
-    """Inputs to check the ONNX file on when no representative data is given: 8 rows of N(0, 1) floats
-    (zeros for integer inputs, a valid index for any embedding), 3 steps for a length left open."""
+    """Inputs to check the ONNX file on when no representative data is given: 8 rows of N(0, 1) floats (float32
+    for a model of one input, the serving signature's dtype; zeros, a valid index for any embedding, for the
+    integer inputs of a model of several), 3 steps for a length left open."""
     rng = np.random.default_rng(0)
     arrays = []
     for tensor in small.inputs:
@@ -698,9 +764,15 @@ def _check_onnx(path, small, names, arrays):
     outputs = sorted((node.name for node in session.get_outputs()), key=_output_number)
     got = session.run(outputs, feeds)
     want = _reference(small, arrays)
-    error = max(float(np.max(np.abs(g - w))) if w.size else 0.0 for g, w in zip(got, want))
-    tolerance = ONNX_TOLERANCE * max(1.0, max(float(np.max(np.abs(w))) if w.size else 0.0 for w in want))
-    if len(got) != len(want) or any(g.shape != w.shape for g, w in zip(got, want)) or not error <= tolerance:
+    if len(got) != len(want) or any(g.shape != w.shape for g, w in zip(got, want)):
+        raise RuntimeError(
+            f"{_OWNER}: model.onnx does not give the pruned Keras model's outputs in ONNX Runtime: outputs of shapes "
+            f"{[tuple(g.shape) for g in got]} where Keras gives {[tuple(w.shape) for w in want]}; nothing was written"
+        )
+    error = max((float(np.max(np.abs(g - w))) if w.size else 0.0 for g, w in zip(got, want)), default=0.0)
+    tolerance = ONNX_TOLERANCE * max(1.0, max((float(np.max(np.abs(w))) if w.size else 0.0 for w in want),
+                                              default=0.0))
+    if not error <= tolerance:
         raise RuntimeError(
             f"{_OWNER}: model.onnx does not give the pruned Keras model's outputs in ONNX Runtime: "
             f"max |onnx - keras| = {error:.3g} on {len(arrays[0])} rows, over the tolerance {tolerance:.3g} "
@@ -846,15 +918,17 @@ def _manifest(report, small, threshold, inputs, formats):
             "input": INPUT_NAME,
             "input_shape": shape,
             "dtype": "float32",
-            "output": "output_0",
         }
         if len(small.inputs) > 1:  # one named argument per input, in its own dtype
             manifest["serving"] = {
                 "signature": SIGNATURE,
                 "inputs": [{"name": t.name, "shape": [None] + list(t.shape[1:]),
                             "dtype": keras.backend.standardize_dtype(t.dtype)} for t in small.inputs],
-                "output": "output_0",
             }
+        names = _serving_output_names(small)
+        manifest["serving"]["output"] = names[0]
+        if len(names) > 1:  # every output of the signature, by the name it returns it under
+            manifest["serving"]["outputs"] = names
     if len(small.inputs) > 1 or len(report.inputs) > 1:
         manifest["model_inputs"] = [
             {"name": found.name, "n_features": found.n_features, "kept_features": list(found.selected_features),
@@ -1083,8 +1157,8 @@ def export_pruned(
             error), used for ``"onnx"`` (its check), refused otherwise.
         blocks: ``"rebuild"`` (default): a block of the model's own class comes back as that class with its
             new widths where its config can say them, so ``model.keras`` loads where the class is registered;
-            ``"flatten"``: its layers, plain Keras, loading anywhere (see
-            :func:`~keras_group_lasso.surgery.prune_model`).
+            ``"flatten"``: its layers, plain Keras, loading anywhere; ``"uniform"``: as ``"rebuild"``, with the
+            blocks of one class kept as wide as each other (see :func:`~keras_group_lasso.surgery.prune_model`).
 
     Returns:
         :class:`ExportResult` with the absolute paths, the manifest, the report
@@ -1142,6 +1216,11 @@ def export_pruned(
     # surgery's computations are collective); only the chief writes.
     small = surgery.prune_model(model, threshold=threshold, inputs=inputs, round_to=round_to,
                                 fold_batchnorm=fold_batchnorm, blocks=blocks)
+    checked = [f for f in formats if f in _CONVERTED]
+    if checked and isinstance(_output_structure(small), dict):
+        fail(_OWNER, "formats", f"formats without {' and '.join(repr(f) for f in checked)} for a model whose outputs "
+             "are a dict (they are checked output by output against a list; the other formats take a dict)",
+             Described(f"{tuple(formats)!r} for a model with outputs {', '.join(sorted(small.output))}"))
     report = small.pruning_report
     representative = None
     if representative_data is not None:
@@ -1154,6 +1233,7 @@ def export_pruned(
 
     written = [_FILENAMES[f] for f in formats] + [_FILENAMES["manifest"]]
     parent = os.path.dirname(target)
+    made = _missing_directories(parent)
     os.makedirs(parent, exist_ok=True)
     new = not os.path.lexists(target)
     # A new export is built whole next to the target and renamed into place; into an existing
@@ -1165,7 +1245,10 @@ def export_pruned(
     replaced = removed = ()
     try:
         try:
-            _build(tf, small, staging, formats, representative, manifest)
+            flat = None if blocks == "flatten" else functools.partial(
+                surgery.prune_model, model, threshold=threshold, inputs=inputs, round_to=round_to,
+                fold_batchnorm=fold_batchnorm, blocks="flatten")
+            _build(tf, small, staging, formats, representative, manifest, flat)
             _write_manifest_file(os.path.join(staging, _FILENAMES["manifest"]), manifest)
             if new:
                 os.rename(staging, target)
@@ -1173,6 +1256,11 @@ def export_pruned(
                 replaced, removed = _replace_artifacts(staging, target, written, overwrite, directory)
         except BaseException:
             _remove_staging(staging)
+            for folder in made:  # the deepest first: the folders this export made, left as they were before it
+                try:
+                    os.rmdir(folder)
+                except OSError:
+                    break
             raise
         if not new:
             shutil.rmtree(staging, ignore_errors=True)  # with the earlier artifacts, now replaced
@@ -1190,13 +1278,13 @@ def export_pruned(
     )
 
 
-def _build(tf, small, staging, formats, representative, manifest):
+def _build(tf, small, staging, formats, representative, manifest, flat=None):
     """Write the artifacts of ``formats`` into ``staging``, check them, and record the checks and sizes in
     ``manifest`` (its file is written by the caller)."""
     if "keras" in formats:
         small.save(os.path.join(staging, _FILENAMES["keras"]))
     if set(formats) & set(_SERVING):
-        _write_serving_formats(tf, small, staging, formats, representative)
+        _write_serving_formats(tf, small, staging, formats, representative, flat)
     _check_written(tf, small, staging, formats, representative, manifest)
 
 

@@ -563,7 +563,9 @@ def add_group_sparsity(model, factor=1e-3, *, l1=None, input_factor=None, penalt
         fail(owner, "bias", "True or False", bias)
     group_weight = check_choice(owner, "group_weight", group_weight, _GROUP_WEIGHTS)
     _check_latency_table(owner, group_weight, latency_table)
-    preprocessor = getattr(model, "preprocessor", None) if _is_hub_task(model) else None
+    # A KerasHub Task's preprocessor goes with its copy (as does the one a penalised copy of a Task holds).
+    keeps = _is_hub_task(model) or isinstance(model, GroupSparseModel)
+    preprocessor = getattr(model, "preprocessor", None) if keeps else None
     source = f"{type(model).__name__} {model.name!r}"
     model = graph_model(model)  # a subclassed model: the functional model of the layers its call runs
     _check_graph_model(owner, model)

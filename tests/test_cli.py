@@ -188,8 +188,10 @@ def test_prune_round_to_and_fold_batchnorm(tmp_path, capsys):
     assert "layers  10-6-3 -> 7-6-3" in captured.out  # 5 live hidden units, 6 kept
     manifest = json.loads((tmp_path / "out" / "manifest.json").read_text())
     assert manifest["round_to"] == 3 and manifest["folded_batchnorms"] == {}  # no BatchNormalization here
-    code = main(["prune", str(tmp_path / "m.keras"), str(tmp_path / "bad"), "--round-to", "0"])
-    _assert_failed(code, capsys, "argument `round_to` must be an integer >= 1; received 0.")
+    with pytest.raises(SystemExit) as exited:  # refused before the model loads, as a usage error
+        main(["prune", str(tmp_path / "m.keras"), str(tmp_path / "bad"), "--round-to", "0"])
+    assert exited.value.code == 2
+    assert "argument --round-to: must be an integer >= 1; received '0'" in capsys.readouterr().err
     assert not (tmp_path / "bad").exists()
 
 
@@ -347,7 +349,8 @@ _USAGE = [
     (["demo", "--factor", "strong"], 2, "argument --factor: invalid float value: 'strong'"),
     (["prune", "m.keras"], 2, "keras-group-lasso prune: error: the following arguments are required: OUT_DIR"),
     (["prune", "m.keras", "out", "--inputs", "all"], 2, "argument --inputs: invalid choice: 'all'"),
-    (["prune", "m.keras", "out", "--round-to", "1.5"], 2, "argument --round-to: invalid int value: '1.5'"),
+    (["prune", "m.keras", "out", "--round-to", "1.5"], 2,
+     "argument --round-to: must be an integer >= 1; received '1.5'"),
     (["bench", "cifar"], 2, "keras-group-lasso bench: error: argument name: invalid choice: 'cifar'"),
     (["bench", "digits", "--seeds", "0"], 2, "keras-group-lasso bench: error: argument --seeds: must be an integer >= 1; received '0'"),
 ]

@@ -737,3 +737,67 @@ def test_a_branching_model_with_dropout_serves_its_whole_graph(tmp_path):
     served = tf.saved_model.load(result.paths["saved_model"]).signatures["serving_default"]
     want = keras.ops.convert_to_numpy(_thresholded(model)(x, training=False))
     np.testing.assert_allclose(served(features=tf.constant(x))["output_0"].numpy(), want, atol=1e-5)
+
+
+@keras.saving.register_keras_serializable(package="test_export")
+class _ResidualBlock(keras.layers.Layer):
+    """A user's own block (rebuilt as its class by ``prune_model``), defined in a module another process imports."""
+
+    def __init__(self, units, width, **kwargs):
+        super().__init__(**kwargs)
+        self.units, self.width = units, width
+        self.inner = keras.layers.Dense(units, activation="relu")
+        self.outer = keras.layers.Dense(width)
+
+    def call(self, x):
+        return x + self.outer(self.inner(x))
+
+    def get_config(self):
+        return {**super().get_config(), "units": self.units, "width": self.width}
+
+
+@pytest.mark.skipif(keras.backend.backend() != "torch", reason="the serving formats come from a TensorFlow-backend "
+                    "process on PyTorch only (and ONNX and int8 on JAX)")
+def test_a_model_with_a_users_own_block_exports_its_serving_formats_from_another_process(tmp_path):
+    tf = pytest.importorskip("tensorflow", reason="SavedModel needs TensorFlow")
+    inputs = keras.Input((6,))
+    model = keras.Model(inputs, keras.layers.Dense(2)(_ResidualBlock(8, 6, name="block")(keras.layers.Dense(6)(inputs))))
+    kernel, bias = model.get_layer("block").outer.get_weights()
+    kernel[4:] = 0.0
+    model.get_layer("block").outer.set_weights([kernel, bias])
+    result = export_pruned(model, tmp_path / "out", formats=("saved_model", "keras", "tflite"))
+    x = np.random.default_rng(0).normal(size=(5, 6)).astype("float32")
+    expected = keras.ops.convert_to_numpy(_thresholded(model)(x))
+    served = tf.saved_model.load(result.paths["saved_model"]).signatures["serving_default"]
+    np.testing.assert_allclose(served(features=tf.constant(x))["output_0"].numpy(), expected, atol=1e-5)
+    loaded = keras.saving.load_model(result.paths["keras"])  # the .keras file keeps the user's class
+    assert isinstance(loaded.get_layer("block"), _ResidualBlock) and loaded.get_layer("block").units == 4
+
+
+def test_a_failed_export_leaves_no_folder_it_made(tmp_path, monkeypatch):
+    def fail_to_build(*args, **kwargs):
+        raise RuntimeError("the build failed")
+
+    monkeypatch.setattr(export_module, "_build", fail_to_build)
+    (tmp_path / "kept").mkdir()
+    with pytest.raises(RuntimeError, match="the build failed"):
+        export_pruned(_sparse_model(), tmp_path / "kept" / "new" / "deeper" / "out", formats=("keras",))
+    assert os.listdir(tmp_path) == ["kept"] and os.listdir(tmp_path / "kept") == []
+
+
+def test_a_model_with_dict_outputs_names_them_in_the_manifest_and_is_refused_for_onnx(tmp_path):
+    inputs = keras.Input((4,))
+    hidden = keras.layers.Dense(5, activation="relu")(inputs)
+    model = keras.Model(inputs, {"b": keras.layers.Dense(3, name="b")(hidden),
+                                 "a": keras.layers.Dense(2, name="a")(hidden)})
+    result = export_pruned(model, tmp_path / "out", formats=("keras",))
+    assert "serving" not in result.manifest
+    if keras.backend.backend() == "tensorflow":
+        served = export_pruned(model, tmp_path / "served", formats=("saved_model",)).manifest["serving"]
+        assert (served["output"], served["outputs"]) == ("a", ["a", "b"])
+    with pytest.raises(InvalidParameterError, match=re.escape(
+            "export_pruned: argument `formats` must be formats without 'onnx' for a model whose outputs are a dict "
+            "(they are checked output by output against a list; the other formats take a dict); received "
+            "('onnx',) for a model with outputs a, b.")):
+        export_pruned(model, tmp_path / "onnx", formats=("onnx",))
+    assert sorted(os.listdir(tmp_path)) == (["out", "served"] if keras.backend.backend() == "tensorflow" else ["out"])

@@ -889,6 +889,10 @@ def test_a_tasks_preprocessor_stays_with_its_penalised_copy_and_comes_back_with_
     sparse.preprocessor = preprocessor
     assert prune_model(sparse, 1e-3, blocks="uniform").preprocessor is preprocessor
     assert preprocessor not in sparse.layers and len(sparse.weights) == count  # never tracked as a layer
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        again = add_group_sparsity(sparse, 1e-4)  # a penalised copy penalised again keeps it too
+    assert again.preprocessor is preprocessor and type(prune_model(again, 1e-3, blocks="uniform")) is type(small)
     with pytest.raises(InvalidParameterError, match=r"GroupSparseModel: argument `preprocessor` must be a "
                                                     r"preprocessor layer \(a KerasHub Task's\) or None; received 'x'"):
         sparse.preprocessor = "x"
