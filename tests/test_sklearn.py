@@ -1,5 +1,6 @@
 """keras_group_lasso.sklearn: scikit-learn conventions, feature selection, the regularization path."""
 
+import dataclasses
 import logging
 import math
 import re
@@ -719,6 +720,11 @@ def test_estimator_of_a_point_that_is_not_on_the_path(path_result):
             f"{n} points (an int in [-{n}, {n - 1}]); received {bad!r}."
         )
     assert path.estimator(np.int64(-1)).get_support().sum() == path[-1].n_features
+    other = dataclasses.replace(path[-1])  # equal, but a point of no path this one holds
+    with pytest.raises(InvalidParameterError, match=re.escape(
+            "RegularizationPath.estimator: argument `point` must be a point of this path (or the index of one); "
+            f"received a PathPoint of another path (alpha={other.alpha:g}).")):
+        path.estimator(other)
 
 
 @COMPILED_BACKENDS

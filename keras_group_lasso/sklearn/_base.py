@@ -277,7 +277,9 @@ class _GroupSparseMLP(SelectorMixin, BaseEstimator):
         to no feature: :func:`~keras_group_lasso.sklearn.regularization_path`
         with this estimator's parameters (same seed, same points), and each
         point can become a fitted estimator (:meth:`RegularizationPath.estimator`).
-        The estimator itself is not fitted or changed.
+        The estimator itself is not fitted or changed. Each point trains its
+        passes in full: ``early_stopping``, ``n_iter_no_change`` and ``tol``
+        are ``fit``'s alone (the path scores every point on the held-out data).
 
         Args:
             X, y: training data, as for ``fit``.
@@ -285,7 +287,7 @@ class _GroupSparseMLP(SelectorMixin, BaseEstimator):
                 the automatic grid. The first point is trained from scratch
                 for ``epochs`` passes, the others are warm-started.
             validation_data: ``(X_val, y_val)`` to score the points; ``None``
-                holds out ``validation_fraction`` of ``X, y`` (stratified).
+                holds out ``validation_fraction`` of ``X, y`` (stratified for a classifier).
             path_multiplier: ratio of consecutive strengths of the automatic grid (> 1).
             max_alphas: most points of the automatic grid (>= 2).
             epochs_per_alpha: passes per point (and per refit); ``None``:
@@ -476,7 +478,7 @@ class GroupSparseMLPClassifier(ClassifierMixin, _GroupSparseMLP):
         proximal: train with :class:`keras_group_lasso.Proximal` (exact zeros;
             the threshold is then not applied).
         early_stopping: hold out ``validation_fraction`` of the training data
-            (stratified) and stop when its accuracy has not improved by
+            (stratified for a classifier) and stop when its score has not improved by
             ``tol`` for ``n_iter_no_change`` passes (the last weights are kept).
         validation_fraction: held-out fraction for early stopping and :meth:`path`.
         n_iter_no_change: patience of early stopping, in passes.

@@ -37,7 +37,7 @@ import sklearn
 from sklearn.utils.multiclass import check_classification_targets
 from sklearn.utils.validation import check_X_y
 
-from keras_group_lasso._validation import check_non_negative, fail
+from keras_group_lasso._validation import Described, check_non_negative, fail
 from keras_group_lasso.sklearn import _network
 from keras_group_lasso.sklearn._constraints import StrOptions, check_parameters
 
@@ -238,6 +238,9 @@ class RegularizationPath:
                     point,
                 )
             point = self.points[point]
+        elif not any(point is own for own in self.points):
+            fail("RegularizationPath.estimator", "point", "a point of this path (or the index of one)",
+                 Described(f"a PathPoint of another path (alpha={point.alpha:g})"))
         if point.weights is None:
             fail(
                 "RegularizationPath.estimator",
@@ -304,7 +307,8 @@ def input_group_strengths(weights, x, y, task, penalty="sgl", l1_ratio=1.0):
     Args:
         weights: list of numpy arrays, kernels and biases alternating.
         x: float array ``(n, n_features)`` (subsample large data first).
-        y: int labels ``(n,)`` for classification, float ``(n, n_outputs)`` for regression.
+        y: class indices ``(n,)`` in ``[0, n_outputs)`` for classification (labels encoded as the estimators
+            encode them: their positions in the sorted classes), float ``(n, n_outputs)`` for regression.
         task: ``"classification"`` or ``"regression"``.
         penalty: ``"sgl"``, ``"group"``, ``"l1"`` or ``"l2"``.
         l1_ratio: the elementwise strength relative to the group strength (``"sgl"``).
