@@ -1,3 +1,4 @@
+import gc
 import os
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -24,6 +25,19 @@ def _fresh_session_per_module():
 @pytest.fixture
 def rng():
     return np.random.default_rng(0)
+
+
+# Python's cycle collector scans every object it tracks in its oldest generation: a test process holds about a
+# million (the backends' modules, the models tests build), and with the default thresholds that scan took 5-7 % of the
+# process's CPU time (TensorFlow, test_applications.py and test_keras_hub.py: 12.8 of 178 s). What the imports made
+# is frozen once the tests are collected (never scanned again) and the collector runs less often: test_applications.py
+# spent 2.2 s in it instead of 5.3, its peak memory 8 % higher.
+gc.set_threshold(10_000, 10, 10)
+
+
+def pytest_collection_finish(session):
+    gc.collect()
+    gc.freeze()
 
 
 def pytest_configure(config):
