@@ -115,6 +115,10 @@ def _run_prune(args):
         print(f"keras-group-lasso prune: error: {message}", file=sys.stderr)
         return 1
 
+    refused = _refused_prune_options(args)
+    if refused:  # a usage error, named by its option, before anything is read or loaded
+        print(refused, file=sys.stderr)
+        return 2
     if not os.path.isfile(args.model):
         return error(f"no such model file: {args.model!r}")
     unreadable = _unreadable_archive(args.model)
@@ -182,6 +186,25 @@ def _run_prune(args):
         for i, path in enumerate(paths):
             print((word if i == 0 else "        ") + path)
     return 0
+
+
+def _refused_prune_options(args):
+    """The message for the first bad option of ``prune`` (by its command-line name), or None."""
+    from keras_group_lasso._validation import InvalidParameterError, check_non_negative, fail
+
+    owner = "keras-group-lasso prune: error"
+    try:
+        check_non_negative(owner, "--threshold", args.threshold)
+        calibrated = {"onnx", "tflite-int8"} & set(args.formats)
+        if "tflite-int8" in args.formats and args.representative is None:
+            fail(owner, "--representative", "given with --formats tflite-int8: a .npy or .npz file of the exported "
+                 "model's inputs to calibrate on", None)
+        if args.representative is not None and not calibrated:
+            fail(owner, "--representative", "given only with --formats onnx or tflite-int8 (the formats checked "
+                 f"on it); --formats is {' '.join(args.formats)}", args.representative)
+    except InvalidParameterError as e:
+        return str(e)
+    return None
 
 
 def _load_representative(path):

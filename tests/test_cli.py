@@ -174,8 +174,22 @@ def test_prune_a_zip_without_a_keras_config_says_so(tmp_path, capsys):
 @pytest.mark.quick
 def test_prune_bad_threshold(tmp_path, capsys):
     _save_sparse_model(tmp_path / "m.keras")
-    code = main(["prune", str(tmp_path / "m.keras"), str(tmp_path / "out"), "--threshold", "-1"])
-    _assert_failed(code, capsys, "argument `threshold` must be a finite number >= 0; received -1.0.")
+    for value, shown in (("-1", "-1.0"), ("nan", "nan"), ("inf", "inf")):  # a usage error, before the model loads
+        code = main(["prune", str(tmp_path / "absent.keras"), str(tmp_path / "out"), "--threshold", value])
+        assert code == 2
+        assert capsys.readouterr().err == (
+            f"keras-group-lasso prune: error: argument `--threshold` must be a finite number >= 0; received {shown}.\n")
+    assert not (tmp_path / "out").exists()
+
+
+def test_prune_representative_data_only_with_the_formats_checked_on_it(tmp_path, capsys):
+    np.save(tmp_path / "x.npy", np.zeros((4, 10), "float32"))
+    code = main(["prune", str(tmp_path / "absent.keras"), str(tmp_path / "out"), "--formats", "keras", "tflite",
+                 "--representative", str(tmp_path / "x.npy")])
+    assert code == 2
+    assert capsys.readouterr().err == (
+        "keras-group-lasso prune: error: argument `--representative` must be given only with --formats onnx or "
+        f"tflite-int8 (the formats checked on it); --formats is keras tflite; received {str(tmp_path / 'x.npy')!r}.\n")
     assert not (tmp_path / "out").exists()
 
 

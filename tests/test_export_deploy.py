@@ -303,11 +303,10 @@ def test_cli_writes_onnx_and_int8_from_a_npy_file(tmp_path, capsys):
 def test_cli_int8_without_representative_data_is_an_error(tmp_path, capsys):
     _mlp().save(tmp_path / "m.keras")
     code = main(["prune", str(tmp_path / "m.keras"), str(tmp_path / "out"), "--formats", "tflite-int8"])
-    assert code == 1
+    assert code == 2  # a usage error, before the model loads
     assert capsys.readouterr().err == (
-        "keras-group-lasso prune: error: export_pruned: argument `representative_data` must be given for the "
-        "'tflite-int8' format: a NumPy array of the exported model's inputs, a list or dict of arrays (one per "
-        "input) or an iterable of such batches; received None.\n"
+        "keras-group-lasso prune: error: argument `--representative` must be given with --formats tflite-int8: a "
+        ".npy or .npz file of the exported model's inputs to calibrate on; received None.\n"
     )
     assert not (tmp_path / "out").exists()
 
