@@ -405,18 +405,33 @@ def _write_saved_model(tf, model, path):
     )
 
 
+def _convert(converter, name):
+    """``converter.convert()``; an error of the converter's own kind (``ConverterError``, not a built-in one that
+    callers catch) comes back as a ``RuntimeError`` that names the file, with the converter's first lines."""
+    try:
+        return converter.convert()
+    except (ValueError, TypeError, RuntimeError, OSError, ImportError):
+        raise
+    except Exception as error:  # noqa: BLE001 - TensorFlow Lite's ConverterError derives from Exception only
+        lines = str(error).strip().splitlines()
+        said = "\n".join(lines[:12]) + (f"\n... ({len(lines) - 12} more lines)" if len(lines) > 12 else "")
+        raise RuntimeError(f"export_pruned: TensorFlow Lite could not convert the pruned model to {name} "
+                           f"({type(error).__name__}): {said}") from error
+
+
 def _write_tflite(tf, saved_model_path, path):
     converter = tf.lite.TFLiteConverter.from_saved_model(saved_model_path, [SIGNATURE])
     try:
-        flatbuffer = converter.convert()
-    except Exception as error:  # noqa: BLE001 - the converter raises its own ConverterError
-        if "seed_generator_state" in str(error):
+        flatbuffer = _convert(converter, os.path.basename(path))
+    except RuntimeError as error:
+        said = str(error.__cause__ or error)  # the converter's whole message
+        if "seed_generator_state" in said:
             raise ValueError(
                 "export_pruned: TFLite cannot hold the random-seed state (uint32) that recurrent and attention "
                 "layers keep for their dropout, which a SavedModel written from the JAX backend carries; "
                 "export the TFLite file with KERAS_BACKEND=tensorflow (the .keras file loads there)"
             ) from error
-        if "tensor list" not in str(error).lower():
+        if "tensor list" not in said.lower():
             raise
         # A recurrent layer over sequences of unknown length (it cannot be unrolled for serving) loops with
         # TensorFlow's tensor lists, which TFLite's own ops cannot express: those ops stay TensorFlow ops.
@@ -430,7 +445,7 @@ def _write_tflite(tf, saved_model_path, path):
         converter = tf.lite.TFLiteConverter.from_saved_model(saved_model_path, [SIGNATURE])
         converter.target_spec.supported_ops = [tf.lite.OpsSet.TFLITE_BUILTINS, tf.lite.OpsSet.SELECT_TF_OPS]
         converter._experimental_lower_tensor_list_ops = False  # what TensorFlow's error message asks for
-        flatbuffer = converter.convert()
+        flatbuffer = _convert(converter, os.path.basename(path))
     with open(path, "wb") as f:
         f.write(flatbuffer)
 
@@ -621,7 +636,7 @@ def _write_converted(tf, serving, saved_model, targets, representative):
         with warnings.catch_warnings():
             # The calibration runs tf.lite.Interpreter, which TF 2.21 says moves to the ai_edge_litert package.
             warnings.filterwarnings("ignore", message=r"(?s).*tf.lite.Interpreter is deprecated")
-            flatbuffer = converter.convert()
+            flatbuffer = _convert(converter, os.path.basename(targets["tflite-int8"]))
         with open(targets["tflite-int8"], "wb") as f:
             f.write(flatbuffer)
 
@@ -1173,8 +1188,9 @@ def export_pruned(
             ``"onnx"`` needs onnx, onnxruntime or tf2onnx (the message names the
             ``keras-group-lasso[onnx]`` extra).
         RuntimeError: if the TensorFlow child process fails (its error output is
-            in the message), or the ONNX file does not give the pruned model's
-            outputs; nothing is written.
+            in the message), TensorFlow Lite cannot convert the pruned model (the
+            converter's first lines in the message), or the ONNX file does not give
+            the pruned model's outputs; nothing is written.
 
     Example:
         >>> import os, tempfile

@@ -806,3 +806,43 @@ def test_a_model_with_dict_outputs_names_them_in_the_manifest_and_is_refused_for
             "('onnx',) for a model with outputs a, b.")):
         export_pruned(model, tmp_path / "onnx", formats=("onnx",))
     assert sorted(os.listdir(tmp_path)) == (["out", "served"] if keras.backend.backend() == "tensorflow" else ["out"])
+
+
+@pytest.mark.skipif(keras.backend.backend() != "tensorflow",
+                    reason="on JAX and PyTorch the converter runs in a TensorFlow process of its own")
+def test_a_converter_error_is_a_runtime_error_naming_the_file_and_the_command_says_it_in_one_message(
+        tmp_path, monkeypatch, capsys):
+    import tensorflow as tf
+
+    from keras_group_lasso.cli import main
+
+    class ConverterError(Exception):  # TensorFlow Lite's own kind derives from Exception only
+        pass
+
+    class Failing:
+        def convert(self):
+            raise ConverterError("<unknown>:0: error: 'tf.Op' op is neither a custom op nor a flex op\n" * 20)
+
+    monkeypatch.setattr(tf.lite.TFLiteConverter, "from_saved_model", lambda *args, **kwargs: Failing())
+    with pytest.raises(RuntimeError) as info:
+        export_pruned(_sparse_model(), tmp_path / "out", formats=("saved_model", "tflite"))
+    said = str(info.value)
+    assert said.startswith("export_pruned: TensorFlow Lite could not convert the pruned model to model.tflite "
+                           "(ConverterError): <unknown>:0: error: 'tf.Op' op is neither")
+    assert said.endswith("... (8 more lines)") and isinstance(info.value.__cause__, ConverterError)
+    assert os.listdir(tmp_path) == []
+    _sparse_model().save(tmp_path / "m.keras")
+    assert main(["prune", str(tmp_path / "m.keras"), str(tmp_path / "out"), "--formats", "tflite"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("keras-group-lasso prune: error: export_pruned: TensorFlow Lite could not convert")
+    assert "Traceback" not in err and not (tmp_path / "out").exists()
+
+
+@pytest.mark.skipif(keras.backend.backend() != "tensorflow",
+                    reason="on JAX and PyTorch the converter runs in a TensorFlow process of its own")
+def test_a_recurrent_layer_over_sequences_of_unknown_length_keeps_tensorflow_ops_in_tflite_and_says_so(tmp_path):
+    inputs = keras.Input((None, 4))
+    model = keras.Model(inputs, keras.layers.Dense(2)(keras.layers.LSTM(3)(inputs)))
+    with pytest.warns(UserWarning, match=r"keeps TensorFlow ops for its recurrent layers .*\(SELECT_TF_OPS\)"):
+        result = export_pruned(model, tmp_path / "out", formats=("saved_model", "tflite"))
+    assert os.path.getsize(result.paths["tflite"]) > 0
