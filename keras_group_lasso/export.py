@@ -742,18 +742,16 @@ def _fits(arrays, small):
 
 
 def _check_inputs(small):
-    """Inputs to check the ONNX file on when no representative data is given: 8 rows of N(0, 1) floats (float32
-    for a model of one input, the serving signature's dtype; zeros, a valid index for any embedding, for the
-    integer inputs of a model of several), 3 steps for a length left open."""
+    """Inputs to check the ONNX file on when no representative data is given: 8 rows of N(0, 1) floats for a
+    float input, zeros (a valid index for any embedding, however few its rows) for an integer one; in the serving
+    signature's dtype (float32 for a model of one input, which casts inside); 3 steps for a length left open."""
     rng = np.random.default_rng(0)
     arrays = []
     for tensor in small.inputs:
         shape = (8,) + tuple(3 if d is None else d for d in tensor.shape[1:])
         dtype = keras.backend.standardize_dtype(tensor.dtype)
-        if len(small.inputs) == 1 or "float" in dtype:
-            arrays.append(rng.normal(size=shape).astype("float32" if len(small.inputs) == 1 else dtype))
-        else:
-            arrays.append(np.zeros(shape, dtype))
+        values = rng.normal(size=shape) if "float" in dtype else np.zeros(shape)
+        arrays.append(values.astype("float32" if len(small.inputs) == 1 else dtype))
     return arrays
 
 
@@ -766,18 +764,28 @@ def _reference(small, arrays):
     return [np.asarray(out, dtype="float64") for out in (outputs if isinstance(outputs, (list, tuple)) else [outputs])]
 
 
-def _check_onnx(path, small, names, arrays):
+def _check_onnx(path, small, names, arrays, checked_on_data=False):
     """Run ``path`` in ONNX Runtime on ``arrays`` and compare with the pruned model; the manifest's record.
 
     Raises:
-        RuntimeError: if ``max|onnx - keras| > ONNX_TOLERANCE * max(1, max|keras|)``.
+        RuntimeError: if ONNX Runtime cannot run the file on ``arrays`` (an index out of range of an embedding, for
+            instance), or if ``max|onnx - keras| > ONNX_TOLERANCE * max(1, max|keras|)``.
     """
     import onnxruntime
 
     session = onnxruntime.InferenceSession(path, providers=["CPUExecutionProvider"])
     feeds = dict(zip(names, arrays))  # the SavedModel's argument names, in the model's order of inputs
     outputs = sorted((node.name for node in session.get_outputs()), key=_output_number)
-    got = session.run(outputs, feeds)
+    try:
+        got = session.run(outputs, feeds)
+    except Exception as error:  # noqa: BLE001 - ONNX Runtime's own error types, re-raised with the file named
+        lines = str(error).strip().splitlines() or [type(error).__name__]
+        raise RuntimeError(
+            f"{_OWNER}: model.onnx does not run in ONNX Runtime on {len(arrays[0])} rows of "
+            f"{'the representative data' if checked_on_data else 'generated inputs'} "
+            f"({', '.join(f'{name}: {a.dtype} {tuple(a.shape)}' for name, a in feeds.items())}): {lines[0]}; "
+            "nothing was written"
+        ) from error
     want = _reference(small, arrays)
     if len(got) != len(want) or any(g.shape != w.shape for g, w in zip(got, want)):
         raise RuntimeError(
@@ -1088,7 +1096,8 @@ def export_pruned(
     * ``"onnx"``: ``<directory>/model.onnx`` (opset ``ONNX_OPSET`` = 17, converted by tf2onnx), with the
       SavedModel's input and output names (``features`` / ``output_0``). Once written it runs in ONNX
       Runtime on ``representative_data`` (its first 1024 rows) or, without it, on 8 rows of N(0, 1)
-      inputs, and must give the pruned Keras model's outputs:
+      floats (zeros for an integer input: an index into any embedding), and must give the pruned Keras
+      model's outputs:
       ``max|onnx - keras| <= ONNX_TOLERANCE * max(1, max|keras|)`` (``ONNX_TOLERANCE = 1e-4``, float32
       rounding with room to spare); otherwise a RuntimeError and nothing is written.
     * ``"tflite-int8"``: ``<directory>/model_int8.tflite``, full-integer TFLite (int8 weights,
@@ -1309,7 +1318,8 @@ def _check_written(tf, small, staging, formats, representative, manifest):
     if "onnx" in formats:
         arrays = _check_inputs(small) if representative is None else [a[:_CHECK_ROWS] for a in representative]
         names = [spec.name for spec in tf.nest.flatten(_input_signature(tf, small))]
-        manifest["onnx"] = _check_onnx(os.path.join(staging, _FILENAMES["onnx"]), small, names, arrays)
+        manifest["onnx"] = _check_onnx(os.path.join(staging, _FILENAMES["onnx"]), small, names, arrays,
+                                       checked_on_data=representative is not None)
     if "tflite-int8" in formats:
         manifest["tflite_int8"] = _measure_int8(tf, os.path.join(staging, _FILENAMES["tflite-int8"]), small,
                                                 representative)

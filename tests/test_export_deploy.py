@@ -126,6 +126,37 @@ def test_onnx_is_checked_on_generated_inputs_without_representative_data(tmp_pat
     assert sorted(os.listdir(tmp_path / "out")) == ["manifest.json", "model.onnx"]
 
 
+def _token_model(rows):
+    """Token ids (5 of them, int32) -> an embedding of ``rows`` rows -> 6 -> 3."""
+    keras.utils.set_random_seed(0)
+    tokens = keras.Input((5,), dtype="int32")
+    hidden = keras.layers.Dense(6, activation="relu")(keras.layers.Flatten()(keras.layers.Embedding(rows, 4)(tokens)))
+    return keras.Model(tokens, keras.layers.Dense(3)(hidden))
+
+
+def test_an_integer_input_is_checked_on_indices_its_embedding_holds(tmp_path):
+    # One row in the table: the generated check inputs must be index 0 (floats cast to int reached -1 and 1,
+    # and ONNX Runtime refused the file of a model it runs well).
+    if keras.backend.backend() != "tensorflow":
+        pytest.skip(SAME_ON_EVERY_BACKEND)
+    result = export_pruned(_token_model(1), tmp_path / "out", formats=("onnx",))
+    assert result.manifest["onnx"]["checked_rows"] == 8
+    assert result.manifest["onnx"]["max_abs_error"] <= result.manifest["onnx"]["tolerance"]
+    ids = np.zeros((2, 5), "float32")  # the serving signature of a one-input model takes float32 and casts
+    np.testing.assert_allclose(_onnx_outputs(result.paths["onnx"], ids), _pruned_outputs(_token_model(1), ids),
+                               atol=1e-5)
+
+
+def test_data_onnx_runtime_cannot_run_is_an_error_naming_the_file_and_nothing_is_written(tmp_path):
+    if keras.backend.backend() != "tensorflow":
+        pytest.skip(SAME_ON_EVERY_BACKEND)
+    ids = np.full((4, 5), 7, "int32")  # past the 3 rows of the embedding's table
+    with pytest.raises(RuntimeError, match=r"^export_pruned: model.onnx does not run in ONNX Runtime on 4 rows of "
+                       r"the representative data \(features: float32 \(4, 5\)\): .*indices.*; nothing was written$"):
+        export_pruned(_token_model(3), tmp_path / "out", formats=("onnx",), representative_data=ids)
+    assert os.listdir(tmp_path) == []
+
+
 def test_an_onnx_file_that_does_not_match_is_an_error_and_nothing_is_written(tmp_path, monkeypatch):
     if keras.backend.backend() != "tensorflow":
         pytest.skip(SAME_ON_EVERY_BACKEND)
