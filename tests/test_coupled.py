@@ -240,7 +240,9 @@ def test_proximal_adam_takes_the_joint_step_in_its_own_metric():
 
 def test_a_compiled_coupled_step_equals_an_eager_step():
     # torch: jit_compile=True is torch.compile, which traces the coupled penalties and their joint step too
-    # (Adam: the proximal step after a deliberate graph break; tests/test_optimizers.py has SGD's one graph).
+    # (Adam: the proximal step after a deliberate graph break; tests/test_optimizers.py has SGD's one graph). The
+    # model holds a plain penalty as well ('g_out', its hidden units): this is Proximal(Adam)'s compiled check on
+    # torch for both kinds.
     rng = np.random.default_rng(0)
     x = rng.normal(size=(64, 4)).astype("float32")
     y = np.stack([x[:, 0] - x[:, 2], x[:, 0]], axis=1).astype("float32")
@@ -248,6 +250,7 @@ def test_a_compiled_coupled_step_equals_an_eager_step():
     for jit_compile in (False, True):
         keras.utils.set_random_seed(0)
         model = add_group_sparsity(residual(), 0.1, penalty="sgl", bias=False)
+        assert isinstance(model.get_layer("g_out").kernel.regularizer, HiddenGroupLasso)  # a plain penalty too
         model.compile(optimizer=Proximal(keras.optimizers.Adam(0.02)), loss="mse", jit_compile=jit_compile)
         model.fit(x, y, epochs=6, batch_size=32, shuffle=False, verbose=0)
         weights[jit_compile] = [w.numpy() for w in model.trainable_weights]
