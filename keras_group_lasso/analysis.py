@@ -656,7 +656,7 @@ def sparsity_report(model, threshold=1e-3, latency_table=None):
     # which builds on this module.
     if not all(callable(getattr(latency_table, name, None)) for name in ("annotate", "check_model")):
         fail(owner, "latency_table", "None or a LatencyTable", latency_table)
-    latency_table.check_model(model, owner=owner)
+    latency_table.check_model(model, owner=owner, name="latency_table")
     if len(latency_table.batch_sizes) > 1:
         fail(owner, "latency_table", "a LatencyTable of one batch size", latency_table)
     return latency_table.annotate(found)

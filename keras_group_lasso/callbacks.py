@@ -238,7 +238,7 @@ class SparsityMonitor(keras.callbacks.Callback):
                 self.model,
             )
         if self.latency_table is not None:
-            self.latency_table.check_model(self.model, owner=_OWNER)
+            self.latency_table.check_model(self.model, owner=_OWNER, name="latency_table")
         self._model_checked = True
 
     def on_train_begin(self, logs=None):

@@ -6,6 +6,7 @@ import math
 import warnings
 
 import keras
+import numpy as np
 
 from keras_group_lasso._validation import check_choice, check_non_negative, fail
 from keras_group_lasso.analysis import dense_roles, get_layer, input_dense_layers
@@ -278,6 +279,10 @@ def _check_latency_table(owner, group_weight, latency_table):
              "group_weight='latency')", latency_table)
 
 
+_A_MODEL = ("a Sequential or Functional keras.Model, or a subclassed one built on data (call it on a batch first) "
+            "whose call can be traced")
+
+
 def _check_graph_model(owner, model):
     # Sequential and Functional models have a graph of layers to copy; a subclassed model is read through the
     # functional model its call traces (graph_model), which the callers pass here.
@@ -285,8 +290,7 @@ def _check_graph_model(owner, model):
         cls.__name__ == "Functional" for cls in type(model).__mro__
     )
     if not graph:
-        fail(owner, "model", "a Sequential or Functional keras.Model, or a subclassed one built on data (call it "
-             "on a batch first) whose call can be traced", model)
+        fail(owner, "model", _A_MODEL, model)
     try:
         model.inputs
     except (AttributeError, ValueError):
@@ -508,7 +512,8 @@ def add_group_sparsity(model, factor=1e-3, *, l1=None, input_factor=None, penalt
             input and one output.
         factor: group strength ``lambda`` (finite, >= 0).
         l1: elementwise strength for ``penalty="sgl"``; ``None`` uses
-            ``factor`` (the paper's choice). Ignored by ``penalty="group"``.
+            ``factor`` (the paper's choice). ``penalty="group"`` has no
+            elementwise term: it takes ``None`` only.
         input_factor: group strength for the input groups; ``None`` uses
             ``factor``. Lets feature selection be stronger or weaker than
             neuron pruning.
@@ -557,20 +562,25 @@ def add_group_sparsity(model, factor=1e-3, *, l1=None, input_factor=None, penalt
     penalty = check_choice(owner, "penalty", penalty, _PENALTIES)
     if penalty == "sgl":
         l1 = factor if l1 is None else check_non_negative(owner, "l1", l1)
+    elif l1 is not None:  # group Lasso has no elementwise term: a strength given for one would be dropped
+        fail(owner, "l1", "None with penalty='group' (group Lasso has no elementwise term; penalty='sgl' has)", l1)
     else:
         l1 = 0.0
-    if not isinstance(bias, bool):
+    if not isinstance(bias, (bool, np.bool_)):  # as SparsityBudget's flags: numpy's booleans are booleans
         fail(owner, "bias", "True or False", bias)
+    bias = bool(bias)
     group_weight = check_choice(owner, "group_weight", group_weight, _GROUP_WEIGHTS)
     _check_latency_table(owner, group_weight, latency_table)
     # A KerasHub Task's preprocessor goes with its copy (as does the one a penalised copy of a Task holds).
     keeps = _is_hub_task(model) or isinstance(model, GroupSparseModel)
     preprocessor = getattr(model, "preprocessor", None) if keeps else None
+    if not isinstance(model, keras.Model):
+        fail(owner, "model", _A_MODEL, model)
     source = f"{type(model).__name__} {model.name!r}"
     model = graph_model(model)  # a subclassed model: the functional model of the layers its call runs
     _check_graph_model(owner, model)
     if latency_table is not None:
-        latency_table.check_model(model, owner=owner)
+        latency_table.check_model(model, owner=owner, name="latency_table")
     roles = _roles_by_layer(owner, model)
     if not roles:
         _refuse_without_penalty(owner, model)

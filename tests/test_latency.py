@@ -323,11 +323,35 @@ def test_errors_of_the_table(table, tmp_path):
     with pytest.raises(InvalidParameterError, match=re.escape(
             "LatencyTable: argument `grid` must be a non-empty sequence of fractions in (0, 1]; received (0.0, 0.5).")):
         LatencyTable.measure(other, grid=(0.0, 0.5))
-    for bad in ([True], (0.5, np.True_)):  # a bool is not a fraction, though float(True) is 1.0
+    # a bool is not a fraction, though float(True) is 1.0; nor is a string, though float("0.5") is 0.5
+    for bad in ([True], (0.5, np.True_), ["0.5"], "1", None):
         with pytest.raises(InvalidParameterError, match=re.escape(
                 "LatencyTable: argument `grid` must be a non-empty sequence of fractions in (0, 1]; "
                 f"received {bad!r}.")):
             LatencyTable.measure(other, grid=bad)
+    # the table's own checks name the argument of the call (a direct call: `model`)
+    with pytest.raises(InvalidParameterError, match=re.escape(
+            "LatencyTable: argument `model` must be a model of the layers this table was measured for (conv1 1->8, "
+            "conv2 8->16, dense 16->16, logits 16->3); received model 'other' (layers conv1 1->8, conv2 8->12, "
+            "dense 12->16, logits 16->3).")):
+        table.check_model(other)
+    for bad in (None, "cnn"):
+        with pytest.raises(InvalidParameterError, match=re.escape(
+                f"LatencyTable: argument `model` must be a keras.Model; received {bad!r}.")):
+            table.check_model(bad)
+    with pytest.raises(InvalidParameterError, match=re.escape(
+            "LatencyTable: argument `model` must be a keras.Model; received 'cnn'.")):
+        LatencyTable.load(tmp_path / "t.json", model="cnn")  # None: no check, the default
+    for bad in (None, 5):
+        for call in (table.save, LatencyTable.load):
+            with pytest.raises(InvalidParameterError, match=re.escape(
+                    f"LatencyTable: argument `path` must be a file name (str or os.PathLike); received {bad!r}.")):
+                call(bad)
+    with pytest.raises(InvalidParameterError, match=re.escape(
+            f"LatencyTable: argument `path` must be the name of a file to write the table to; received "
+            f"{os.fspath(tmp_path)!r} (a directory).")):
+        table.save(tmp_path)
+    assert sorted(os.listdir(tmp_path)) == ["t.json"]  # nothing else written
     variable = keras.Sequential([keras.Input((None, 4)), keras.layers.Dense(3)])
     with pytest.raises(InvalidParameterError, match=re.escape(
             "LatencyTable: argument `model` must be a model whose inputs have a fixed size (a latency is measured "

@@ -1,3 +1,4 @@
+import re
 import subprocess
 import sys
 import textwrap
@@ -192,6 +193,24 @@ def test_bad_arguments():
         add_group_sparsity(Subclassed())
     with pytest.raises(InvalidParameterError, match=r"a built model with a known input"):
         add_group_sparsity(keras.Sequential([keras.layers.Dense(2)]))
+    # what is no model at all (a builder that forgot its return) is named too, not an AttributeError
+    for bad in (None, "model.keras", [keras.layers.Dense(3)]):
+        with pytest.raises(InvalidParameterError, match=r"^add_group_sparsity: argument `model` must be a Sequential "
+                           rf"or Functional keras.Model, .*; received {re.escape(repr(bad))}\.$"):
+            add_group_sparsity(bad)
+    # group Lasso has no elementwise term: a strength for one is refused, not dropped
+    for bad in (1e-2, 0.0, -1, "x"):
+        with pytest.raises(InvalidParameterError, match=r"^add_group_sparsity: argument `l1` must be None with "
+                           r"penalty='group' \(group Lasso has no elementwise term; penalty='sgl' has\); received "):
+            add_group_sparsity(sequential(), penalty="group", l1=bad)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the first layer's L2 is replaced: said elsewhere
+        assert add_group_sparsity(sequential(), penalty="group", l1=None).layers[0].kernel_regularizer.l1 == 0.0
+        # numpy's booleans are booleans, as for SparsityBudget's flags
+        sparse = add_group_sparsity(sequential(), bias=np.False_)
+    assert all(getattr(layer, "bias_regularizer", None) is None for layer in sparse.layers)
+    one_layer = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
+    assert add_group_sparsity(one_layer, bias=np.True_).layers[0].bias_regularizer is not None
 
 
 def test_a_subclassed_model_that_applies_a_preprocessor_of_its_own_keeps_it_in_its_copy_once(rng):

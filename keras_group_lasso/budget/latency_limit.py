@@ -84,7 +84,7 @@ class LatencyLimit:
                           self.table.to_text())
                 declared.set_note(_TABLE_NOTE, self.table.to_dict())
         else:
-            self.table.check_model(model, owner=self.owner)
+            self.table.check_model(model, owner=self.owner, name="latency_table")
         self._set_limit(above)
 
     def adopt_restored(self, model, declared):
@@ -112,7 +112,7 @@ class LatencyLimit:
         if kept is None:
             return None
         try:
-            table = LatencyTable.from_dict(kept).check_model(model, owner=self.owner)
+            table = LatencyTable.from_dict(kept).check_model(model, owner=self.owner, name="latency_table")
         except InvalidParameterError as error:
             _LOG.info("%s: the latency table the model's state keeps is measured again: %s", self.owner, error)
             return None

@@ -74,12 +74,9 @@ class BudgetSettings:
             fail(owner, "max_features", "a budget (at least one of max_features, max_units, max_params, "
                  "max_flops, max_latency)", None)
         threshold = check_non_negative(owner, "threshold", threshold)
-        if check_non_negative(owner, "settle", settle) >= 1.0:
-            fail(owner, "settle", "a fraction in [0, 1)", settle)
-        if check_non_negative(owner, "max_strength", max_strength) < 1.0:
-            fail(owner, "max_strength", "a number >= 1", max_strength)
-        if check_non_negative(owner, "schedule_power", schedule_power) <= 0.0:
-            fail(owner, "schedule_power", "a number > 0", schedule_power)
+        settle = _number(owner, "settle", settle, "a fraction in [0, 1)", lambda v: 0.0 <= v < 1.0)
+        max_strength = _number(owner, "max_strength", max_strength, "a finite number >= 1", lambda v: v >= 1.0)
+        schedule_power = _number(owner, "schedule_power", schedule_power, "a finite number > 0", lambda v: v > 0.0)
         round_to = check_positive_int(owner, "round_to", round_to)
         if pace not in PACES:
             fail(owner, "pace", " or ".join(repr(p) for p in PACES), pace)
@@ -131,6 +128,17 @@ class BudgetSettings:
         """The share of its units no layer goes below, given the ``even`` share at which every layer narrowed alike
         meets the budget."""
         return LEAST_WIDTH * even if self.min_width == "auto" else self.min_width
+
+
+def _number(owner, name, value, constraint, accepts):
+    """``value`` as a float when it is a finite real number (not a bool) that ``accepts``; else the error that
+    names ``constraint``, the whole range at once."""
+    if isinstance(value, np.ndarray) and value.ndim == 0 and value.dtype.kind in "fiu":
+        value = value.item()
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value) \
+            or not accepts(float(value)):
+        fail(owner, name, constraint, value)
+    return float(value)
 
 
 def _checked_bool(owner, name, value):

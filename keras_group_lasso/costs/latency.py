@@ -22,6 +22,7 @@ import numbers
 import os
 import time
 
+import keras
 import numpy as np
 
 from keras_group_lasso import analysis
@@ -371,7 +372,7 @@ class LatencyTable:
 
     # ------------------------------------------------------------------ checking, saving
 
-    def check_model(self, model, owner=_OWNER, name="latency_table"):
+    def check_model(self, model, owner=_OWNER, name=None):
         """Raise unless ``model`` has the layers, dense widths and shapes the table was measured for.
 
         The shapes are the model's input shapes and each units layer's input and output shapes (a table
@@ -382,16 +383,32 @@ class LatencyTable:
         Returns:
             The table.
 
+        Args:
+            model: the model to check.
+            owner: the function or class named in the message.
+            name: the argument that gave the table (``latency_table``, ``path``), named in the message; ``None``
+                (a direct call): the message names ``model``.
+
         Raises:
             InvalidParameterError: ``owner: argument `name` must be a latency table measured for this model
-                ...``, naming the layers and widths, or the shape that differs.
+                ...``, naming the layers and widths, or the shape that differs; ``model`` is not a
+                ``keras.Model``.
         """
+        if not isinstance(model, keras.Model):
+            fail(owner, "model", "a keras.Model", model)
         graph = model_graph(model)
         widths = {node.name: (node.in_units, node.out_units) for node in graph.units}
         if widths != self.layers:
+            if name is None:
+                fail(owner, "model", f"a model of the layers this table was measured for ({_widths_text(self.layers)})",
+                     Described(f"model {model.name!r} (layers {_widths_text(widths)})"))
             fail(owner, name, f"a latency table measured for this model (layers {_widths_text(widths)})", self)
         difference = self._shape_difference(model, graph)
         if difference is not None:
+            if name is None:
+                fail(owner, "model", "a model of the shapes this table was measured at (a layer's time grows with "
+                     "the positions it computes)", Described(f"model {model.name!r} (the table was measured "
+                                                            f"{difference})"))
             fail(owner, name, "a latency table measured for this model at its shapes (a layer's time grows with "
                  "the positions it computes)", Described(f"{self!r} measured {difference}"))
         return self

@@ -267,6 +267,13 @@ def _new_file(directory, prefix):
 
 
 
+def _file_name(path):
+    """``path`` as ``os.fspath`` gives it (a ``str`` or ``bytes``), or the package's error naming ``path``."""
+    if not isinstance(path, (str, bytes, os.PathLike)):
+        fail(_OWNER, "path", "a file name (str or os.PathLike)", path)
+    return os.fspath(path)
+
+
 def write_json(data, path):
     """Write ``data`` as JSON to ``path``, replacing the file there whole.
 
@@ -275,7 +282,10 @@ def write_json(data, path):
     file has the mode that ``open`` gives: a new file's under the umask, or the mode of the file it replaces. A
     link at ``path`` is followed (the file it points to is replaced).
     """
-    target = os.path.realpath(os.fspath(path))
+    target = os.path.realpath(_file_name(path))
+    if os.path.isdir(target):
+        fail(_OWNER, "path", "the name of a file to write the table to",
+             Described(f"{os.fspath(path)!r} (a directory)"))
     directory, base = os.path.split(target)
     try:
         temporary, descriptor = _new_file(directory, f".{base}.")
@@ -309,7 +319,7 @@ def read_json(path):
         InvalidParameterError: ``path`` is a directory.
         FileNotFoundError: there is no file at ``path`` (and the other errors of ``open``).
     """
-    name = os.fspath(path)
+    name = _file_name(path)
     if os.path.isdir(name):
         fail(_OWNER, "path", "a JSON file written by LatencyTable.save", Described(f"{name!r} (a directory)"))
     reason = None

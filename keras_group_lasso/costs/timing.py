@@ -327,12 +327,17 @@ def check_batch_sizes(owner, name, value):
 
 def check_grid(grid):
     constraint = "a non-empty sequence of fractions in (0, 1]"
+    if isinstance(grid, (str, bytes)):
+        fail(_OWNER, "grid", constraint, grid)
     try:
         items = tuple(grid)
-        values = tuple(float(f) for f in items)
-    except (TypeError, ValueError):
+    except TypeError:
         fail(_OWNER, "grid", constraint, grid)
-    if not values or any(isinstance(f, (bool, np.bool_)) for f in items) or not all(0.0 < f <= 1.0 for f in values):
+    # numbers only: float() would also read the strings "0.5" and "inf"
+    if not items or any(isinstance(f, (bool, np.bool_)) or not isinstance(f, numbers.Real) for f in items):
+        fail(_OWNER, "grid", constraint, grid)
+    values = tuple(float(f) for f in items)
+    if not all(0.0 < f <= 1.0 for f in values):
         fail(_OWNER, "grid", constraint, grid)
     return tuple(sorted(set(values) | {1.0}))
 
