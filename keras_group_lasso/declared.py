@@ -229,7 +229,13 @@ class GroupPenalties:
         """
         model = self.model
         optimizer = _unwrapped(getattr(model, "optimizer", None)) if model is not None else None
-        return bool(getattr(optimizer, "applies_group_penalties", False))
+        applies = bool(getattr(optimizer, "applies_group_penalties", False))
+        if applies and keras.backend.backend() == "jax":
+            # JAX's trainer hands an optimizer that is built already only the values of the model's variables:
+            # one built for another model would apply that model's penalties to these values. The other backends
+            # hand it the variables, which it checks itself.
+            optimizer.check_trains(model.trainable_variables)
+        return applies
 
     def multiplier_values(self):
         """The multiplier now, as two Python floats."""

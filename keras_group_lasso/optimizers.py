@@ -434,6 +434,16 @@ class Proximal(keras.optimizers.Optimizer):
             stacklevel=2,
         )
 
+    def check_trains(self, variables):
+        """Raise unless this optimizer is not built yet or was built for ``variables`` (a model's trainable
+        variables, in their order).
+
+        Raises:
+            ValueError: it was built for other variables (compiled into another model before).
+        """
+        if self.built:
+            self._check_same_variables(list(variables))
+
     def _check_same_variables(self, variables):
         built = self._trainable_variables
         if len(variables) == len(built) and all(a is b for a, b in zip(variables, built)):
