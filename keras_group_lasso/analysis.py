@@ -923,7 +923,11 @@ def apply_threshold(model, threshold=1e-3):
         The number of weights that were non-zero and are now 0.
 
     Raises:
-        InvalidParameterError: for a bad ``threshold`` or ``model``.
+        InvalidParameterError: for a bad ``threshold`` or ``model``, or a
+            ``threshold`` so large that no path of weights above it would lead
+            from an input feature to the output (the output a constant:
+            :func:`~keras_group_lasso.prune_model` refuses it alike); no weight
+            is changed then.
         NonFiniteError: a kernel or bias holds NaN or inf (the message names
             them); no weight is changed then.
 
@@ -934,7 +938,12 @@ def apply_threshold(model, threshold=1e-3):
         2
     """
     graph, threshold = _check_model("apply_threshold", model, threshold)
-    _read_weights(graph, "apply_threshold")  # refuse NaN or inf before changing anything
+    weights = _read_weights(graph, "apply_threshold")  # refuse NaN or inf before changing anything
+    # a threshold that would make the output a constant (1e3 typed for 1e-3) is refused as surgery refuses it; a
+    # model whose output is a constant already is thresholded as asked
+    if threshold > 0 and not compute_masks(graph, _thresholded(weights, threshold), threshold, 1).live_path \
+            and compute_masks(graph, _thresholded(weights, 0.0), 0.0, 1).live_path:
+        refuse_no_live_path("apply_threshold", model, threshold)
     changed = 0
     for layer, variables in _thresholdable_layers(model, graph):
         for variable in variables:
@@ -945,6 +954,35 @@ def apply_threshold(model, threshold=1e-3):
                 variable.assign(np.where(cut, np.zeros((), values.dtype), values))
                 changed += count
     return changed
+
+
+def refuse_no_live_path(owner, model, threshold):
+    """Raise for a model with no path of weights from an input feature to the output at ``threshold``: blame the
+    threshold only when it is the cause (threshold 0 leaves one)."""
+    exact_analysis = analyze(model, 0.0, owner=owner)
+    exact = exact_analysis.report
+    if threshold > 0 and exact_analysis.masks.live_path:
+        fail(
+            owner,
+            "threshold",
+            "small enough to leave a path of weights above it from an input feature to the output "
+            f"(at this threshold every input feature is pruned and the output is a constant; "
+            f"at threshold 0, {exact.n_selected_features} of {exact.n_features} features reach it)",
+            threshold,
+        )
+    all_zero = [layer.name for layer in exact.layers if layer.zero_weights == layer.weights]
+    cause = (
+        "every kernel weight of " + ", ".join(f"'{name}'" for name in all_zero) + " is 0"
+        if all_zero
+        else "each path of non-zero weights from an input feature stops before the output"
+    )
+    fail(
+        owner,
+        "model",
+        "a model with a path of non-zero weights from an input feature to the output (in this one "
+        f"{cause}, so its output is a constant at any threshold and there is nothing to prune to)",
+        model,
+    )
 
 
 # ----------------------------------------------------------------------------- for pictures

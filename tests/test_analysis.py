@@ -1,6 +1,7 @@
 """analysis: the fixed point of dead units, the report's numbers, apply_threshold, errors."""
 
 import json
+import re
 import sys
 
 import keras
@@ -180,6 +181,21 @@ def test_apply_threshold_zeroes_biases_too():
     assert apply_threshold(model, 1e-3) == 2
     np.testing.assert_array_equal(model.get_layer("d0").get_weights()[1], [0.0, 1.0])
     np.testing.assert_array_equal(model.get_layer("d1").get_weights()[1], [0.0])
+
+
+def test_apply_threshold_refuses_a_threshold_that_leaves_the_output_a_constant_and_changes_nothing():
+    model = _chain([_ones(2, 2), _ones(2, 1)], biases=[np.array([5e-4, 1.0]), np.array([-2e-4])])
+    before = model.get_weights()
+    with pytest.raises(InvalidParameterError, match=re.escape(
+            "apply_threshold: argument `threshold` must be small enough to leave a path of weights above it from an "
+            "input feature to the output (at this threshold every input feature is pruned and the output is a "
+            "constant; at threshold 0, 2 of 2 features reach it); received 1000.0.")):
+        apply_threshold(model, 1e3)  # 1e3 typed for 1e-3
+    for a, b in zip(model.get_weights(), before):
+        np.testing.assert_array_equal(a, b)
+    # a model whose output is a constant already is thresholded as asked: nothing is lost that was not
+    dead = _chain([np.zeros((2, 2)), _ones(2, 1)], biases=[np.array([5e-4, 1.0]), np.array([-2e-4])])
+    assert apply_threshold(dead, 1e-3) == 2
 
 
 def test_per_unit_layers_between_dense_layers_are_seen_through():

@@ -174,34 +174,6 @@ class PruningPlan:
         }
 
 
-def _no_live_path(owner, model, threshold):
-    """Raise for a model with no input feature left: blame the threshold only when it is the cause."""
-    exact_analysis = analysis.analyze(model, 0.0, owner=owner)
-    exact = exact_analysis.report
-    if threshold > 0 and exact_analysis.masks.live_path:
-        fail(
-            owner,
-            "threshold",
-            "small enough to leave a path of weights above it from an input feature to the output "
-            f"(at this threshold every input feature is pruned and the output is a constant; "
-            f"at threshold 0, {exact.n_selected_features} of {exact.n_features} features reach it)",
-            threshold,
-        )
-    all_zero = [layer.name for layer in exact.layers if layer.zero_weights == layer.weights]
-    cause = (
-        "every kernel weight of " + ", ".join(f"'{name}'" for name in all_zero) + " is 0"
-        if all_zero
-        else "each path of non-zero weights from an input feature stops before the output"
-    )
-    fail(
-        owner,
-        "model",
-        "a model with a path of non-zero weights from an input feature to the output (in this one "
-        f"{cause}, so its output is a constant at any threshold and there is nothing to prune to)",
-        model,
-    )
-
-
 def _indices(mask):
     return tuple(int(i) for i in np.flatnonzero(mask))
 
@@ -275,7 +247,7 @@ def build_plan(owner, model, threshold, round_to=1, inputs="original", fold_batc
     graph, masks, report = result.graph, result.masks, result.report
     threshold = report.threshold
     if not masks.live_path:
-        _no_live_path(owner, model, threshold)
+        analysis.refuse_no_live_path(owner, model, threshold)
 
     plans = []
     for layer in report.layers:
