@@ -141,10 +141,9 @@ def _check_formats(formats):
     constraint = "a non-empty sequence of distinct names from " + ", ".join(
         repr(f) for f in FORMATS
     )
-    try:
-        items = tuple(formats)
-    except TypeError:
+    if not isinstance(formats, (list, tuple)):  # a set or dict would be read by its keys, in no fixed order
         fail(_OWNER, "formats", constraint, formats)
+    items = tuple(formats)
     if (
         not items
         or any(not isinstance(f, str) or f not in FORMATS for f in items)

@@ -16,6 +16,7 @@ model that uses them saves to ``.keras`` and loads back without
 """
 
 import math
+import numbers
 import warnings
 
 import keras
@@ -471,10 +472,16 @@ class CoupledGroupLasso(GroupSparseRegularizer):
         super().__init__(factor=factor, l1=l1, channels=channels, axis=axis, conv_groups=conv_groups)
         owner = type(self).__name__
         try:
-            self.coupled = tuple(int(k) for k in coupled)
-            self.scales = tuple(float(v) for v in scales)
-        except (TypeError, ValueError):
+            coupled, scales = tuple(coupled), tuple(scales)
+        except TypeError:
             fail(owner, "coupled", "a list of group indices and `scales` a list of numbers", (coupled, scales))
+        # integers and numbers as they are: int(0.7) and float("1") would read what was not meant
+        if any(isinstance(k, (bool, np.bool_)) or not isinstance(k, numbers.Integral) for k in coupled):
+            fail(owner, "coupled", "a list of group indices (integers)", coupled)
+        if any(isinstance(v, (bool, np.bool_)) or not isinstance(v, numbers.Real) for v in scales):
+            fail(owner, "scales", "finite numbers >= 0", scales)
+        self.coupled = tuple(int(k) for k in coupled)
+        self.scales = tuple(float(v) for v in scales)
         if any(k < -1 or k >= len(self.scales) for k in self.coupled):
             fail(owner, "coupled", f"indices in [-1, {len(self.scales)}) (one scale per coupled group)",
                  list(self.coupled))
@@ -482,6 +489,8 @@ class CoupledGroupLasso(GroupSparseRegularizer):
             fail(owner, "scales", "finite numbers >= 0", list(self.scales))
         if role not in ("input", "hidden"):
             fail(owner, "role", "'input' or 'hidden'", role)
+        if not isinstance(anchor, (bool, np.bool_)):
+            fail(owner, "anchor", "True or False", anchor)
         self.anchor = bool(anchor)
         self.role = role
         self._members = None

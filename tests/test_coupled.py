@@ -281,6 +281,14 @@ def test_an_unlinked_coupled_penalty_refuses_to_give_a_value():
         (dict(coupled=[0], scales=[-1.0]), r"argument `scales` must be finite numbers >= 0"),
         (dict(role="output"), r"argument `role` must be 'input' or 'hidden'"),
         (dict(coupled=["a"]), r"argument `coupled` must be a list of group indices"),
+        # what int() or bool() would read as something else is refused
+        (dict(coupled=[0.7], scales=[1.0]), r"argument `coupled` must be a list of group indices \(integers\); "
+                                            r"received \(0.7,\)"),
+        (dict(coupled=[True], scales=[1.0]), r"argument `coupled` must be .*; received \(True,\)"),
+        (dict(coupled="01", scales=[1.0, 1.0]), r"argument `coupled` must be .*; received \('0', '1'\)"),
+        (dict(coupled=[0], scales=[True]), r"argument `scales` must be finite numbers >= 0; received \(True,\)"),
+        (dict(coupled=[0], scales=["1"]), r"argument `scales` must be finite numbers >= 0; received \('1',\)"),
+        (dict(coupled=[0], scales=[1.0], anchor="no"), r"argument `anchor` must be True or False; received 'no'"),
     ],
 )
 def test_bad_arguments_are_named(kwargs, message):

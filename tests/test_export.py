@@ -656,6 +656,16 @@ def test_unsupported_model_writes_nothing(tmp_path):
             "export_pruned: argument `formats` must be a non-empty sequence of distinct names from "
             "'saved_model', 'keras', 'tflite', 'onnx', 'tflite-int8'; received ('keras', 'keras').",
         ),
+        (  # a dict or set would be read by its keys, its values ignored
+            {"formats": {"keras": True, "saved_model": False}},
+            "export_pruned: argument `formats` must be a non-empty sequence of distinct names from "
+            "'saved_model', 'keras', 'tflite', 'onnx', 'tflite-int8'; received {'keras': True, 'saved_model': False}.",
+        ),
+        (
+            {"formats": {"keras"}},
+            "export_pruned: argument `formats` must be a non-empty sequence of distinct names from "
+            "'saved_model', 'keras', 'tflite', 'onnx', 'tflite-int8'; received {'keras'}.",
+        ),
         (
             {"inputs": "all"},
             "export_pruned: argument `inputs` must be one of 'original', 'selected'; received 'all'.",
