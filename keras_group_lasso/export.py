@@ -174,6 +174,11 @@ def _check_directory(directory, overwrite, contents=True):
     if contents:
         if os.path.lexists(target) and (not os.path.isdir(target) or os.path.islink(target)):
             fail(_OWNER, "directory", "a directory path, not an existing file or link", directory)
+        above = _missing_directories(target)[-1:] or [target]
+        parent = os.path.dirname(above[0])  # the deepest folder of the path that exists: it must be one
+        if parent and os.path.lexists(parent) and not os.path.isdir(parent):
+            fail(_OWNER, "directory", "a path below folders only, not below a file",
+                 Described(f"{os.fspath(directory)!r} ({parent!r} is a file)"))
         _recover(target)
         if os.path.lexists(target) and not overwrite:
             _refuse_an_earlier_export(target, directory)

@@ -695,6 +695,13 @@ def test_bad_model_and_directory(tmp_path):
     (tmp_path / "file").write_text("x")
     with pytest.raises(InvalidParameterError, match="must be a directory path, not an existing file"):
         export_pruned(_sparse_model(), tmp_path / "file")
+    for below in ("sub", "sub/deeper"):  # os.makedirs would raise FileExistsError / NotADirectoryError
+        with pytest.raises(InvalidParameterError) as info:
+            export_pruned(_sparse_model(), tmp_path / "file" / below)
+        assert str(info.value) == (
+            "export_pruned: argument `directory` must be a path below folders only, not below a file; received "
+            f"{str(tmp_path / 'file' / below)!r} ({str(tmp_path / 'file')!r} is a file).")
+    assert sorted(os.listdir(tmp_path)) == ["file"]
 
 
 @pytest.mark.skipif(keras.backend.backend() != "torch",
