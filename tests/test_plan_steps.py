@@ -150,6 +150,24 @@ def test_a_branch_that_loses_every_unit_and_an_input_nothing_reads():
     np.testing.assert_allclose(outputs(small, data[0])[0], outputs(model, data)[0], atol=1e-5)
 
 
+def test_the_batchnorms_fold_batchnorm_leaves_are_named_with_why():
+    inputs = keras.Input((6,))
+    ok = L.BatchNormalization(name="bn_ok")(L.Dense(5, name="lin")(inputs))
+    after = L.BatchNormalization(name="bn_act")(L.Dense(4, activation="relu", name="act")(ok))
+    shared = L.Dense(3, name="shared")(after)
+    twice = L.BatchNormalization(name="bn_shared")(shared)
+    model = keras.Model(inputs, L.Dense(2, name="out")(L.Concatenate()([twice, shared])))
+    with pytest.warns(UserWarning) as caught:
+        small = prune_model(model, T, fold_batchnorm=True)
+    said = [str(w.message) for w in caught if "fold_batchnorm" in str(w.message)]
+    assert said == ["prune_model: fold_batchnorm=True merges a BatchNormalization into the Dense or convolution "
+                    "layer right before it; these stay layers: 'bn_act' ('act' applies its activation 'relu' before "
+                    "it); 'bn_shared' ('shared' is read elsewhere too)"]
+    assert small.folded_batchnorms == {"bn_ok": "lin"}
+    assert S.unfolded_batchnorms(model_graph(model), unit_masks(model, T)) == {
+        "bn_act": "'act' applies its activation 'relu' before it", "bn_shared": "'shared' is read elsewhere too"}
+
+
 def test_a_batchnorm_merged_into_the_layer_before():
     model = keras.Sequential([keras.Input((4,)), L.Dense(5, name="d"), L.BatchNormalization(name="bn"),
                               L.ReLU(name="relu"), L.Dense(2, name="out")])

@@ -16,6 +16,7 @@ reads tensors written by the steps before it.
 import collections
 import dataclasses
 import typing
+import warnings
 
 import keras
 import numpy as np
@@ -301,6 +302,13 @@ def plan_steps(model, graph, masks, threshold, inputs="original", fold_batchnorm
     Returns:
         A tuple of frozen steps.
     """
+    if fold_batchnorm:
+        left = unfolded_batchnorms(graph, masks)
+        if left:
+            warnings.warn(
+                f"{owner}: fold_batchnorm=True merges a BatchNormalization into the Dense or convolution layer right "
+                f"before it; these stay layers: " + "; ".join(f"{name!r} ({why})" for name, why in left.items()),
+                stacklevel=3)
     return _Planner(graph, masks, threshold, fold_batchnorm).run(model, inputs == "selected", owner)
 
 
@@ -546,29 +554,48 @@ def foldable_batchnorms(graph, masks):
     The units layer has no activation, nothing else reads it, and the
     BatchNormalization normalizes its last axis (its units).
     """
+    return {name: source for name, (source, why) in _batchnorm_sources(graph, masks).items() if why is None}
+
+
+def unfolded_batchnorms(graph, masks):
+    """``{BatchNormalization name: why it stays a layer}`` for each that :func:`foldable_batchnorms` leaves."""
+    return {name: why for name, (_, why) in _batchnorm_sources(graph, masks).items() if why is not None}
+
+
+def _batchnorm_sources(graph, masks):
+    """``{BatchNormalization name: (the layer it reads, None where it can be merged into it, else why not)}``."""
     readers = collections.Counter(name for node in graph.nodes for name in node.inputs)
     out = {}
     for node in graph.nodes:
         layer = graph.layers.get(node.name)
         rule = registry.rule_of(layer) if layer is not None else None
-        if rule is None or not rule.batchnorm or len(node.inputs) != 1:
+        if rule is None or not rule.batchnorm:
+            continue
+        if len(node.inputs) != 1:
+            out[node.name] = (None, "it reads more than one tensor")
             continue
         (source,) = node.inputs
         maker = graph.layers.get(source)
         maker_rule = registry.units_rule(maker)
-        if (maker_rule is None or not registry.makes_units(maker) or not maker_rule.merges_batchnorm
-                or keras.activations.serialize(maker.activation) != "linear"
-                or readers[source] != 1 or source in graph.outputs or source in masks.detached
-                or not masks.units[source].any()):
-            continue
-        axis = layer.axis if isinstance(layer.axis, int) else (layer.axis[0] if len(layer.axis) == 1 else None)
-        try:
-            rank = len(maker.compute_output_shape(maker.input.shape))
-        except Exception:  # noqa: BLE001 - no single input shape: it stays a layer of its own
-            continue
-        if axis is None or axis % rank != rank - 1:
-            continue
-        out[node.name] = source
+        if maker_rule is None or not registry.makes_units(maker) or not maker_rule.merges_batchnorm:
+            out[node.name] = (source, f"it reads {source!r}, not a Dense or convolution layer")
+        elif keras.activations.serialize(maker.activation) != "linear":
+            out[node.name] = (source, f"{source!r} applies its activation "
+                                      f"{keras.activations.serialize(maker.activation)!r} before it")
+        elif readers[source] != 1 or source in graph.outputs:
+            out[node.name] = (source, f"{source!r} is read elsewhere too")
+        elif source in masks.detached or not masks.units[source].any():
+            out[node.name] = (source, f"{source!r} keeps no unit")
+        else:
+            axis = layer.axis if isinstance(layer.axis, int) else (layer.axis[0] if len(layer.axis) == 1 else None)
+            try:
+                rank = len(maker.compute_output_shape(maker.input.shape))
+            except Exception:  # noqa: BLE001 - no single input shape: it stays a layer of its own
+                rank = None
+            if rank is None or axis is None or axis % rank != rank - 1:
+                out[node.name] = (source, f"it normalizes another axis than the units of {source!r}")
+            else:
+                out[node.name] = (source, None)
     return out
 
 
