@@ -743,7 +743,7 @@ def _resolve_optimizer(owner, optimizer):
     if isinstance(optimizer, (str, dict)):
         try:
             optimizer = keras.optimizers.get(optimizer)
-        except (ValueError, TypeError):
+        except (ValueError, TypeError, KeyError):  # a dict without its class_name: KeyError
             fail(owner, "optimizer", constraint, optimizer)
     if not isinstance(optimizer, keras.optimizers.Optimizer):
         fail(owner, "optimizer", constraint, optimizer)

@@ -604,6 +604,7 @@ def test_bad_arguments_are_rejected_with_the_message_form():
     bad(f"Proximal: argument `optimizer` must be {need}; received 3.", 3)
     bad(f"Proximal: argument `optimizer` must be {need}; received 'no-such-optimizer'.", "no-such-optimizer")
     bad(f"Proximal: argument `optimizer` must be {need}; received None.", None)
+    bad(f"Proximal: argument `optimizer` must be {need}; received {{'bogus': 1}}.", {"bogus": 1})  # was a KeyError
     bad("Proximal: argument `metric` must be one of 'auto', 'optimizer', 'euclidean'; received 'adam'.",
         keras.optimizers.SGD(), metric="adam")
     bad("Proximal: argument `metric` must be 'euclidean' or 'auto' for an optimizer whose step metric is not "
