@@ -611,6 +611,13 @@ def test_unregistered_per_channel_scales_and_inference_identities_are_recognized
     with pytest.raises(UnsupportedModelError, match=r"cannot prune layer 'shift' \(_Shift\): a layer with weights "
                                                      r"of its own \('beta'\), whose math needs a rule"):
         prune_model(shifted, T)
+    # Keras's own wrapper of a Dense: the message says the Dense alone computes the same
+    wrapped = keras.Sequential([keras.Input((6, 4)), L.TimeDistributed(L.Dense(4), name="td"),
+                                L.GlobalAveragePooling1D(), L.Dense(2)])
+    with pytest.raises(UnsupportedModelError, match=r"cannot prune layer 'td' \(TimeDistributed\): .*; Keras's "
+                       r"Dense acts on the last axis of inputs of any rank: Dense\(n\) in place of "
+                       r"TimeDistributed\(Dense\(n\)\) computes the same and is read"):
+        prune_model(wrapped, T)
 
 
 def export_layers(small):

@@ -824,7 +824,11 @@ def _trace(layer):
     if own:
         named = next((key for key, value in vars(layer).items() if value is own[0] and not key.startswith("_")),
                      own[0].path.rsplit("/", 1)[-1])
-        _UNTRACED[layer] = f"a layer with weights of its own ('{named}'), whose math needs a rule"
+        _UNTRACED[layer] = f"a layer with weights of its own ('{named}'), whose math needs a rule" + (
+            "; Keras's Dense acts on the last axis of inputs of any rank: Dense(n) in place of "
+            "TimeDistributed(Dense(n)) computes the same and is read"
+            if isinstance(layer, keras.layers.TimeDistributed) and isinstance(layer.layer, keras.layers.Dense)
+            else "")
         return None
     if any(y is x for x in inputs):
         return None
