@@ -139,7 +139,9 @@ def test_a_float64_model_with_folded_constants_prunes_exactly_in_float64(make, r
 
 # ----------------------------------------------------------------------------- squeeze-and-excite, keras.ops arithmetic
 
-OPERATION = "a keras.ops operation called on a tensor inside the model, not a layer"
+OPERATION = ("a keras.ops operation called on a tensor inside the model, not a layer, and not one of the operations "
+             "surgery knows; write it as the layer that computes it: Activation or Rescaling for a function of each "
+             "element, GlobalMaxPooling or GlobalAveragePooling for a max or mean over positions")
 
 
 # The larger families (MobileNetV3Large, EfficientNetB0, EfficientNetV2B0) are in test_applications.py.

@@ -1536,8 +1536,10 @@ def _classify(name, layer, input_names):
     if is_operation(layer) and registry.rule_of(layer) is not None:
         return registry.rule_of(layer).classify(layer)
     if is_operation(layer):
-        return Kind.OTHER, ("a keras.ops operation called on a tensor inside the model, not a layer (surgery "
-                         "rebuilds layers only; write it as a layer, e.g. Rescaling or Activation)")
+        return Kind.OTHER, ("a keras.ops operation called on a tensor inside the model, not a layer, and not one "
+                         "of the operations surgery knows; write it as the layer that computes it: Activation or "
+                         "Rescaling for a function of each element, GlobalMaxPooling or GlobalAveragePooling for a "
+                         "max or mean over positions")
     rule = registry.rule_of(layer)
     if rule is None:
         if isinstance(layer, keras.Model):
