@@ -815,15 +815,12 @@ def test_recompiling_after_proximal_trains_with_the_penalty_gradient():
         assert np.all(moved[live] > 0.05)
 
 
-@pytest.mark.skipif(BACKEND == "jax", reason="a compiled JAX step passes values, not variables: a second model "
-                    "of the same shapes whose penalties no model declares cannot be told from the first without "
-                    "reading the call stack (declared ones can: the test below)")
-def test_one_proximal_compiled_into_two_models_is_refused():
+def assert_a_second_model_is_refused(first, second):
+    """One Proximal compiled into ``first`` (trained a step), then into ``second`` (the same shapes): the second's
+    first step is refused with nothing changed, and the first still trains with it."""
     optimizer = Proximal(keras.optimizers.SGD(0.1))
-    first = shrink_model()
     first.compile(optimizer, "mean_squared_error")
     one_step(first)
-    second = shrink_model()  # same shapes: only the variables tell them apart
     second.compile(optimizer, "mean_squared_error")
     before = kernels(second)
     with pytest.raises(ValueError, match=r"was built for the 4 trainable variables of another model .* "
@@ -831,25 +828,21 @@ def test_one_proximal_compiled_into_two_models_is_refused():
         one_step(second)
     for a, b in zip(kernels(second), before):
         np.testing.assert_array_equal(a, b)
-    one_step(first)  # the first model still trains with it
+    one_step(first)
+
+
+@pytest.mark.skipif(BACKEND == "jax", reason="a compiled JAX step passes values, not variables: a second model "
+                    "of the same shapes whose penalties no model declares cannot be told from the first without "
+                    "reading the call stack (declared ones can: the test below)")
+def test_one_proximal_compiled_into_two_models_is_refused():
+    assert_a_second_model_is_refused(shrink_model(), shrink_model())  # only the variables tell them apart
 
 
 def test_one_proximal_compiled_into_two_penalised_models_is_refused_on_every_backend():
     # Models whose penalties add_group_sparsity declared: their penalties ask the model's optimizer whether it
     # applies them, which is where JAX too can tell (its compiled step hands the optimizer values only).
-    optimizer = Proximal(keras.optimizers.SGD(0.1))
-    first = add_group_sparsity(shrink_model(), 0.05)
-    first.compile(optimizer, "mean_squared_error")
-    one_step(first)
-    second = add_group_sparsity(shrink_model(), 5.0)  # same shapes, another strength
-    second.compile(optimizer, "mean_squared_error")
-    before = kernels(second)
-    with pytest.raises(ValueError, match=r"was built for the 4 trainable variables of another model .* "
-                                         r"Give each model its own optimizer"):
-        one_step(second)
-    for a, b in zip(kernels(second), before):
-        np.testing.assert_array_equal(a, b)
-    one_step(first)  # the first model still trains with it
+    assert_a_second_model_is_refused(add_group_sparsity(shrink_model(), 0.05),
+                                     add_group_sparsity(shrink_model(), 5.0))  # another strength
 
 
 def test_building_for_other_variables_is_refused():
