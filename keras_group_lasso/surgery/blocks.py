@@ -49,25 +49,32 @@ def rebuilt_block(block, weights, tensors, name, probes=None):
     if registry.config_is_read(block) and not _computes_as(block, config):
         return Rebuilt(None, {}, "its class writes no config it can load, and the one read from its attributes "
                                  "makes a block that computes something else")
-    changed = widths(block, config, targets, shapes, dtypes, probes)
-    if changed is None:
-        return Rebuilt(None, {}, "no integer argument of its config gives the pruned widths")
-    new = built_block(block, dict(config, **{key: value for key, (_, value) in changed.items()}), shapes, dtypes)
-    if new is None or [tuple(w.shape) for w in new.weights] != targets:
+    # The arguments whose value is a width that changed are tried alone first (a block of ten integer
+    # arguments whose feed-forward width changed: one probe, not ten; each probe builds the block); every
+    # argument that could set a changed width where that does not give the pruned widths.
+    for exact in (True, False):
+        changed = widths(block, config, targets, shapes, dtypes, probes, exact=exact)
+        if changed is None:
+            continue
+        new = built_block(block, dict(config, **{key: value for key, (_, value) in changed.items()}), shapes, dtypes)
+        if new is not None and [tuple(w.shape) for w in new.weights] == targets:
+            break
+    else:
         return Rebuilt(None, {}, "no integer argument of its config gives the pruned widths")
     new.set_weights(weights)
     registry.keep_config(new, dict(config, **{key: value for key, (_, value) in changed.items()}))
     return Rebuilt(new, changed)
 
 
-def widths(block, config, targets, shapes, dtypes, probes=None):
+def widths(block, config, targets, shapes, dtypes, probes=None, exact=False):
     """``{argument: (old, new)}``: the integer arguments of ``config`` to change so that the block's weights have
     the shapes ``targets`` on inputs of ``shapes``, or ``None`` where no such change is found.
 
     Each argument ``k`` of value ``v`` is probed once: the block built with ``2 v`` (on inputs whose channels
     equal ``v`` widened alike, for an argument the input's width must match) tells which dimensions it sets and
     by how much per step; a dimension set by one argument alone gives that argument's new value. The others
-    follow the inputs' widths, or nothing: the caller builds the block on the new inputs and compares.
+    follow the inputs' widths, or nothing: the caller builds the block on the new inputs and compares. With
+    ``exact``, only the arguments whose value is a changed width are probed (``None`` where there is none).
     """
     base = [tuple(w.shape) for w in block.weights]
     original = [tuple(x.shape) for x in block_operands(block)]
@@ -81,6 +88,10 @@ def widths(block, config, targets, shapes, dtypes, probes=None):
     keys = [key for key, value in config.items()
             if not isinstance(value, bool) and isinstance(value, int) and value > 1
             and any(d % value == 0 or value % d == 0 for d in changed_dims)]
+    if exact:
+        keys = [key for key in keys if config[key] in changed_dims]
+        if not keys:
+            return None
     same = (type(block), repr(sorted((k, v) for k, v in config.items() if k != "name")), tuple(original))
     probes = {} if probes is None else probes
     slopes = {}
