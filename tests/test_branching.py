@@ -417,3 +417,26 @@ def test_the_parts_of_a_split_of_the_channels_lose_what_they_lose_each(tmp_path)
     small.save(path)
     again = keras.saving.load_model(path)  # plain Keras: the slices are keras.ops
     np.testing.assert_allclose(outputs(again, x_in)[0], outputs(small, x_in)[0], rtol=0, atol=1e-6)
+
+
+def test_a_flattened_map_concatenated_with_a_vector_is_refused_with_what_is_read():
+    from keras_group_lasso import UnsupportedModelError
+
+    L = keras.layers
+    image, numbers = keras.Input((6, 6, 1), name="image"), keras.Input((5,), name="numbers")
+    flat = L.Flatten()(L.Conv2D(4, 3, name="conv")(image))
+    refused = keras.Model([image, numbers], L.Dense(2)(L.Dense(6)(L.Concatenate(name="join")([flat, numbers]))))
+    with pytest.raises(UnsupportedModelError, match=r"cannot prune layer 'join' \(Concatenate\): a Concatenate of "
+                       r"flattened maps or of the input's elements \(what is read: a Dense after the Flatten, or "
+                       r"global pooling in its place, before the Concatenate\)"):
+        prune_model(refused, T)
+    # what the message says is read
+    rng = np.random.default_rng(0)
+    for head in (lambda: L.Dense(3, name="after")(L.Flatten()(L.Conv2D(4, 3, name="conv")(image))),
+                 lambda: L.GlobalAveragePooling2D()(L.Conv2D(4, 3, name="conv")(image))):
+        model = keras.Model([image, numbers], L.Dense(2)(L.Dense(6)(L.Concatenate()([head(), numbers]))))
+        kernel, bias = model.get_layer("conv").get_weights()
+        kernel[..., 1] = 0.0
+        model.get_layer("conv").set_weights([kernel, bias])
+        x = [rng.normal(size=(3, 6, 6, 1)).astype("float32"), rng.normal(size=(3, 5)).astype("float32")]
+        assert_same_outputs(prune_model(model, T), model, x)

@@ -1880,7 +1880,9 @@ def _units_graph(order, layers, producers, consumers, kinds, input_names, output
             info[name] = dict(ids=first["ids"][layer.start:layer.stop], positions=1, elements=False)
         elif kind == Kind.CONCAT:
             if any(s["elements"] or s["positions"] != 1 for s in src):
-                flagged.setdefault(name, "a Concatenate of flattened maps or of the input's elements")
+                flagged.setdefault(name, "a Concatenate of flattened maps or of the input's elements (what is "
+                                         "read: a Dense after the Flatten, or global pooling in its place, before "
+                                         "the Concatenate)")
                 return None
             info[name] = dict(ids=np.concatenate([s["ids"] for s in src]), positions=1, elements=False)
         else:  # pragma: no cover - every other kind is flagged by _classify
