@@ -726,7 +726,13 @@ def _representative(data, small, model, formats):
     if not _fits(arrays, small):
         fail(_OWNER, "representative_data", constraint, _describe(data))
     dtypes = ["float32"] if len(names) == 1 else [keras.backend.standardize_dtype(t.dtype) for t in small.inputs]
-    return [array.astype(dtype) for array, dtype in zip(arrays, dtypes)]
+    with np.errstate(over="ignore"):
+        cast = [array.astype(dtype) for array, dtype in zip(arrays, dtypes)]
+    for given, array, dtype in zip(arrays, cast, dtypes):
+        if np.issubdtype(array.dtype, np.floating) and not np.isfinite(array).all():  # finite, but not as float32
+            fail(_OWNER, "representative_data", constraint,
+                 Described(f"values that are not finite as {dtype} (|x| up to {float(np.max(np.abs(given))):.3g})"))
+    return cast
 
 
 def _fits(arrays, small):
@@ -738,7 +744,7 @@ def _fits(arrays, small):
         shape = tuple(tensor.shape)
         if array.ndim != len(shape) or any(d is not None and d != n for d, n in zip(shape[1:], array.shape[1:])):
             return False
-        if not (np.issubdtype(array.dtype, np.number) or array.dtype == bool):
+        if not (np.issubdtype(array.dtype, np.number) or array.dtype == bool) or np.iscomplexobj(array):
             return False
         if np.issubdtype(array.dtype, np.floating) and not np.isfinite(array).all():
             return False

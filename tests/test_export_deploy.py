@@ -285,8 +285,20 @@ RECEIVED_SHAPE = "array of the exported model's inputs, shape (n, 10), or an ite
             f"{RECEIVED_SHAPE}, of finite numbers and at least one row; received a dict of 'pixels': an "
             "array of shape (4, 10)."),
         ),
+        (  # finite as float64, infinite as the float32 the model takes (the converter crashed on it)
+            {"formats": ("tflite-int8",), "representative_data": np.full((2, 10), 1e300)},
+            ("export_pruned: argument `representative_data` must be given for the 'tflite-int8' format: a NumPy "
+            f"{RECEIVED_SHAPE}, of finite numbers and at least one row; received values that are not finite as "
+            "float32 (|x| up to 1e+300)."),
+        ),
+        (  # a cast would drop the imaginary part
+            {"formats": ("onnx",), "representative_data": np.ones((2, 10), "complex64")},
+            ("export_pruned: argument `representative_data` must be a NumPy "
+            f"{RECEIVED_SHAPE}, of finite numbers and at least one row; received an array of shape (2, 10)."),
+        ),
     ],
-    ids=["missing", "unused", "features", "rank", "empty", "nan", "batch", "no-batch", "str", "dict-name"],
+    ids=["missing", "unused", "features", "rank", "empty", "nan", "batch", "no-batch", "str", "dict-name",
+         "float32-overflow", "complex"],
 )
 def test_bad_representative_data(tmp_path, kwargs, message):
     with pytest.raises(InvalidParameterError) as info:
