@@ -370,6 +370,20 @@ def _source_model(model):
         return None
 
 
+def _inputs_of(model):
+    """New inputs for a copy of a Functional ``model``, each named as its input layer (``None`` for a Sequential).
+
+    Keras's ``clone_model`` names a new input after the symbolic tensor (``keras_tensor_3``), not after its input
+    layer (``input_layer_1``), which renames an input the user did not name: the copy keeps the layer's name, which
+    ``get_layer`` and the pruned model use.
+    """
+    if isinstance(model, keras.Sequential):
+        return None
+    named = {id(layer.output): layer.name for layer in model.layers if isinstance(layer, keras.layers.InputLayer)}
+    return keras.tree.map_structure(
+        lambda x: keras.Input(batch_shape=x.shape, dtype=x.dtype, name=named.get(id(x), x.name)), model.input)
+
+
 def _from_config(layer):
     """A new layer of ``layer``'s class from its config (:func:`~keras_group_lasso.graph.registry.layer_from_config`)."""
     return registry.layer_from_config(layer, registry.layer_config(layer))
@@ -662,7 +676,7 @@ def add_group_sparsity(model, factor=1e-3, *, l1=None, input_factor=None, penalt
         return config
 
     blocks_made = []
-    copy = keras.models.clone_model(model, clone_function=clone, recursive=True)
+    copy = keras.models.clone_model(model, clone_function=clone, recursive=True, input_tensors=_inputs_of(model))
     inside = {}  # {variable path: penalty} of the sublayers of blocks
     for layer, new in blocks_made:  # a block that makes its sublayers in build() (KerasHub's) has them now
         _penalise_sublayers(layer, new, penalised, inside)

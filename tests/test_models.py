@@ -15,6 +15,7 @@ from keras_group_lasso import (
     InvalidParameterError,
     SparseGroupLasso,
     add_group_sparsity,
+    prune_model,
     sparsity_report,
 )
 from keras_group_lasso.analysis import dense_roles, get_layer
@@ -153,6 +154,22 @@ def test_dict_inputs_and_outputs_keep_their_structure(rng):
     for key in want:
         np.testing.assert_allclose(keras.ops.convert_to_numpy(got[key]), keras.ops.convert_to_numpy(want[key]),
                                    atol=1e-6)
+
+
+def test_inputs_keep_their_names_in_the_copy_and_the_pruned_model(rng):
+    # an unnamed input is named by its layer (input_layer_N), not by its symbolic tensor (keras_tensor_N)
+    unnamed, named = keras.Input((4,)), keras.Input((3,), name="extra")
+    hidden = keras.layers.Dense(5, name="h")(keras.layers.Concatenate()([unnamed, named]))
+    model = keras.Model([unnamed, named], keras.layers.Dense(2, name="out")(hidden))
+    names = [layer.name for layer in model.layers if isinstance(layer, keras.layers.InputLayer)]
+    assert names[1] == "extra" and names[0].startswith("input_layer")
+    sparse = add_group_sparsity(model, 1e-3)
+    pruned = prune_model(sparse)
+    for copy in (sparse, pruned):
+        assert [layer.name for layer in copy.layers if isinstance(layer, keras.layers.InputLayer)] == names
+    x = [rng.normal(size=(3, 4)).astype("float32"), rng.normal(size=(3, 3)).astype("float32")]
+    np.testing.assert_allclose(keras.ops.convert_to_numpy(pruned(x)), keras.ops.convert_to_numpy(sparse(x)),
+                               atol=1e-6)
 
 
 def test_functional_branches_from_the_input_are_input_groups():
