@@ -966,7 +966,7 @@ def refuse_no_live_path(owner, model, threshold):
             owner,
             "threshold",
             "small enough to leave a path of weights above it from an input feature to the output "
-            f"(at this threshold every input feature is pruned and the output is a constant; "
+            f"(at this threshold every input feature is pruned and no input feature reaches the output; "
             f"at threshold 0, {exact.n_selected_features} of {exact.n_features} features reach it)",
             threshold,
         )
@@ -980,7 +980,8 @@ def refuse_no_live_path(owner, model, threshold):
         owner,
         "model",
         "a model with a path of non-zero weights from an input feature to the output (in this one "
-        f"{cause}, so its output is a constant at any threshold and there is nothing to prune to)",
+        f"{cause}, so no input feature reaches its output at any threshold, which is a constant or, after a masked "
+        "recurrent layer, depends on the sequence lengths only: there is nothing to prune to)",
         model,
     )
 

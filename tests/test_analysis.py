@@ -188,8 +188,8 @@ def test_apply_threshold_refuses_a_threshold_that_leaves_the_output_a_constant_a
     before = model.get_weights()
     with pytest.raises(InvalidParameterError, match=re.escape(
             "apply_threshold: argument `threshold` must be small enough to leave a path of weights above it from an "
-            "input feature to the output (at this threshold every input feature is pruned and the output is a "
-            "constant; at threshold 0, 2 of 2 features reach it); received 1000.0.")):
+            "input feature to the output (at this threshold every input feature is pruned and no input feature "
+            "reaches the output; at threshold 0, 2 of 2 features reach it); received 1000.0.")):
         apply_threshold(model, 1e3)  # 1e3 typed for 1e-3
     for a, b in zip(model.get_weights(), before):
         np.testing.assert_array_equal(a, b)

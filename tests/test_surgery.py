@@ -685,8 +685,9 @@ def test_everything_pruned_is_a_clear_error():
 
 _NO_PATH = (
     "{owner}: argument `model` must be a model with a path of non-zero weights from an input feature to the "
-    "output (in this one {cause}, so its output is a constant at any threshold and there is nothing to prune "
-    "to); received <Sequential name=mlp, built=True>."
+    "output (in this one {cause}, so no input feature reaches its output at any threshold, which is a constant "
+    "or, after a masked recurrent layer, depends on the sequence lengths only: there is nothing to prune to); "
+    "received <{model}, built=True>."
 )
 
 
@@ -697,14 +698,34 @@ def test_a_model_without_a_live_path_is_blamed_not_the_threshold(owner, threshol
     dead_first = _mlp([np.zeros((3, 2)), np.ones((2, 1))], [np.ones(2), np.zeros(1)])
     with pytest.raises(InvalidParameterError) as info:
         call(dead_first, threshold)
-    assert str(info.value) == _NO_PATH.format(owner=owner, cause="every kernel weight of 'd0' is 0")
+    assert str(info.value) == _NO_PATH.format(owner=owner, cause="every kernel weight of 'd0' is 0",
+                                              model="Sequential name=mlp")
     # Feature paths reach unit 0 of d0 only, and only unit 1 reaches the output.
     broken_chain = _mlp([np.array([[1.0, 0.0], [1.0, 0.0]]), np.array([[0.0], [1.0]])], [np.zeros(2), np.zeros(1)])
     with pytest.raises(InvalidParameterError) as info:
         call(broken_chain, threshold)
     assert str(info.value) == _NO_PATH.format(
-        owner=owner, cause="each path of non-zero weights from an input feature stops before the output"
-    )
+        owner=owner, cause="each path of non-zero weights from an input feature stops before the output",
+        model="Sequential name=mlp")
+
+
+def test_a_masked_recurrent_layer_without_weights_is_refused_as_reading_the_lengths_only(rng):
+    # all-zero kernels: the LSTM's state moves with its bias at each unmasked step, so its output depends on the
+    # sequence lengths (the mask) and on no token
+    tokens = keras.Input((None,), dtype="int32")
+    embedded = keras.layers.Embedding(20, 4, mask_zero=True, name="emb")(tokens)
+    model = keras.Model(tokens, keras.layers.Dense(2, name="out")(keras.layers.LSTM(3, name="lstm")(embedded)),
+                        name="masked")
+    lstm = model.get_layer("lstm")
+    lstm.set_weights([np.zeros_like(w) for w in lstm.get_weights()[:2]] + [np.full(12, 0.3, "float32")])
+    short, long = np.array([[5, 6, 0, 0]]), np.array([[5, 6, 7, 0]])
+    assert not np.allclose(keras.ops.convert_to_numpy(model(short)), keras.ops.convert_to_numpy(model(long)))
+    np.testing.assert_allclose(keras.ops.convert_to_numpy(model(short)),
+                               keras.ops.convert_to_numpy(model(np.array([[9, 3, 0, 0]]))), atol=1e-6)
+    with pytest.raises(InvalidParameterError) as info:
+        prune_model(model)
+    assert str(info.value) == _NO_PATH.format(owner="prune_model", cause="every kernel weight of 'lstm' is 0",
+                                              model="Functional name=masked")
 
 
 def test_bad_arguments():
