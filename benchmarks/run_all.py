@@ -36,6 +36,7 @@ BENCHMARKS = {
     "penalty-overhead": ("overhead.py", ("penalty",)),
     "monitor-overhead": ("overhead.py", ("monitor",)),
     "proximal": ("proximal_digits.py",),
+    "proximal-recurrent": ("proximal_recurrent.py",),
     "proximal-overhead": ("overhead.py", ("proximal",)),
     "cnn-overhead": ("overhead.py", ("cnn",)),
     "inference": ("inference.py",),
