@@ -709,7 +709,7 @@ def test_a_model_without_a_live_path_is_blamed_not_the_threshold(owner, threshol
         model="Sequential name=mlp")
 
 
-def test_a_masked_recurrent_layer_without_weights_is_refused_as_reading_the_lengths_only(rng):
+def test_a_masked_recurrent_layer_without_weights_is_refused_as_reading_the_lengths_only():
     # all-zero kernels: the LSTM's state moves with its bias at each unmasked step, so its output depends on the
     # sequence lengths (the mask) and on no token
     tokens = keras.Input((None,), dtype="int32")
